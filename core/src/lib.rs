@@ -1,0 +1,22 @@
+//! gma-core: what every role of the fabric shares.
+//!
+//! - [`event`]: the in-memory event model (values split into doubles and strings, in schema order)
+//!   and schema validation.
+//! - [`pattern`]: event-name and source patterns (`host.*`), parsed once, with precise errors.
+//! - [`codec`]: the compact `EventBatch` encoding (series declared once, packed doubles,
+//!   delta-coded seqs and timestamps) — encoder for producers, decoder for consumers.
+//! - [`config`]: TOML loading with unknown keys rejected.
+//! - [`addr`]: endpoint address helpers and the loopback-only rules.
+//! - [`time`]: UTC nanosecond clock.
+
+pub mod addr;
+pub mod codec;
+pub mod config;
+pub mod event;
+pub mod pattern;
+pub mod time;
+
+/// Largest gRPC message any role decodes (requests and stream items): 4 MiB.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Implementation string answered by `Version` RPCs.
+pub const SERVER_VERSION: &str = concat!("gma ", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,289 @@
+//! Event-name and source patterns.
+//!
+//! Event names are dotted (`host.cpu`): segments of `[A-Za-z0-9_-]`, the first starting with a
+//! letter. A pattern may use `*` (any run of characters, dots included) and `?` (one character):
+//! `host.*`, `*.avg1m`, `*`. Sources are free-form printable names (`hostA`, `hostA/eth0`) and
+//! take the same wildcards. Patterns are parsed once; a malformed one is an error that names the
+//! position, so an RPC can answer INVALID_ARGUMENT with something a person can act on.
+
+use std::fmt;
+
+/// Longest name, source or pattern accepted anywhere.
+pub const MAX_NAME_LEN: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {text:?} at position {position}: {message}")]
+pub struct PatternError {
+    pub what: &'static str,
+    pub text: String,
+    /// Zero-based byte offset of the offending character.
+    pub position: usize,
+    pub message: String,
+}
+
+fn err(what: &'static str, text: &str, position: usize, message: impl Into<String>) -> PatternError {
+    PatternError {
+        what,
+        text: text.chars().take(80).collect(),
+        position,
+        message: message.into(),
+    }
+}
+
+/// A compiled pattern over names or sources.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Pattern {
+    text: String,
+    kind: Kind,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum Kind {
+    Any,
+    Exact,
+    Prefix(String),
+    Glob,
+}
+
+impl fmt::Debug for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Pattern({:?})", self.text)
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Pattern {
+    /// Parses an event-name pattern (`host.*`). The empty string is an error; use `*` for all.
+    pub fn event(text: &str) -> Result<Pattern, PatternError> {
+        check_dotted("event pattern", text, true)?;
+        Ok(Self::compile(text))
+    }
+
+    /// Parses a source pattern (`hostA`, `sim-*`, `hostA/*`).
+    pub fn source(text: &str) -> Result<Pattern, PatternError> {
+        check_source("source pattern", text, true)?;
+        Ok(Self::compile(text))
+    }
+
+    /// A pattern matching everything.
+    pub fn any() -> Pattern {
+        Self::compile("*")
+    }
+
+    fn compile(text: &str) -> Pattern {
+        let kind = if text.chars().all(|c| c == '*') {
+            Kind::Any
+        } else if !text.contains(['*', '?']) {
+            Kind::Exact
+        } else if text.ends_with('*') && !text[..text.len() - 1].contains(['*', '?']) {
+            Kind::Prefix(text[..text.len() - 1].to_string())
+        } else {
+            Kind::Glob
+        };
+        Pattern {
+            text: text.to_string(),
+            kind,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// True when the pattern has no wildcard.
+    pub fn is_exact(&self) -> bool {
+        self.kind == Kind::Exact
+    }
+
+    pub fn matches(&self, s: &str) -> bool {
+        match &self.kind {
+            Kind::Any => true,
+            Kind::Exact => self.text == s,
+            Kind::Prefix(p) => s.starts_with(p.as_str()),
+            Kind::Glob => glob_match(self.text.as_bytes(), s.as_bytes()),
+        }
+    }
+
+    /// True when some name matched by `self` could also be matched by `other` — used to
+    /// decide whether a producer's offered event (an exact name, usually) serves a request.
+    pub fn overlaps(&self, other: &Pattern) -> bool {
+        if self.is_exact() {
+            return other.matches(&self.text);
+        }
+        if other.is_exact() {
+            return self.matches(&other.text);
+        }
+        // Two wildcard patterns: conservative answer.
+        true
+    }
+}
+
+/// Iterative glob matcher with single-star backtracking: O(len(p) * len(s)) worst case.
+fn glob_match(p: &[u8], s: &[u8]) -> bool {
+    let (mut pi, mut si) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, si));
+            pi += 1;
+        } else if let Some((sp, ss)) = star {
+            pi = sp + 1;
+            si = ss + 1;
+            star = Some((sp, ss + 1));
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == b'*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+fn check_len(what: &'static str, text: &str) -> Result<(), PatternError> {
+    if text.is_empty() {
+        return Err(err(what, text, 0, "must not be empty"));
+    }
+    if text.len() > MAX_NAME_LEN {
+        return Err(err(what, text, MAX_NAME_LEN, format!("longer than {MAX_NAME_LEN} bytes")));
+    }
+    Ok(())
+}
+
+fn check_dotted(what: &'static str, text: &str, wildcards: bool) -> Result<(), PatternError> {
+    check_len(what, text)?;
+    let mut seg_start = true;
+    for (i, c) in text.char_indices() {
+        match c {
+            '.' => {
+                if seg_start {
+                    return Err(err(what, text, i, "empty name segment"));
+                }
+                seg_start = true;
+                continue;
+            }
+            '*' | '?' if wildcards => {}
+            '*' | '?' => return Err(err(what, text, i, format!("wildcard {c:?} not allowed in a name"))),
+            c if c.is_ascii_alphanumeric() || c == '_' || c == '-' => {
+                if i == 0 && !wildcards && !c.is_ascii_alphabetic() {
+                    return Err(err(what, text, i, "must start with a letter"));
+                }
+            }
+            c => {
+                return Err(err(
+                    what,
+                    text,
+                    i,
+                    format!("character {c:?} not allowed (use letters, digits, '_', '-', '.', '*', '?')"),
+                ))
+            }
+        }
+        seg_start = false;
+    }
+    if seg_start {
+        return Err(err(what, text, text.len(), "ends with '.'"));
+    }
+    Ok(())
+}
+
+fn check_source(what: &'static str, text: &str, wildcards: bool) -> Result<(), PatternError> {
+    check_len(what, text)?;
+    for (i, c) in text.char_indices() {
+        if !wildcards && (c == '*' || c == '?') {
+            return Err(err(what, text, i, format!("wildcard {c:?} not allowed in a source")));
+        }
+        if !c.is_ascii_graphic() {
+            return Err(err(what, text, i, format!("character {c:?} not allowed (printable ASCII, no spaces)")));
+        }
+    }
+    Ok(())
+}
+
+/// Validates a concrete event name (no wildcards).
+pub fn validate_event_name(name: &str) -> Result<(), PatternError> {
+    check_dotted("event name", name, false)
+}
+
+/// Validates a concrete source name (no wildcards).
+pub fn validate_source(source: &str) -> Result<(), PatternError> {
+    check_source("source", source, false)
+}
+
+/// Compiles a list of event patterns; an empty list is an error naming `field`.
+pub fn event_patterns(list: &[String]) -> Result<Vec<Pattern>, PatternError> {
+    if list.is_empty() {
+        return Err(err("event pattern list", "", 0, "give at least one pattern (\"*\" for all)"));
+    }
+    list.iter().map(|p| Pattern::event(p)).collect()
+}
+
+/// Compiles a list of source patterns; an empty list means "any source" (returns empty).
+pub fn source_patterns(list: &[String]) -> Result<Vec<Pattern>, PatternError> {
+    list.iter().map(|p| Pattern::source(p)).collect()
+}
+
+/// True when `s` matches any pattern of `list`, or `list` is empty.
+pub fn any_match(list: &[Pattern], s: &str) -> bool {
+    list.is_empty() || list.iter().any(|p| p.matches(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matching() {
+        let p = Pattern::event("host.*").unwrap();
+        assert!(p.matches("host.cpu"));
+        assert!(p.matches("host.cpu.avg1m"));
+        assert!(!p.matches("hostx.cpu"));
+        assert!(Pattern::event("*").unwrap().matches("anything.at.all"));
+        let g = Pattern::event("*.avg?m").unwrap();
+        assert!(g.matches("host.cpu.avg1m"));
+        assert!(!g.matches("host.cpu.avg10m"));
+        assert!(Pattern::event("h*t.c*u").unwrap().matches("host.cpu"));
+        assert!(Pattern::event("host.cpu").unwrap().matches("host.cpu"));
+        assert!(!Pattern::event("host.cpu").unwrap().matches("host.cpux"));
+        assert!(Pattern::source("sim-*").unwrap().matches("sim-0001"));
+        assert!(Pattern::source("hostA/*").unwrap().matches("hostA/eth0"));
+    }
+
+    #[test]
+    fn malformed_patterns_name_the_position() {
+        let e = Pattern::event("host..cpu").unwrap_err();
+        assert_eq!(e.position, 5);
+        assert!(e.to_string().contains("empty name segment"), "{e}");
+        let e = Pattern::event("host cpu").unwrap_err();
+        assert_eq!(e.position, 4);
+        assert!(Pattern::event("").is_err());
+        assert!(Pattern::event("host.").is_err());
+        assert!(Pattern::event(".host").is_err());
+        assert!(Pattern::event(&"a".repeat(300)).is_err());
+        assert!(Pattern::source("a b").is_err());
+        assert!(validate_event_name("host.*").is_err());
+        assert!(validate_event_name("1host").is_err());
+        assert!(validate_event_name("host.cpu").is_ok());
+        assert!(validate_source("hostA/eth0").is_ok());
+    }
+
+    #[test]
+    fn overlap() {
+        let exact = Pattern::event("host.cpu").unwrap();
+        assert!(exact.overlaps(&Pattern::event("host.*").unwrap()));
+        assert!(!exact.overlaps(&Pattern::event("net.*").unwrap()));
+    }
+
+    #[test]
+    fn glob_backtracking_is_bounded() {
+        let p = Pattern::event("*a*a*a*a*a*b").unwrap();
+        assert!(!p.matches(&"a".repeat(200)));
+    }
+}
