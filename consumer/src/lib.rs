@@ -1,1 +1,67 @@
-//! gma-consumer
+//! gma-consumer: the consumer side of the fabric, as a library.
+//!
+//! - [`connect`]: a gRPC channel to any role.
+//! - [`directory`]: search (all pages) and lookups against the directory.
+//! - [`stream`]: [`stream::ProducerStream`], one subscription to one producer that reconnects
+//!   with backoff and resumes from its last seq, surfacing gaps the producer reports.
+//! - [`subscriber`]: discover every producer of a pattern through Search + Watch, subscribe to
+//!   each, and merge their streams into one channel of [`subscriber::Delivery`].
+
+pub mod directory;
+pub mod stream;
+pub mod subscriber;
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error("bad address {0:?}: {1}")]
+    Address(String, String),
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, String),
+    #[error("{0}: {1}")]
+    Rpc(String, tonic::Status),
+    #[error("malformed stream from {0}: {1}")]
+    Protocol(String, String),
+}
+
+impl ConsumerError {
+    /// The gRPC status behind this error, if any.
+    pub fn status(&self) -> Option<&tonic::Status> {
+        match self {
+            ConsumerError::Rpc(_, s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Opens a channel to `addr` (`host:port` or `http://host:port`).
+pub async fn connect(addr: &str) -> Result<Channel, ConsumerError> {
+    let uri = gma_core::addr::endpoint_uri(addr);
+    Endpoint::from_shared(uri.clone())
+        .map_err(|e| ConsumerError::Address(addr.to_string(), e.to_string()))?
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .connect()
+        .await
+        .map_err(|e| ConsumerError::Connect(uri, error_chain(&e)))
+}
+
+/// Renders an error with its sources, for one-line messages.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}

@@ -1,1 +1,54 @@
-fn main() {}
+//! `gma`: the one operator binary. Thin: parse flags, set up logging, call the role libraries.
+
+mod bench;
+mod cli;
+mod roles;
+mod tools;
+
+use clap::Parser;
+
+fn main() {
+    let cli = cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = rt.block_on(run(cli.command));
+    // Streams and watchers may still be parked; do not wait for them.
+    rt.shutdown_background();
+    if let Err(e) = result {
+        let mut msg = e.to_string();
+        for cause in e.chain().skip(1) {
+            let c = cause.to_string();
+            if !msg.contains(&c) {
+                msg.push_str(": ");
+                msg.push_str(&c);
+            }
+        }
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cmd: cli::Command) -> anyhow::Result<()> {
+    use cli::Command::*;
+    match cmd {
+        Directory(a) => roles::directory(a).await,
+        Producer(a) => roles::producer(a).await,
+        Demo(a) => roles::demo(a).await,
+        Search(a) => tools::search(a).await,
+        Subscribe(a) => tools::subscribe(a).await,
+        Query(a) => tools::query(a).await,
+        Sim { command } => tools::sim(command).await,
+        Bench(a) => bench::run(a).await,
+    }
+}

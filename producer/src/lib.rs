@@ -1,1 +1,284 @@
-//! gma-producer
+//! gma-producer: a GMA producer.
+//!
+//! Sensors (host, agent, simulated hosts, and events pushed through `Ingest`) publish into the
+//! [`hub`]: a bounded log of recent events plus a latest-value cache. Consumers `Query` the cache
+//! or `Subscribe` to a stream read from the log with their own cursor ([`subscription`]), and
+//! resume after a reconnect from their last seq. The [`registrar`] keeps the producer's record
+//! and schemas in the directory under a lease, and re-registers by itself after the directory
+//! comes back; streaming never depends on the directory being up.
+//!
+//! - [`hub`]: log, cache, schema registry, seq assignment.
+//! - [`subscription`]: cursors, gaps, Unsubscribe registry, Query.
+//! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
+//! - [`registrar`]: directory registration and lease keeping.
+
+pub mod hub;
+pub mod registrar;
+pub mod service;
+pub mod subscription;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gma_core::time::now_ns;
+use gma_proto::v1 as pb;
+use gma_sensors::sim::{SimConfig, SimHandle};
+use gma_sensors::{AgentCounters, HostSensorConfig, Sensor};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use hub::Hub;
+pub use subscription::Registry;
+
+/// Producer configuration (`gma producer --config FILE`; flags override).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProducerConfig {
+    /// Listen address (`127.0.0.1:7001`); used by the binary.
+    pub listen: String,
+    /// Directory address; none = do not register (standalone).
+    pub directory: Option<String>,
+    /// Address advertised in the directory; default: the bound address.
+    pub advertise: Option<String>,
+    /// Record id in the directory; default `<source>@<advertised address>`.
+    pub id: Option<String>,
+    /// Source name of this host's events; default: the kernel host name.
+    pub source: Option<String>,
+    /// Host sensor sample period.
+    pub period_ms: u64,
+    /// `host.info` period.
+    pub info_period_ms: u64,
+    /// Directory lease TTL.
+    pub lease_ttl_ms: u64,
+    /// Events kept for resuming consumers (the resume window).
+    pub buffer_events: usize,
+    /// Run the real host sensors (/proc, /sys).
+    pub host_sensors: bool,
+    /// Simulated hosts (TOML file, see docs/simulation.md).
+    pub simulate: Option<PathBuf>,
+    pub site: String,
+    pub org: String,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig {
+            listen: "127.0.0.1:0".into(),
+            directory: None,
+            advertise: None,
+            id: None,
+            source: None,
+            period_ms: 1000,
+            info_period_ms: 60_000,
+            lease_ttl_ms: 10_000,
+            buffer_events: 100_000,
+            host_sensors: true,
+            simulate: None,
+            site: String::new(),
+            org: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    #[error("invalid producer config: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Sensor(#[from] gma_sensors::SensorError),
+    #[error("server error: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("io error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads the kernel host name (no shelling out).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// A producer before it serves: its hub, sensors and simulation handle.
+pub struct Producer {
+    pub config: ProducerConfig,
+    pub hub: Arc<Hub>,
+    pub registry: Arc<Registry>,
+    pub sim: Option<SimHandle>,
+    pub counters: Arc<AgentCounters>,
+    sensors: Vec<Box<dyn Sensor>>,
+}
+
+impl Producer {
+    /// Builds the hub and sensors and registers their schemas in the hub.
+    pub fn new(config: ProducerConfig) -> Result<Producer, ProducerError> {
+        if config.period_ms == 0 || config.period_ms > 3_600_000 {
+            return Err(ProducerError::Config("period_ms must be within 1..=3600000".into()));
+        }
+        if config.buffer_events == 0 || config.buffer_events > 50_000_000 {
+            return Err(ProducerError::Config("buffer_events must be within 1..=50000000".into()));
+        }
+        let source = config.source.clone().unwrap_or_else(host_name);
+        gma_core::pattern::validate_source(&source).map_err(|e| ProducerError::Config(e.to_string()))?;
+        let epoch = now_ns().max(1) as u64;
+        let hub = Hub::new(epoch, config.buffer_events);
+        let counters = Arc::new(AgentCounters::default());
+        let mut sensors: Vec<Box<dyn Sensor>> = Vec::new();
+        let period = Duration::from_millis(config.period_ms);
+        if config.host_sensors {
+            let hc = HostSensorConfig {
+                source: source.clone(),
+                period,
+                info_period: Duration::from_millis(config.info_period_ms.max(config.period_ms)),
+                ..HostSensorConfig::default()
+            };
+            sensors.extend(gma_sensors::host_sensors(&hc));
+            sensors.push(gma_sensors::agent_sensor(&source, period, counters.clone()));
+        }
+        let mut sim = None;
+        if let Some(path) = &config.simulate {
+            let cfg = SimConfig::load(path)?;
+            let (sensor, handle) = gma_sensors::sim::simulation(cfg);
+            sensors.push(sensor);
+            sim = Some(handle);
+        }
+        for s in &sensors {
+            hub.add_schemas(&s.schemas())
+                .map_err(|e| ProducerError::Config(format!("sensor {}: {e}", s.name())))?;
+        }
+        Ok(Producer {
+            config: ProducerConfig {
+                source: Some(source),
+                ..config
+            },
+            hub,
+            registry: Arc::new(Registry::default()),
+            sim,
+            counters,
+            sensors,
+        })
+    }
+
+    /// Serves on `listener` until `shutdown` resolves: sensors sample, the registrar keeps the
+    /// directory record, consumers are served.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ProducerError> {
+        let Producer {
+            config,
+            hub,
+            registry,
+            sim,
+            counters,
+            sensors,
+        } = self;
+        let bound = listener.local_addr()?;
+        let address = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| gma_core::addr::advertised(bound));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        for sensor in sensors {
+            tokio::spawn(sensor_loop(sensor, hub.clone(), counters.clone(), stop_rx.clone()));
+        }
+        let mut registrar_task = None;
+        if let Some(dir) = &config.directory {
+            let source = config.source.clone().unwrap_or_default();
+            let reg = registrar::Registration {
+                directory: gma_core::addr::endpoint_uri(dir),
+                id: config.id.clone().unwrap_or_else(|| {
+                    format!("{source}@{}", address.trim_start_matches("http://").trim_start_matches("https://"))
+                }),
+                address: address.clone(),
+                ttl_ms: config.lease_ttl_ms,
+                site: config.site.clone(),
+                org: config.org.clone(),
+            };
+            registrar_task = Some(tokio::spawn(registrar::run(reg, hub.clone(), stop_rx.clone())));
+        }
+        tracing::info!(%address, "producer serving");
+        let max = gma_core::MAX_MESSAGE_BYTES;
+        let producer = service::ProducerService {
+            hub: hub.clone(),
+            registry,
+        };
+        let result = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .add_service(pb::producer_server::ProducerServer::new(producer).max_decoding_message_size(max))
+            .add_service(
+                pb::ingest_server::IngestServer::new(service::IngestService { hub: hub.clone() })
+                    .max_decoding_message_size(max),
+            )
+            .add_service(
+                pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim })
+                    .max_decoding_message_size(max),
+            )
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await;
+        let _ = stop_tx.send(true);
+        if let Some(t) = registrar_task {
+            // The registrar removes our record on the way out (bounded by its own timeout).
+            let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+        }
+        result.map_err(ProducerError::from)
+    }
+}
+
+/// Convenience: build and run a producer.
+pub async fn run(
+    config: ProducerConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ProducerError> {
+    Producer::new(config)?.run(listener, shutdown).await
+}
+
+async fn sensor_loop(
+    mut sensor: Box<dyn Sensor>,
+    hub: Arc<Hub>,
+    counters: Arc<AgentCounters>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(sensor.period());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut buf = Vec::new();
+    let mut errors: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        buf.clear();
+        match sensor.sample(now_ns(), &mut buf) {
+            Ok(()) => {
+                let values: usize = buf.iter().map(|e| e.numbers.len() + e.strings.len()).sum();
+                counters.values.fetch_add(values as u64, Ordering::Relaxed);
+                counters.events.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                if !buf.is_empty() {
+                    if let (_, Err(e)) = hub.publish(&buf) {
+                        tracing::warn!(sensor = sensor.name(), error = %e, "sensor produced a nonconforming event");
+                    }
+                }
+            }
+            Err(e) => {
+                errors += 1;
+                metrics::counter!("gma_producer_sensor_errors_total").increment(1);
+                // Log the first error and then one in a hundred: a broken probe must not flood.
+                if errors == 1 || errors % 100 == 0 {
+                    tracing::warn!(sensor = sensor.name(), errors, error = %e, "sensor sample failed");
+                }
+            }
+        }
+    }
+}

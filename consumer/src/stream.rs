@@ -1,0 +1,230 @@
+//! One subscription to one producer, kept alive across disconnects.
+//!
+//! [`ProducerStream`] subscribes, decodes batches (calling back per event without copying), and
+//! remembers the epoch and the next seq it needs. When the stream breaks (producer restarted,
+//! network error, producer closed it) it reconnects with exponential backoff and resubscribes
+//! with `resume_from_seq`, so nothing inside the producer's buffer window is lost; whatever the
+//! producer could not replay comes back as explicit gaps.
+
+use std::time::Duration;
+
+use gma_core::codec::{BatchDecoder, EventRef};
+use gma_proto::v1 as pb;
+use pb::producer_client::ProducerClient;
+use tonic::Streaming;
+
+use crate::{connect, ConsumerError};
+
+/// Where to resume a stream: the producer run (epoch) and the first seq not yet received.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResumePoint {
+    pub epoch: u64,
+    pub next_seq: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    pub patterns: Vec<String>,
+    pub sources: Vec<String>,
+    pub consumer_id: String,
+    /// Events per batch asked of the producer (0 = producer default).
+    pub max_batch: u32,
+    /// Rate limit: at most one event per series per interval (0 = none).
+    pub min_interval_ms: u64,
+    /// Reconnect after errors instead of returning them.
+    pub reconnect: bool,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            patterns: vec!["*".into()],
+            sources: Vec::new(),
+            consumer_id: String::new(),
+            max_batch: 0,
+            min_interval_ms: 0,
+            reconnect: true,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What one call to [`ProducerStream::next_with`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// A batch: how many events were passed to the callback, and any gaps it reported.
+    Batch { events: usize, gaps: Vec<pb::Gap> },
+    /// The stream broke; the next call reconnects (after a backoff).
+    Reconnecting { error: String, attempt: u32 },
+    /// A (re)subscription was accepted.
+    Subscribed { subscription_id: u64 },
+}
+
+pub struct ProducerStream {
+    address: String,
+    opts: StreamOptions,
+    inbound: Option<Streaming<pb::SubscribeResponse>>,
+    decoder: BatchDecoder,
+    resume: Option<ResumePoint>,
+    subscription_id: u64,
+    attempt: u32,
+    ended: bool,
+}
+
+impl ProducerStream {
+    pub fn new(address: &str, opts: StreamOptions) -> ProducerStream {
+        ProducerStream {
+            address: address.to_string(),
+            opts,
+            inbound: None,
+            decoder: BatchDecoder::new(),
+            resume: None,
+            subscription_id: 0,
+            attempt: 0,
+            ended: false,
+        }
+    }
+
+    /// Starts from a known point (e.g. one saved before a consumer restart).
+    pub fn with_resume(mut self, resume: Option<ResumePoint>) -> ProducerStream {
+        self.resume = resume;
+        self
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The epoch and next seq this stream would resume from.
+    pub fn resume_point(&self) -> Option<ResumePoint> {
+        self.resume
+    }
+
+    pub fn subscription_id(&self) -> u64 {
+        self.subscription_id
+    }
+
+    async fn open(&mut self) -> Result<u64, ConsumerError> {
+        let channel = connect(&self.address).await?;
+        let mut client = ProducerClient::new(channel).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+        let resume = self.resume.unwrap_or_default();
+        let req = pb::SubscribeRequest {
+            patterns: self.opts.patterns.clone(),
+            sources: self.opts.sources.clone(),
+            resume_from_seq: resume.next_seq,
+            epoch: resume.epoch,
+            consumer_id: self.opts.consumer_id.clone(),
+            max_batch: self.opts.max_batch,
+            min_interval_ms: self.opts.min_interval_ms,
+        };
+        let mut inbound = client
+            .subscribe(req)
+            .await
+            .map_err(|s| ConsumerError::Rpc(format!("subscribe to {}", self.address), s))?
+            .into_inner();
+        // The first message carries the subscription id.
+        let first = inbound
+            .message()
+            .await
+            .map_err(|s| ConsumerError::Rpc(format!("subscribe to {}", self.address), s))?
+            .ok_or_else(|| ConsumerError::Protocol(self.address.clone(), "stream ended before it began".into()))?;
+        self.decoder = BatchDecoder::new();
+        self.inbound = Some(inbound);
+        self.subscription_id = first.subscription_id;
+        Ok(first.subscription_id)
+    }
+
+    fn broke(&mut self, err: ConsumerError) -> Result<Option<Progress>, ConsumerError> {
+        self.inbound = None;
+        if !self.opts.reconnect {
+            self.ended = true;
+            return Err(err);
+        }
+        self.attempt += 1;
+        Ok(Some(Progress::Reconnecting {
+            error: err.to_string(),
+            attempt: self.attempt,
+        }))
+    }
+
+    fn backoff(&self) -> Duration {
+        let shift = self.attempt.saturating_sub(1).min(10);
+        (self.opts.initial_backoff * (1u32 << shift)).min(self.opts.max_backoff)
+    }
+
+    /// Waits for the next batch and calls `f` for each of its events, in seq order.
+    /// Returns `Ok(None)` once the stream has ended for good (only without `reconnect`).
+    pub async fn next_with<F>(&mut self, mut f: F) -> Result<Option<Progress>, ConsumerError>
+    where
+        F: FnMut(EventRef<'_>),
+    {
+        if self.ended {
+            return Ok(None);
+        }
+        if self.inbound.is_none() {
+            if self.attempt > 0 {
+                tokio::time::sleep(self.backoff()).await;
+            }
+            return match self.open().await {
+                Ok(id) => Ok(Some(Progress::Subscribed { subscription_id: id })),
+                Err(e) => self.broke(e),
+            };
+        }
+        let Some(inbound) = self.inbound.as_mut() else {
+            return Ok(None);
+        };
+        match inbound.message().await {
+            Ok(Some(msg)) => {
+                let Some(batch) = msg.batch else {
+                    return Ok(Some(Progress::Batch {
+                        events: 0,
+                        gaps: Vec::new(),
+                    }));
+                };
+                let mut last = None;
+                let decoded = self.decoder.decode_each(&batch, |e| {
+                    last = Some(e.seq);
+                    f(e);
+                });
+                match decoded {
+                    Ok(n) => {
+                        self.attempt = 0;
+                        let epoch_changed = self.resume.is_some_and(|r| r.epoch != batch.epoch);
+                        if let Some(seq) = last {
+                            self.resume = Some(ResumePoint {
+                                epoch: batch.epoch,
+                                next_seq: seq + 1,
+                            });
+                        } else if epoch_changed || self.resume.is_none() {
+                            // A new run that has sent nothing yet: resume from its beginning.
+                            self.resume = Some(ResumePoint {
+                                epoch: batch.epoch,
+                                next_seq: 1,
+                            });
+                        }
+                        metrics::counter!("gma_consumer_events_received_total").increment(n as u64);
+                        Ok(Some(Progress::Batch { events: n, gaps: batch.gaps }))
+                    }
+                    Err(e) => {
+                        let err = ConsumerError::Protocol(self.address.clone(), e.to_string());
+                        self.broke(err)
+                    }
+                }
+            }
+            Ok(None) => {
+                let err = ConsumerError::Protocol(self.address.clone(), "producer ended the stream".into());
+                if self.opts.reconnect {
+                    self.broke(err)
+                } else {
+                    self.ended = true;
+                    self.inbound = None;
+                    Ok(None)
+                }
+            }
+            Err(s) => self.broke(ConsumerError::Rpc(format!("stream from {}", self.address), s)),
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! `gma bench`: benchmarks that print figures (never pass/fail thresholds).
+//!
+//! - `stream`: one producer -> one consumer over loopback gRPC, in this process. Phase 1 pushes
+//!   as many 3-value events as the consumer can take (the publisher keeps at most half the
+//!   resume buffer in flight, so nothing is dropped) and reports events/s and events/s per core
+//!   (process CPU time / wall time). Phase 2 publishes at a fixed rate and reports
+//!   sample -> consumer latency percentiles (hdrhistogram).
+//! - `agent`: starts a real `gma producer` process with the host sensors and measures its CPU%
+//!   of one core and RSS from /proc/<pid>, and the values it samples per second.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use gma_consumer::stream::{ProducerStream, StreamOptions};
+use gma_core::codec::{BatchEncoder, SeriesInfo};
+use gma_core::event::{dbl, EventData};
+use gma_core::time::now_ns;
+use gma_producer::{Producer, ProducerConfig};
+use gma_proto::v1 as pb;
+use hdrhistogram::Histogram;
+use tokio::io::AsyncBufReadExt;
+
+use crate::cli::{BenchArgs, BenchScenario, Output};
+
+/// Clock ticks per second of /proc/<pid>/stat times (USER_HZ; 100 on Linux x86_64 and arm64).
+const CLK_TCK: f64 = 100.0;
+
+pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    match a.scenario {
+        BenchScenario::Stream { duration, rate, output } => stream(duration, rate, output).await,
+        BenchScenario::Agent {
+            duration,
+            period_ms,
+            output,
+        } => agent(duration, period_ms, output).await,
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// (utime + stime) in seconds of a process, and its RSS in MiB, from /proc.
+fn proc_usage(pid: &str) -> anyhow::Result<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("cannot read /proc stat")?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).ok_or_else(|| anyhow!("bad /proc stat"))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("bad utime"))?;
+    let stime: f64 = f.get(12).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("bad stime"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("cannot read /proc status")?;
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    Ok(((utime + stime) / CLK_TCK, rss_kb / 1024.0))
+}
+
+fn bench_schema() -> pb::EventSchema {
+    pb::EventSchema {
+        name: "bench.x".into(),
+        version: 1,
+        fields: vec![dbl("a", "", ""), dbl("b", "", ""), dbl("c", "", "")],
+        description: "benchmark event".into(),
+    }
+}
+
+fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
+    (0..n)
+        .map(|i| EventData {
+            name: "bench.x".into(),
+            source: format!("s{}", i % sources),
+            timestamp_ns: 0,
+            numbers: vec![i as f64, 0.5, 1.0],
+            strings: vec![],
+        })
+        .collect()
+}
+
+async fn start_producer(buffer: usize) -> anyhow::Result<(Arc<gma_producer::Hub>, String, tokio::sync::oneshot::Sender<()>)> {
+    let p = Producer::new(ProducerConfig {
+        host_sensors: false,
+        buffer_events: buffer,
+        source: Some("bench".into()),
+        ..ProducerConfig::default()
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    p.hub.add_schemas(&[bench_schema()]).map_err(|e| anyhow!("{e}"))?;
+    let hub = p.hub.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(p.run(listener, async {
+        let _ = rx.await;
+    }));
+    Ok((hub, addr, tx))
+}
+
+struct StreamFigures {
+    events: u64,
+    seconds: f64,
+    cpu_seconds: f64,
+    dropped: u64,
+    bytes_per_event: f64,
+    latency_rate: u64,
+    latency: Histogram<u64>,
+}
+
+async fn stream(duration: u64, rate: u64, output: Output) -> anyhow::Result<()> {
+    if duration == 0 || rate == 0 {
+        bail!("--duration and --rate must be positive");
+    }
+    let buffer = 1 << 20;
+    let (hub, addr, stop) = start_producer(buffer).await?;
+
+    // Phase 1: throughput.
+    let received = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let hub = hub.clone();
+        let received = received.clone();
+        let done = done.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut batch = bench_events(1000, 100);
+            while !done.load(Ordering::Relaxed) {
+                let head = hub.lock().head();
+                if head.saturating_sub(received.load(Ordering::Relaxed)) > (buffer as u64) / 2 {
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+                let ts = now_ns();
+                for e in batch.iter_mut() {
+                    e.timestamp_ns = ts;
+                }
+                let _ = hub.publish(&batch);
+            }
+        })
+    };
+    let mut s = ProducerStream::new(
+        &addr,
+        StreamOptions {
+            patterns: vec!["bench.*".into()],
+            max_batch: 1000,
+            reconnect: false,
+            ..StreamOptions::default()
+        },
+    );
+    let mut events = 0u64;
+    let mut dropped = 0u64;
+    let warmup = Instant::now() + Duration::from_secs(1);
+    let mut started: Option<(Instant, u64, f64)> = None;
+    let me = std::process::id().to_string();
+    loop {
+        let mut last = 0;
+        let mut n = 0u64;
+        let p = s
+            .next_with(|e| {
+                last = e.seq;
+                n += 1;
+            })
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        if let Some(gma_consumer::stream::Progress::Batch { gaps, .. }) = &p {
+            dropped += gaps.iter().map(|g| g.dropped).sum::<u64>();
+        }
+        if last > 0 {
+            received.store(last, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        match started {
+            None if now >= warmup => started = Some((now, 0, proc_usage(&me)?.0)),
+            Some((t0, ..)) => {
+                events += n;
+                if now.duration_since(t0) >= Duration::from_secs(duration) {
+                    break;
+                }
+            }
+            None => {}
+        }
+    }
+    let (t0, _, cpu0) = started.ok_or_else(|| anyhow!("no measurement"))?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu_seconds = proc_usage(&me)?.0 - cpu0;
+    done.store(true, Ordering::Relaxed);
+    let _ = publisher.await;
+    drop(s);
+
+    // Phase 2: latency at a fixed rate.
+    let mut lat = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let stop_pub = Arc::new(AtomicBool::new(false));
+    let per_ms = (rate / 1000).max(1) as usize;
+    let rate_pub = {
+        let hub = hub.clone();
+        let stop_pub = stop_pub.clone();
+        tokio::spawn(async move {
+            let mut batch = bench_events(per_ms, 100);
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            while !stop_pub.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let ts = now_ns();
+                for e in batch.iter_mut() {
+                    e.timestamp_ns = ts;
+                }
+                let _ = hub.publish(&batch);
+            }
+        })
+    };
+    let mut s = ProducerStream::new(
+        &addr,
+        StreamOptions {
+            patterns: vec!["bench.*".into()],
+            reconnect: false,
+            ..StreamOptions::default()
+        },
+    );
+    let end = Instant::now() + Duration::from_secs(duration + 1);
+    let record_from = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < end {
+        let now = now_ns();
+        let record = Instant::now() >= record_from;
+        s.next_with(|e| {
+            if record {
+                let us = ((now_ns().max(now) - e.timestamp_ns) / 1000).max(1) as u64;
+                let _ = lat.record(us);
+            }
+        })
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    }
+    stop_pub.store(true, Ordering::Relaxed);
+    let _ = rate_pub.await;
+    let _ = stop.send(());
+
+    // Wire size of the encoding for this event shape (1,000-event batch, series declared once).
+    let info = SeriesInfo::new(0, "bench.x", "s0", &bench_schema());
+    let mut enc = BatchEncoder::new();
+    enc.push(&info, 1, 0, &[0.0, 0.5, 1.0], &[]);
+    let _ = enc.finish(1);
+    for i in 0..1000u64 {
+        enc.push(&info, 2 + i, 1_000_000 * i as i64, &[i as f64, 0.5, 1.0], &[]);
+    }
+    let bytes_per_event = prost::Message::encoded_len(&enc.finish(1)) as f64 / 1000.0;
+
+    print_stream(
+        &StreamFigures {
+            events,
+            seconds,
+            cpu_seconds,
+            dropped,
+            bytes_per_event,
+            latency_rate: rate,
+            latency: lat,
+        },
+        output,
+    );
+    Ok(())
+}
+
+fn print_stream(f: &StreamFigures, output: Output) {
+    let eps = f.events as f64 / f.seconds;
+    let cores_used = (f.cpu_seconds / f.seconds).max(0.01);
+    let q = |p: f64| f.latency.value_at_quantile(p) as f64 / 1000.0;
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({
+                "scenario": "stream",
+                "machine_cores": cores(),
+                "events": f.events,
+                "seconds": f.seconds,
+                "events_per_s": eps,
+                "cpu_cores_used": cores_used,
+                "events_per_s_per_core": eps / cores_used,
+                "dropped": f.dropped,
+                "wire_bytes_per_event": f.bytes_per_event,
+                "latency_rate_events_per_s": f.latency_rate,
+                "latency_samples": f.latency.len(),
+                "latency_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": f.latency.max() as f64 / 1000.0},
+            })
+        ),
+        Output::Table => {
+            println!("stream: one producer -> one consumer, loopback gRPC, 3-value events, batches of 1000");
+            println!("  machine cores            {}", cores());
+            println!("  events                   {} in {:.1} s", f.events, f.seconds);
+            println!("  throughput               {:.0} events/s", eps);
+            println!("  cpu used (both ends)     {:.2} cores", cores_used);
+            println!("  per core                 {:.0} events/s", eps / cores_used);
+            println!("  dropped                  {}", f.dropped);
+            println!("  wire size                {:.1} bytes/event", f.bytes_per_event);
+            println!(
+                "  latency @ {} ev/s       p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  max {:.3} ms ({} samples)",
+                f.latency_rate,
+                q(0.5),
+                q(0.9),
+                q(0.99),
+                q(0.999),
+                f.latency.max() as f64 / 1000.0,
+                f.latency.len()
+            );
+        }
+    }
+}
+
+async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<()> {
+    if duration < 2 {
+        bail!("--duration must be at least 2 seconds");
+    }
+    let exe = std::env::current_exe().context("cannot find the gma binary")?;
+    let mut child = tokio::process::Command::new(exe)
+        .args([
+            "producer",
+            "--listen",
+            "127.0.0.1:0",
+            "--period-ms",
+            &period_ms.to_string(),
+            "--source",
+            "bench-agent",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start the agent")?;
+    let pid = child.id().ok_or_else(|| anyhow!("agent exited at once"))?.to_string();
+    let stderr = child.stderr.take().ok_or_else(|| anyhow!("no agent stderr"))?;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .context("agent did not start in 10 s")??
+            .ok_or_else(|| anyhow!("agent exited before listening"))?;
+        if let Some(a) = line.strip_prefix("gma producer listening on ") {
+            break a.trim().to_string();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // Let it start up and take its first samples before measuring.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu0, _) = proc_usage(&pid)?;
+    let t0 = Instant::now();
+    let mut peak_rss: f64 = 0.0;
+    while t0.elapsed() < Duration::from_secs(duration) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        peak_rss = peak_rss.max(proc_usage(&pid)?.1);
+    }
+    let (cpu1, rss) = proc_usage(&pid)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu_pct = (cpu1 - cpu0) / seconds * 100.0;
+
+    // The agent publishes its own sampling rate (gma.agent values_per_s).
+    let ch = gma_consumer::connect(&addr).await.map_err(|e| anyhow!("{e}"))?;
+    let mut client = pb::producer_client::ProducerClient::new(ch);
+    let r = client
+        .query(pb::QueryRequest {
+            patterns: vec!["gma.agent".into()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| anyhow!("query gma.agent: {}", s.message()))?
+        .into_inner();
+    let values_per_s = r
+        .events
+        .first()
+        .and_then(|e| {
+            let schema = r.schemas.iter().find(|s| s.name == e.name)?;
+            let i = schema.fields.iter().position(|f| f.name == "values_per_s")?;
+            match e.values.get(i)?.kind {
+                Some(pb::value::Kind::Number(n)) => Some(n),
+                _ => None,
+            }
+        })
+        .unwrap_or(f64::NAN);
+    let _ = child.kill().await;
+    let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({
+                "scenario": "agent",
+                "machine_cores": cores(),
+                "period_ms": period_ms,
+                "seconds": seconds,
+                "cpu_pct_of_one_core": cpu_pct,
+                "rss_mb": rss,
+                "peak_rss_mb": peak_rss.max(rss),
+                "values_per_s": values_per_s,
+                "cpu_us_per_value": us_per_value,
+            })
+        ),
+        Output::Table => {
+            println!("agent: `gma producer` with host sensors, {period_ms} ms sampling, measured {seconds:.0} s");
+            println!("  machine cores            {}", cores());
+            println!("  cpu                      {cpu_pct:.3} % of one core");
+            println!("  rss                      {rss:.1} MiB (peak {:.1} MiB)", peak_rss.max(rss));
+            println!("  values sampled           {values_per_s:.0} /s");
+            println!("  cost per value           {us_per_value:.2} us of CPU");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! Command-line definitions (clap). Every role is a subcommand; tools talk to running roles.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "gma", version, about = "GMA fabric: grid monitoring producers, consumers and a replicated directory")]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "gma_producer=debug".
+    #[arg(long, global = true, env = "GMA_LOG", default_value = "warn")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a directory node (single node; metadata only, leases, watch).
+    Directory(DirectoryArgs),
+    /// Run a producer: host sensors and/or simulated hosts, served to consumers.
+    Producer(ProducerArgs),
+    /// Search the directory for producers (and consumers) by event pattern.
+    Search(SearchArgs),
+    /// Subscribe to every producer of a pattern and print events as they arrive.
+    Subscribe(SubscribeArgs),
+    /// Ask producers for their latest cached events.
+    Query(QueryArgs),
+    /// Control simulated hosts of a running producer.
+    Sim {
+        #[command(subcommand)]
+        command: SimCommand,
+    },
+    /// Everything on this machine: directory, host producer, simulated hosts; until Ctrl-C.
+    Demo(DemoArgs),
+    /// Benchmarks that print figures (throughput, latency percentiles, agent cost).
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DirectoryArgs {
+    /// Listen address, e.g. 127.0.0.1:7000.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Data directory (created if missing).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// TOML config file (keys: listen, data_dir, default_ttl_ms, min_ttl_ms, max_ttl_ms, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ProducerArgs {
+    /// Listen address, e.g. 127.0.0.1:7001.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Directory address to register with (omit to run standalone).
+    #[arg(long)]
+    pub directory: Option<String>,
+    /// Source name for this host's events (default: host name).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Host sensor sample period in milliseconds (default 1000).
+    #[arg(long)]
+    pub period_ms: Option<u64>,
+    /// Directory lease TTL in milliseconds (default 10000).
+    #[arg(long)]
+    pub lease_ttl_ms: Option<u64>,
+    /// Events kept for resuming consumers (default 100000).
+    #[arg(long)]
+    pub buffer_events: Option<usize>,
+    /// Simulated hosts, from a TOML file (see docs/simulation.md).
+    #[arg(long)]
+    pub simulate: Option<PathBuf>,
+    /// Do not run the real host sensors (e.g. a simulation-only producer).
+    #[arg(long)]
+    pub no_host_sensors: bool,
+    /// Record id in the directory (default: <source>@<address>).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    /// Event-name pattern, e.g. 'host.*' (default: all).
+    #[arg(default_value = "*")]
+    pub pattern: String,
+    #[arg(long)]
+    pub directory: String,
+    /// Only producers serving this source (pattern).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Search consumer records instead of producers.
+    #[arg(long)]
+    pub consumers: bool,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct SubscribeArgs {
+    /// Event-name pattern, e.g. host.cpu or 'host.*'.
+    pub pattern: String,
+    /// Directory address (discover producers); or use --producer.
+    #[arg(long, required_unless_present = "producer")]
+    pub directory: Option<String>,
+    /// Subscribe to this producer directly, bypassing the directory.
+    #[arg(long)]
+    pub producer: Option<String>,
+    /// Only events from this source (pattern).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Exit after this many events.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// At most one event per series per interval.
+    #[arg(long)]
+    pub min_interval_ms: Option<u64>,
+    /// Resume state file: read at start, rewritten after every batch, so a restarted
+    /// subscriber resumes where it stopped.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct QueryArgs {
+    /// Event-name pattern.
+    pub pattern: String,
+    #[arg(long, required_unless_present = "producer")]
+    pub directory: Option<String>,
+    /// Query this producer directly.
+    #[arg(long)]
+    pub producer: Option<String>,
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Only events at most this old.
+    #[arg(long)]
+    pub max_age_ms: Option<u64>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SimCommand {
+    /// Set values of a simulated host: gma sim set hostA load=3.5 free_cpus=0 --producer ADDR
+    Set {
+        host: String,
+        /// key=value pairs (load, free_cpus, queue_waiting, cpus, memory_mb, bench_<name>).
+        #[arg(required = true)]
+        values: Vec<String>,
+        #[arg(long)]
+        producer: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Exit after this many seconds (default: run until Ctrl-C).
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Number of simulated hosts.
+    #[arg(long, default_value_t = 8)]
+    pub sim_hosts: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub scenario: BenchScenario,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchScenario {
+    /// One producer -> one consumer over loopback gRPC: max events/s, then latency at a fixed rate.
+    Stream {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Events per second for the latency phase.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The host agent (a real `gma producer` process at 1 s sampling): CPU% and RSS.
+    Agent {
+        #[arg(long, default_value_t = 60)]
+        duration: u64,
+        /// Sample period of the agent under test.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}

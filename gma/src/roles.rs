@@ -1,0 +1,220 @@
+//! Role subcommands: directory, producer, demo.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use gma_directory::DirectoryConfig;
+use gma_producer::ProducerConfig;
+use tokio::net::TcpListener;
+
+use crate::cli::{DemoArgs, DirectoryArgs, ProducerArgs};
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    async {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+    }
+}
+
+pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
+fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).map_err(|e| anyhow!("invalid config file {}: {}", path.display(), e.message()))?;
+    let listen = match table.remove("listen") {
+        Some(toml::Value::String(s)) => Some(s),
+        Some(_) => bail!("invalid config file {}: listen must be a string", path.display()),
+        None => None,
+    };
+    let cfg: DirectoryConfig = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow!("invalid config file {}: {}", path.display(), e.message()))?;
+    Ok((listen, cfg))
+}
+
+pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
+    let (file_listen, mut cfg) = match &a.config {
+        Some(p) => {
+            let (l, c) = directory_file(p)?;
+            (l, Some(c))
+        }
+        None => (None, None),
+    };
+    let data = a
+        .data
+        .clone()
+        .or_else(|| cfg.as_ref().map(|c| c.data_dir.clone()))
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| anyhow!("give a data directory with --data DIR (or data_dir in --config)"))?;
+    let mut config = cfg.take().unwrap_or_else(|| DirectoryConfig::new(data.clone()));
+    config.data_dir = data;
+    let listen = a.listen.or(file_listen).unwrap_or_else(|| "127.0.0.1:7000".into());
+    let listener = bind(&listen).await?;
+    eprintln!("gma directory listening on {}", listener.local_addr()?);
+    gma_directory::run(config, listener, shutdown_signal())
+        .await
+        .map_err(|e| anyhow!("directory failed: {e}"))
+}
+
+pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
+    let mut cfg: ProducerConfig = match &a.config {
+        Some(p) => gma_core::config::load_toml(p)?,
+        None => ProducerConfig::default(),
+    };
+    if let Some(v) = &a.listen {
+        cfg.listen = v.clone();
+    } else if a.config.is_none() {
+        cfg.listen = "127.0.0.1:7001".into();
+    }
+    if a.directory.is_some() {
+        cfg.directory = a.directory.clone();
+    }
+    if a.source.is_some() {
+        cfg.source = a.source.clone();
+    }
+    if let Some(v) = a.period_ms {
+        cfg.period_ms = v;
+    }
+    if let Some(v) = a.lease_ttl_ms {
+        cfg.lease_ttl_ms = v;
+    }
+    if let Some(v) = a.buffer_events {
+        cfg.buffer_events = v;
+    }
+    if a.simulate.is_some() {
+        cfg.simulate = a.simulate.clone();
+    }
+    if a.no_host_sensors {
+        cfg.host_sensors = false;
+    }
+    if a.id.is_some() {
+        cfg.id = a.id.clone();
+    }
+    Ok(cfg)
+}
+
+pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
+    let cfg = producer_config(&a)?;
+    let listener = bind(&cfg.listen).await?;
+    let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
+    eprintln!("gma producer listening on {}", listener.local_addr()?);
+    p.run(listener, shutdown_signal()).await.map_err(|e| anyhow!("producer failed: {e}"))
+}
+
+const DEMO_SIM_HEADER: &str = "# Simulated hosts of `gma demo`.\n";
+
+/// Writes the demo's simulation file: a few named hosts with scripted values plus generated ones.
+fn demo_sim_file(dir: &Path, hosts: u32) -> anyhow::Result<PathBuf> {
+    let path = dir.join("demo-sim.toml");
+    let mut text = String::from(DEMO_SIM_HEADER);
+    text.push_str(include_str!("../../config/demo-sim.toml"));
+    if hosts > 0 {
+        text.push_str(&format!(
+            "\n[[generate]]\ncount = {hosts}\nprefix = \"sim\"\nseed = 7\ncpus = 8\nmemory_mb = 16384\n"
+        ));
+    }
+    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
+    let tmp = tempfile::Builder::new().prefix("gma-demo-").tempdir().context("cannot create a temp dir")?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    };
+
+    let dir_listener = bind("127.0.0.1:0").await?;
+    let dir_addr = dir_listener.local_addr()?;
+    let dir_cfg = DirectoryConfig::new(tmp.path().join("directory"));
+    let dir_task = tokio::spawn(gma_directory::run(dir_cfg, dir_listener, stop()));
+
+    let host_listener = bind("127.0.0.1:0").await?;
+    let host_addr = host_listener.local_addr()?;
+    let host = gma_producer::Producer::new(ProducerConfig {
+        directory: Some(dir_addr.to_string()),
+        ..ProducerConfig::default()
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let host_name = host.config.source.clone().unwrap_or_default();
+    let host_task = tokio::spawn(host.run(host_listener, stop()));
+
+    let sim_listener = bind("127.0.0.1:0").await?;
+    let sim_addr = sim_listener.local_addr()?;
+    let sim = gma_producer::Producer::new(ProducerConfig {
+        directory: Some(dir_addr.to_string()),
+        host_sensors: false,
+        source: Some("simulator".into()),
+        simulate: Some(demo_sim_file(tmp.path(), a.sim_hosts)?),
+        ..ProducerConfig::default()
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let sim_task = tokio::spawn(sim.run(sim_listener, stop()));
+
+    println!("GMA demo is running (data in {}).", tmp.path().display());
+    println!();
+    println!("  directory            {dir_addr}");
+    println!("  producer (this host) {host_addr}   source {host_name}");
+    println!("  producer (simulated) {sim_addr}   hosts hostA, hostB, sim-0000..");
+    println!();
+    println!("Try, in another terminal:");
+    println!("  gma search 'host.*' --directory {dir_addr}");
+    println!("  gma subscribe host.cpu --directory {dir_addr} --source {host_name} --count 5");
+    println!("  gma query host.load --directory {dir_addr} --output json");
+    println!("  gma sim set hostA load=3.5 free_cpus=0 --producer {sim_addr}");
+    println!("  gma subscribe host.load --directory {dir_addr} --source hostA");
+    println!("(with cargo: cargo run --release -p gma -- <command>)");
+    println!();
+    println!("Press Ctrl-C to stop.");
+
+    match a.duration_s {
+        Some(s) => {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(s)) => {}
+                _ = shutdown_signal() => {}
+            }
+        }
+        None => shutdown_signal().await,
+    }
+    let _ = stop_tx.send(true);
+    for t in [host_task, sim_task] {
+        match t.await {
+            Ok(Err(e)) => eprintln!("producer stopped with an error: {e}"),
+            Err(e) => eprintln!("producer task failed: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
+    match dir_task.await {
+        Ok(Err(e)) => eprintln!("directory stopped with an error: {e}"),
+        Err(e) => eprintln!("directory task failed: {e}"),
+        Ok(Ok(())) => {}
+    }
+    println!("GMA demo stopped.");
+    Ok(())
+}

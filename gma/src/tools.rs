@@ -1,0 +1,463 @@
+//! Operator tools: search, subscribe, query, sim set.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+use gma_consumer::directory;
+use gma_consumer::stream::{ProducerStream, Progress, ResumePoint, StreamOptions};
+use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_core::codec::EventRef;
+use gma_core::event::push_json_str;
+use gma_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{Output, QueryArgs, SearchArgs, SimCommand, SubscribeArgs};
+
+fn status_line(what: &str, s: &tonic::Status) -> anyhow::Error {
+    anyhow!("{what}: {} ({:?})", s.message(), s.code())
+}
+
+fn rpc_err(e: gma_consumer::ConsumerError) -> anyhow::Error {
+    match e.status() {
+        Some(s) => status_line(&e.to_string().split(':').next().unwrap_or("rpc").to_string(), s),
+        None => anyhow!("{e}"),
+    }
+}
+
+pub async fn search(a: SearchArgs) -> anyhow::Result<()> {
+    let mut client = directory::client(&a.directory).await.map_err(rpc_err)?;
+    let kind = if a.consumers {
+        pb::RecordKind::Consumer
+    } else {
+        pb::RecordKind::Producer
+    };
+    let req = pb::SearchRequest {
+        kind: kind as i32,
+        event_pattern: if a.pattern == "*" { String::new() } else { a.pattern.clone() },
+        source: a.source.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    let (entries, _) = directory::search_all(&mut client, req).await.map_err(rpc_err)?;
+    let mut out = std::io::stdout().lock();
+    match a.output {
+        Output::Json => {
+            let items: Vec<serde_json::Value> = entries.iter().filter_map(record_json).collect();
+            writeln!(out, "{}", serde_json::to_string_pretty(&items)?)?;
+        }
+        Output::Table => {
+            if entries.is_empty() {
+                writeln!(out, "no {} matches {:?}", if a.consumers { "consumer" } else { "producer" }, a.pattern)?;
+                return Ok(());
+            }
+            writeln!(out, "{:<40} {:<24} {:>7} {:>7}  EVENTS", "ID", "ADDRESS", "SOURCES", "LEASE")?;
+            for e in &entries {
+                match e.record.as_ref().and_then(|r| r.record.as_ref()) {
+                    Some(pb::record::Record::Producer(p)) => writeln!(
+                        out,
+                        "{:<40} {:<24} {:>7} {:>7}  {}",
+                        p.id,
+                        p.address,
+                        p.sources.len(),
+                        e.lease_id,
+                        p.events.join(",")
+                    )?,
+                    Some(pb::record::Record::Consumer(c)) => writeln!(
+                        out,
+                        "{:<40} {:<24} {:>7} {:>7}  {} ({})",
+                        c.id,
+                        c.address,
+                        "-",
+                        e.lease_id,
+                        c.accepts.join(","),
+                        c.manner
+                    )?,
+                    None => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn record_json(e: &pb::RecordEntry) -> Option<serde_json::Value> {
+    Some(match e.record.as_ref()?.record.as_ref()? {
+        pb::record::Record::Producer(p) => serde_json::json!({
+            "kind": "producer", "id": p.id, "address": p.address, "events": p.events,
+            "sources": p.sources, "services": p.services, "site": p.site, "org": p.org,
+            "attributes": p.attributes, "lease_id": e.lease_id, "mod_revision": e.mod_revision,
+        }),
+        pb::record::Record::Consumer(c) => serde_json::json!({
+            "kind": "consumer", "id": c.id, "address": c.address, "accepts": c.accepts,
+            "manner": c.manner, "site": c.site, "org": c.org, "attributes": c.attributes,
+            "lease_id": e.lease_id, "mod_revision": e.mod_revision,
+        }),
+    })
+}
+
+/// Prints one event as a table row.
+fn table_row(e: &EventRef<'_>) -> String {
+    let mut s = format!(
+        "{:>8} {} {:<14} {:<20}",
+        e.seq,
+        fmt_time(e.timestamp_ns),
+        e.series.name,
+        e.series.source
+    );
+    let (mut ni, mut si) = (0, 0);
+    for f in e.series.fields.iter() {
+        if f.r#type() == pb::FieldType::String {
+            s.push_str(&format!(" {}={}", f.name, e.strings.get(si).map(String::as_str).unwrap_or("")));
+            si += 1;
+        } else {
+            let v = e.numbers.get(ni).copied().unwrap_or(f64::NAN);
+            ni += 1;
+            s.push_str(&format!(" {}={}", f.name, fmt_num(v)));
+        }
+    }
+    s
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn fmt_time(ns: i64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
+    let day = secs.rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02}.{ms:03}Z", day / 3600, (day / 60) % 60, day % 60)
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct StateFile {
+    producers: HashMap<String, Point>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy)]
+struct Point {
+    epoch: u64,
+    next_seq: u64,
+}
+
+fn read_state(path: &Path) -> anyhow::Result<HashMap<String, ResumePoint>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let s: StateFile = serde_json::from_str(&text)
+                .with_context(|| format!("state file {} is not valid (delete it to start fresh)", path.display()))?;
+            Ok(s.producers
+                .into_iter()
+                .map(|(k, p)| {
+                    (
+                        k,
+                        ResumePoint {
+                            epoch: p.epoch,
+                            next_seq: p.next_seq,
+                        },
+                    )
+                })
+                .collect())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashMap::new()),
+        Err(e) => Err(e).with_context(|| format!("cannot read state file {}", path.display())),
+    }
+}
+
+/// Writes the state atomically (temp file + rename), so a kill never leaves half a file.
+fn write_state(path: &Path, points: &HashMap<String, ResumePoint>) -> anyhow::Result<()> {
+    let s = StateFile {
+        producers: points
+            .iter()
+            .map(|(k, r)| {
+                (
+                    k.clone(),
+                    Point {
+                        epoch: r.epoch,
+                        next_seq: r.next_seq,
+                    },
+                )
+            })
+            .collect(),
+    };
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&s)?).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn validate_pattern(p: &str) -> anyhow::Result<()> {
+    gma_core::pattern::Pattern::event(p).map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
+    validate_pattern(&a.pattern)?;
+    if let Some(s) = &a.source {
+        gma_core::pattern::Pattern::source(s).map_err(|e| anyhow!("{e}"))?;
+    }
+    let opts = StreamOptions {
+        patterns: vec![a.pattern.clone()],
+        sources: a.source.iter().cloned().collect(),
+        consumer_id: format!("gma-subscribe-{}", std::process::id()),
+        min_interval_ms: a.min_interval_ms.unwrap_or(0),
+        ..StreamOptions::default()
+    };
+    let mut resume = match &a.state {
+        Some(p) => read_state(p)?,
+        None => HashMap::new(),
+    };
+    let limit = a.count.unwrap_or(u64::MAX);
+    let mut printed = 0u64;
+    let stdout = std::io::stdout();
+    let print = |e: &EventRef<'_>, out: &mut std::io::StdoutLock<'_>| -> std::io::Result<()> {
+        match a.output {
+            Output::Json => writeln!(out, "{}", e.to_json()),
+            Output::Table => writeln!(out, "{}", table_row(e)),
+        }
+    };
+    if let Some(addr) = &a.producer {
+        // Direct subscription: the state file key is the producer address.
+        let start = resume.get(addr).copied();
+        let mut stream = ProducerStream::new(addr, StreamOptions { reconnect: false, ..opts }).with_resume(start);
+        while printed < limit {
+            let mut out = stdout.lock();
+            let mut io_err = None;
+            let progress = stream
+                .next_with(|e| {
+                    if printed < limit {
+                        if let Err(err) = print(&e, &mut out) {
+                            io_err = Some(err);
+                        }
+                        printed += 1;
+                    }
+                })
+                .await
+                .map_err(rpc_err)?;
+            out.flush()?;
+            if let Some(e) = io_err {
+                return broken_pipe_ok(e);
+            }
+            if let (Some(p), Some(rp)) = (&a.state, stream.resume_point()) {
+                resume.insert(addr.clone(), rp);
+                write_state(p, &resume)?;
+            }
+            match progress {
+                None => bail!("producer {addr} ended the subscription"),
+                Some(Progress::Batch { gaps, .. }) => report_gaps(addr, &gaps),
+                Some(_) => {}
+            }
+        }
+        return Ok(());
+    }
+    let Some(dir) = a.directory.clone() else {
+        bail!("give --directory ADDR or --producer ADDR");
+    };
+    // Fail fast on an unreachable directory or no producers, with a clear line.
+    let mut client = directory::client(&dir).await.map_err(rpc_err)?;
+    let found = directory::producers(&mut client, &a.pattern, "").await.map_err(rpc_err)?;
+    if found.is_empty() {
+        eprintln!("no producer offers {:?} yet; waiting for one to register", a.pattern);
+    }
+    let mut sub = Subscriber::start(
+        SubscriberOptions {
+            directory: dir,
+            stream: opts,
+            capacity: 64,
+        },
+        resume.clone(),
+    );
+    while printed < limit {
+        let Some(d) = sub.recv().await else {
+            bail!("subscriber stopped");
+        };
+        match d {
+            Delivery::Events { events, .. } => {
+                let mut out = stdout.lock();
+                for e in &events {
+                    if printed >= limit {
+                        break;
+                    }
+                    if let Err(err) = print(&e.as_ref(), &mut out) {
+                        return broken_pipe_ok(err);
+                    }
+                    printed += 1;
+                }
+                if let Err(err) = out.flush() {
+                    return broken_pipe_ok(err);
+                }
+                if let Some(p) = &a.state {
+                    write_state(p, &sub.resume_points())?;
+                }
+            }
+            Delivery::Gap { producer, gap } => report_gaps(&producer, &[gap]),
+            Delivery::Reconnecting { producer, error } => {
+                tracing::info!(%producer, %error, "reconnecting")
+            }
+            Delivery::Gone { producer, reason } => eprintln!("producer {producer} left the directory ({reason})"),
+            Delivery::DirectoryDown { error } => tracing::info!(%error, "directory unreachable; streams continue"),
+            Delivery::Discovered { .. } | Delivery::Subscribed { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+fn broken_pipe_ok(e: std::io::Error) -> anyhow::Result<()> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(e.into())
+    }
+}
+
+fn report_gaps(producer: &str, gaps: &[pb::Gap]) {
+    for g in gaps {
+        if g.to_seq == u64::MAX {
+            eprintln!("gap from {producer}: {}", g.reason);
+        } else {
+            eprintln!(
+                "gap from {producer}: seqs {}..={} ({} events lost): {}",
+                g.from_seq, g.to_seq, g.dropped, g.reason
+            );
+        }
+    }
+}
+
+pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
+    validate_pattern(&a.pattern)?;
+    let targets: Vec<(String, String)> = match (&a.producer, &a.directory) {
+        (Some(p), _) => vec![(p.clone(), p.clone())],
+        (None, Some(d)) => {
+            let mut client = directory::client(d).await.map_err(rpc_err)?;
+            let found = directory::producers(&mut client, &a.pattern, "").await.map_err(rpc_err)?;
+            if found.is_empty() {
+                bail!("no producer in the directory offers {:?}", a.pattern);
+            }
+            found.into_iter().map(|p| (p.id, p.address)).collect()
+        }
+        (None, None) => bail!("give --directory ADDR or --producer ADDR"),
+    };
+    let req = pb::QueryRequest {
+        patterns: vec![a.pattern.clone()],
+        sources: a.source.iter().cloned().collect(),
+        max_age_ms: a.max_age_ms.unwrap_or(0),
+    };
+    let mut events = Vec::new();
+    let mut schemas: HashMap<String, pb::EventSchema> = HashMap::new();
+    let mut errors = Vec::new();
+    for (id, addr) in &targets {
+        let ch = match gma_consumer::connect(addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                errors.push(format!("{id}: {e}"));
+                continue;
+            }
+        };
+        let mut client = pb::producer_client::ProducerClient::new(ch);
+        match client.query(req.clone()).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                events.extend(r.events);
+                schemas.extend(r.schemas.into_iter().map(|s| (s.name.clone(), s)));
+            }
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => errors.push(format!("{id}: {} ({:?})", s.message(), s.code())),
+        }
+    }
+    for e in &errors {
+        eprintln!("warning: {e}");
+    }
+    if events.is_empty() {
+        if !errors.is_empty() && errors.len() == targets.len() {
+            bail!("no producer answered: {}", errors.join("; "));
+        }
+        let age = a.max_age_ms.map(|m| format!(" within {m} ms")).unwrap_or_default();
+        bail!("no event available for {:?}{age}", a.pattern);
+    }
+    let mut out = std::io::stdout().lock();
+    for e in &events {
+        let line = match a.output {
+            Output::Json => wire_json(e, schemas.get(&e.name)),
+            Output::Table => {
+                let vals: Vec<String> = e
+                    .values
+                    .iter()
+                    .map(|v| match &v.kind {
+                        Some(pb::value::Kind::Number(n)) => fmt_num(*n),
+                        Some(pb::value::Kind::Text(t)) => t.clone(),
+                        None => "-".into(),
+                    })
+                    .collect();
+                format!("{:>8} {} {:<14} {:<20} {}", e.seq, fmt_time(e.timestamp_ns), e.name, e.source, vals.join(" "))
+            }
+        };
+        if let Err(err) = writeln!(out, "{line}") {
+            return broken_pipe_ok(err);
+        }
+    }
+    Ok(())
+}
+
+/// JSON for a self-describing event: values by field name when the schema is known, else an
+/// array in schema order.
+fn wire_json(e: &pb::Event, schema: Option<&pb::EventSchema>) -> String {
+    if let Some(schema) = schema.filter(|s| s.fields.len() == e.values.len()) {
+        if let Ok(d) = gma_core::event::from_wire(e, schema) {
+            return gma_core::event::to_json(
+                &e.name,
+                &e.source,
+                e.timestamp_ns,
+                e.seq,
+                &schema.fields,
+                &d.numbers,
+                &d.strings,
+            );
+        }
+    }
+    let mut s = String::from("{\"name\":");
+    push_json_str(&mut s, &e.name);
+    s.push_str(",\"source\":");
+    push_json_str(&mut s, &e.source);
+    s.push_str(&format!(",\"timestamp_ns\":{},\"seq\":{},\"values\":[", e.timestamp_ns, e.seq));
+    for (i, v) in e.values.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        match &v.kind {
+            Some(pb::value::Kind::Number(n)) if n.is_finite() => s.push_str(&format!("{n}")),
+            Some(pb::value::Kind::Text(t)) => push_json_str(&mut s, t),
+            _ => s.push_str("null"),
+        }
+    }
+    s.push_str("]}");
+    s
+}
+
+pub async fn sim(cmd: SimCommand) -> anyhow::Result<()> {
+    let SimCommand::Set { host, values, producer } = cmd;
+    let mut map = HashMap::new();
+    for kv in &values {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("expected key=value, got {kv:?}"))?;
+        let v: f64 = v
+            .trim()
+            .parse()
+            .map_err(|_| anyhow!("value of {k:?} is not a number: {v:?}"))?;
+        map.insert(k.trim().to_string(), v);
+    }
+    let ch = gma_consumer::connect(&producer).await.map_err(rpc_err)?;
+    let mut client = pb::simulator_client::SimulatorClient::new(ch);
+    client
+        .set(pb::SimSetRequest { host: host.clone(), values: map })
+        .await
+        .map_err(|s| status_line("sim set", &s))?;
+    println!("set {} on {host}", values.join(" "));
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! Test harness: start real `gma` processes on 127.0.0.1 (port 0), wait on conditions with
+//! deadlines (never fixed sleeps as synchronization), run CLI commands.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub fn gma_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gma"))
+}
+
+/// Polls `pred` every 20 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if pred() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `gma` process; killed (SIGKILL) on drop.
+pub struct Proc {
+    pub child: Child,
+    pub addr: String,
+    pub stdout: Arc<Mutex<Vec<String>>>,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    /// Starts `gma args...` and waits until it prints "<marker> <addr>" on stderr.
+    pub fn start(args: &[&str], marker: &str) -> Proc {
+        let mut child = Command::new(gma_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gma");
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().expect("stdout");
+        let err = child.stderr.take().expect("stderr");
+        {
+            let stdout = stdout.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    stdout.lock().unwrap().push(line);
+                }
+            });
+        }
+        {
+            let stderr = stderr.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    stderr.lock().unwrap().push(line);
+                }
+            });
+        }
+        let mut p = Proc {
+            child,
+            addr: String::new(),
+            stdout,
+            stderr,
+        };
+        if !marker.is_empty() {
+            let prefix = format!("{marker} ");
+            let ok = wait_until(Duration::from_secs(30), || {
+                let lines = p.stderr.lock().unwrap();
+                lines.iter().any(|l| l.starts_with(&prefix))
+            });
+            let lines = p.stderr.lock().unwrap().clone();
+            assert!(ok, "gma {args:?} did not print {marker:?}; stderr: {lines:#?}");
+            let line = lines.iter().find(|l| l.starts_with(&prefix)).unwrap();
+            p.addr = line[prefix.len()..].trim().to_string();
+        }
+        p
+    }
+
+    pub fn directory(data: &Path, listen: &str) -> Proc {
+        Proc::start(
+            &["directory", "--listen", listen, "--data", data.to_str().unwrap()],
+            "gma directory listening on",
+        )
+    }
+
+    pub fn producer(extra: &[&str]) -> Proc {
+        let mut args = vec!["producer", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Proc::start(&args, "gma producer listening on")
+    }
+
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Result of a finished CLI command.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `gma args...` to completion (killed after `timeout`).
+pub fn gma(args: &[&str], timeout: Duration) -> Run {
+    let mut child = Command::new(gma_bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gma");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let code = loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            break s.code().unwrap_or(-1);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break -9;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Run {
+        code,
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+    }
+}
+
+/// Parses JSON lines.
+pub fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad json line {l:?}: {e}")))
+        .collect()
+}
+
+/// Producer ids listed by `gma search PATTERN --output json`.
+pub fn search_ids(dir: &str, pattern: &str) -> Option<Vec<(String, String)>> {
+    let r = gma(&["search", pattern, "--directory", dir, "--output", "json"], Duration::from_secs(10));
+    if r.code != 0 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).ok()?;
+    Some(
+        v.as_array()?
+            .iter()
+            .map(|p| {
+                (
+                    p["id"].as_str().unwrap_or("").to_string(),
+                    p["address"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect(),
+    )
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("gma-test-").tempdir().unwrap()
+}

@@ -1,0 +1,311 @@
+//! The hub: the producer's in-memory event log, latest-value cache and schema registry.
+//!
+//! Sensors publish into the hub; each subscription reads the log with its own cursor. The log
+//! is a bounded ring of the most recent events (the resume window): a sensor never waits for a
+//! consumer, a slow subscription simply falls behind and, if the ring overwrote events it had
+//! not read, is told exactly which seqs it lost. Seqs are assigned here, strictly increasing per
+//! producer run (epoch).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use gma_core::codec::SeriesInfo;
+use gma_core::event::{same_definition, validate_schema, EventData, Layout, SchemaError};
+use gma_core::pattern::{validate_event_name, validate_source, PatternError};
+use gma_proto::v1 as pb;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+/// Most distinct (name, source) series one producer keeps.
+pub const MAX_SERIES: usize = 1_000_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("event {0:?} has no schema: register its schema first")]
+    UnknownSchema(String),
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    #[error(transparent)]
+    Name(#[from] PatternError),
+    #[error("event {name:?} from {origin:?}: schema version {version} wants {want_d} numbers and {want_s} strings, got {got_d} and {got_s}")]
+    Layout {
+        name: String,
+        origin: String,
+        version: u32,
+        want_d: usize,
+        want_s: usize,
+        got_d: usize,
+        got_s: usize,
+    },
+    #[error("too many series (limit {MAX_SERIES})")]
+    TooManySeries,
+}
+
+/// One event in the log.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub seq: u64,
+    pub timestamp_ns: i64,
+    pub series: u32,
+    pub numbers: Box<[f64]>,
+    pub strings: Box<[String]>,
+}
+
+pub struct HubInner {
+    pub epoch: u64,
+    next_seq: u64,
+    ring: VecDeque<Stored>,
+    capacity: usize,
+    schemas: HashMap<String, pb::EventSchema>,
+    by_name: HashMap<String, HashMap<String, u32>>,
+    pub series: Vec<Arc<SeriesInfo>>,
+    latest: Vec<Option<Stored>>,
+    /// Bumped whenever the set of schemas or sources changes (the registrar re-publishes).
+    pub catalog_version: u64,
+}
+
+impl HubInner {
+    /// Seq the next published event gets.
+    pub fn head(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Oldest seq still in the ring (== head when empty).
+    pub fn oldest(&self) -> u64 {
+        self.ring.front().map(|e| e.seq).unwrap_or(self.next_seq)
+    }
+
+    /// Events with seq >= `from`, in order.
+    pub fn since(&self, from: u64) -> impl Iterator<Item = &Stored> {
+        let skip = from.saturating_sub(self.oldest()) as usize;
+        self.ring.iter().skip(skip)
+    }
+
+    pub fn latest(&self) -> impl Iterator<Item = &Stored> {
+        self.latest.iter().flatten()
+    }
+
+    pub fn schema(&self, name: &str) -> Option<&pb::EventSchema> {
+        self.schemas.get(name)
+    }
+
+    pub fn schemas(&self) -> impl Iterator<Item = &pb::EventSchema> {
+        self.schemas.values()
+    }
+
+    pub fn sources(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &self.series {
+            seen.insert(s.source.as_str());
+        }
+        seen.into_iter()
+    }
+
+    fn series_id(&mut self, name: &str, source: &str) -> Result<u32, PublishError> {
+        if let Some(id) = self.by_name.get(name).and_then(|m| m.get(source)) {
+            return Ok(*id);
+        }
+        let schema = self
+            .schemas
+            .get(name)
+            .ok_or_else(|| PublishError::UnknownSchema(name.to_string()))?;
+        validate_source(source)?;
+        if self.series.len() >= MAX_SERIES {
+            return Err(PublishError::TooManySeries);
+        }
+        let id = self.series.len() as u32;
+        self.series.push(Arc::new(SeriesInfo::new(id, name, source, schema)));
+        self.latest.push(None);
+        self.by_name
+            .entry(name.to_string())
+            .or_default()
+            .insert(source.to_string(), id);
+        self.catalog_version += 1;
+        Ok(id)
+    }
+}
+
+/// Shared handle to the hub.
+pub struct Hub {
+    inner: Mutex<HubInner>,
+    head_tx: watch::Sender<u64>,
+}
+
+impl Hub {
+    /// A hub whose ring keeps the last `capacity` events.
+    pub fn new(epoch: u64, capacity: usize) -> Arc<Hub> {
+        let (head_tx, _) = watch::channel(1);
+        Arc::new(Hub {
+            inner: Mutex::new(HubInner {
+                epoch,
+                next_seq: 1,
+                ring: VecDeque::with_capacity(capacity.min(1 << 20)),
+                capacity: capacity.max(1),
+                schemas: HashMap::new(),
+                by_name: HashMap::new(),
+                series: Vec::new(),
+                latest: Vec::new(),
+                catalog_version: 0,
+            }),
+            head_tx,
+        })
+    }
+
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, HubInner> {
+        self.inner.lock()
+    }
+
+    /// Receives the head seq after every publish.
+    pub fn watch_head(&self) -> watch::Receiver<u64> {
+        self.head_tx.subscribe()
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.inner.lock().epoch
+    }
+
+    /// Adds schemas. A schema with the name of a known one must have the same definition or a
+    /// higher version (the new version replaces the old for new series).
+    pub fn add_schemas(&self, schemas: &[pb::EventSchema]) -> Result<(), PublishError> {
+        for s in schemas {
+            validate_schema(s)?;
+        }
+        let mut inner = self.inner.lock();
+        for s in schemas {
+            if let Some(old) = inner.schemas.get(&s.name) {
+                if same_definition(old, s) {
+                    continue;
+                }
+                if s.version <= old.version {
+                    return Err(SchemaError::Invalid {
+                        name: s.name.clone(),
+                        message: format!(
+                            "version {} differs from the registered version {}; use a higher version",
+                            s.version, old.version
+                        ),
+                    }
+                    .into());
+                }
+            }
+            inner.schemas.insert(s.name.clone(), s.clone());
+            inner.catalog_version += 1;
+        }
+        Ok(())
+    }
+
+    /// Publishes events, assigning seqs. Events that fail validation are skipped and the first
+    /// error is returned after the valid ones are published. Returns the last seq assigned.
+    pub fn publish(&self, events: &[EventData]) -> (u64, Result<(), PublishError>) {
+        let mut first_err = None;
+        let mut inner = self.inner.lock();
+        for e in events {
+            match publish_one(&mut inner, e) {
+                Ok(()) => {}
+                Err(err) => {
+                    if first_err.is_none() {
+                        first_err = Some(err);
+                    }
+                }
+            }
+        }
+        let head = inner.next_seq;
+        drop(inner);
+        self.head_tx.send_replace(head);
+        (head - 1, first_err.map_or(Ok(()), Err))
+    }
+}
+
+fn publish_one(inner: &mut HubInner, e: &EventData) -> Result<(), PublishError> {
+    let id = match inner.by_name.get(e.name.as_str()).and_then(|m| m.get(e.source.as_str())) {
+        Some(id) => *id,
+        None => {
+            validate_event_name(&e.name)?;
+            inner.series_id(&e.name, &e.source)?
+        }
+    };
+    let info = &inner.series[id as usize];
+    let Layout { doubles, strings } = info.layout;
+    if e.numbers.len() != doubles || e.strings.len() != strings {
+        return Err(PublishError::Layout {
+            name: e.name.clone(),
+            origin: e.source.clone(),
+            version: info.schema_version,
+            want_d: doubles,
+            want_s: strings,
+            got_d: e.numbers.len(),
+            got_s: e.strings.len(),
+        });
+    }
+    let seq = inner.next_seq;
+    inner.next_seq += 1;
+    let stored = Stored {
+        seq,
+        timestamp_ns: e.timestamp_ns,
+        series: id,
+        numbers: e.numbers.clone().into_boxed_slice(),
+        strings: e.strings.clone().into_boxed_slice(),
+    };
+    if inner.ring.len() >= inner.capacity {
+        inner.ring.pop_front();
+    }
+    inner.latest[id as usize] = Some(stored.clone());
+    inner.ring.push_back(stored);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gma_core::event::dbl;
+
+    fn schema() -> pb::EventSchema {
+        pb::EventSchema {
+            name: "t.x".into(),
+            version: 1,
+            fields: vec![dbl("v", "", "")],
+            description: String::new(),
+        }
+    }
+
+    fn ev(src: &str, v: f64) -> EventData {
+        EventData {
+            name: "t.x".into(),
+            source: src.into(),
+            timestamp_ns: 1,
+            numbers: vec![v],
+            strings: vec![],
+        }
+    }
+
+    #[test]
+    fn seqs_increase_and_ring_is_bounded() {
+        let hub = Hub::new(1, 3);
+        hub.add_schemas(&[schema()]).unwrap();
+        let (last, r) = hub.publish(&[ev("a", 1.0), ev("b", 2.0), ev("a", 3.0), ev("a", 4.0)]);
+        r.unwrap();
+        assert_eq!(last, 4);
+        let inner = hub.lock();
+        assert_eq!(inner.oldest(), 2);
+        assert_eq!(inner.since(3).map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
+        let latest: Vec<_> = inner.latest().map(|e| (e.series, e.numbers[0])).collect();
+        assert_eq!(latest, vec![(0, 4.0), (1, 2.0)]);
+    }
+
+    #[test]
+    fn bad_events_are_rejected_and_the_rest_published() {
+        let hub = Hub::new(1, 10);
+        hub.add_schemas(&[schema()]).unwrap();
+        let mut wrong = ev("a", 1.0);
+        wrong.numbers.push(2.0);
+        let mut unknown = ev("a", 1.0);
+        unknown.name = "t.y".into();
+        let (last, r) = hub.publish(&[wrong, unknown, ev("a", 1.0)]);
+        assert!(matches!(r, Err(PublishError::Layout { .. })));
+        assert_eq!(last, 1);
+        let mut changed = schema();
+        changed.fields.push(dbl("w", "", ""));
+        assert!(hub.add_schemas(&[changed.clone()]).is_err());
+        changed.version = 2;
+        hub.add_schemas(&[changed]).unwrap();
+    }
+}

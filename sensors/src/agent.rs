@@ -1,0 +1,312 @@
+//! `gma.agent`: what the monitoring agent itself costs — CPU, memory, threads, and how many
+//! values and events it samples per second (counted by the producer in [`AgentCounters`]).
+//!
+//! CPU time comes from utime + stime of `/proc/self/stat`, in clock ticks. The tick rate is
+//! read from the `AT_CLKTCK` entry of `/proc/self/auxv` (what `sysconf(_SC_CLK_TCK)` returns,
+//! without needing libc); if that cannot be read we assume 100 Hz, the USER_HZ of every
+//! mainstream Linux architecture. Resident memory is `VmRSS` of `/proc/self/status`, falling
+//! back to `/proc/self/statm` pages of 4096 bytes.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gma_core::event::EventData;
+
+use crate::procfs::{elapsed_s, event, kib_to_mib, parse_num, rate, read_into, read_parse};
+use crate::{schemas, Sensor, SensorError};
+
+const SELF_STAT: &str = "/proc/self/stat";
+const SELF_STATUS: &str = "/proc/self/status";
+const SELF_STATM: &str = "/proc/self/statm";
+/// Assumed when `AT_CLKTCK` cannot be read.
+pub const DEFAULT_CLOCK_TICKS: u64 = 100;
+const STATM_PAGE_BYTES: u64 = 4096;
+/// `AT_CLKTCK` in `<linux/auxvec.h>`.
+const AT_CLKTCK: usize = 17;
+
+/// Counters the producer bumps for every event and value it samples; the agent sensor turns
+/// them into rates. Relaxed atomics: only the totals matter, not ordering with other memory.
+#[derive(Debug, Default)]
+pub struct AgentCounters {
+    pub values: AtomicU64,
+    pub events: AtomicU64,
+}
+
+impl AgentCounters {
+    /// Counts one sampled event carrying `values` values.
+    pub fn record(&self, values: u64) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        self.values.fetch_add(values, Ordering::Relaxed);
+    }
+}
+
+/// What `gma.agent` needs from `/proc/self/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SelfStat {
+    /// User CPU time, clock ticks.
+    pub utime: u64,
+    /// System CPU time, clock ticks.
+    pub stime: u64,
+    pub threads: u64,
+}
+
+/// Parses `/proc/<pid>/stat`. The command name (field 2) is in parentheses and may itself
+/// contain spaces and `)`, so fields are counted from the last `)`.
+pub fn parse_self_stat(text: &str) -> Result<SelfStat, SensorError> {
+    let close = text
+        .rfind(')')
+        .ok_or_else(|| SensorError::parse(SELF_STAT, 1, "no \"(comm)\" field"))?;
+    // After ")": field 3 (state) is index 0, so field n is index n - 3.
+    let rest: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
+    let field = |n: usize, what: &str| parse_num::<u64>(rest.get(n - 3).copied(), SELF_STAT, 1, what);
+    Ok(SelfStat {
+        utime: field(14, "utime")?,
+        stime: field(15, "stime")?,
+        threads: field(20, "num_threads")?,
+    })
+}
+
+/// `VmRSS` of `/proc/<pid>/status`, in KiB.
+pub fn parse_vm_rss_kb(text: &str) -> Result<u64, SensorError> {
+    for (i, line) in text.lines().enumerate() {
+        if let Some(rest) = line.strip_prefix("VmRSS:") {
+            return parse_num(rest.split_ascii_whitespace().next(), SELF_STATUS, i + 1, "VmRSS");
+        }
+    }
+    Err(SensorError::parse(SELF_STATUS, 0, "no VmRSS line"))
+}
+
+/// Resident pages (second field) of `/proc/<pid>/statm`.
+pub fn parse_statm_rss_pages(text: &str) -> Result<u64, SensorError> {
+    parse_num(
+        text.split_ascii_whitespace().nth(1),
+        SELF_STATM,
+        1,
+        "resident pages",
+    )
+}
+
+/// The `AT_CLKTCK` value of an auxiliary vector (`/proc/self/auxv`: native-endian word pairs
+/// of key and value, ended by key 0). `None` when absent, zero or truncated.
+pub fn parse_auxv_clock_ticks(auxv: &[u8]) -> Option<u64> {
+    const W: usize = std::mem::size_of::<usize>();
+    for pair in auxv.chunks_exact(2 * W) {
+        let key = usize::from_ne_bytes(pair[..W].try_into().ok()?);
+        let value = usize::from_ne_bytes(pair[W..].try_into().ok()?);
+        match key {
+            0 => return None,
+            AT_CLKTCK => return (value > 0).then_some(value as u64),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[derive(Clone, Copy)]
+struct Baseline {
+    now_ns: i64,
+    cpu_ticks: u64,
+    values: u64,
+    events: u64,
+}
+
+/// Emits `gma.agent`. The first sample only records the baseline.
+pub(crate) struct AgentSensor {
+    source: String,
+    period: Duration,
+    counters: Arc<AgentCounters>,
+    stat_path: PathBuf,
+    status_path: PathBuf,
+    statm_path: PathBuf,
+    clock_ticks: f64,
+    prev: Option<Baseline>,
+    buf: String,
+}
+
+impl AgentSensor {
+    /// `proc_self` is normally `/proc/self`; tests point it at fixture files.
+    pub(crate) fn new(
+        source: &str,
+        period: Duration,
+        counters: Arc<AgentCounters>,
+        proc_self: PathBuf,
+    ) -> AgentSensor {
+        let ticks = std::fs::read(proc_self.join("auxv"))
+            .ok()
+            .and_then(|b| parse_auxv_clock_ticks(&b))
+            .unwrap_or(DEFAULT_CLOCK_TICKS);
+        AgentSensor {
+            source: source.to_string(),
+            period,
+            counters,
+            stat_path: proc_self.join("stat"),
+            status_path: proc_self.join("status"),
+            statm_path: proc_self.join("statm"),
+            clock_ticks: ticks as f64,
+            prev: None,
+            buf: String::with_capacity(2048),
+        }
+    }
+
+    fn rss_kb(&mut self) -> Result<u64, SensorError> {
+        match read_parse(&self.status_path, &mut self.buf, parse_vm_rss_kb) {
+            Ok(kb) => Ok(kb),
+            // Without VmRSS (unusual kernels, restricted /proc) statm still has the pages.
+            Err(_) => {
+                let pages = read_parse(&self.statm_path, &mut self.buf, parse_statm_rss_pages)?;
+                Ok(pages.saturating_mul(STATM_PAGE_BYTES) / 1024)
+            }
+        }
+    }
+}
+
+impl Sensor for AgentSensor {
+    fn name(&self) -> &str {
+        schemas::GMA_AGENT
+    }
+
+    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
+        vec![schemas::gma_agent()]
+    }
+
+    fn period(&self) -> Duration {
+        self.period
+    }
+
+    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
+        read_into(&self.stat_path, &mut self.buf)?;
+        let stat = parse_self_stat(&self.buf).map_err(|e| e.in_file(&self.stat_path))?;
+        let rss_kb = self.rss_kb()?;
+        let cur = Baseline {
+            now_ns,
+            cpu_ticks: stat.utime.saturating_add(stat.stime),
+            values: self.counters.values.load(Ordering::Relaxed),
+            events: self.counters.events.load(Ordering::Relaxed),
+        };
+        let Some(prev) = self.prev.replace(cur) else {
+            return Ok(());
+        };
+        let Some(dt) = elapsed_s(prev.now_ns, now_ns) else {
+            return Ok(());
+        };
+        let numbers = vec![
+            rate(prev.cpu_ticks, cur.cpu_ticks, dt) / self.clock_ticks * 100.0,
+            kib_to_mib(rss_kb),
+            rate(prev.values, cur.values, dt),
+            rate(prev.events, cur.events, dt),
+            stat.threads as f64,
+        ];
+        out.push(event(
+            schemas::GMA_AGENT,
+            &self.source,
+            now_ns,
+            numbers,
+            Vec::new(),
+        ));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT_FIXTURE: &str = "4242 (gma (worker) 1) S 1 4242 4242 0 -1 4194560 19235 0 12 0 \
+        250 50 0 0 20 0 7 0 123456 1048576000 4321 18446744073709551615 1 1 0 0 0 0 0 4096 17133 \
+        0 0 0 17 1 0 0 0 0 0\n";
+
+    const STATUS_FIXTURE: &str = "\
+Name:\tgma
+Umask:\t0022
+State:\tS (sleeping)
+Tgid:\t4242
+VmPeak:\t 1100000 kB
+VmSize:\t 1024000 kB
+VmHWM:\t   20480 kB
+VmRSS:\t   17284 kB
+Threads:\t7
+";
+
+    #[test]
+    fn parses_self_stat_with_awkward_comm() {
+        let s = parse_self_stat(STAT_FIXTURE).unwrap();
+        assert_eq!(
+            s,
+            SelfStat {
+                utime: 250,
+                stime: 50,
+                threads: 7
+            }
+        );
+        for bad in [
+            "",
+            "4242 gma S 1",
+            "4242 (gma) S 1 2 3",
+            "4242 (gma) S 1 2 3 4 5 6 7 8 9 x 50 0 0 20 0 7",
+        ] {
+            assert!(parse_self_stat(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn parses_rss() {
+        assert_eq!(parse_vm_rss_kb(STATUS_FIXTURE).unwrap(), 17284);
+        assert!(parse_vm_rss_kb("Name:\tkthreadd\n").is_err());
+        assert!(parse_vm_rss_kb("VmRSS: lots kB\n").is_err());
+        assert_eq!(
+            parse_statm_rss_pages("256000 4321 1000 100 0 5000 0\n").unwrap(),
+            4321
+        );
+        assert!(parse_statm_rss_pages("256000\n").is_err());
+    }
+
+    #[test]
+    fn parses_auxv() {
+        let word = |v: usize| v.to_ne_bytes();
+        let mut auxv = Vec::new();
+        for (k, v) in [(6usize, 4096usize), (AT_CLKTCK, 250), (0, 0)] {
+            auxv.extend_from_slice(&word(k));
+            auxv.extend_from_slice(&word(v));
+        }
+        assert_eq!(parse_auxv_clock_ticks(&auxv), Some(250));
+        assert_eq!(
+            parse_auxv_clock_ticks(&auxv[..std::mem::size_of::<usize>() * 3]),
+            None
+        );
+        assert_eq!(parse_auxv_clock_ticks(&[]), None);
+        // the real one, where there is one
+        if let Ok(b) = std::fs::read("/proc/self/auxv") {
+            assert!(parse_auxv_clock_ticks(&b).is_some_and(|t| t > 0));
+        }
+    }
+
+    #[test]
+    fn rates_from_fixture_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("stat"), STAT_FIXTURE).unwrap();
+        std::fs::write(p.join("statm"), "256000 1024 1000 100 0 5000 0\n").unwrap();
+        let counters = Arc::new(AgentCounters::default());
+        let mut s = AgentSensor::new("h", Duration::from_secs(1), counters.clone(), p.to_path_buf());
+        assert_eq!(
+            s.clock_ticks, DEFAULT_CLOCK_TICKS as f64,
+            "no auxv in the fixture dir"
+        );
+        let mut out = Vec::new();
+        s.sample(0, &mut out).unwrap();
+        assert!(out.is_empty());
+        // 2 s later: 50 more ticks (0.5 s of CPU), 30 events of 10 values
+        std::fs::write(p.join("stat"), STAT_FIXTURE.replace(" 250 50 ", " 280 70 ")).unwrap();
+        for _ in 0..30 {
+            counters.record(10);
+        }
+        s.sample(2_000_000_000, &mut out).unwrap();
+        assert_eq!(out[0].numbers, [25.0, 4.0, 150.0, 15.0, 7.0]);
+        std::fs::write(p.join("status"), STATUS_FIXTURE).unwrap();
+        s.sample(3_000_000_000, &mut out).unwrap();
+        assert!((out[1].numbers[1] - 17284.0 / 1024.0).abs() < 1e-9);
+        assert_eq!(out[1].numbers[0], 0.0);
+    }
+}

@@ -1,0 +1,53 @@
+//! The one error type of the crate.
+
+use std::path::{Path, PathBuf};
+
+/// Why a sensor could not sample or a simulation could not be configured.
+///
+/// A failed `sample()` is never fatal: the producer logs and counts it and samples the other
+/// sensors as usual (STYLE rule 6).
+#[derive(Debug, thiserror::Error)]
+pub enum SensorError {
+    /// A file could not be read (missing, unreadable, not UTF-8).
+    #[error("cannot read {}: {source}", .path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// A file's text did not have the expected shape. `line` is 1-based; 0 means the file as a
+    /// whole (a required line or key is missing).
+    #[error("cannot parse {file} line {line}: {message}")]
+    Parse {
+        file: String,
+        line: usize,
+        message: String,
+    },
+    /// A simulation config that does not parse or validate; `origin` is the file (or
+    /// `<sim config>` for text).
+    #[error("invalid simulation config {origin}: {message}")]
+    Config { origin: String, message: String },
+    /// A request to a running simulation that cannot be honoured (unknown host or key, bad value).
+    #[error("simulation: {0}")]
+    Sim(String),
+}
+
+impl SensorError {
+    pub(crate) fn parse(file: &str, line: usize, message: impl Into<String>) -> SensorError {
+        SensorError::Parse {
+            file: file.to_string(),
+            line,
+            message: message.into(),
+        }
+    }
+
+    /// Names the real file in a parse error. Parsers are pure over text and only know the
+    /// canonical name (`/proc/stat`); the sensor knows the path it read (which differs under a
+    /// test `proc_root`).
+    pub fn in_file(self, path: &Path) -> SensorError {
+        match self {
+            SensorError::Parse { line, message, .. } => SensorError::Parse {
+                file: path.display().to_string(),
+                line,
+                message,
+            },
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! gma-sensors: where events come from.
+//!
+//! Every probe is a pure parser over `/proc` (or `/sys`) text, unit-tested on fixture strings,
+//! wrapped in a [`Sensor`] that the producer drives from an interval loop. A failing sample
+//! is an error for that sensor only: the producer counts it and samples the rest.
+//!
+//! - [`cpu`]: `host.cpu` from `/proc/stat` deltas and `/proc/loadavg`.
+//! - [`mem`]: `host.mem` from `/proc/meminfo`.
+//! - [`net`]: `host.net`, one event per interface, from `/proc/net/dev` deltas.
+//! - [`disk`]: `host.disk`, one event per whole block device, from `/proc/diskstats` deltas.
+//! - [`tcp`]: `net.tcp` from the `Tcp:` lines of `/proc/net/snmp`.
+//! - [`info`]: `host.info` (OS, kernel, size), sent at start and every info period.
+//! - [`load`]: `host.load`, the capacity summary a broker ranks hosts by.
+//! - [`agent`]: `gma.agent`, the agent's own cost, with the [`AgentCounters`] the producer bumps.
+//! - [`schemas`]: the schema of every event above, the contract of field order and units.
+//! - [`sim`]: simulated hosts from a TOML file (demos, brokering, scale tests), changeable at
+//!   run time through a [`sim::SimHandle`].
+//! - [`SensorError`]: the one error type.
+
+// Tests unwrap freely: a panic there is the failure report. Library code never unwraps.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod agent;
+pub mod cpu;
+pub mod disk;
+mod error;
+pub mod info;
+pub mod load;
+pub mod mem;
+pub mod net;
+mod procfs;
+pub mod schemas;
+pub mod sim;
+pub mod tcp;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use agent::AgentCounters;
+pub use error::SensorError;
+pub use gma_core::event::EventData;
+pub use schemas::builtin_schemas;
+
+/// A source of events, sampled periodically by the producer.
+pub trait Sensor: Send {
+    /// Stable short name for logs/metrics ("host.cpu", "sim").
+    fn name(&self) -> &str;
+    /// Schemas of every event name this sensor emits (registered in the directory).
+    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema>;
+    /// Sampling period.
+    fn period(&self) -> Duration;
+    /// Takes one sample at `now_ns` (UTC ns), pushing events into `out`. A delta-based sensor
+    /// may push nothing on its first call (baseline). Rates divide by the time between the
+    /// `now_ns` of consecutive calls; a call whose `now_ns` is not later than the previous one
+    /// re-baselines and pushes nothing for the rate-based events.
+    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError>;
+}
+
+/// Where and how often the host sensors read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostSensorConfig {
+    /// The event source: the host name (`host.net`/`host.disk` append `/<iface>`, `/<device>`).
+    pub source: String,
+    /// Default `/proc`; tests point it at fixture files.
+    pub proc_root: PathBuf,
+    /// Default `/sys` (only `<sys_root>/block` is read).
+    pub sys_root: PathBuf,
+    /// Default `/etc/os-release`; when missing, `host.info` says os `"unknown"`.
+    pub os_release: PathBuf,
+    /// Period of every host sensor but `host.info`. Default 1 s.
+    pub period: Duration,
+    /// Period of `host.info`. Default 60 s.
+    pub info_period: Duration,
+}
+
+impl HostSensorConfig {
+    /// Defaults for the real host, publishing as `source`.
+    pub fn new(source: impl Into<String>) -> HostSensorConfig {
+        HostSensorConfig {
+            source: source.into(),
+            proc_root: PathBuf::from("/proc"),
+            sys_root: PathBuf::from("/sys"),
+            os_release: PathBuf::from("/etc/os-release"),
+            period: Duration::from_secs(1),
+            info_period: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for HostSensorConfig {
+    /// Defaults, with the kernel's host name as the source.
+    fn default() -> HostSensorConfig {
+        HostSensorConfig::new(local_hostname())
+    }
+}
+
+/// The kernel's host name (`/proc/sys/kernel/hostname`), or `"localhost"` if it cannot be read.
+pub fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// All host sensors: `host.cpu`, `host.mem`, `host.net`, `host.disk`, `net.tcp`, `host.info`,
+/// `host.load`. Nothing is read until the first sample, so a missing file shows up as that
+/// sensor's sample error, never as a failure here.
+pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
+    vec![
+        Box::new(cpu::CpuSensor::new(cfg)),
+        Box::new(mem::MemSensor::new(cfg)),
+        Box::new(net::NetSensor::new(cfg)),
+        Box::new(disk::DiskSensor::new(cfg)),
+        Box::new(tcp::TcpSensor::new(cfg)),
+        Box::new(info::InfoSensor::new(cfg)),
+        Box::new(load::LoadSensor::new(cfg)),
+    ]
+}
+
+/// The agent's own cost as `gma.agent` events from `source`; see [`agent`] for how each field
+/// is measured. `counters` is shared with the producer, which adds every event and value it
+/// samples.
+pub fn agent_sensor(source: &str, period: Duration, counters: Arc<AgentCounters>) -> Box<dyn Sensor> {
+    Box::new(agent::AgentSensor::new(
+        source,
+        period,
+        counters,
+        PathBuf::from("/proc/self"),
+    ))
+}
+
+#[cfg(test)]
+mod real_host_tests;

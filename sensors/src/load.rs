@@ -1,0 +1,121 @@
+//! `host.load`: the capacity summary a broker ranks hosts by. On a real host the queue is 0 and
+//! no benchmark scores are known (NaN); the simulator fills them in for its virtual hosts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gma_core::event::EventData;
+
+use crate::cpu::parse_loadavg;
+use crate::info::count_cpus;
+use crate::mem::parse_meminfo;
+use crate::procfs::{event, kib_to_mib, read_parse};
+use crate::{schemas, Sensor, SensorError};
+
+/// CPUs free for new work: `max(0, cpus - load1)` rounded down. Equals `cpus - ceil(load1)`
+/// for whole `cpus`, the rule the simulator uses too.
+pub fn free_cpus(cpus: f64, load1: f64) -> f64 {
+    (cpus - load1).max(0.0).floor()
+}
+
+/// Emits `host.load` every sample.
+pub(crate) struct LoadSensor {
+    source: String,
+    period: Duration,
+    loadavg_path: PathBuf,
+    stat_path: PathBuf,
+    meminfo_path: PathBuf,
+    buf: String,
+}
+
+impl LoadSensor {
+    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> LoadSensor {
+        LoadSensor {
+            source: cfg.source.clone(),
+            period: cfg.period,
+            loadavg_path: cfg.proc_root.join("loadavg"),
+            stat_path: cfg.proc_root.join("stat"),
+            meminfo_path: cfg.proc_root.join("meminfo"),
+            buf: String::with_capacity(4096),
+        }
+    }
+}
+
+impl Sensor for LoadSensor {
+    fn name(&self) -> &str {
+        schemas::HOST_LOAD
+    }
+
+    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
+        vec![schemas::host_load()]
+    }
+
+    fn period(&self) -> Duration {
+        self.period
+    }
+
+    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
+        let load = read_parse(&self.loadavg_path, &mut self.buf, parse_loadavg)?;
+        // Re-counted every sample: CPUs can be hot-plugged.
+        let cores = read_parse(&self.stat_path, &mut self.buf, |t| match count_cpus(t) {
+            0 => Err(SensorError::parse("/proc/stat", 0, "no per-cpu \"cpuN\" lines")),
+            n => Ok(n as f64),
+        })?;
+        let mem = read_parse(&self.meminfo_path, &mut self.buf, parse_meminfo)?;
+        let numbers = vec![
+            load.load1,
+            free_cpus(cores, load.load1),
+            cores,
+            0.0,
+            kib_to_mib(mem.total_kb),
+            f64::NAN,
+            f64::NAN,
+        ];
+        out.push(event(
+            schemas::HOST_LOAD,
+            &self.source,
+            now_ns,
+            numbers,
+            Vec::new(),
+        ));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_cpus_rule() {
+        assert_eq!(free_cpus(8.0, 0.0), 8.0);
+        assert_eq!(free_cpus(8.0, 0.5), 7.0);
+        assert_eq!(free_cpus(8.0, 3.0), 5.0);
+        assert_eq!(free_cpus(8.0, 12.0), 0.0);
+    }
+
+    #[test]
+    fn sensor_from_fixture_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("loadavg"), "2.50 1.00 0.50 3/200 999\n").unwrap();
+        std::fs::write(
+            p.join("stat"),
+            "cpu  1 1 1 1\ncpu0 1 1 1 1\ncpu1 0 0 0 0\ncpu2 0 0 0 0\ncpu3 0 0 0 0\n",
+        )
+        .unwrap();
+        std::fs::write(p.join("meminfo"), "MemTotal: 1048576 kB\nMemFree: 1 kB\n").unwrap();
+        let cfg = crate::HostSensorConfig {
+            proc_root: p.to_path_buf(),
+            ..crate::HostSensorConfig::new("h")
+        };
+        let mut s = LoadSensor::new(&cfg);
+        let mut out = Vec::new();
+        s.sample(7, &mut out).unwrap();
+        let n = &out[0].numbers;
+        assert_eq!(&n[..5], &[2.5, 1.0, 4.0, 0.0, 1024.0]);
+        assert!(n[5].is_nan() && n[6].is_nan());
+        std::fs::write(p.join("stat"), "cpu  1 1 1 1\n").unwrap();
+        assert!(s.sample(8, &mut out).is_err());
+    }
+}

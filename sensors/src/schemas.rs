@@ -1,0 +1,305 @@
+//! The schemas (version 1) of every event the built-in sensors and the simulator emit.
+//!
+//! Field order is the contract: an [`crate::EventData`] carries the double fields in `numbers`
+//! and the string fields in `strings`, each in the order listed here. Units follow the field
+//! name suffix: `_mb` is MiB, `_per_s` is per second, `_pct` and the CPU states are percent.
+
+use gma_core::event::{dbl, text};
+use gma_proto::v1::{EventSchema, FieldSpec};
+
+pub const HOST_CPU: &str = "host.cpu";
+pub const HOST_MEM: &str = "host.mem";
+pub const HOST_NET: &str = "host.net";
+pub const HOST_DISK: &str = "host.disk";
+pub const NET_TCP: &str = "net.tcp";
+pub const HOST_INFO: &str = "host.info";
+pub const HOST_LOAD: &str = "host.load";
+pub const GMA_AGENT: &str = "gma.agent";
+
+/// The version of every built-in schema.
+pub const VERSION: u32 = 1;
+
+fn schema(name: &str, description: &str, fields: Vec<FieldSpec>) -> EventSchema {
+    EventSchema {
+        name: name.to_string(),
+        version: VERSION,
+        fields,
+        description: description.to_string(),
+    }
+}
+
+/// `host.cpu` (source = host): CPU time split over the last period, and the load averages.
+pub fn host_cpu() -> EventSchema {
+    schema(
+        HOST_CPU,
+        "CPU time by state over the last period (from /proc/stat deltas) and load averages",
+        vec![
+            dbl(
+                "user",
+                "%",
+                "time running user code (guest time included), percent of all CPU time",
+            ),
+            dbl(
+                "nice",
+                "%",
+                "time running niced user code, percent of all CPU time",
+            ),
+            dbl("system", "%", "time running kernel code, percent of all CPU time"),
+            dbl(
+                "idle",
+                "%",
+                "idle time with no I/O outstanding, percent of all CPU time",
+            ),
+            dbl(
+                "iowait",
+                "%",
+                "idle time while I/O was outstanding, percent of all CPU time",
+            ),
+            dbl(
+                "irq",
+                "%",
+                "time servicing hardware interrupts, percent of all CPU time",
+            ),
+            dbl(
+                "softirq",
+                "%",
+                "time servicing software interrupts, percent of all CPU time",
+            ),
+            dbl(
+                "steal",
+                "%",
+                "time stolen by the hypervisor for other guests, percent of all CPU time",
+            ),
+            dbl("load1", "tasks", "load average over 1 minute"),
+            dbl("load5", "tasks", "load average over 5 minutes"),
+            dbl("load15", "tasks", "load average over 15 minutes"),
+            dbl(
+                "running",
+                "tasks",
+                "runnable tasks right now (including the reader)",
+            ),
+            dbl("procs", "tasks", "tasks (processes and threads) that exist"),
+        ],
+    )
+}
+
+/// `host.mem` (source = host): memory and swap from /proc/meminfo.
+pub fn host_mem() -> EventSchema {
+    schema(
+        HOST_MEM,
+        "memory and swap use (from /proc/meminfo)",
+        vec![
+            dbl("total_mb", "MiB", "usable physical memory"),
+            dbl("free_mb", "MiB", "memory not used for anything"),
+            dbl(
+                "available_mb",
+                "MiB",
+                "memory available to new work without swapping (MemAvailable)",
+            ),
+            dbl("buffers_mb", "MiB", "memory in block-device buffers"),
+            dbl("cached_mb", "MiB", "memory in the page cache"),
+            dbl("swap_total_mb", "MiB", "swap space configured"),
+            dbl("swap_free_mb", "MiB", "swap space unused"),
+            dbl(
+                "used_pct",
+                "%",
+                "memory not available, percent of total: (total - available) / total",
+            ),
+        ],
+    )
+}
+
+/// `host.net` (source = `<host>/<iface>`): one event per interface, loopback included.
+pub fn host_net() -> EventSchema {
+    schema(
+        HOST_NET,
+        "network interface traffic over the last period (from /proc/net/dev deltas)",
+        vec![
+            dbl("rx_bytes_per_s", "B/s", "bytes received per second"),
+            dbl("tx_bytes_per_s", "B/s", "bytes sent per second"),
+            dbl("rx_packets_per_s", "packets/s", "packets received per second"),
+            dbl("tx_packets_per_s", "packets/s", "packets sent per second"),
+            dbl("rx_errors_per_s", "errors/s", "receive errors per second"),
+            dbl("tx_errors_per_s", "errors/s", "transmit errors per second"),
+            text("iface", "interface name"),
+        ],
+    )
+}
+
+/// `host.disk` (source = `<host>/<device>`): one event per whole block device.
+pub fn host_disk() -> EventSchema {
+    schema(
+        HOST_DISK,
+        "block device I/O over the last period (from /proc/diskstats deltas; whole devices only)",
+        vec![
+            dbl("reads_per_s", "ops/s", "reads completed per second"),
+            dbl("writes_per_s", "ops/s", "writes completed per second"),
+            dbl("read_bytes_per_s", "B/s", "bytes read per second (sectors * 512)"),
+            dbl(
+                "written_bytes_per_s",
+                "B/s",
+                "bytes written per second (sectors * 512)",
+            ),
+            dbl(
+                "io_ms_per_s",
+                "ms/s",
+                "milliseconds spent doing I/O per second (1000 = saturated)",
+            ),
+            text("device", "block device name as in /proc/diskstats"),
+        ],
+    )
+}
+
+/// `net.tcp` (source = host): TCP counters from /proc/net/snmp.
+pub fn net_tcp() -> EventSchema {
+    schema(
+        NET_TCP,
+        "TCP activity over the last period (from the Tcp: lines of /proc/net/snmp)",
+        vec![
+            dbl(
+                "retrans_segs_per_s",
+                "segments/s",
+                "segments retransmitted per second",
+            ),
+            dbl(
+                "out_segs_per_s",
+                "segments/s",
+                "segments sent per second (retransmissions excluded)",
+            ),
+            dbl(
+                "in_errs_per_s",
+                "segments/s",
+                "segments received in error per second",
+            ),
+            dbl(
+                "retrans_pct",
+                "%",
+                "retransmitted segments as a percent of segments sent",
+            ),
+            dbl(
+                "active_opens_per_s",
+                "opens/s",
+                "connections opened by this host per second",
+            ),
+            dbl(
+                "curr_estab",
+                "connections",
+                "connections currently established or closing",
+            ),
+        ],
+    )
+}
+
+/// `host.info` (source = host): slowly changing facts, sent at start and every info period.
+pub fn host_info() -> EventSchema {
+    schema(
+        HOST_INFO,
+        "host description: operating system, kernel, architecture, size",
+        vec![
+            text("os", "operating system (PRETTY_NAME of os-release)"),
+            text("kernel", "kernel release"),
+            text("arch", "CPU architecture"),
+            text("hostname", "kernel host name"),
+            dbl("cores", "cpus", "online logical CPUs"),
+            dbl("memory_mb", "MiB", "usable physical memory"),
+            dbl(
+                "boot_time_s",
+                "s",
+                "boot time, seconds since the Unix epoch (UTC)",
+            ),
+        ],
+    )
+}
+
+/// `host.load` (source = host): what a broker needs to place work.
+pub fn host_load() -> EventSchema {
+    schema(
+        HOST_LOAD,
+        "capacity summary for brokering: load, free CPUs, queue, memory, benchmarks",
+        vec![
+            dbl("load1", "tasks", "load average over 1 minute"),
+            dbl(
+                "free_cpus",
+                "cpus",
+                "CPUs free for new work: max(0, total_cpus - load1) rounded down",
+            ),
+            dbl("total_cpus", "cpus", "logical CPUs"),
+            dbl(
+                "queue_waiting",
+                "jobs",
+                "jobs waiting in the local queue (0 on a real host)",
+            ),
+            dbl("memory_mb", "MiB", "usable physical memory"),
+            dbl(
+                "bench_specint",
+                "score",
+                "SPECint-style integer benchmark score (NaN when unknown)",
+            ),
+            dbl(
+                "bench_specfp",
+                "score",
+                "SPECfp-style floating-point benchmark score (NaN when unknown)",
+            ),
+        ],
+    )
+}
+
+/// `gma.agent` (source = the agent's host): what running the producer costs.
+pub fn gma_agent() -> EventSchema {
+    schema(
+        GMA_AGENT,
+        "the monitoring agent's own cost (from /proc/self)",
+        vec![
+            dbl(
+                "cpu_pct",
+                "%",
+                "CPU used by the agent over the last period, percent of one core",
+            ),
+            dbl("rss_mb", "MiB", "resident memory of the agent"),
+            dbl("values_per_s", "values/s", "sensor values sampled per second"),
+            dbl("events_per_s", "events/s", "events sampled per second"),
+            dbl("threads", "threads", "threads of the agent process"),
+        ],
+    )
+}
+
+/// Every schema of this crate: the host sensors, the agent sensor and the simulator.
+pub fn builtin_schemas() -> Vec<EventSchema> {
+    vec![
+        host_cpu(),
+        host_mem(),
+        host_net(),
+        host_disk(),
+        net_tcp(),
+        host_info(),
+        host_load(),
+        gma_agent(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gma_core::event::validate_schema;
+
+    #[test]
+    fn every_schema_is_valid_and_documented() {
+        let all = builtin_schemas();
+        let mut names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all.len(), "duplicate schema names");
+        for s in &all {
+            validate_schema(s).unwrap_or_else(|e| panic!("{}: {e}", s.name));
+            assert!(!s.description.is_empty(), "{}", s.name);
+            for f in &s.fields {
+                assert!(
+                    !f.description.is_empty(),
+                    "{}.{} has no description",
+                    s.name,
+                    f.name
+                );
+            }
+        }
+    }
+}
