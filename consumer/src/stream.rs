@@ -130,7 +130,9 @@ impl ProducerStream {
             .message()
             .await
             .map_err(|s| ConsumerError::Rpc(format!("subscribe to {}", self.address), s))?
-            .ok_or_else(|| ConsumerError::Protocol(self.address.clone(), "stream ended before it began".into()))?;
+            .ok_or_else(|| {
+                ConsumerError::Protocol(self.address.clone(), "stream ended before it began".into())
+            })?;
         self.decoder = BatchDecoder::new();
         self.inbound = Some(inbound);
         self.subscription_id = first.subscription_id;
@@ -206,7 +208,10 @@ impl ProducerStream {
                             });
                         }
                         metrics::counter!("gma_consumer_events_received_total").increment(n as u64);
-                        Ok(Some(Progress::Batch { events: n, gaps: batch.gaps }))
+                        Ok(Some(Progress::Batch {
+                            events: n,
+                            gaps: batch.gaps,
+                        }))
                     }
                     Err(e) => {
                         let err = ConsumerError::Protocol(self.address.clone(), e.to_string());

@@ -29,7 +29,10 @@ pub enum Delivery {
     /// A (re)subscription was accepted.
     Subscribed { producer: String, subscription_id: u64 },
     /// Events from one batch, in seq order.
-    Events { producer: String, events: Vec<OwnedEvent> },
+    Events {
+        producer: String,
+        events: Vec<OwnedEvent>,
+    },
     /// Events the producer could not deliver (explicit; never silent).
     Gap { producer: String, gap: pb::Gap },
     /// The stream broke and is being re-established.
@@ -87,9 +90,7 @@ impl Subscriber {
 }
 
 fn wants(patterns: &[Pattern], p: &pb::ProducerRecord) -> bool {
-    p.events
-        .iter()
-        .any(|e| patterns.iter().any(|pat| pat.matches(e)))
+    p.events.iter().any(|e| patterns.iter().any(|pat| pat.matches(e)))
 }
 
 async fn discover(
@@ -128,7 +129,9 @@ async fn watch_once(
     running: &mut HashMap<String, Running>,
     from_revision: &mut u64,
 ) -> Result<(), String> {
-    let mut client = directory::client(&opts.directory).await.map_err(|e| e.to_string())?;
+    let mut client = directory::client(&opts.directory)
+        .await
+        .map_err(|e| e.to_string())?;
     let req = pb::WatchRequest {
         from_revision: *from_revision,
         kind: pb::RecordKind::Producer as i32,
@@ -140,7 +143,10 @@ async fn watch_once(
             // History compacted: re-list from scratch.
             *from_revision = 0;
             client
-                .watch(pb::WatchRequest { from_revision: 0, ..req })
+                .watch(pb::WatchRequest {
+                    from_revision: 0,
+                    ..req
+                })
                 .await
                 .map_err(|s| s.message().to_string())?
                 .into_inner()
@@ -187,7 +193,10 @@ async fn watch_once(
                 if !wants(patterns, &p) {
                     continue;
                 }
-                if running.get(&p.id).is_some_and(|r| r.address == p.address && !r.task.is_finished()) {
+                if running
+                    .get(&p.id)
+                    .is_some_and(|r| r.address == p.address && !r.task.is_finished())
+                {
                     continue;
                 }
                 stop(running, &p.id);
@@ -219,8 +228,19 @@ async fn watch_once(
             pb::WatchEventType::Delete => {
                 if running.contains_key(&p.id) {
                     stop(running, &p.id);
-                    let reason = if ev.reason.is_empty() { "removed".into() } else { ev.reason };
-                    if tx.send(Delivery::Gone { producer: p.id, reason }).await.is_err() {
+                    let reason = if ev.reason.is_empty() {
+                        "removed".into()
+                    } else {
+                        ev.reason
+                    };
+                    if tx
+                        .send(Delivery::Gone {
+                            producer: p.id,
+                            reason,
+                        })
+                        .await
+                        .is_err()
+                    {
                         return Ok(());
                     }
                 }
@@ -248,7 +268,14 @@ async fn follow(
     resume: Arc<Mutex<HashMap<String, ResumePoint>>>,
 ) {
     let start = resume.lock().get(&producer).copied();
-    let mut stream = ProducerStream::new(&address, StreamOptions { reconnect: true, ..opts }).with_resume(start);
+    let mut stream = ProducerStream::new(
+        &address,
+        StreamOptions {
+            reconnect: true,
+            ..opts
+        },
+    )
+    .with_resume(start);
     loop {
         let mut events = Vec::new();
         let progress = stream.next_with(|e| events.push(e.to_owned_event())).await;

@@ -221,7 +221,9 @@ impl BatchDecoder {
     {
         for d in &b.series {
             if self.series.len() >= MAX_SERIES_PER_STREAM && !self.series.contains_key(&d.id) {
-                return Err(malformed(format!("more than {MAX_SERIES_PER_STREAM} series declared")));
+                return Err(malformed(format!(
+                    "more than {MAX_SERIES_PER_STREAM} series declared"
+                )));
             }
             let info = SeriesInfo {
                 id: d.id,
@@ -245,10 +247,12 @@ impl BatchDecoder {
         let (mut need_d, mut need_s) = (0usize, 0usize);
         let mut seq = b.first_seq;
         for i in 0..n {
-            let s = self
-                .series
-                .get(&b.series_ids[i])
-                .ok_or_else(|| malformed(format!("event {i} refers to undeclared series {}", b.series_ids[i])))?;
+            let s = self.series.get(&b.series_ids[i]).ok_or_else(|| {
+                malformed(format!(
+                    "event {i} refers to undeclared series {}",
+                    b.series_ids[i]
+                ))
+            })?;
             need_d += s.layout.doubles;
             need_s += s.layout.strings;
             if i > 0 {
@@ -394,6 +398,10 @@ mod tests {
         bad.ts_deltas.push(0);
         bad.numbers.extend([1.0, 2.0]);
         bad.strings.push("y".into());
-        assert!(BatchDecoder::new().decode(&bad).unwrap_err().to_string().contains("does not increase"));
+        assert!(BatchDecoder::new()
+            .decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("does not increase"));
     }
 }

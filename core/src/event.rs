@@ -74,11 +74,17 @@ pub fn validate_schema(s: &pb::EventSchema) -> Result<(), SchemaError> {
         return Err(bad("declares no fields".into()));
     }
     if s.fields.len() > MAX_FIELDS {
-        return Err(bad(format!("declares {} fields, at most {MAX_FIELDS}", s.fields.len())));
+        return Err(bad(format!(
+            "declares {} fields, at most {MAX_FIELDS}",
+            s.fields.len()
+        )));
     }
     let mut seen = std::collections::HashSet::new();
     for (i, f) in s.fields.iter().enumerate() {
-        if f.name.is_empty() || f.name.len() > 64 || !f.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        if f.name.is_empty()
+            || f.name.len() > 64
+            || !f.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
             return Err(bad(format!(
                 "field {i} has an invalid name {:?} (1-64 of letters, digits, '_')",
                 f.name
@@ -89,7 +95,12 @@ pub fn validate_schema(s: &pb::EventSchema) -> Result<(), SchemaError> {
         }
         match FieldType::try_from(f.r#type) {
             Ok(FieldType::Double) | Ok(FieldType::String) => {}
-            _ => return Err(bad(format!("field {:?} has no valid type (double or string)", f.name))),
+            _ => {
+                return Err(bad(format!(
+                    "field {:?} has no valid type (double or string)",
+                    f.name
+                )))
+            }
         }
     }
     Ok(())
@@ -123,7 +134,10 @@ pub fn from_wire(e: &pb::Event, schema: &pb::EventSchema) -> Result<EventData, S
         match (f.r#type(), &v.kind) {
             (FieldType::String, Some(Kind::Text(t))) => {
                 if t.len() > MAX_STRING_VALUE {
-                    return Err(nonconf(format!("field {:?} longer than {MAX_STRING_VALUE} bytes", f.name)));
+                    return Err(nonconf(format!(
+                        "field {:?} longer than {MAX_STRING_VALUE} bytes",
+                        f.name
+                    )));
                 }
                 strings.push(t.clone())
             }
@@ -190,7 +204,9 @@ pub fn to_json(
     push_json_str(&mut out, name);
     out.push_str(",\"source\":");
     push_json_str(&mut out, source);
-    out.push_str(&format!(",\"timestamp_ns\":{timestamp_ns},\"seq\":{seq},\"values\":{{"));
+    out.push_str(&format!(
+        ",\"timestamp_ns\":{timestamp_ns},\"seq\":{seq},\"values\":{{"
+    ));
     let (mut ni, mut si) = (0, 0);
     for (i, f) in fields.iter().enumerate() {
         if i > 0 {
@@ -273,7 +289,10 @@ mod tests {
         assert!(validate_schema(&s).is_err());
         let mut s = schema();
         s.fields.push(dbl("rx", "", ""));
-        assert!(validate_schema(&s).unwrap_err().to_string().contains("declared twice"));
+        assert!(validate_schema(&s)
+            .unwrap_err()
+            .to_string()
+            .contains("declared twice"));
         let mut s = schema();
         s.fields[0].r#type = 0;
         assert!(validate_schema(&s).is_err());
@@ -285,22 +304,46 @@ mod tests {
     #[test]
     fn wire_round_trip_and_conformance() {
         let s = schema();
-        let w = to_wire("host.net", "a/eth0", 5, 9, &s.fields, &[1.0, 2.0], &["eth0".into()]);
+        let w = to_wire(
+            "host.net",
+            "a/eth0",
+            5,
+            9,
+            &s.fields,
+            &[1.0, 2.0],
+            &["eth0".into()],
+        );
         let d = from_wire(&w, &s).unwrap();
         assert_eq!(d.numbers, vec![1.0, 2.0]);
         assert_eq!(d.strings, vec!["eth0".to_string()]);
         let mut bad = w.clone();
         bad.values.pop();
-        assert!(matches!(from_wire(&bad, &s), Err(SchemaError::Nonconforming { .. })));
+        assert!(matches!(
+            from_wire(&bad, &s),
+            Err(SchemaError::Nonconforming { .. })
+        ));
         let mut bad = w;
-        bad.values[1] = pb::Value { kind: Some(Kind::Number(1.0)) };
-        assert!(from_wire(&bad, &s).unwrap_err().to_string().contains("must be a string"));
+        bad.values[1] = pb::Value {
+            kind: Some(Kind::Number(1.0)),
+        };
+        assert!(from_wire(&bad, &s)
+            .unwrap_err()
+            .to_string()
+            .contains("must be a string"));
     }
 
     #[test]
     fn json_rendering() {
         let s = schema();
-        let j = to_json("host.net", "a\"b", 1, 2, &s.fields, &[1.5, f64::NAN], &["lo".into()]);
+        let j = to_json(
+            "host.net",
+            "a\"b",
+            1,
+            2,
+            &s.fields,
+            &[1.5, f64::NAN],
+            &["lo".into()],
+        );
         assert_eq!(
             j,
             r#"{"name":"host.net","source":"a\"b","timestamp_ns":1,"seq":2,"values":{"rx":1.5,"iface":"lo","tx":null}}"#

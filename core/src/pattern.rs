@@ -153,7 +153,12 @@ fn check_len(what: &'static str, text: &str) -> Result<(), PatternError> {
         return Err(err(what, text, 0, "must not be empty"));
     }
     if text.len() > MAX_NAME_LEN {
-        return Err(err(what, text, MAX_NAME_LEN, format!("longer than {MAX_NAME_LEN} bytes")));
+        return Err(err(
+            what,
+            text,
+            MAX_NAME_LEN,
+            format!("longer than {MAX_NAME_LEN} bytes"),
+        ));
     }
     Ok(())
 }
@@ -171,7 +176,14 @@ fn check_dotted(what: &'static str, text: &str, wildcards: bool) -> Result<(), P
                 continue;
             }
             '*' | '?' if wildcards => {}
-            '*' | '?' => return Err(err(what, text, i, format!("wildcard {c:?} not allowed in a name"))),
+            '*' | '?' => {
+                return Err(err(
+                    what,
+                    text,
+                    i,
+                    format!("wildcard {c:?} not allowed in a name"),
+                ))
+            }
             c if c.is_ascii_alphanumeric() || c == '_' || c == '-' => {
                 if i == 0 && !wildcards && !c.is_ascii_alphabetic() {
                     return Err(err(what, text, i, "must start with a letter"));
@@ -198,10 +210,20 @@ fn check_source(what: &'static str, text: &str, wildcards: bool) -> Result<(), P
     check_len(what, text)?;
     for (i, c) in text.char_indices() {
         if !wildcards && (c == '*' || c == '?') {
-            return Err(err(what, text, i, format!("wildcard {c:?} not allowed in a source")));
+            return Err(err(
+                what,
+                text,
+                i,
+                format!("wildcard {c:?} not allowed in a source"),
+            ));
         }
         if !c.is_ascii_graphic() {
-            return Err(err(what, text, i, format!("character {c:?} not allowed (printable ASCII, no spaces)")));
+            return Err(err(
+                what,
+                text,
+                i,
+                format!("character {c:?} not allowed (printable ASCII, no spaces)"),
+            ));
         }
     }
     Ok(())
@@ -220,7 +242,12 @@ pub fn validate_source(source: &str) -> Result<(), PatternError> {
 /// Compiles a list of event patterns; an empty list is an error naming `field`.
 pub fn event_patterns(list: &[String]) -> Result<Vec<Pattern>, PatternError> {
     if list.is_empty() {
-        return Err(err("event pattern list", "", 0, "give at least one pattern (\"*\" for all)"));
+        return Err(err(
+            "event pattern list",
+            "",
+            0,
+            "give at least one pattern (\"*\" for all)",
+        ));
     }
     list.iter().map(|p| Pattern::event(p)).collect()
 }

@@ -29,7 +29,11 @@ const CLK_TCK: f64 = 100.0;
 
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     match a.scenario {
-        BenchScenario::Stream { duration, rate, output } => stream(duration, rate, output).await,
+        BenchScenario::Stream {
+            duration,
+            rate,
+            output,
+        } => stream(duration, rate, output).await,
         BenchScenario::Agent {
             duration,
             period_ms,
@@ -46,11 +50,21 @@ fn cores() -> usize {
 fn proc_usage(pid: &str) -> anyhow::Result<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("cannot read /proc stat")?;
     // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).ok_or_else(|| anyhow!("bad /proc stat"))?;
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("bad /proc stat"))?;
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = f.get(11).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("bad utime"))?;
-    let stime: f64 = f.get(12).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("bad stime"))?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("cannot read /proc status")?;
+    let utime: f64 = f
+        .get(11)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("bad utime"))?;
+    let stime: f64 = f
+        .get(12)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("bad stime"))?;
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).context("cannot read /proc status")?;
     let rss_kb: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -81,7 +95,9 @@ fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
         .collect()
 }
 
-async fn start_producer(buffer: usize) -> anyhow::Result<(Arc<gma_producer::Hub>, String, tokio::sync::oneshot::Sender<()>)> {
+async fn start_producer(
+    buffer: usize,
+) -> anyhow::Result<(Arc<gma_producer::Hub>, String, tokio::sync::oneshot::Sender<()>)> {
     let p = Producer::new(ProducerConfig {
         host_sensors: false,
         buffer_events: buffer,
@@ -326,7 +342,10 @@ async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<
         .kill_on_drop(true)
         .spawn()
         .context("cannot start the agent")?;
-    let pid = child.id().ok_or_else(|| anyhow!("agent exited at once"))?.to_string();
+    let pid = child
+        .id()
+        .ok_or_else(|| anyhow!("agent exited at once"))?
+        .to_string();
     let stderr = child.stderr.take().ok_or_else(|| anyhow!("no agent stderr"))?;
     let mut lines = tokio::io::BufReader::new(stderr).lines();
     let addr = loop {
@@ -393,10 +412,15 @@ async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<
             })
         ),
         Output::Table => {
-            println!("agent: `gma producer` with host sensors, {period_ms} ms sampling, measured {seconds:.0} s");
+            println!(
+                "agent: `gma producer` with host sensors, {period_ms} ms sampling, measured {seconds:.0} s"
+            );
             println!("  machine cores            {}", cores());
             println!("  cpu                      {cpu_pct:.3} % of one core");
-            println!("  rss                      {rss:.1} MiB (peak {:.1} MiB)", peak_rss.max(rss));
+            println!(
+                "  rss                      {rss:.1} MiB (peak {:.1} MiB)",
+                peak_rss.max(rss)
+            );
             println!("  values sampled           {values_per_s:.0} /s");
             println!("  cost per value           {us_per_value:.2} us of CPU");
         }

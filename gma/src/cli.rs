@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "gma", version, about = "GMA fabric: grid monitoring producers, consumers and a replicated directory")]
+#[command(
+    name = "gma",
+    version,
+    about = "GMA fabric: grid monitoring producers, consumers and a replicated directory"
+)]
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "gma_producer=debug".
     #[arg(long, global = true, env = "GMA_LOG", default_value = "warn")]

@@ -41,9 +41,10 @@ pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 
 /// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
 fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
-    let mut table: toml::Table =
-        toml::from_str(&text).map_err(|e| anyhow!("invalid config file {}: {}", path.display(), e.message()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let mut table: toml::Table = toml::from_str(&text)
+        .map_err(|e| anyhow!("invalid config file {}: {}", path.display(), e.message()))?;
     let listen = match table.remove("listen") {
         Some(toml::Value::String(s)) => Some(s),
         Some(_) => bail!("invalid config file {}: listen must be a string", path.display()),
@@ -71,7 +72,10 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("give a data directory with --data DIR (or data_dir in --config)"))?;
     let mut config = cfg.take().unwrap_or_else(|| DirectoryConfig::new(data.clone()));
     config.data_dir = data;
-    let listen = a.listen.or(file_listen).unwrap_or_else(|| "127.0.0.1:7000".into());
+    let listen = a
+        .listen
+        .or(file_listen)
+        .unwrap_or_else(|| "127.0.0.1:7000".into());
     let listener = bind(&listen).await?;
     eprintln!("gma directory listening on {}", listener.local_addr()?);
     gma_directory::run(config, listener, shutdown_signal())
@@ -121,7 +125,9 @@ pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     let listener = bind(&cfg.listen).await?;
     let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
     eprintln!("gma producer listening on {}", listener.local_addr()?);
-    p.run(listener, shutdown_signal()).await.map_err(|e| anyhow!("producer failed: {e}"))
+    p.run(listener, shutdown_signal())
+        .await
+        .map_err(|e| anyhow!("producer failed: {e}"))
 }
 
 const DEMO_SIM_HEADER: &str = "# Simulated hosts of `gma demo`.\n";
@@ -141,7 +147,10 @@ fn demo_sim_file(dir: &Path, hosts: u32) -> anyhow::Result<PathBuf> {
 }
 
 pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
-    let tmp = tempfile::Builder::new().prefix("gma-demo-").tempdir().context("cannot create a temp dir")?;
+    let tmp = tempfile::Builder::new()
+        .prefix("gma-demo-")
+        .tempdir()
+        .context("cannot create a temp dir")?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = move || {
         let mut rx = stop_rx.clone();

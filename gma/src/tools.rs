@@ -35,7 +35,11 @@ pub async fn search(a: SearchArgs) -> anyhow::Result<()> {
     };
     let req = pb::SearchRequest {
         kind: kind as i32,
-        event_pattern: if a.pattern == "*" { String::new() } else { a.pattern.clone() },
+        event_pattern: if a.pattern == "*" {
+            String::new()
+        } else {
+            a.pattern.clone()
+        },
         source: a.source.clone().unwrap_or_default(),
         ..Default::default()
     };
@@ -48,10 +52,19 @@ pub async fn search(a: SearchArgs) -> anyhow::Result<()> {
         }
         Output::Table => {
             if entries.is_empty() {
-                writeln!(out, "no {} matches {:?}", if a.consumers { "consumer" } else { "producer" }, a.pattern)?;
+                writeln!(
+                    out,
+                    "no {} matches {:?}",
+                    if a.consumers { "consumer" } else { "producer" },
+                    a.pattern
+                )?;
                 return Ok(());
             }
-            writeln!(out, "{:<40} {:<24} {:>7} {:>7}  EVENTS", "ID", "ADDRESS", "SOURCES", "LEASE")?;
+            writeln!(
+                out,
+                "{:<40} {:<24} {:>7} {:>7}  EVENTS",
+                "ID", "ADDRESS", "SOURCES", "LEASE"
+            )?;
             for e in &entries {
                 match e.record.as_ref().and_then(|r| r.record.as_ref()) {
                     Some(pb::record::Record::Producer(p)) => writeln!(
@@ -108,7 +121,11 @@ fn table_row(e: &EventRef<'_>) -> String {
     let (mut ni, mut si) = (0, 0);
     for f in e.series.fields.iter() {
         if f.r#type() == pb::FieldType::String {
-            s.push_str(&format!(" {}={}", f.name, e.strings.get(si).map(String::as_str).unwrap_or("")));
+            s.push_str(&format!(
+                " {}={}",
+                f.name,
+                e.strings.get(si).map(String::as_str).unwrap_or("")
+            ));
             si += 1;
         } else {
             let v = e.numbers.get(ni).copied().unwrap_or(f64::NAN);
@@ -133,7 +150,12 @@ fn fmt_time(ns: i64) -> String {
     let secs = ns.div_euclid(1_000_000_000);
     let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
     let day = secs.rem_euclid(86_400);
-    format!("{:02}:{:02}:{:02}.{ms:03}Z", day / 3600, (day / 60) % 60, day % 60)
+    format!(
+        "{:02}:{:02}:{:02}.{ms:03}Z",
+        day / 3600,
+        (day / 60) % 60,
+        day % 60
+    )
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -150,8 +172,12 @@ struct Point {
 fn read_state(path: &Path) -> anyhow::Result<HashMap<String, ResumePoint>> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
-            let s: StateFile = serde_json::from_str(&text)
-                .with_context(|| format!("state file {} is not valid (delete it to start fresh)", path.display()))?;
+            let s: StateFile = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "state file {} is not valid (delete it to start fresh)",
+                    path.display()
+                )
+            })?;
             Ok(s.producers
                 .into_iter()
                 .map(|(k, p)| {
@@ -187,7 +213,8 @@ fn write_state(path: &Path, points: &HashMap<String, ResumePoint>) -> anyhow::Re
             .collect(),
     };
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&s)?).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::write(&tmp, serde_json::to_vec(&s)?)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
@@ -225,7 +252,14 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
     if let Some(addr) = &a.producer {
         // Direct subscription: the state file key is the producer address.
         let start = resume.get(addr).copied();
-        let mut stream = ProducerStream::new(addr, StreamOptions { reconnect: false, ..opts }).with_resume(start);
+        let mut stream = ProducerStream::new(
+            addr,
+            StreamOptions {
+                reconnect: false,
+                ..opts
+            },
+        )
+        .with_resume(start);
         while printed < limit {
             let mut out = stdout.lock();
             let mut io_err = None;
@@ -261,9 +295,14 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
     };
     // Fail fast on an unreachable directory or no producers, with a clear line.
     let mut client = directory::client(&dir).await.map_err(rpc_err)?;
-    let found = directory::producers(&mut client, &a.pattern, "").await.map_err(rpc_err)?;
+    let found = directory::producers(&mut client, &a.pattern, "")
+        .await
+        .map_err(rpc_err)?;
     if found.is_empty() {
-        eprintln!("no producer offers {:?} yet; waiting for one to register", a.pattern);
+        eprintln!(
+            "no producer offers {:?} yet; waiting for one to register",
+            a.pattern
+        );
     }
     let mut sub = Subscriber::start(
         SubscriberOptions {
@@ -300,8 +339,12 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             Delivery::Reconnecting { producer, error } => {
                 tracing::info!(%producer, %error, "reconnecting")
             }
-            Delivery::Gone { producer, reason } => eprintln!("producer {producer} left the directory ({reason})"),
-            Delivery::DirectoryDown { error } => tracing::info!(%error, "directory unreachable; streams continue"),
+            Delivery::Gone { producer, reason } => {
+                eprintln!("producer {producer} left the directory ({reason})")
+            }
+            Delivery::DirectoryDown { error } => {
+                tracing::info!(%error, "directory unreachable; streams continue")
+            }
             Delivery::Discovered { .. } | Delivery::Subscribed { .. } => {}
         }
     }
@@ -335,7 +378,9 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
         (Some(p), _) => vec![(p.clone(), p.clone())],
         (None, Some(d)) => {
             let mut client = directory::client(d).await.map_err(rpc_err)?;
-            let found = directory::producers(&mut client, &a.pattern, "").await.map_err(rpc_err)?;
+            let found = directory::producers(&mut client, &a.pattern, "")
+                .await
+                .map_err(rpc_err)?;
             if found.is_empty() {
                 bail!("no producer in the directory offers {:?}", a.pattern);
             }
@@ -377,7 +422,10 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
         if !errors.is_empty() && errors.len() == targets.len() {
             bail!("no producer answered: {}", errors.join("; "));
         }
-        let age = a.max_age_ms.map(|m| format!(" within {m} ms")).unwrap_or_default();
+        let age = a
+            .max_age_ms
+            .map(|m| format!(" within {m} ms"))
+            .unwrap_or_default();
         bail!("no event available for {:?}{age}", a.pattern);
     }
     let mut out = std::io::stdout().lock();
@@ -394,7 +442,14 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
                         None => "-".into(),
                     })
                     .collect();
-                format!("{:>8} {} {:<14} {:<20} {}", e.seq, fmt_time(e.timestamp_ns), e.name, e.source, vals.join(" "))
+                format!(
+                    "{:>8} {} {:<14} {:<20} {}",
+                    e.seq,
+                    fmt_time(e.timestamp_ns),
+                    e.name,
+                    e.source,
+                    vals.join(" ")
+                )
             }
         };
         if let Err(err) = writeln!(out, "{line}") {
@@ -424,7 +479,10 @@ fn wire_json(e: &pb::Event, schema: Option<&pb::EventSchema>) -> String {
     push_json_str(&mut s, &e.name);
     s.push_str(",\"source\":");
     push_json_str(&mut s, &e.source);
-    s.push_str(&format!(",\"timestamp_ns\":{},\"seq\":{},\"values\":[", e.timestamp_ns, e.seq));
+    s.push_str(&format!(
+        ",\"timestamp_ns\":{},\"seq\":{},\"values\":[",
+        e.timestamp_ns, e.seq
+    ));
     for (i, v) in e.values.iter().enumerate() {
         if i > 0 {
             s.push(',');
@@ -440,7 +498,11 @@ fn wire_json(e: &pb::Event, schema: Option<&pb::EventSchema>) -> String {
 }
 
 pub async fn sim(cmd: SimCommand) -> anyhow::Result<()> {
-    let SimCommand::Set { host, values, producer } = cmd;
+    let SimCommand::Set {
+        host,
+        values,
+        producer,
+    } = cmd;
     let mut map = HashMap::new();
     for kv in &values {
         let (k, v) = kv
@@ -455,7 +517,10 @@ pub async fn sim(cmd: SimCommand) -> anyhow::Result<()> {
     let ch = gma_consumer::connect(&producer).await.map_err(rpc_err)?;
     let mut client = pb::simulator_client::SimulatorClient::new(ch);
     client
-        .set(pb::SimSetRequest { host: host.clone(), values: map })
+        .set(pb::SimSetRequest {
+            host: host.clone(),
+            values: map,
+        })
         .await
         .map_err(|s| status_line("sim set", &s))?;
     println!("set {} on {host}", values.join(" "));

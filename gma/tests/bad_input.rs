@@ -39,34 +39,61 @@ fn garbage(addr: &str) {
 fn cli_errors_are_one_clear_line() {
     let tmp = tempdir();
     let dir = Proc::directory(&tmp.path().join("d"), "127.0.0.1:0");
-    let l = one_error_line(&gma(&["search", "host..cpu", "--directory", &dir.addr], Duration::from_secs(10)));
-    assert!(l.contains("position 5") && l.contains("empty name segment"), "{l}");
+    let l = one_error_line(&gma(
+        &["search", "host..cpu", "--directory", &dir.addr],
+        Duration::from_secs(10),
+    ));
+    assert!(
+        l.contains("position 5") && l.contains("empty name segment"),
+        "{l}"
+    );
     let l = one_error_line(&gma(
         &["subscribe", "host cpu", "--directory", &dir.addr, "--count", "1"],
         Duration::from_secs(10),
     ));
     assert!(l.contains("position 4"), "{l}");
-    let l = one_error_line(&gma(&["query", "host.cpu", "--directory", &dir.addr], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["query", "host.cpu", "--directory", &dir.addr],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("no producer"), "{l}");
     // Nothing listens on port 1.
-    let l = one_error_line(&gma(&["search", "*", "--directory", "127.0.0.1:1"], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["search", "*", "--directory", "127.0.0.1:1"],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("cannot connect"), "{l}");
     // Unknown config keys are rejected with the key named.
     let cfg = tmp.path().join("p.toml");
     std::fs::write(&cfg, "listen = \"127.0.0.1:0\"\nlsten = 3\n").unwrap();
-    let l = one_error_line(&gma(&["producer", "--config", cfg.to_str().unwrap()], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["producer", "--config", cfg.to_str().unwrap()],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("unknown field `lsten`"), "{l}");
     let dcfg = tmp.path().join("d.toml");
     std::fs::write(&dcfg, "data_dir = \"/tmp/x\"\nttl = 3\n").unwrap();
-    let l = one_error_line(&gma(&["directory", "--config", dcfg.to_str().unwrap()], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["directory", "--config", dcfg.to_str().unwrap()],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("unknown field `ttl`"), "{l}");
-    let l = one_error_line(&gma(&["directory", "--listen", "127.0.0.1:0"], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["directory", "--listen", "127.0.0.1:0"],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("--data"), "{l}");
     // A bad simulation file fails at start with the problem named.
     let sim = tmp.path().join("sim.toml");
-    std::fs::write(&sim, "[[host]]\nname = \"a\"\ncpus = 0\n").unwrap();
+    std::fs::write(&sim, "[[host]]\nname = \"a\"\ncpus = 0\nmemory_mb = 1024\n").unwrap();
     let l = one_error_line(&gma(
-        &["producer", "--listen", "127.0.0.1:0", "--simulate", sim.to_str().unwrap()],
+        &[
+            "producer",
+            "--listen",
+            "127.0.0.1:0",
+            "--simulate",
+            sim.to_str().unwrap(),
+        ],
         Duration::from_secs(10),
     ));
     assert!(l.contains("cpus"), "{l}");
@@ -82,12 +109,32 @@ fn simulated_hosts_can_be_changed_and_bad_changes_are_refused() {
     )
     .unwrap();
     let prod = Proc::producer(&["--no-host-sensors", "--simulate", sim.to_str().unwrap()]);
-    let r = gma(&["sim", "set", "hostA", "load=3.5", "free_cpus=0", "--producer", &prod.addr], Duration::from_secs(10));
+    let r = gma(
+        &[
+            "sim",
+            "set",
+            "hostA",
+            "load=3.5",
+            "free_cpus=0",
+            "--producer",
+            &prod.addr,
+        ],
+        Duration::from_secs(10),
+    );
     assert_eq!(r.code, 0, "{}", r.stderr);
     // The new values show up in the stream.
     let ok = wait_until(Duration::from_secs(20), || {
         let r = gma(
-            &["query", "host.load", "--producer", &prod.addr, "--source", "hostA", "--output", "json"],
+            &[
+                "query",
+                "host.load",
+                "--producer",
+                &prod.addr,
+                "--source",
+                "hostA",
+                "--output",
+                "json",
+            ],
             Duration::from_secs(10),
         );
         r.code == 0
@@ -96,11 +143,20 @@ fn simulated_hosts_can_be_changed_and_bad_changes_are_refused() {
                 .is_some_and(|e| e["values"]["load1"] == 3.5 && e["values"]["free_cpus"] == 0.0)
     });
     assert!(ok, "sim set did not take effect");
-    let l = one_error_line(&gma(&["sim", "set", "nohost", "load=1", "--producer", &prod.addr], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["sim", "set", "nohost", "load=1", "--producer", &prod.addr],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("nohost"), "{l}");
-    let l = one_error_line(&gma(&["sim", "set", "hostA", "colour=1", "--producer", &prod.addr], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["sim", "set", "hostA", "colour=1", "--producer", &prod.addr],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("colour"), "{l}");
-    let l = one_error_line(&gma(&["sim", "set", "hostA", "load=abc", "--producer", &prod.addr], Duration::from_secs(10)));
+    let l = one_error_line(&gma(
+        &["sim", "set", "hostA", "load=abc", "--producer", &prod.addr],
+        Duration::from_secs(10),
+    ));
     assert!(l.contains("not a number"), "{l}");
 }
 
@@ -119,8 +175,14 @@ async fn producer_rpcs_validate_input() {
     let e = p.query(q(vec!["host..cpu"])).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("position 5"), "{}", e.message());
-    assert_eq!(p.query(q(vec![])).await.unwrap_err().code(), Code::InvalidArgument);
-    assert_eq!(p.query(q(vec!["no.such.event"])).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(
+        p.query(q(vec![])).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        p.query(q(vec!["no.such.event"])).await.unwrap_err().code(),
+        Code::NotFound
+    );
     let e = p
         .subscribe(pb::SubscribeRequest {
             patterns: vec!["a b".into()],
@@ -159,11 +221,18 @@ async fn producer_rpcs_validate_input() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("app.unknown") && e.message().contains("no schema"), "{}", e.message());
+    assert!(
+        e.message().contains("app.unknown") && e.message().contains("no schema"),
+        "{}",
+        e.message()
+    );
     let schema = pb::EventSchema {
         name: "app.progress".into(),
         version: 1,
-        fields: vec![gma_core::event::dbl("done", "", ""), gma_core::event::dbl("total", "", "")],
+        fields: vec![
+            gma_core::event::dbl("done", "", ""),
+            gma_core::event::dbl("total", "", ""),
+        ],
         description: String::new(),
     };
     let e = ingest
@@ -184,7 +253,10 @@ async fn producer_rpcs_validate_input() {
         schemas: vec![],
     };
     let e = ingest.push(big).await.unwrap_err();
-    assert!(matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted), "{e:?}");
+    assert!(
+        matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{e:?}"
+    );
     let ok = ingest
         .push(pb::IngestRequest {
             events: vec![ev("app.progress", vec![1.0, 2.0])],
@@ -283,7 +355,10 @@ async fn directory_rejects_bad_records_and_keeps_its_data() {
     huge.id = "huge".into();
     huge.attributes.insert("blob".into(), "x".repeat(5 * 1024 * 1024));
     let e = c.register(register(huge, vec![])).await.unwrap_err();
-    assert!(matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted), "{e:?}");
+    assert!(
+        matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{e:?}"
+    );
     // Garbage bytes on the port.
     garbage(&dir.addr);
     // The directory's data is intact.

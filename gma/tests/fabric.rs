@@ -14,12 +14,32 @@ fn ids(v: &Option<Vec<(String, String)>>) -> Vec<String> {
 fn subscriber_sees_host_cpu_events_in_seq_order() {
     let tmp = tempdir();
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-    let prod = Proc::producer(&["--directory", &dir.addr, "--period-ms", "100", "--source", "node1"]);
+    let prod = Proc::producer(&[
+        "--directory",
+        &dir.addr,
+        "--period-ms",
+        "100",
+        "--source",
+        "node1",
+    ]);
     // Wait until the producer is registered, then subscribe through the directory.
-    assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(&dir.addr, "host.*")).len() == 1));
+    assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(
+        &dir.addr, "host.*"
+    ))
+    .len()
+        == 1));
     let before = gma_core::time::now_ns();
     let r = gma(
-        &["subscribe", "host.cpu", "--directory", &dir.addr, "--count", "4", "--output", "json"],
+        &[
+            "subscribe",
+            "host.cpu",
+            "--directory",
+            &dir.addr,
+            "--count",
+            "4",
+            "--output",
+            "json",
+        ],
         Duration::from_secs(30),
     );
     let after = gma_core::time::now_ns();
@@ -36,13 +56,21 @@ fn subscriber_sees_host_cpu_events_in_seq_order() {
         assert!(seq > last_seq, "seqs must increase strictly: {events:?}");
         assert!(ts >= last_ts, "timestamps must not go back: {events:?}");
         // Sane: UTC now-ish (the first event may be the cached latest, up to a period old).
-        assert!(ts > before - 5_000_000_000 && ts <= after, "timestamp {ts} not within the run");
+        assert!(
+            ts > before - 5_000_000_000 && ts <= after,
+            "timestamp {ts} not within the run"
+        );
         let v = &e["values"];
-        let total: f64 = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
-            .iter()
-            .map(|k| v[*k].as_f64().unwrap_or(0.0))
-            .sum();
-        assert!(total == 0.0 || (total - 100.0).abs() < 1.0, "cpu states sum to {total}: {v}");
+        let total: f64 = [
+            "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
+        ]
+        .iter()
+        .map(|k| v[*k].as_f64().unwrap_or(0.0))
+        .sum();
+        assert!(
+            total == 0.0 || (total - 100.0).abs() < 1.0,
+            "cpu states sum to {total}: {v}"
+        );
         assert!(v["load1"].as_f64().is_some());
         last_seq = seq;
         last_ts = ts;
@@ -72,7 +100,10 @@ fn search_lists_the_producer_and_a_killed_producer_expires() {
     assert!(id.starts_with("node2@"), "{id}");
     assert_eq!(address, format!("http://{}", prod.addr));
     // The table output names it too.
-    let r = gma(&["search", "host.cpu", "--directory", &dir.addr], Duration::from_secs(10));
+    let r = gma(
+        &["search", "host.cpu", "--directory", &dir.addr],
+        Duration::from_secs(10),
+    );
     assert_eq!(r.code, 0);
     assert!(r.stdout.contains(&id), "{}", r.stdout);
     // A pattern nothing matches is a well-defined empty answer, not an error.
@@ -109,8 +140,10 @@ fn search_lists_the_producer_and_a_killed_producer_expires() {
     let killed = Instant::now();
     // Gone from search within TTL + 1 s of the kill.
     assert!(
-        wait_until(Duration::from_millis(ttl_ms + 1000), || search_ids(&dir.addr, "host.*")
-            .is_some_and(|v| v.is_empty())),
+        wait_until(Duration::from_millis(ttl_ms + 1000), || search_ids(
+            &dir.addr, "host.*"
+        )
+        .is_some_and(|v| v.is_empty())),
         "producer still listed {:?} after the kill",
         killed.elapsed()
     );
@@ -125,7 +158,16 @@ fn restarted_consumer_resumes_from_its_state_with_nothing_lost() {
     let state = tmp.path().join("sub.state");
     let prod = Proc::producer(&["--period-ms", "50", "--source", "node3"]);
     let st = state.to_str().unwrap().to_string();
-    let args = ["subscribe", "*", "--producer", &prod.addr, "--state", &st, "--output", "json"];
+    let args = [
+        "subscribe",
+        "*",
+        "--producer",
+        &prod.addr,
+        "--state",
+        &st,
+        "--output",
+        "json",
+    ];
     let mut sub = Proc::start(&args, "");
     assert!(wait_until(Duration::from_secs(20), || sub.stdout_lines().len() >= 40));
     sub.kill();
@@ -134,7 +176,10 @@ fn restarted_consumer_resumes_from_its_state_with_nothing_lost() {
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     let point = saved["producers"][&prod.addr].clone();
     let next = point["next_seq"].as_u64().unwrap();
-    assert!(next >= 1 && next <= last_printed + 1, "state {point} vs printed {last_printed}");
+    assert!(
+        next >= 1 && next <= last_printed + 1,
+        "state {point} vs printed {last_printed}"
+    );
     // While the consumer is away, the producer goes on: wait until 100 more events exist.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let addr = prod.addr.clone();
@@ -157,17 +202,35 @@ fn restarted_consumer_resumes_from_its_state_with_nothing_lost() {
     assert!(wait_until(Duration::from_secs(30), || head() > next + 100));
     // Restart with the same state: every event from `next` on arrives, contiguous.
     let r = gma(
-        &["subscribe", "*", "--producer", &prod.addr, "--state", &st, "--output", "json", "--count", "150"],
+        &[
+            "subscribe",
+            "*",
+            "--producer",
+            &prod.addr,
+            "--state",
+            &st,
+            "--output",
+            "json",
+            "--count",
+            "150",
+        ],
         Duration::from_secs(30),
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let seqs: Vec<u64> = json_lines(&r.stdout).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = json_lines(&r.stdout)
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(seqs.len(), 150);
     assert_eq!(seqs[0], next, "resume must start exactly at the saved seq");
     for w in seqs.windows(2) {
         assert_eq!(w[1], w[0] + 1, "an event was lost between {} and {}", w[0], w[1]);
     }
-    assert!(!r.stderr.contains("gap"), "no gap expected inside the window: {}", r.stderr);
+    assert!(
+        !r.stderr.contains("gap"),
+        "no gap expected inside the window: {}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -175,9 +238,30 @@ fn producer_streams_while_the_directory_is_down_and_re_registers() {
     let tmp = tempdir();
     let mut dir = Proc::directory(&tmp.path().join("dir1"), "127.0.0.1:0");
     let dir_addr = dir.addr.clone();
-    let prod = Proc::producer(&["--directory", &dir_addr, "--period-ms", "100", "--lease-ttl-ms", "1500"]);
-    assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(&dir_addr, "*")).len() == 1));
-    let sub = Proc::start(&["subscribe", "host.cpu", "--producer", &prod.addr, "--output", "json"], "");
+    let prod = Proc::producer(&[
+        "--directory",
+        &dir_addr,
+        "--period-ms",
+        "100",
+        "--lease-ttl-ms",
+        "1500",
+    ]);
+    assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(
+        &dir_addr, "*"
+    ))
+    .len()
+        == 1));
+    let sub = Proc::start(
+        &[
+            "subscribe",
+            "host.cpu",
+            "--producer",
+            &prod.addr,
+            "--output",
+            "json",
+        ],
+        "",
+    );
     assert!(wait_until(Duration::from_secs(20), || sub.stdout_lines().len() >= 2));
     dir.kill();
     // Streaming goes on without the directory.
@@ -190,7 +274,9 @@ fn producer_streams_while_the_directory_is_down_and_re_registers() {
     let dir2 = Proc::directory(&tmp.path().join("dir2"), &dir_addr);
     assert_eq!(dir2.addr, dir_addr);
     assert!(
-        wait_until(Duration::from_secs(30), || ids(&search_ids(&dir_addr, "host.*")).len() == 1),
+        wait_until(Duration::from_secs(30), || ids(&search_ids(&dir_addr, "host.*"))
+            .len()
+            == 1),
         "producer did not re-register; producer stderr:\n{}",
         prod.stderr_text()
     );
@@ -213,9 +299,25 @@ fn demo_runs_and_prints_next_commands() {
         .expect("directory address printed");
     assert!(lines.iter().any(|l| l.contains("gma subscribe")));
     // Both producers register; the simulated hosts publish host.load.
-    assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(&dir, "host.load")).len() == 2));
+    assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(
+        &dir,
+        "host.load"
+    ))
+    .len()
+        == 2));
     let r = gma(
-        &["subscribe", "host.load", "--directory", &dir, "--source", "hostA", "--count", "1", "--output", "json"],
+        &[
+            "subscribe",
+            "host.load",
+            "--directory",
+            &dir,
+            "--source",
+            "hostA",
+            "--count",
+            "1",
+            "--output",
+            "json",
+        ],
         Duration::from_secs(20),
     );
     assert_eq!(r.code, 0, "{}", r.stderr);

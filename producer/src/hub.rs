@@ -114,7 +114,8 @@ impl HubInner {
             return Err(PublishError::TooManySeries);
         }
         let id = self.series.len() as u32;
-        self.series.push(Arc::new(SeriesInfo::new(id, name, source, schema)));
+        self.series
+            .push(Arc::new(SeriesInfo::new(id, name, source, schema)));
         self.latest.push(None);
         self.by_name
             .entry(name.to_string())
@@ -216,7 +217,11 @@ impl Hub {
 }
 
 fn publish_one(inner: &mut HubInner, e: &EventData) -> Result<(), PublishError> {
-    let id = match inner.by_name.get(e.name.as_str()).and_then(|m| m.get(e.source.as_str())) {
+    let id = match inner
+        .by_name
+        .get(e.name.as_str())
+        .and_then(|m| m.get(e.source.as_str()))
+    {
         Some(id) => *id,
         None => {
             validate_event_name(&e.name)?;

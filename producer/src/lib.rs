@@ -53,6 +53,8 @@ pub struct ProducerConfig {
     pub period_ms: u64,
     /// `host.info` period.
     pub info_period_ms: u64,
+    /// Per-sensor period overrides, by sensor name (`host.disk = 5000`, `sim = 500`).
+    pub sensor_period_ms: std::collections::BTreeMap<String, u64>,
     /// Directory lease TTL.
     pub lease_ttl_ms: u64,
     /// Events kept for resuming consumers (the resume window).
@@ -75,6 +77,7 @@ impl Default for ProducerConfig {
             source: None,
             period_ms: 1000,
             info_period_ms: 60_000,
+            sensor_period_ms: Default::default(),
             lease_ttl_ms: 10_000,
             buffer_events: 100_000,
             host_sensors: true,
@@ -120,10 +123,14 @@ impl Producer {
     /// Builds the hub and sensors and registers their schemas in the hub.
     pub fn new(config: ProducerConfig) -> Result<Producer, ProducerError> {
         if config.period_ms == 0 || config.period_ms > 3_600_000 {
-            return Err(ProducerError::Config("period_ms must be within 1..=3600000".into()));
+            return Err(ProducerError::Config(
+                "period_ms must be within 1..=3600000".into(),
+            ));
         }
         if config.buffer_events == 0 || config.buffer_events > 50_000_000 {
-            return Err(ProducerError::Config("buffer_events must be within 1..=50000000".into()));
+            return Err(ProducerError::Config(
+                "buffer_events must be within 1..=50000000".into(),
+            ));
         }
         let source = config.source.clone().unwrap_or_else(host_name);
         gma_core::pattern::validate_source(&source).map_err(|e| ProducerError::Config(e.to_string()))?;
@@ -148,6 +155,20 @@ impl Producer {
             let (sensor, handle) = gma_sensors::sim::simulation(cfg);
             sensors.push(sensor);
             sim = Some(handle);
+        }
+        for (name, ms) in &config.sensor_period_ms {
+            if !sensors.iter().any(|s| s.name() == name) {
+                let known: Vec<&str> = sensors.iter().map(|s| s.name()).collect();
+                return Err(ProducerError::Config(format!(
+                    "sensor_period_ms names unknown sensor {name:?} (running: {})",
+                    known.join(", ")
+                )));
+            }
+            if *ms == 0 || *ms > 3_600_000 {
+                return Err(ProducerError::Config(format!(
+                    "sensor_period_ms.{name} must be within 1..=3600000"
+                )));
+            }
         }
         for s in &sensors {
             hub.add_schemas(&s.schemas())
@@ -188,7 +209,18 @@ impl Producer {
             .unwrap_or_else(|| gma_core::addr::advertised(bound));
         let (stop_tx, stop_rx) = watch::channel(false);
         for sensor in sensors {
-            tokio::spawn(sensor_loop(sensor, hub.clone(), counters.clone(), stop_rx.clone()));
+            let period = config
+                .sensor_period_ms
+                .get(sensor.name())
+                .map(|ms| Duration::from_millis(*ms))
+                .unwrap_or_else(|| sensor.period());
+            tokio::spawn(sensor_loop(
+                sensor,
+                period,
+                hub.clone(),
+                counters.clone(),
+                stop_rx.clone(),
+            ));
         }
         let mut registrar_task = None;
         if let Some(dir) = &config.directory {
@@ -196,7 +228,12 @@ impl Producer {
             let reg = registrar::Registration {
                 directory: gma_core::addr::endpoint_uri(dir),
                 id: config.id.clone().unwrap_or_else(|| {
-                    format!("{source}@{}", address.trim_start_matches("http://").trim_start_matches("https://"))
+                    format!(
+                        "{source}@{}",
+                        address
+                            .trim_start_matches("http://")
+                            .trim_start_matches("https://")
+                    )
                 }),
                 address: address.clone(),
                 ttl_ms: config.lease_ttl_ms,
@@ -246,11 +283,12 @@ pub async fn run(
 
 async fn sensor_loop(
     mut sensor: Box<dyn Sensor>,
+    period: Duration,
     hub: Arc<Hub>,
     counters: Arc<AgentCounters>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(sensor.period());
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = Vec::new();
     let mut errors: u64 = 0;

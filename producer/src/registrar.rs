@@ -91,7 +91,12 @@ fn record(reg: &Registration, hub: &Hub) -> (pb::RegisterRequest, u64) {
         address: reg.address.clone(),
         events,
         sources,
-        services: vec!["query".into(), "subscribe".into(), "resume".into(), "ingest".into()],
+        services: vec![
+            "query".into(),
+            "subscribe".into(),
+            "resume".into(),
+            "ingest".into(),
+        ],
         site: reg.site.clone(),
         org: reg.org.clone(),
         attributes: Default::default(),

@@ -43,7 +43,8 @@ impl pb::producer_server::Producer for ProducerService {
     async fn query(&self, req: Request<pb::QueryRequest>) -> Result<Response<pb::QueryResponse>, Status> {
         let req = req.into_inner();
         let sel = selector(&req.patterns, &req.sources)?;
-        let max_age = (req.max_age_ms > 0).then(|| (req.max_age_ms.min(u64::MAX / 2_000_000) * 1_000_000) as i64);
+        let max_age =
+            (req.max_age_ms > 0).then(|| (req.max_age_ms.min(u64::MAX / 2_000_000) * 1_000_000) as i64);
         let inner = self.hub.lock();
         let events = subscription::query(&inner, &sel, max_age, now_ns());
         let epoch = inner.epoch;
@@ -68,12 +69,19 @@ impl pb::producer_server::Producer for ProducerService {
                 }
             )));
         }
-        Ok(Response::new(pb::QueryResponse { events, epoch, schemas }))
+        Ok(Response::new(pb::QueryResponse {
+            events,
+            epoch,
+            schemas,
+        }))
     }
 
     type SubscribeStream = SubscribeStream;
 
-    async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<SubscribeStream>, Status> {
+    async fn subscribe(
+        &self,
+        req: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<SubscribeStream>, Status> {
         let req = req.into_inner();
         let sel = selector(&req.patterns, &req.sources)?;
         if req.consumer_id.len() > 256 {
@@ -131,7 +139,9 @@ impl pb::producer_server::Producer for ProducerService {
             self.registry.cancel_all(&req.consumer_id)
         } else {
             if req.subscription_id == 0 {
-                return Err(invalid("give a subscription_id, or all = true with a consumer_id"));
+                return Err(invalid(
+                    "give a subscription_id, or all = true with a consumer_id",
+                ));
             }
             self.registry.cancel_one(req.subscription_id, &req.consumer_id)?
         };
@@ -178,9 +188,12 @@ impl pb::ingest_server::Ingest for IngestService {
         {
             let inner = self.hub.lock();
             for (i, e) in req.events.iter().enumerate() {
-                let schema = inner
-                    .schema(&e.name)
-                    .ok_or_else(|| invalid(format!("event {i}: {}", PublishError::UnknownSchema(e.name.clone()))))?;
+                let schema = inner.schema(&e.name).ok_or_else(|| {
+                    invalid(format!(
+                        "event {i}: {}",
+                        PublishError::UnknownSchema(e.name.clone())
+                    ))
+                })?;
                 let mut d = from_wire(e, schema).map_err(|err| invalid(format!("event {i}: {err}")))?;
                 if d.timestamp_ns == 0 {
                     d.timestamp_ns = now;
@@ -217,10 +230,15 @@ impl pb::simulator_server::Simulator for SimulatorService {
         let mut values: Vec<(String, f64)> = req.values.into_iter().collect();
         values.sort_by(|a, b| a.0.cmp(&b.0));
         if sim.get(&req.host).is_none() {
-            return Err(Status::not_found(format!("no simulated host {:?} on this producer", req.host)));
+            return Err(Status::not_found(format!(
+                "no simulated host {:?} on this producer",
+                req.host
+            )));
         }
         sim.set(&req.host, &values)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        Ok(Response::new(pb::SimSetResponse { hosts: vec![req.host] }))
+        Ok(Response::new(pb::SimSetResponse {
+            hosts: vec![req.host],
+        }))
     }
 }

@@ -79,7 +79,11 @@ impl Cursor {
         }
         if self.class[i] == 0 {
             let s = &inner.series[i];
-            self.class[i] = if self.selector.matches(&s.name, &s.source) { 1 } else { 2 };
+            self.class[i] = if self.selector.matches(&s.name, &s.source) {
+                1
+            } else {
+                2
+            };
         }
         self.class[i] == 1
     }
@@ -106,7 +110,8 @@ impl Cursor {
                 for e in latest {
                     if self.selected(inner, e.series) && self.rate_ok(e.series, e.timestamp_ns) {
                         let s = &inner.series[e.series as usize];
-                        self.encoder.push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
+                        self.encoder
+                            .push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
                     }
                 }
                 self.next = inner.head();
@@ -133,8 +138,12 @@ impl Cursor {
         let oldest = inner.oldest();
         if self.next < oldest {
             let lost = oldest - self.next;
-            self.encoder
-                .gap(self.next, oldest - 1, lost, "buffer window exceeded (consumer too slow or away too long)");
+            self.encoder.gap(
+                self.next,
+                oldest - 1,
+                lost,
+                "buffer window exceeded (consumer too slow or away too long)",
+            );
             self.next = oldest;
         }
         let mut scanned = 0usize;
@@ -147,7 +156,8 @@ impl Cursor {
             last = Some(e.seq);
             if self.selected(inner, e.series) && self.rate_ok(e.series, e.timestamp_ns) {
                 let s = &inner.series[e.series as usize];
-                self.encoder.push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
+                self.encoder
+                    .push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
             }
         }
         if let Some(l) = last {
@@ -234,10 +244,12 @@ impl Registry {
     pub fn cancel_one(&self, id: u64, consumer_id: &str) -> Result<u32, Status> {
         let subs = self.subs.lock();
         match subs.get(&id) {
-            None => Err(Status::not_found(format!("no subscription {id} on this producer"))),
-            Some(e) if !e.consumer_id.is_empty() && e.consumer_id != consumer_id => Err(Status::permission_denied(
-                format!("subscription {id} belongs to another consumer"),
-            )),
+            None => Err(Status::not_found(format!(
+                "no subscription {id} on this producer"
+            ))),
+            Some(e) if !e.consumer_id.is_empty() && e.consumer_id != consumer_id => Err(
+                Status::permission_denied(format!("subscription {id} belongs to another consumer")),
+            ),
             Some(e) => {
                 e.cancel.cancel();
                 Ok(1)
@@ -340,7 +352,15 @@ pub fn query(inner: &HubInner, selector: &Selector, max_age_ns: Option<i64>, now
                 continue;
             }
         }
-        out.push(to_wire(&s.name, &s.source, e.timestamp_ns, e.seq, &s.fields, &e.numbers, &e.strings));
+        out.push(to_wire(
+            &s.name,
+            &s.source,
+            e.timestamp_ns,
+            e.seq,
+            &s.fields,
+            &e.numbers,
+            &e.strings,
+        ));
     }
     out.sort_by_key(|e| e.seq);
     out

@@ -186,7 +186,10 @@ pub fn json_lines(text: &str) -> Vec<serde_json::Value> {
 
 /// Producer ids listed by `gma search PATTERN --output json`.
 pub fn search_ids(dir: &str, pattern: &str) -> Option<Vec<(String, String)>> {
-    let r = gma(&["search", pattern, "--directory", dir, "--output", "json"], Duration::from_secs(10));
+    let r = gma(
+        &["search", pattern, "--directory", dir, "--output", "json"],
+        Duration::from_secs(10),
+    );
     if r.code != 0 {
         return None;
     }
