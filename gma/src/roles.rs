@@ -1,6 +1,5 @@
 //! Role subcommands: directory, producer, demo.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
@@ -11,25 +10,18 @@ use tokio::net::TcpListener;
 use crate::cli::{DemoArgs, DirectoryArgs, ProducerArgs};
 
 /// Resolves on Ctrl-C or SIGTERM.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    async {
-        let ctrl_c = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
-            }
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
         }
-        #[cfg(not(unix))]
-        let _ = ctrl_c.await;
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
     }
 }
 

@@ -20,9 +20,9 @@ fn status_line(what: &str, s: &tonic::Status) -> anyhow::Error {
 }
 
 fn rpc_err(e: gma_consumer::ConsumerError) -> anyhow::Error {
-    match e.status() {
-        Some(s) => status_line(&e.to_string().split(':').next().unwrap_or("rpc").to_string(), s),
-        None => anyhow!("{e}"),
+    match &e {
+        gma_consumer::ConsumerError::Rpc(what, s) => status_line(what, s),
+        _ => anyhow!("{e}"),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Hostile and malformed input against real processes: precise statuses and CLI errors, no
 //! panics, and the data intact afterwards.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::io::Write;

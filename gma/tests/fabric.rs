@@ -1,5 +1,7 @@
 //! End-to-end: real `gma` processes on loopback — directory, producers, subscribers.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

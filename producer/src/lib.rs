@@ -30,7 +30,6 @@ use gma_sensors::{AgentCounters, HostSensorConfig, Sensor};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 
 pub use hub::Hub;
 pub use subscription::Registry;
@@ -261,7 +260,11 @@ impl Producer {
                 pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim })
                     .max_decoding_message_size(max),
             )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(
+                // Accepted sockets get TCP_NODELAY: a small batch must not wait for Nagle.
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown,
+            )
             .await;
         let _ = stop_tx.send(true);
         if let Some(t) = registrar_task {
@@ -313,7 +316,7 @@ async fn sensor_loop(
                 errors += 1;
                 metrics::counter!("gma_producer_sensor_errors_total").increment(1);
                 // Log the first error and then one in a hundred: a broken probe must not flood.
-                if errors == 1 || errors % 100 == 0 {
+                if errors == 1 || errors.is_multiple_of(100) {
                     tracing::warn!(sensor = sensor.name(), errors, error = %e, "sensor sample failed");
                 }
             }

@@ -146,13 +146,11 @@ impl Cursor {
             );
             self.next = oldest;
         }
-        let mut scanned = 0usize;
         let mut last = None;
-        for e in inner.since(self.next) {
+        for (scanned, e) in inner.since(self.next).enumerate() {
             if self.encoder.len() >= self.max_batch || scanned >= self.max_batch * 16 {
                 break;
             }
-            scanned += 1;
             last = Some(e.seq);
             if self.selected(inner, e.series) && self.rate_ok(e.series, e.timestamp_ns) {
                 let s = &inner.series[e.series as usize];

@@ -1,5 +1,7 @@
 //! In-process producer on 127.0.0.1:0, real gRPC: subscriptions, gaps, resume, unsubscribe.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
