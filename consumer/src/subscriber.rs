@@ -227,8 +227,19 @@ async fn watch_once(
             }
             pb::WatchEventType::Delete if running.contains_key(&p.id) => {
                 stop(running, &p.id);
-                let reason = if ev.reason.is_empty() { "removed".into() } else { ev.reason };
-                if tx.send(Delivery::Gone { producer: p.id, reason }).await.is_err() {
+                let reason = if ev.reason.is_empty() {
+                    "removed".into()
+                } else {
+                    ev.reason
+                };
+                if tx
+                    .send(Delivery::Gone {
+                        producer: p.id,
+                        reason,
+                    })
+                    .await
+                    .is_err()
+                {
                     return Ok(());
                 }
             }

@@ -109,8 +109,8 @@ impl Pattern {
         }
     }
 
-    /// True when some name matched by `self` could also be matched by `other` — used to
-    /// decide whether a producer's offered event (an exact name, usually) serves a request.
+    /// True when some name is matched by both patterns (e.g. a consumer accepting `host.*`
+    /// and a search for `*.cpu`).
     pub fn overlaps(&self, other: &Pattern) -> bool {
         if self.is_exact() {
             return other.matches(&self.text);
@@ -118,9 +118,45 @@ impl Pattern {
         if other.is_exact() {
             return self.matches(&other.text);
         }
-        // Two wildcard patterns: conservative answer.
-        true
+        patterns_intersect(&self.text, &other.text)
     }
+}
+
+/// True when some string matches both glob patterns (`*` any run, `?` one character): a
+/// search over pairs of positions, O(len(a) * len(b)).
+pub fn patterns_intersect(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let width = b.len() + 1;
+    let mut seen = vec![false; (a.len() + 1) * width];
+    let mut stack = vec![(0usize, 0usize)];
+    while let Some((i, j)) = stack.pop() {
+        if std::mem::replace(&mut seen[i * width + j], true) {
+            continue;
+        }
+        if i == a.len() && j == b.len() {
+            return true;
+        }
+        let (ca, cb) = (a.get(i).copied(), b.get(j).copied());
+        // A star may match nothing.
+        if ca == Some(b'*') {
+            stack.push((i + 1, j));
+        }
+        if cb == Some(b'*') {
+            stack.push((i, j + 1));
+        }
+        // Both consume one common character; a star stays put after consuming.
+        if let (Some(x), Some(y)) = (ca, cb) {
+            let compatible = x == y || matches!(x, b'*' | b'?') || matches!(y, b'*' | b'?');
+            if compatible {
+                let ni = if x == b'*' { i } else { i + 1 };
+                let nj = if y == b'*' { j } else { j + 1 };
+                if (ni, nj) != (i, j) {
+                    stack.push((ni, nj));
+                }
+            }
+        }
+    }
+    false
 }
 
 /// Iterative glob matcher with single-star backtracking: O(len(p) * len(s)) worst case.
@@ -306,6 +342,9 @@ mod tests {
         let exact = Pattern::event("host.cpu").unwrap();
         assert!(exact.overlaps(&Pattern::event("host.*").unwrap()));
         assert!(!exact.overlaps(&Pattern::event("net.*").unwrap()));
+        let host = Pattern::event("host.*").unwrap();
+        assert!(host.overlaps(&Pattern::event("*.cpu").unwrap()));
+        assert!(!host.overlaps(&Pattern::event("net.*").unwrap()));
     }
 
     #[test]

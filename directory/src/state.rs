@@ -902,43 +902,7 @@ impl RecordFilter {
 
 /// True when some name matches both glob patterns (`*` any run, `?` one character).
 ///
-/// Exact where `Pattern::overlaps` is conservative for two wildcard patterns (`host.*` and
-/// `net.*` do not intersect): a search over the product of the two patterns' automata, at most
-/// (len(a)+1) x (len(b)+1) states.
-pub fn patterns_intersect(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let width = b.len() + 1;
-    let mut seen = vec![false; (a.len() + 1) * width];
-    let mut stack = vec![(0usize, 0usize)];
-    while let Some((i, j)) = stack.pop() {
-        if std::mem::replace(&mut seen[i * width + j], true) {
-            continue;
-        }
-        if i == a.len() && j == b.len() {
-            return true;
-        }
-        let (ca, cb) = (a.get(i).copied(), b.get(j).copied());
-        // A star may match nothing.
-        if ca == Some(b'*') {
-            stack.push((i + 1, j));
-        }
-        if cb == Some(b'*') {
-            stack.push((i, j + 1));
-        }
-        // Both consume one common character; a star stays put after consuming.
-        if let (Some(x), Some(y)) = (ca, cb) {
-            let compatible = x == y || matches!(x, b'*' | b'?') || matches!(y, b'*' | b'?');
-            if compatible {
-                let ni = if x == b'*' { i } else { i + 1 };
-                let nj = if y == b'*' { j } else { j + 1 };
-                if (ni, nj) != (i, j) {
-                    stack.push((ni, nj));
-                }
-            }
-        }
-    }
-    false
-}
+pub use gma_core::pattern::patterns_intersect;
 
 /// A parsed Search request.
 ///

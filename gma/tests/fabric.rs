@@ -325,3 +325,110 @@ fn demo_runs_and_prints_next_commands() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(json_lines(&r.stdout)[0]["source"], "hostA");
 }
+
+#[test]
+fn sigterm_ends_streams_and_removes_the_record_at_once() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    // A long lease: the record can only vanish quickly if the producer removes it itself.
+    let mut prod = Proc::producer(&[
+        "--directory",
+        &dir.addr,
+        "--period-ms",
+        "100",
+        "--lease-ttl-ms",
+        "600000",
+    ]);
+    assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(
+        &dir.addr, "*"
+    ))
+    .len()
+        == 1));
+    let sub = Proc::start(
+        &[
+            "subscribe",
+            "host.cpu",
+            "--producer",
+            &prod.addr,
+            "--output",
+            "json",
+        ],
+        "",
+    );
+    assert!(wait_until(Duration::from_secs(20), || !sub
+        .stdout_lines()
+        .is_empty()));
+    let status = prod
+        .terminate()
+        .expect("producer did not exit on SIGTERM with a subscriber attached");
+    assert!(status.success(), "{status:?}: {}", prod.stderr_text());
+    assert!(
+        ids(&search_ids(&dir.addr, "*")).is_empty(),
+        "record still listed after a clean stop"
+    );
+}
+
+#[test]
+fn a_thousand_simulated_hosts_in_one_producer() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let sim = tmp.path().join("sim.toml");
+    std::fs::write(
+        &sim,
+        "period_ms = 200\n[[generate]]\ncount = 1000\nprefix = \"sim\"\nseed = 7\n",
+    )
+    .unwrap();
+    let prod = Proc::producer(&[
+        "--directory",
+        &dir.addr,
+        "--no-host-sensors",
+        "--simulate",
+        sim.to_str().unwrap(),
+    ]);
+    // Every host's latest host.load is in the cache, and the record lists all 1,000 sources.
+    let mut n = 0;
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let r = gma(
+                &["query", "host.load", "--producer", &prod.addr, "--output", "json"],
+                Duration::from_secs(10),
+            );
+            n = json_lines(&r.stdout).len();
+            n == 1000
+        }),
+        "{n} hosts"
+    );
+    assert!(wait_until(Duration::from_secs(20), || {
+        let r = gma(
+            &[
+                "search",
+                "host.load",
+                "--directory",
+                &dir.addr,
+                "--source",
+                "sim-0999",
+                "--output",
+                "json",
+            ],
+            Duration::from_secs(10),
+        );
+        r.code == 0 && r.stdout.contains("sim-0999")
+    }));
+    let r = gma(
+        &[
+            "subscribe",
+            "host.load",
+            "--directory",
+            &dir.addr,
+            "--source",
+            "sim-0500",
+            "--count",
+            "2",
+            "--output",
+            "json",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(json_lines(&r.stdout).iter().all(|e| e["source"] == "sim-0500"));
+}

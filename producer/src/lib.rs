@@ -207,6 +207,7 @@ impl Producer {
             .clone()
             .unwrap_or_else(|| gma_core::addr::advertised(bound));
         let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_tx = Arc::new(stop_tx);
         for sensor in sensors {
             let period = config
                 .sensor_period_ms
@@ -245,7 +246,16 @@ impl Producer {
         let max = gma_core::MAX_MESSAGE_BYTES;
         let producer = service::ProducerService {
             hub: hub.clone(),
-            registry,
+            registry: registry.clone(),
+        };
+        // On shutdown: stop sensors and the registrar (which removes our record), and end every
+        // subscription stream so the server's graceful shutdown does not wait on consumers.
+        let stopping = stop_tx.clone();
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stopping.send(true);
+            let n = registry.cancel_every();
+            tracing::info!(subscriptions = n, "producer shutting down");
         };
         let result = tonic::transport::Server::builder()
             .tcp_nodelay(true)

@@ -255,6 +255,15 @@ impl Registry {
         }
     }
 
+    /// Cancels every subscription (producer shutdown): each stream ends cleanly.
+    pub fn cancel_every(&self) -> u32 {
+        let subs = self.subs.lock();
+        for e in subs.values() {
+            e.cancel.cancel();
+        }
+        subs.len() as u32
+    }
+
     /// Cancels every subscription of `consumer_id`.
     pub fn cancel_all(&self, consumer_id: &str) -> u32 {
         let subs = self.subs.lock();
