@@ -116,6 +116,28 @@ async fn start_producer(
     Ok((hub, addr, tx))
 }
 
+/// Stamps every event with now (the sample time latency is measured from) and publishes.
+fn stamp_and_publish(hub: &gma_producer::Hub, batch: &mut [EventData]) {
+    let ts = now_ns();
+    for e in batch.iter_mut() {
+        e.timestamp_ns = ts;
+    }
+    let _ = hub.publish(batch);
+}
+
+/// The consumer side: batches of up to 1,000, no reconnect (a broken stream is a failed run).
+fn bench_stream(addr: &str) -> ProducerStream {
+    ProducerStream::new(
+        addr,
+        StreamOptions {
+            patterns: vec!["bench.*".into()],
+            max_batch: 1000,
+            reconnect: false,
+            ..StreamOptions::default()
+        },
+    )
+}
+
 struct StreamFigures {
     events: u64,
     seconds: f64,
@@ -148,23 +170,11 @@ async fn stream(duration: u64, rate: u64, output: Output) -> anyhow::Result<()> 
                     std::thread::sleep(Duration::from_micros(200));
                     continue;
                 }
-                let ts = now_ns();
-                for e in batch.iter_mut() {
-                    e.timestamp_ns = ts;
-                }
-                let _ = hub.publish(&batch);
+                stamp_and_publish(&hub, &mut batch);
             }
         })
     };
-    let mut s = ProducerStream::new(
-        &addr,
-        StreamOptions {
-            patterns: vec!["bench.*".into()],
-            max_batch: 1000,
-            reconnect: false,
-            ..StreamOptions::default()
-        },
-    );
+    let mut s = bench_stream(&addr);
     let mut events = 0u64;
     let mut dropped = 0u64;
     let warmup = Instant::now() + Duration::from_secs(1);
@@ -218,22 +228,11 @@ async fn stream(duration: u64, rate: u64, output: Output) -> anyhow::Result<()> 
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             while !stop_pub.load(Ordering::Relaxed) {
                 tick.tick().await;
-                let ts = now_ns();
-                for e in batch.iter_mut() {
-                    e.timestamp_ns = ts;
-                }
-                let _ = hub.publish(&batch);
+                stamp_and_publish(&hub, &mut batch);
             }
         })
     };
-    let mut s = ProducerStream::new(
-        &addr,
-        StreamOptions {
-            patterns: vec!["bench.*".into()],
-            reconnect: false,
-            ..StreamOptions::default()
-        },
-    );
+    let mut s = bench_stream(&addr);
     let end = Instant::now() + Duration::from_secs(duration + 1);
     let record_from = Instant::now() + Duration::from_secs(1);
     while Instant::now() < end {
