@@ -6,9 +6,21 @@ use tonic::transport::Channel;
 
 use crate::{connect, ConsumerError};
 
-/// A directory client with the fabric's message size limit.
-pub async fn client(addr: &str) -> Result<DirectoryClient<Channel>, ConsumerError> {
-    Ok(DirectoryClient::new(connect(addr).await?).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
+/// A directory client with the fabric's message size limit. `addrs` may list several members
+/// of a replicated directory (`a:1,b:2,c:3`): the first that accepts a connection is used. Any
+/// member serves every call (writes and linearizable reads are passed to the leader).
+pub async fn client(addrs: &str) -> Result<DirectoryClient<Channel>, ConsumerError> {
+    let mut last = None;
+    for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        match connect(addr).await {
+            Ok(ch) => {
+                return Ok(DirectoryClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| ConsumerError::Address(addrs.to_string(), "no directory address given".into())))
 }
 
 /// Runs a search to the end, following page tokens ("get next").

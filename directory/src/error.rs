@@ -4,7 +4,7 @@ use tonic::Status;
 
 /// Everything that can go wrong in the directory. Messages are lowercase, carry no trailing
 /// period and say what to do; the variant picks the gRPC code (`impl From<DirError> for Status`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum DirError {
     /// The request is malformed: bad record, schema, pattern, TTL, page token. INVALID_ARGUMENT.
     #[error("{0}")]

@@ -5,22 +5,25 @@
 //! - [`state`]: the deterministic state machine (records, schemas, leases, revisions, change
 //!   history). `apply(Command) -> Applied` has no I/O and no clock, so a replicated log can
 //!   drive it; Search/GetSchema/Watch snapshots are read-only queries on it.
-//! - `store`: the only module that touches sled: writes each applied command's keys in one
-//!   batch and flushes before the client is answered; loads the state on start.
-//! - `service`: the tonic `Directory` implementation: one write lock orders
-//!   apply → persist → publish; watchers fan out from a broadcast and catch up from history.
-//! - `server`: [`DirectoryConfig`] and [`run`] (open store, extend leases, expiry ticker,
-//!   serve, graceful stop).
+//! - [`raft`]: replication with openraft 0.9: the raft types, the sled storage (the only code
+//!   that touches sled: log, vote, snapshots; the state machine lives in memory and is rebuilt
+//!   from the latest snapshot plus the log), and the tonic network (raft RPCs, write forwarding,
+//!   membership changes).
+//! - `service`: the tonic `Directory` implementation: writes are raft proposals (forwarded to
+//!   the leader from a follower), reads are linearizable by default; watchers fan out from the
+//!   state machine's broadcast and catch up from history.
+//! - `server`: [`DirectoryConfig`] and [`run`] (start raft, lease upkeep on the leader, serve,
+//!   graceful stop).
 //! - `validate`: syntax checks of records and schemas (limits, addresses, names).
 //! - [`error`]: [`DirError`] and its one mapping to gRPC status codes.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod error;
+pub mod raft;
 mod server;
 mod service;
 pub mod state;
-mod store;
 mod validate;
 
 pub use error::DirError;

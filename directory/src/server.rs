@@ -11,10 +11,15 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
+use std::collections::BTreeMap;
+
+use gma_proto::raft::raft_server::RaftServer;
+
 use crate::error::DirError;
-use crate::service::{DirectoryService, Shared, BROADCAST_CAPACITY};
-use crate::state::{Command, Limits};
-use crate::store::Store;
+use crate::raft::network::{Network, Proposer, RaftService};
+use crate::raft::types::{Node, NodeId, Raft, Reply};
+use crate::service::{restamp, DirectoryService, Shared, BROADCAST_CAPACITY};
+use crate::state::Limits;
 
 /// How long shutdown waits for open connections to finish before closing the store anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -44,6 +49,31 @@ pub struct DirectoryConfig {
     /// Most producer + consumer records the directory holds.
     #[serde(default = "defaults::max_records")]
     pub max_records: usize,
+    /// This member's raft node id (>= 1). Never reuse an id for a wiped node.
+    #[serde(default = "defaults::node_id")]
+    pub node_id: u64,
+    /// The initial members, `ID=HOST:PORT,...` (this node included or not). Empty: a
+    /// single-node directory, initialized on first start.
+    #[serde(default)]
+    pub peers: String,
+    /// Initialize the cluster with `peers` (and this node) as voters, if not yet initialized.
+    /// Give it on exactly one member of a new cluster.
+    #[serde(default)]
+    pub init: bool,
+    /// Raft heartbeat interval.
+    #[serde(default = "defaults::heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Raft election timeout range; a failover takes about one timeout.
+    #[serde(default = "defaults::election_min_ms")]
+    pub election_min_ms: u64,
+    #[serde(default = "defaults::election_max_ms")]
+    pub election_max_ms: u64,
+    /// Build a snapshot (and compact the log) after this many entries.
+    #[serde(default = "defaults::snapshot_logs")]
+    pub snapshot_logs: u64,
+    /// A write not committed within this time answers UNAVAILABLE (e.g. no quorum).
+    #[serde(default = "defaults::write_timeout_ms")]
+    pub write_timeout_ms: u64,
 }
 
 mod defaults {
@@ -65,6 +95,24 @@ mod defaults {
     pub fn max_records() -> usize {
         1_000_000
     }
+    pub fn node_id() -> u64 {
+        1
+    }
+    pub fn heartbeat_ms() -> u64 {
+        100
+    }
+    pub fn election_min_ms() -> u64 {
+        400
+    }
+    pub fn election_max_ms() -> u64 {
+        800
+    }
+    pub fn snapshot_logs() -> u64 {
+        10_000
+    }
+    pub fn write_timeout_ms() -> u64 {
+        5_000
+    }
 }
 
 impl Default for DirectoryConfig {
@@ -78,6 +126,14 @@ impl Default for DirectoryConfig {
             expiry_tick_ms: defaults::expiry_tick_ms(),
             history_limit: defaults::history_limit(),
             max_records: defaults::max_records(),
+            node_id: defaults::node_id(),
+            peers: String::new(),
+            init: false,
+            heartbeat_ms: defaults::heartbeat_ms(),
+            election_min_ms: defaults::election_min_ms(),
+            election_max_ms: defaults::election_max_ms(),
+            snapshot_logs: defaults::snapshot_logs(),
+            write_timeout_ms: defaults::write_timeout_ms(),
         }
     }
 }
@@ -118,6 +174,25 @@ impl DirectoryConfig {
         if self.max_records == 0 {
             return bad("max_records must be at least 1".into());
         }
+        if self.node_id == 0 {
+            return bad("node_id must be at least 1".into());
+        }
+        crate::raft::network::parse_peers(&self.peers).map_err(DirError::Config)?;
+        if self.heartbeat_ms == 0
+            || self.election_min_ms <= self.heartbeat_ms * 2
+            || self.election_max_ms <= self.election_min_ms
+        {
+            return bad(format!(
+                "raft timing must satisfy 0 < 2 * heartbeat_ms ({}) < election_min_ms ({}) < election_max_ms ({})",
+                self.heartbeat_ms, self.election_min_ms, self.election_max_ms
+            ));
+        }
+        if self.write_timeout_ms == 0 {
+            return bad("write_timeout_ms must be at least 1".into());
+        }
+        if self.snapshot_logs == 0 {
+            return bad("snapshot_logs must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -129,39 +204,102 @@ impl DirectoryConfig {
     }
 }
 
-/// Runs a single-node directory on `listener` until `shutdown` completes.
+/// Starts this member's raft node over the storage in `config.data_dir`: a single-node
+/// directory (no peers) initializes itself on first start; a member started with `init`
+/// initializes the cluster with its peers. `advertised` is this node's `host:port`.
+pub(crate) async fn start_node(config: &DirectoryConfig, advertised: &str) -> Result<Arc<Shared>, DirError> {
+    start_node_with(config, advertised, BROADCAST_CAPACITY).await
+}
+
+/// [`start_node`] with a given watch broadcast capacity (tests use a small one to force lag).
+pub(crate) async fn start_node_with(
+    config: &DirectoryConfig,
+    advertised: &str,
+    broadcast_capacity: usize,
+) -> Result<Arc<Shared>, DirError> {
+    config.validate()?;
+    let id = config.node_id;
+    let peers = crate::raft::network::parse_peers(&config.peers).map_err(DirError::Config)?;
+    let me = peers.get(&id).cloned().unwrap_or_else(|| Node {
+        rpc_addr: advertised.to_string(),
+        api_addr: advertised.to_string(),
+    });
+    let (log, sm_store, sm) =
+        crate::raft::storage::open(&config.data_dir.join("raft"), config.limits(), broadcast_capacity)?;
+    let raft_config = openraft::Config {
+        cluster_name: "gma-directory".into(),
+        heartbeat_interval: config.heartbeat_ms,
+        election_timeout_min: config.election_min_ms,
+        election_timeout_max: config.election_max_ms,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
+        max_in_snapshot_log_to_keep: 1000,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| DirError::Config(format!("raft: {e}")))?;
+    let raft = Raft::new(id, Arc::new(raft_config), Network, log, sm_store)
+        .await
+        .map_err(|e| DirError::Storage(format!("cannot start raft: {e}")))?;
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| DirError::Storage(format!("raft: {e}")))?;
+    if !initialized && (peers.is_empty() || config.init) {
+        let mut members: BTreeMap<NodeId, Node> = peers.clone();
+        members.insert(id, me.clone());
+        tracing::info!(?members, "initializing the directory cluster");
+        raft.initialize(members)
+            .await
+            .map_err(|e| DirError::Storage(format!("cannot initialize the cluster: {e}")))?;
+    }
+    Ok(Arc::new(Shared::new(config.clone(), id, raft, sm)))
+}
+
+/// Runs a directory member on `listener` until `shutdown` completes.
 ///
-/// Opens (or creates) the store in `config.data_dir`, gives every stored lease one fresh TTL
-/// (`ExtendAll`), expires due leases every `expiry_tick_ms`, and serves the `Directory` gRPC
-/// service. On shutdown it stops accepting connections, ends open Watch and KeepAlive
-/// streams, waits up to 5 s for connections to close, then flushes and closes the store.
+/// Starts raft (see [`start_node`]), leads lease upkeep when this member leads (one `ExtendAll`
+/// per term, then `Expire` every `expiry_tick_ms`), and serves the client-facing `Directory`
+/// service and the internal raft service on the same port. On shutdown it stops accepting
+/// connections, ends open Watch and KeepAlive streams, waits up to 5 s for connections to
+/// close, then stops raft.
 pub async fn run(
     config: DirectoryConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DirError> {
-    config.validate()?;
-    let local = listener
+    let bound = listener
         .local_addr()
-        .map_err(|e| DirError::Transport(format!("the listener has no local address: {e}")))?;
-    let advertised = gma_core::addr::advertised(local);
-    let (store, state) = Store::open(&config.data_dir, config.limits()).await?;
+        .map_err(|e| DirError::Transport(format!("listener has no address: {e}")))?;
+    let advertised = gma_core::addr::advertised(bound)
+        .trim_start_matches("http://")
+        .to_string();
     tracing::info!(
-        listen = %local,
         data_dir = %config.data_dir.display(),
-        revision = state.revision(),
-        producers = state.counts().producers,
-        consumers = state.counts().consumers,
+        %advertised,
+        node = config.node_id,
         "directory starting"
     );
     let tick = Duration::from_millis(config.expiry_tick_ms);
-    let shared = Arc::new(Shared::new(config, state, store, advertised, BROADCAST_CAPACITY));
-    // Leases stored before a restart get a full TTL from now (as a new etcd leader does).
-    shared.write(|now_ms| Command::ExtendAll { now_ms }).await?;
-
+    let shared = start_node(&config, &advertised).await?;
     let ticker = tokio::spawn(expiry_loop(shared.clone(), tick));
     let service = DirectoryServer::new(DirectoryService::new(shared.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let raft_service = {
+        let forwarder = shared.clone();
+        let propose: Proposer = Arc::new(move |cmd| {
+            let s = forwarder.clone();
+            Box::pin(async move {
+                let cmd = restamp(cmd, s.now_ms());
+                Reply(s.propose(cmd, false).await)
+            })
+        });
+        RaftServer::new(RaftService {
+            raft: shared.raft.clone(),
+            propose,
+        })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES * 16)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES * 16)
+    };
     let incoming = TcpListenerStream::new(listener).map(|conn| {
         if let Ok(c) = &conn {
             // Small request/response messages: do not wait for Nagle.
@@ -179,6 +317,7 @@ pub async fn run(
     let served = tokio::select! {
         r = tonic::transport::Server::builder()
             .add_service(service)
+            .add_service(raft_service)
             .serve_with_incoming_shutdown(incoming, signal) => {
             r.map_err(|e| DirError::Transport(e.to_string()))
         }
@@ -186,7 +325,7 @@ pub async fn run(
             let _ = stopping.wait_for(|s| *s).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => {
-            tracing::warn!("connections still open {SHUTDOWN_GRACE:?} after shutdown; closing the store anyway");
+            tracing::warn!("connections still open {SHUTDOWN_GRACE:?} after shutdown; stopping raft anyway");
             Ok(())
         }
     };

@@ -1,30 +1,38 @@
-//! The tonic `Directory` service over the state machine and the store.
+//! The tonic `Directory` service over the replicated state machine.
 //!
-//! Concurrency: one `tokio::sync::RwLock` guards the state and the store. A write holds it
-//! (exclusively) from `apply` through `persist` (batch + flush) to the broadcast of its
-//! changes, so apply order = disk order = revision order = broadcast order, and no read ever
-//! sees a change that is not yet on disk. Reads (Search, GetSchema, a new Watch's snapshot)
-//! share the lock.
+//! Writes: every mutation is a [`Command`] stamped with this node's clock and proposed to raft
+//! (`client_write`). A follower forwards it to the leader (internal `Forward` RPC), which
+//! re-stamps it with its own clock, so lease times are always the leader's. Callers never need
+//! to know who leads.
 //!
-//! Watch: a new watcher reads its snapshot (or history) and subscribes to the change
-//! broadcast under the same read lock, so nothing is missed or repeated between the two. A
-//! watcher that lags the broadcast re-reads the missed revisions from the history, so its
-//! stream stays ordered, unique and gap-free (etcd's guarantees); if they were compacted it
-//! ends with OUT_OF_RANGE. Each watcher feeds its client through a small bounded channel.
+//! Reads: Search and GetSchema are linearizable by default: the leader confirms its leadership
+//! (`ensure_linearizable`, a ReadIndex) and waits until it has applied that far; a follower
+//! passes the read to the leader. `stale_ok` serves from the local state machine.
+//!
+//! Watch: served by any node from its own state machine. A new watcher reads its snapshot (or
+//! history) and subscribes to the change broadcast under the same read lock, so nothing is
+//! missed or repeated between the two; the state machine broadcasts under the write lock. A
+//! watcher that lags re-reads the missed revisions from the history, so its stream stays
+//! ordered, unique and gap-free (etcd's guarantees); if they were compacted it ends with
+//! OUT_OF_RANGE. Revisions are the same on every node (the state machine is deterministic), so
+//! a watcher can resume on any node after a failover.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use gma_core::time::now_ms;
 use gma_proto::v1::{self as pb, directory_server::Directory};
-use tokio::sync::{broadcast, mpsc, watch, RwLock};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::DirError;
+use crate::raft::storage::SmShared;
+use crate::raft::types::{Ack, Node, NodeId, Raft, Reply};
 use crate::server::DirectoryConfig;
-use crate::state::{Applied, Command, DirectoryState, Kind, RecordFilter, SearchQuery};
-use crate::store::Store;
+use crate::state::{Command, Kind, RecordFilter, SearchQuery};
 
 /// Changes buffered for watchers before a slow one lags (and catches up from history).
 pub(crate) const BROADCAST_CAPACITY: usize = 1024;
@@ -54,90 +62,211 @@ impl Clock {
     }
 }
 
-struct Inner {
-    state: DirectoryState,
-    /// `None` once the directory has shut down.
-    store: Option<Store>,
-    /// Set when a write could not be persisted: the in-memory state is ahead of the disk, so
-    /// no further write is accepted.
-    failed: Option<String>,
+/// The same command with its time replaced by `now_ms` (the leader stamps forwarded writes).
+pub(crate) fn restamp(cmd: Command, now: u64) -> Command {
+    match cmd {
+        Command::Register {
+            record,
+            schemas,
+            lease_id,
+            ttl_ms,
+            ..
+        } => Command::Register {
+            record,
+            schemas,
+            lease_id,
+            ttl_ms,
+            now_ms: now,
+        },
+        Command::Update {
+            record,
+            schemas,
+            ttl_ms,
+            ..
+        } => Command::Update {
+            record,
+            schemas,
+            ttl_ms,
+            now_ms: now,
+        },
+        Command::KeepAlive { lease_id, .. } => Command::KeepAlive {
+            lease_id,
+            now_ms: now,
+        },
+        Command::Expire { .. } => Command::Expire { now_ms: now },
+        Command::ExtendAll { .. } => Command::ExtendAll { now_ms: now },
+        c @ Command::Remove { .. } => c,
+    }
 }
 
 /// What every handler and background task shares.
 pub(crate) struct Shared {
-    inner: RwLock<Inner>,
-    changes: broadcast::Sender<Arc<pb::WatchEvent>>,
+    pub sm: Arc<SmShared>,
+    pub raft: Raft,
+    pub id: NodeId,
     config: DirectoryConfig,
     clock: Clock,
     stop: watch::Sender<bool>,
-    advertised: String,
+    closed: AtomicBool,
+    /// The term in which this node, as leader, last extended every lease (0: never).
+    extended_term: AtomicU64,
+}
+
+fn unavailable(m: impl Into<String>) -> DirError {
+    DirError::Unavailable(m.into())
+}
+
+/// Sends a write to the leader and returns its reply.
+async fn forward(leader: &Node, cmd: &Command) -> Result<Ack, DirError> {
+    let data =
+        serde_json::to_vec(cmd).map_err(|e| DirError::Storage(format!("cannot encode command: {e}")))?;
+    let mut client = crate::raft::network::client(&leader.rpc_addr).map_err(unavailable)?;
+    let mut req = Request::new(gma_proto::raft::ForwardRequest { command: data });
+    req.set_timeout(std::time::Duration::from_secs(10));
+    let r = client.forward(req).await.map_err(|s| {
+        unavailable(format!(
+            "cannot reach the directory leader at {} ({}); while no majority of members is up no write can commit: retry, and check `gma cluster status`",
+            leader.api_addr,
+            s.message()
+        ))
+    })?;
+    let reply: Reply = serde_json::from_slice(&r.into_inner().reply)
+        .map_err(|e| unavailable(format!("malformed reply from the leader: {e}")))?;
+    reply.0
+}
+
+/// A client-facing Directory client for the leader (to pass linearizable reads on).
+async fn leader_client(
+    leader: &Node,
+) -> Result<pb::directory_client::DirectoryClient<tonic::transport::Channel>, Status> {
+    let ch = tonic::transport::Endpoint::from_shared(gma_core::addr::endpoint_uri(&leader.api_addr))
+        .map_err(|e| Status::unavailable(format!("bad leader address {}: {e}", leader.api_addr)))?
+        .connect_timeout(std::time::Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| {
+            Status::unavailable(format!(
+                "cannot reach the directory leader at {}: {e}",
+                leader.api_addr
+            ))
+        })?;
+    Ok(pb::directory_client::DirectoryClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
 }
 
 impl Shared {
-    pub fn new(
-        config: DirectoryConfig,
-        state: DirectoryState,
-        store: Store,
-        advertised: String,
-        broadcast_capacity: usize,
-    ) -> Shared {
+    pub fn new(config: DirectoryConfig, id: NodeId, raft: Raft, sm: Arc<SmShared>) -> Shared {
         Shared {
-            inner: RwLock::new(Inner {
-                state,
-                store: Some(store),
-                failed: None,
-            }),
-            changes: broadcast::channel(broadcast_capacity).0,
+            sm,
+            raft,
+            id,
             config,
             clock: Clock::new(),
             stop: watch::channel(false).0,
-            advertised,
+            closed: AtomicBool::new(false),
+            extended_term: AtomicU64::new(0),
         }
     }
 
-    /// Applies a command built with the current time, persists it, then publishes its changes.
-    /// The time is read under the write lock, so commands carry non-decreasing times.
-    pub async fn write(&self, make: impl FnOnce(u64) -> Command) -> Result<Applied, DirError> {
-        let mut guard = self.inner.write().await;
-        let inner = &mut *guard;
-        if let Some(why) = &inner.failed {
-            return Err(DirError::Unavailable(format!(
-                "directory storage failed earlier ({why}): restart the directory"
-            )));
-        }
-        let Some(store) = inner.store.as_ref() else {
-            return Err(DirError::Unavailable(
-                "the directory is shutting down: retry once it is back".into(),
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Proposes a command built with the current time; forwards it to the leader if needed.
+    pub async fn write(&self, make: impl FnOnce(u64) -> Command) -> Result<Ack, DirError> {
+        let cmd = make(self.clock.now_ms());
+        self.propose(cmd, true).await
+    }
+
+    /// Proposes `cmd` here if this node leads, else (when `may_forward`) on the leader.
+    pub async fn propose(&self, cmd: Command, may_forward: bool) -> Result<Ack, DirError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(unavailable(
+                "the directory is shutting down: retry on another member",
             ));
+        }
+        let timeout = std::time::Duration::from_millis(self.config.write_timeout_ms);
+        let written = match tokio::time::timeout(timeout, self.raft.client_write(cmd.clone())).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "the write was not committed within {} ms (no quorum reachable?); it may still be applied later: retry, and check `gma cluster status`",
+                    self.config.write_timeout_ms
+                )))
+            }
         };
-        let applied = inner.state.apply(make(self.clock.now_ms()))?;
-        if let Err(e) = store.persist(&inner.state, &applied).await {
-            tracing::error!(error = %e, "cannot persist a directory change; refusing further writes");
-            inner.failed = Some(e.to_string());
-            return Err(e);
+        match written {
+            Ok(r) => r.data.0,
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                let Some(leader) = f.leader_node.filter(|_| may_forward) else {
+                    return Err(unavailable(
+                        "no directory leader is known yet (election in progress or no quorum): retry shortly",
+                    ));
+                };
+                forward(&leader, &cmd).await
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(unavailable(format!("membership change in progress: {e}")))
+            }
+            Err(RaftError::Fatal(e)) => Err(unavailable(format!("raft stopped on this member: {e}"))),
         }
-        for c in &applied.changes {
-            // No receivers is fine: nobody is watching.
-            let _ = self.changes.send(Arc::new(c.to_pb()));
-        }
-        Ok(applied)
     }
 
-    /// Applies `Expire` if a lease is due. Returns how many records it removed.
+    /// Waits until a linearizable read of the local state is allowed. `Ok(None)`: read here;
+    /// `Ok(Some(leader))`: this node is a follower; pass the read to `leader`.
+    pub async fn read_barrier(&self) -> Result<Option<Node>, DirError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(None),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node {
+                Some(n) if f.leader_id != Some(self.id) => Ok(Some(n)),
+                _ => Err(unavailable(
+                    "no directory leader is known yet (election in progress or no quorum): retry, or read with stale_ok",
+                )),
+            },
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => Err(unavailable(format!(
+                "this member cannot reach a quorum ({q}): retry on another member, or read with stale_ok"
+            ))),
+            Err(RaftError::Fatal(e)) => Err(unavailable(format!("raft stopped on this member: {e}"))),
+        }
+    }
+
+    /// On the leader: extend every lease once per term (so a failover never mass-expires
+    /// producers), then expire due leases. Returns how many records expiry removed.
     pub async fn expire_due(&self) -> Result<usize, DirError> {
+        let (leader, term) = {
+            let m = self.raft.metrics().borrow().clone();
+            (m.current_leader == Some(self.id), m.current_term)
+        };
+        if !leader {
+            return Ok(0);
+        }
+        if self.extended_term.load(Ordering::SeqCst) != term {
+            self.propose(
+                Command::ExtendAll {
+                    now_ms: self.now_ms(),
+                },
+                false,
+            )
+            .await?;
+            self.extended_term.store(term, Ordering::SeqCst);
+            tracing::info!(term, "leader extended every lease by one TTL");
+        }
         let now = self.clock.now_ms();
         let due = self
-            .inner
+            .sm
+            .state
             .read()
             .await
-            .state
+            .dir
             .next_expiry()
             .is_some_and(|at| at <= now);
         if !due {
             return Ok(0);
         }
-        let applied = self.write(|now_ms| Command::Expire { now_ms }).await?;
-        Ok(applied.changes.len())
+        let before = self.sm.state.read().await.dir.counts();
+        self.propose(Command::Expire { now_ms: now }, false).await?;
+        let after = self.sm.state.read().await.dir.counts();
+        Ok((before.producers + before.consumers).saturating_sub(after.producers + after.consumers) as usize)
     }
 
     /// Asks every stream task and the expiry ticker to end.
@@ -149,14 +278,15 @@ impl Shared {
         self.stop.subscribe()
     }
 
-    /// Waits for in-flight writes, then flushes and closes the store. Later writes answer
-    /// UNAVAILABLE.
+    /// Stops raft on this member. Later writes answer UNAVAILABLE.
     pub async fn close(&self) -> Result<(), DirError> {
-        let store = self.inner.write().await.store.take();
-        match store {
-            Some(s) => s.close().await,
-            None => Ok(()),
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
         }
+        self.raft
+            .shutdown()
+            .await
+            .map_err(|e| DirError::Storage(format!("raft did not stop cleanly: {e}")))
     }
 
     fn resolve_ttl(&self, requested: u64) -> Result<u64, DirError> {
@@ -197,6 +327,9 @@ impl Directory for DirectoryService {
         let ttl_ms = self.shared.resolve_ttl(req.lease_ttl_ms)?;
         let record = req.record.unwrap_or_default();
         let schemas = req.schemas;
+        // Syntax errors never reach the replicated log.
+        crate::validate::record(Some(&record))?;
+        crate::validate::schemas(&schemas)?;
         let a = self
             .shared
             .write(|now_ms| Command::Register {
@@ -225,6 +358,8 @@ impl Directory for DirectoryService {
         };
         let record = req.record.unwrap_or_default();
         let schemas = req.schemas;
+        crate::validate::record(Some(&record))?;
+        crate::validate::schemas(&schemas)?;
         let a = self
             .shared
             .write(|now_ms| Command::Update {
@@ -250,6 +385,7 @@ impl Directory for DirectoryService {
             );
         };
         let id = req.id;
+        crate::validate::id(kind, &id)?;
         let a = self.shared.write(|_| Command::Remove { kind, id }).await?;
         Ok(Response::new(pb::RemoveResponse { revision: a.revision }))
     }
@@ -301,8 +437,13 @@ impl Directory for DirectoryService {
     #[tracing::instrument(skip_all)]
     async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
         let q = SearchQuery::from_pb(req.get_ref())?;
-        let inner = self.shared.inner.read().await;
-        Ok(Response::new(inner.state.search(&q)))
+        if !req.get_ref().stale_ok {
+            if let Some(leader) = self.shared.read_barrier().await? {
+                return leader_client(&leader).await?.search(req.into_inner()).await;
+            }
+        }
+        let state = self.shared.sm.state.read().await;
+        Ok(Response::new(state.dir.search(&q)))
     }
 
     #[tracing::instrument(skip_all)]
@@ -310,13 +451,17 @@ impl Directory for DirectoryService {
         &self,
         req: Request<pb::GetSchemaRequest>,
     ) -> Result<Response<pb::GetSchemaResponse>, Status> {
+        if let Some(leader) = self.shared.read_barrier().await? {
+            return leader_client(&leader).await?.get_schema(req.into_inner()).await;
+        }
         let req = req.into_inner();
         let schema = self
             .shared
-            .inner
+            .sm
+            .state
             .read()
             .await
-            .state
+            .dir
             .get_schema(&req.name, req.version)?;
         Ok(Response::new(pb::GetSchemaResponse { schema: Some(schema) }))
     }
@@ -329,15 +474,15 @@ impl Directory for DirectoryService {
         let filter = RecordFilter::new(req.kind, &req.event_pattern)?;
         let from = req.from_revision;
         let (initial, current, changes) = {
-            let inner = self.shared.inner.read().await;
+            let state = self.shared.sm.state.read().await;
             // Subscribing under the read lock: every change after `current` reaches `changes`.
-            let changes = self.shared.changes.subscribe();
+            let changes = self.shared.sm.changes.subscribe();
             let initial = if from == 0 {
-                inner.state.snapshot(&filter)
+                state.dir.snapshot(&filter)
             } else {
-                inner.state.changes_since(from, &filter)?
+                state.dir.changes_since(from, &filter)?
             };
-            (initial, inner.state.revision(), changes)
+            (initial, state.dir.revision(), changes)
         };
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let watcher = Watcher {
@@ -367,20 +512,33 @@ impl Directory for DirectoryService {
         &self,
         _req: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        let inner = self.shared.inner.read().await;
-        let counts = inner.state.counts();
+        let m = self.shared.raft.metrics().borrow().clone();
+        let state = self.shared.sm.state.read().await;
+        let counts = state.dir.counts();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| pb::ClusterMember {
+                id: *id,
+                address: gma_core::addr::endpoint_uri(&node.api_addr),
+                leader: m.current_leader == Some(*id),
+                voter: voters.contains(id),
+            })
+            .collect();
         Ok(Response::new(pb::ClusterStatusResponse {
-            members: vec![pb::ClusterMember {
-                id: 1,
-                address: self.shared.advertised.clone(),
-                leader: true,
-            }],
-            leader_id: 1,
-            revision: inner.state.revision(),
+            members,
+            leader_id: m.current_leader.unwrap_or(0),
+            revision: state.dir.revision(),
             producers: counts.producers,
             consumers: counts.consumers,
             schemas: counts.schemas,
             leases: counts.leases,
+            node_id: self.shared.id,
+            term: m.current_term,
+            last_applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+            last_log: m.last_log_index.unwrap_or(0),
+            state: format!("{:?}", m.state),
         }))
     }
 }
@@ -454,10 +612,10 @@ impl Watcher {
     /// Delivers every change from `cursor` to the current revision from the history.
     async fn catch_up(&mut self) -> bool {
         let (events, current) = {
-            let inner = self.shared.inner.read().await;
+            let state = self.shared.sm.state.read().await;
             (
-                inner.state.changes_since(self.cursor, &self.filter),
-                inner.state.revision(),
+                state.dir.changes_since(self.cursor, &self.filter),
+                state.dir.revision(),
             )
         };
         match events {
@@ -493,7 +651,6 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Limits;
     use gma_core::event::dbl;
     use gma_proto::v1::record::Record as Body;
     use tokio_stream::StreamExt;
@@ -503,18 +660,16 @@ mod tests {
             history_limit,
             ..DirectoryConfig::new(dir)
         };
-        let limits = Limits {
-            max_records: config.max_records,
-            history_limit,
-        };
-        let (store, state) = Store::open(dir, limits).await.unwrap();
-        Arc::new(Shared::new(
-            config,
-            state,
-            store,
-            "http://127.0.0.1:1".into(),
-            capacity,
-        ))
+        let shared = crate::server::start_node_with(&config, "127.0.0.1:1", capacity)
+            .await
+            .unwrap();
+        shared
+            .raft
+            .wait(Some(std::time::Duration::from_secs(10)))
+            .current_leader(1, "single node leads")
+            .await
+            .unwrap();
+        shared
     }
 
     async fn register(shared: &Shared, i: usize) {

@@ -386,6 +386,25 @@ impl DirectoryState {
         Ok(s)
     }
 
+    /// Everything [`DirectoryState::restore`] needs to rebuild this state: its exact inverse
+    /// (`restore(limits, s.export())` behaves like `s`). Records, schemas and leases in key
+    /// order, history in revision order.
+    pub fn export(&self) -> Persisted {
+        Persisted {
+            records: self.records.values().cloned().collect(),
+            schemas: self.schemas.values().cloned().collect(),
+            leases: self
+                .leases
+                .iter()
+                .map(|(id, l)| (*id, l.ttl_ms, l.expires_at_ms))
+                .collect(),
+            history: self.history.iter().cloned().collect(),
+            revision: self.revision,
+            next_lease_id: self.next_lease_id,
+            compacted: self.compacted,
+        }
+    }
+
     /// Applies one command. On error the state is unchanged.
     pub fn apply(&mut self, cmd: Command) -> Result<Applied, DirError> {
         match cmd {
@@ -1017,7 +1036,7 @@ fn decode_token(token: &str) -> Result<RecordKey, DirError> {
 }
 
 /// Serde for prost messages: their protobuf encoding, as bytes.
-mod proto_serde {
+pub(crate) mod proto_serde {
     use std::fmt;
     use std::marker::PhantomData;
 

@@ -41,6 +41,8 @@ pub enum Command {
         #[command(subcommand)]
         command: SimCommand,
     },
+    /// Inspect and change the membership of a replicated directory.
+    Cluster(ClusterArgs),
     /// Everything on this machine: directory, host producer, simulated hosts; until Ctrl-C.
     Demo(DemoArgs),
     /// Benchmarks that print figures (throughput, latency percentiles, agent cost).
@@ -55,9 +57,61 @@ pub struct DirectoryArgs {
     /// Data directory (created if missing).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// TOML config file (keys: listen, data_dir, default_ttl_ms, min_ttl_ms, max_ttl_ms, ...).
+    /// This member's node id (>= 1; default 1). Never reuse the id of a wiped node.
+    #[arg(long)]
+    pub id: Option<u64>,
+    /// Initial members: ID=HOST:PORT,... (omit for a single-node directory).
+    #[arg(long)]
+    pub peers: Option<String>,
+    /// Initialize a new cluster from --peers (give it on one member only, once).
+    #[arg(long)]
+    pub init: bool,
+    /// TOML config file (keys: listen, data_dir, node_id, peers, init, default_ttl_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Members, leader, term and applied index, as each listed member sees them.
+    Status {
+        /// One or more members: ADDR[,ADDR...].
+        #[arg(long)]
+        directory: String,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Add a new member as a learner (it replicates but does not vote yet).
+    AddLearner {
+        #[arg(long)]
+        directory: String,
+        /// The new member's node id.
+        #[arg(long)]
+        id: u64,
+        /// The new member's HOST:PORT.
+        #[arg(long)]
+        address: String,
+    },
+    /// Make a learner a voter.
+    Promote {
+        #[arg(long)]
+        directory: String,
+        #[arg(long)]
+        id: u64,
+    },
+    /// Remove a member from the voters (and from the cluster).
+    Remove {
+        #[arg(long)]
+        directory: String,
+        #[arg(long)]
+        id: u64,
+    },
 }
 
 #[derive(Args, Debug)]

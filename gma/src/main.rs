@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod roles;
 mod tools;
 
@@ -49,6 +50,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Subscribe(a) => tools::subscribe(a).await,
         Query(a) => tools::query(a).await,
         Sim { command } => tools::sim(command).await,
+        Cluster(a) => cluster::run(a.command).await,
         Bench(a) => bench::run(a).await,
     }
 }

@@ -64,6 +64,15 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("give a data directory with --data DIR (or data_dir in --config)"))?;
     let mut config = cfg.take().unwrap_or_else(|| DirectoryConfig::new(data.clone()));
     config.data_dir = data;
+    if let Some(id) = a.id {
+        config.node_id = id;
+    }
+    if let Some(p) = &a.peers {
+        config.peers = p.clone();
+    }
+    if a.init {
+        config.init = true;
+    }
     let listen = a
         .listen
         .or(file_listen)

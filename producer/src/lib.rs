@@ -226,7 +226,7 @@ impl Producer {
         if let Some(dir) = &config.directory {
             let source = config.source.clone().unwrap_or_default();
             let reg = registrar::Registration {
-                directory: gma_core::addr::endpoint_uri(dir),
+                directory: dir.clone(),
                 id: config.id.clone().unwrap_or_else(|| {
                     format!(
                         "{source}@{}",

@@ -67,15 +67,40 @@ pub async fn run(reg: Registration, hub: Arc<Hub>, mut stop: watch::Receiver<boo
     }
 }
 
-async fn connect(uri: &str) -> Result<DirectoryClient<Channel>, String> {
-    let ch = Endpoint::from_shared(uri.to_string())
-        .map_err(|e| format!("bad directory address {uri}: {e}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to directory {uri}: {e}"))?;
-    Ok(DirectoryClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
+/// Connects to the first reachable member of `addrs` (`a:1,b:2`), starting after the one
+/// used last time so a dead member is not always tried first.
+async fn connect(addrs: &str) -> Result<DirectoryClient<Channel>, String> {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let list: Vec<&str> = addrs
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    if list.is_empty() {
+        return Err("no directory address given".into());
+    }
+    let start = NEXT.load(std::sync::atomic::Ordering::Relaxed);
+    let mut errors = Vec::new();
+    for i in 0..list.len() {
+        let k = (start + i) % list.len();
+        let uri = gma_core::addr::endpoint_uri(list[k]);
+        let ep =
+            Endpoint::from_shared(uri.clone()).map_err(|e| format!("bad directory address {uri}: {e}"))?;
+        match ep
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .connect()
+            .await
+        {
+            Ok(ch) => {
+                NEXT.store(k, std::sync::atomic::Ordering::Relaxed);
+                return Ok(DirectoryClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES));
+            }
+            Err(e) => errors.push(format!("{uri}: {e}")),
+        }
+    }
+    NEXT.store(start + 1, std::sync::atomic::Ordering::Relaxed);
+    Err(format!("cannot connect to the directory ({})", errors.join("; ")))
 }
 
 fn record(reg: &Registration, hub: &Hub) -> (pb::RegisterRequest, u64) {

@@ -8,5 +8,10 @@ pub mod v1 {
     tonic::include_proto!("gma.v1");
 }
 
+/// Internal RPCs of the replicated directory (raft, forwarding, membership).
+pub mod raft {
+    tonic::include_proto!("gma.raft.v1");
+}
+
 /// Interface version answered by every `Version` RPC.
 pub const INTERFACE_VERSION: &str = "gma.v1";

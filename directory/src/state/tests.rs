@@ -888,6 +888,86 @@ fn restore_rebuilds_the_same_state() {
 }
 
 #[test]
+fn export_is_the_inverse_of_restore() {
+    let all = RecordFilter::default();
+    let same = |a: &DirectoryState, b: &DirectoryState| {
+        assert_eq!(fingerprint(a), fingerprint(b));
+        assert_eq!(a.compacted(), b.compacted());
+        assert_eq!(a.next_expiry(), b.next_expiry());
+        assert_eq!(a.expiry, b.expiry);
+        assert_eq!(a.schemas, b.schemas);
+        assert_eq!(
+            a.changes_since(a.compacted() + 1, &all).unwrap(),
+            b.changes_since(b.compacted() + 1, &all).unwrap()
+        );
+    };
+    // A renewed lease (expiry moved), a removed record, a lease on two records.
+    let mut s = search_fixture();
+    s.apply(Command::KeepAlive {
+        lease_id: 2,
+        now_ms: T0 + 500,
+    })
+    .unwrap();
+    s.apply(Command::Remove {
+        kind: Kind::Producer,
+        id: "p3".into(),
+    })
+    .unwrap();
+    s.apply(Command::Register {
+        record: consumer("c2", &["host.cpu"]),
+        schemas: vec![],
+        lease_id: 1,
+        ttl_ms: 0,
+        now_ms: T0 + 600,
+    })
+    .unwrap();
+    let r = DirectoryState::restore(s.limits(), s.export()).unwrap();
+    same(&s, &r);
+
+    // Both evolve identically afterwards.
+    let next = vec![
+        register(producer("p9", &["host.cpu"]), vec![], 700, T0 + 700),
+        Command::KeepAlive {
+            lease_id: 1,
+            now_ms: T0 + 800,
+        },
+        Command::Expire { now_ms: T0 + 1500 },
+    ];
+    let (mut s2, mut r2) = (s.clone(), r);
+    for cmd in next {
+        assert_eq!(s2.apply(cmd.clone()), r2.apply(cmd));
+    }
+    same(&s2, &r2);
+
+    // Compacted history, and an empty directory whose history is all compacted.
+    let limits = Limits {
+        max_records: 100,
+        history_limit: 2,
+    };
+    let mut c = DirectoryState::new(limits);
+    for i in 0..4 {
+        c.apply(register(
+            producer(&format!("p{i}"), &["host.cpu"]),
+            vec![schema("host.cpu", 1)],
+            1000,
+            T0,
+        ))
+        .unwrap();
+    }
+    assert_eq!(c.compacted(), 2);
+    same(&c, &DirectoryState::restore(limits, c.export()).unwrap());
+    c.apply(Command::Expire { now_ms: T0 + 5000 }).unwrap();
+    assert_eq!(c.counts().leases, 0);
+    let r = DirectoryState::restore(limits, c.export()).unwrap();
+    same(&c, &r);
+    assert_eq!(r.next_lease_id(), c.next_lease_id());
+    same(
+        &DirectoryState::new(limits),
+        &DirectoryState::restore(limits, state().export()).unwrap(),
+    );
+}
+
+#[test]
 fn pattern_intersection() {
     for (a, b, want) in [
         ("host.*", "host.cpu", true),

@@ -1,0 +1,62 @@
+//! Raft type configuration of the replicated directory.
+//!
+//! The log carries [`Command`]s (each stamped with the leader's time); applying one yields a
+//! [`Reply`]. Node addresses travel inside the replicated membership as [`Node`].
+
+use std::fmt;
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::DirError;
+use crate::state::Command;
+
+pub type NodeId = u64;
+
+/// A member's addresses: `rpc_addr` for raft traffic, `api_addr` for the Directory service
+/// (both `host:port`; the same port serves both).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub rpc_addr: String,
+    pub api_addr: String,
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.api_addr)
+    }
+}
+
+/// What a successful command returns to its client.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub lease_id: u64,
+    pub ttl_ms: u64,
+    pub revision: u64,
+}
+
+/// The state machine's answer to one log entry: the command's result (a rejected command is
+/// still a committed entry; it just changed nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply(pub Result<Ack, DirError>);
+
+impl Default for Reply {
+    fn default() -> Self {
+        Reply(Ok(Ack::default()))
+    }
+}
+
+openraft::declare_raft_types!(
+    pub TypeConfig:
+        D = Command,
+        R = Reply,
+        NodeId = NodeId,
+        Node = Node,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type StorageError = openraft::StorageError<NodeId>;

@@ -1,0 +1,162 @@
+//! `gma cluster`: status and membership of a replicated directory.
+
+use anyhow::{anyhow, bail};
+use gma_proto::raft::raft_client::RaftClient;
+use gma_proto::raft::{AddLearnerRequest, ChangeMembershipRequest};
+use gma_proto::v1 as pb;
+
+use crate::cli::{ClusterCommand, Output};
+
+async fn status_of(addr: &str) -> anyhow::Result<pb::ClusterStatusResponse> {
+    let mut c = gma_consumer::directory::client(addr)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut req = tonic::Request::new(pb::ClusterStatusRequest {});
+    req.set_timeout(std::time::Duration::from_secs(3));
+    Ok(c.cluster_status(req)
+        .await
+        .map_err(|s| anyhow!("cluster status from {addr}: {}", s.message()))?
+        .into_inner())
+}
+
+/// The leader's address and the current voters, asked of the first member that knows.
+async fn leader(addrs: &str) -> anyhow::Result<(String, Vec<u64>, Vec<u64>)> {
+    let mut last = None;
+    for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        match status_of(addr).await {
+            Ok(s) => {
+                let Some(l) = s.members.iter().find(|m| m.id == s.leader_id) else {
+                    last = Some(anyhow!(
+                        "{addr} knows no leader (election in progress or no quorum)"
+                    ));
+                    continue;
+                };
+                let voters = s.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+                let all = s.members.iter().map(|m| m.id).collect();
+                return Ok((l.address.clone(), voters, all));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow!("give --directory ADDR[,ADDR...]")))
+}
+
+async fn raft_client(addr: &str) -> anyhow::Result<RaftClient<tonic::transport::Channel>> {
+    let ch = gma_consumer::connect(addr).await.map_err(|e| anyhow!("{e}"))?;
+    Ok(RaftClient::new(ch))
+}
+
+pub async fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
+    match cmd {
+        ClusterCommand::Status { directory, output } => {
+            let mut rows = Vec::new();
+            let mut errors = Vec::new();
+            for addr in directory.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                match status_of(addr).await {
+                    Ok(s) => rows.push((addr.to_string(), s)),
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            if rows.is_empty() {
+                bail!("no member answered: {}", errors.join("; "));
+            }
+            match output {
+                Output::Json => {
+                    let v: Vec<serde_json::Value> = rows
+                        .iter()
+                        .map(|(addr, s)| {
+                            serde_json::json!({
+                                "asked": addr, "node_id": s.node_id, "state": s.state, "leader_id": s.leader_id,
+                                "term": s.term, "last_applied": s.last_applied, "last_log": s.last_log,
+                                "revision": s.revision, "producers": s.producers, "consumers": s.consumers,
+                                "schemas": s.schemas, "leases": s.leases,
+                                "members": s.members.iter().map(|m| serde_json::json!({
+                                    "id": m.id, "address": m.address, "voter": m.voter, "leader": m.leader,
+                                })).collect::<Vec<_>>(),
+                            })
+                        })
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                }
+                Output::Table => {
+                    println!(
+                        "{:<22} {:>4} {:<10} {:>6} {:>5} {:>9} {:>9}  MEMBERS",
+                        "MEMBER", "ID", "STATE", "LEADER", "TERM", "APPLIED", "REVISION"
+                    );
+                    for (addr, s) in &rows {
+                        let members: Vec<String> = s
+                            .members
+                            .iter()
+                            .map(|m| {
+                                format!("{}={}{}", m.id, m.address, if m.voter { "" } else { "(learner)" })
+                            })
+                            .collect();
+                        println!(
+                            "{:<22} {:>4} {:<10} {:>6} {:>5} {:>9} {:>9}  {}",
+                            addr,
+                            s.node_id,
+                            s.state,
+                            s.leader_id,
+                            s.term,
+                            s.last_applied,
+                            s.revision,
+                            members.join(",")
+                        );
+                    }
+                }
+            }
+            for e in errors {
+                eprintln!("warning: {e}");
+            }
+            Ok(())
+        }
+        ClusterCommand::AddLearner {
+            directory,
+            id,
+            address,
+        } => {
+            let (leader, _, _) = leader(&directory).await?;
+            let r = raft_client(&leader)
+                .await?
+                .add_learner(AddLearnerRequest { id, address })
+                .await
+                .map_err(|s| anyhow!("add-learner: {}", s.message()))?
+                .into_inner();
+            println!("{}", r.message);
+            Ok(())
+        }
+        ClusterCommand::Promote { directory, id } => {
+            let (leader, mut voters, all) = leader(&directory).await?;
+            if !all.contains(&id) {
+                bail!("node {id} is not a member: add it with `gma cluster add-learner` first");
+            }
+            if voters.contains(&id) {
+                bail!("node {id} is already a voter");
+            }
+            voters.push(id);
+            change(&leader, voters, false).await
+        }
+        ClusterCommand::Remove { directory, id } => {
+            let (leader, voters, all) = leader(&directory).await?;
+            if !all.contains(&id) {
+                bail!("node {id} is not a member");
+            }
+            let rest: Vec<u64> = voters.into_iter().filter(|v| *v != id).collect();
+            if rest.is_empty() {
+                bail!("cannot remove the last voter");
+            }
+            change(&leader, rest, false).await
+        }
+    }
+}
+
+async fn change(leader: &str, voters: Vec<u64>, retain: bool) -> anyhow::Result<()> {
+    let r = raft_client(leader)
+        .await?
+        .change_membership(ChangeMembershipRequest { voters, retain })
+        .await
+        .map_err(|s| anyhow!("change membership: {}", s.message()))?
+        .into_inner();
+    println!("{}", r.message);
+    Ok(())
+}
