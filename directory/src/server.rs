@@ -232,7 +232,7 @@ pub(crate) async fn start_node_with(
         election_timeout_min: config.election_min_ms,
         election_timeout_max: config.election_max_ms,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
-        max_in_snapshot_log_to_keep: 1000,
+        max_in_snapshot_log_to_keep: config.snapshot_logs.min(1000),
         ..Default::default()
     }
     .validate()

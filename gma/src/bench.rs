@@ -34,6 +34,11 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             rate,
             output,
         } => stream(duration, rate, output).await,
+        BenchScenario::Directory {
+            duration,
+            trials,
+            output,
+        } => crate::bench_dir::run(duration, trials, output).await,
         BenchScenario::Agent {
             duration,
             period_ms,
@@ -42,12 +47,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 /// (utime + stime) in seconds of a process, and its RSS in MiB, from /proc.
-fn proc_usage(pid: &str) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn proc_usage(pid: &str) -> anyhow::Result<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("cannot read /proc stat")?;
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let rest = stat

@@ -119,7 +119,7 @@ pub struct ProducerArgs {
     /// Listen address, e.g. 127.0.0.1:7001.
     #[arg(long)]
     pub listen: Option<String>,
-    /// Directory address to register with (omit to run standalone).
+    /// Directory address(es) to register with, ADDR[,ADDR...] (omit to run standalone).
     #[arg(long)]
     pub directory: Option<String>,
     /// Source name for this host's events (default: host name).
@@ -161,6 +161,10 @@ pub struct SearchArgs {
     /// Search consumer records instead of producers.
     #[arg(long)]
     pub consumers: bool,
+    /// Answer from the member asked, without confirming with the leader (may be slightly
+    /// stale; scales reads across members).
+    #[arg(long)]
+    pub stale_ok: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub output: Output,
 }
@@ -249,6 +253,18 @@ pub enum BenchScenario {
         /// Events per second for the latency phase.
         #[arg(long, default_value_t = 10_000)]
         rate: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The directory, 1 and 3 nodes (real processes): registrations/s at 1 and 64 clients,
+    /// Search and Watch latency percentiles, leader failover time.
+    Directory {
+        /// Seconds per throughput phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Leader failover trials (3 nodes).
+        #[arg(long, default_value_t = 10)]
+        trials: u32,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

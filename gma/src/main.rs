@@ -1,6 +1,7 @@
 //! `gma`: the one operator binary. Thin: parse flags, set up logging, call the role libraries.
 
 mod bench;
+mod bench_dir;
 mod cli;
 mod cluster;
 mod roles;

@@ -41,6 +41,7 @@ pub async fn search(a: SearchArgs) -> anyhow::Result<()> {
             a.pattern.clone()
         },
         source: a.source.clone().unwrap_or_default(),
+        stale_ok: a.stale_ok,
         ..Default::default()
     };
     let (entries, _) = directory::search_all(&mut client, req).await.map_err(rpc_err)?;

@@ -53,6 +53,13 @@ impl Cluster {
 
     fn spawn(&self, i: usize, init: bool) -> Proc {
         let data = self.tmp.path().join(format!("n{}", i + 1));
+        // Small snapshots, so a member that was down catches up by snapshot, not by log.
+        let cfg = self.tmp.path().join(format!("n{}.toml", i + 1));
+        std::fs::write(
+            &cfg,
+            format!("data_dir = {:?}\nsnapshot_logs = 50\n", data.to_str().unwrap()),
+        )
+        .unwrap();
         let id = (i + 1).to_string();
         let mut args = vec![
             "directory",
@@ -60,8 +67,8 @@ impl Cluster {
             &id,
             "--listen",
             &self.addrs[i],
-            "--data",
-            data.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
             "--peers",
             &self.peers,
         ];
@@ -378,4 +385,164 @@ fn crash_loop_restarts_and_converges() {
         wait_until(Duration::from_secs(30), agree),
         "nodes disagree after the crash loop: {states:?}"
     );
+}
+
+#[test]
+fn a_watch_resumes_on_another_member_without_gaps_or_duplicates() {
+    let rt = Runtime::new().unwrap();
+    let mut c = Cluster::start(3);
+    let l = leader(&rt, &c, Duration::from_secs(30)).expect("a leader is elected");
+    let (acked, stop) = writer(&rt, c.all());
+    assert!(wait_until(Duration::from_secs(30), || acked
+        .lock()
+        .unwrap()
+        .len()
+        >= 20));
+    // Watch on the leader, then kill it: the watcher moves to a survivor and resumes from its
+    // last revision.
+    let order: Vec<String> = std::iter::once(c.addrs[l].clone())
+        .chain(
+            c.addrs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != l)
+                .map(|(_, a)| a.clone()),
+        )
+        .collect();
+    let seen = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let synced_at = Arc::new(Mutex::new(None::<u64>));
+    let moves = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let (seen, synced_at, moves) = (seen.clone(), synced_at.clone(), moves.clone());
+        rt.spawn(async move {
+            let mut next_from = 0u64;
+            let mut k = 0usize;
+            loop {
+                let addr = &order[k % order.len()];
+                k += 1;
+                let Ok(mut cl) = gma_consumer::directory::client(addr).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let Ok(s) = cl
+                    .watch(pb::WatchRequest {
+                        from_revision: next_from,
+                        ..Default::default()
+                    })
+                    .await
+                else {
+                    continue;
+                };
+                let mut s = s.into_inner();
+                while let Ok(Some(ev)) = s.message().await {
+                    if ev.r#type == pb::WatchEventType::Synced as i32 {
+                        synced_at.lock().unwrap().get_or_insert(ev.revision);
+                        next_from = next_from.max(ev.revision + 1);
+                        continue;
+                    }
+                    if synced_at.lock().unwrap().is_some() {
+                        seen.lock().unwrap().push(ev.revision);
+                        next_from = ev.revision + 1;
+                    }
+                }
+                moves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+    }
+    assert!(wait_until(Duration::from_secs(20), || seen.lock().unwrap().len() >= 20));
+    c.kill(l);
+    leader(&rt, &c, Duration::from_secs(30)).expect("a new leader is elected");
+    let n = acked.lock().unwrap().len();
+    assert!(wait_until(Duration::from_secs(30), || acked
+        .lock()
+        .unwrap()
+        .len()
+        >= n + 30));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    let survivor = c.addrs[c.live()[0]].clone();
+    let mut last_rev = 0;
+    assert!(wait_until(Duration::from_secs(20), || {
+        last_rev = rt.block_on(status(&survivor)).map(|s| s.revision).unwrap_or(0);
+        seen.lock().unwrap().last() == Some(&last_rev)
+    }));
+    assert!(
+        moves.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the watcher never moved"
+    );
+    let seen = seen.lock().unwrap().clone();
+    let first = synced_at.lock().unwrap().unwrap() + 1;
+    let want: Vec<u64> = (first..=last_rev).collect();
+    assert_eq!(seen, want, "every change once, in order, across the move");
+}
+
+#[test]
+fn membership_changes_at_runtime() {
+    let rt = Runtime::new().unwrap();
+    let mut c = Cluster::start(3);
+    leader(&rt, &c, Duration::from_secs(30)).expect("a leader is elected");
+    rt.block_on(register(&c.all(), "before-join", 600_000)).unwrap();
+    // A fourth member starts knowing the cluster (so it does not initialize itself) ...
+    let a4 = format!("127.0.0.1:{}", free_port());
+    c.peers = format!("{},4={a4}", c.peers);
+    c.addrs.push(a4.clone());
+    let p4 = c.spawn(3, false);
+    c.nodes.push(Some(p4));
+    let all = c.all();
+    // ... is added as a learner, catches up, is promoted, then removed.
+    let r = gma(
+        &[
+            "cluster",
+            "add-learner",
+            "--directory",
+            &all,
+            "--id",
+            "4",
+            "--address",
+            &a4,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(wait_until(Duration::from_secs(20), || rt
+        .block_on(ids_on(&a4))
+        .is_some_and(|ids| ids.contains("before-join"))));
+    let r = gma(
+        &["cluster", "promote", "--directory", &all, "--id", "4"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let voters = |addr: &str| {
+        rt.block_on(status(addr))
+            .map(|s| {
+                s.members
+                    .iter()
+                    .filter(|m| m.voter)
+                    .map(|m| m.id)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    assert!(wait_until(Duration::from_secs(20), || voters(&a4) == vec![1, 2, 3, 4]));
+    let r = gma(
+        &["cluster", "status", "--directory", &all, "--output", "json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 4);
+    let r = gma(
+        &["cluster", "remove", "--directory", &all, "--id", "4"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(wait_until(Duration::from_secs(20), || voters(&c.addrs[0]) == vec![1, 2, 3]));
+    // Bad requests are refused clearly.
+    let r = gma(
+        &["cluster", "promote", "--directory", &all, "--id", "9"],
+        Duration::from_secs(30),
+    );
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("not a member"), "{}", r.stderr);
+    rt.block_on(register(&c.all(), "after-remove", 600_000)).unwrap();
 }
