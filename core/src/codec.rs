@@ -141,7 +141,7 @@ pub struct EventRef<'a> {
     pub strings: &'a [String],
 }
 
-impl EventRef<'_> {
+impl<'a> EventRef<'a> {
     pub fn to_json(&self) -> String {
         to_json(
             &self.series.name,
@@ -161,6 +161,20 @@ impl EventRef<'_> {
             if f.r#type() != pb::FieldType::String {
                 if f.name == field {
                     return self.numbers.get(i).copied();
+                }
+                i += 1;
+            }
+        }
+        None
+    }
+
+    /// The value of the string field `field`, if the schema has it.
+    pub fn text(&self, field: &str) -> Option<&'a str> {
+        let mut i = 0;
+        for f in self.series.fields.iter() {
+            if f.r#type() == pb::FieldType::String {
+                if f.name == field {
+                    return self.strings.get(i).map(String::as_str);
                 }
                 i += 1;
             }
@@ -373,6 +387,8 @@ mod tests {
         let e2 = dec.decode(&b2).unwrap();
         assert_eq!(e2[0].numbers, vec![5.0, 6.0]);
         assert_eq!(e2[0].as_ref().number("tx"), Some(6.0));
+        assert_eq!(e2[0].as_ref().text("iface"), Some("eth0"));
+        assert_eq!(e2[0].as_ref().text("rx"), None);
         // Replaying an old batch is a seq error.
         assert!(dec.decode(&b1).is_err());
     }

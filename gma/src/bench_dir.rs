@@ -1,7 +1,817 @@
-//! `gma bench directory` (being written).
+//! `gma bench directory`: the replicated directory with real `gma directory` processes on
+//! 127.0.0.1, 1 node and then 3 nodes, each on fresh temporary data directories.
+//!
+//! Per node count, in order:
+//! - registrations/s with 60 s leases and unique ids, at 1 client and at 64 concurrent clients
+//!   (64 tasks over 8 shared HTTP/2 channels), each for `duration` seconds, clients on the
+//!   leader; acked/s and per-request latency percentiles of the acked requests;
+//! - Search latency: 2,000 linearizable Searches by exact id (`single`) on the leader, and
+//!   2,000 `stale_ok` Searches on a follower (on the node itself with 1 node), after 100
+//!   unrecorded warm-up requests each;
+//! - Watch latency: a watcher (on a follower with 3 nodes) from revision 0, after SYNCED; one
+//!   writer on the leader registers 1,000 records at one per 2 ms, each carrying its send time
+//!   in `attributes["t_ns"]`; latency = receive time - t_ns;
+//! - 3 nodes: leader failover over `trials` trials: kill -9 the leader, then register (a new id
+//!   per try, alternating between the two survivors, 1 s per-request timeout, retrying at once)
+//!   until one write is acked; time = kill -> first acked write. The killed node is restarted on
+//!   the same port, data and id and every member agrees on a leader before the next trial;
+//! - CPU seconds and peak RSS of each directory process over the whole run (sampled from /proc
+//!   every 250 ms; a killed incarnation counts up to its last sample).
+//!
+//! Every child process is killed when the run ends, also on error (`kill_on_drop`).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use gma_core::time::now_ns;
+use gma_proto::v1 as pb;
+use hdrhistogram::Histogram;
+use pb::directory_client::DirectoryClient;
+use tokio::io::AsyncBufReadExt;
+use tokio::process::Child;
+use tonic::transport::Channel;
+
+use crate::bench::{cores, proc_usage};
 use crate::cli::Output;
 
-pub async fn run(_duration: u64, _trials: u32, _output: Output) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+type DirClient = DirectoryClient<Channel>;
+
+/// Lease TTL of every benchmark registration.
+const TTL_MS: u64 = 60_000;
+/// Concurrent clients of the second throughput phase, and the channels they share.
+const CLIENTS: usize = 64;
+const CHANNELS: usize = 8;
+/// Searches per kind, after the unrecorded warm-up ones.
+const SEARCHES: usize = 2_000;
+const SEARCH_WARMUP: usize = 100;
+/// Records registered while a watcher measures, and their pace.
+const WATCH_RECORDS: usize = 1_000;
+const WATCH_PERIOD: Duration = Duration::from_millis(2);
+/// The per-request timeout of the failover writer.
+const FAILOVER_TRY: Duration = Duration::from_secs(1);
+/// Longest wait for a node to listen, a leader to be agreed on, a failover write to land.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+const SCHEMA: &str = "bench.dir";
+
+pub async fn run(duration: u64, trials: u32, output: Output) -> anyhow::Result<()> {
+    if duration == 0 {
+        bail!("--duration must be positive");
+    }
+    for nodes in [1usize, 3] {
+        let f = scenario(nodes, Duration::from_secs(duration), trials)
+            .await
+            .with_context(|| format!("directory benchmark with {nodes} node(s)"))?;
+        print(&f, output);
+    }
+    Ok(())
+}
+
+/// CPU and memory of one member slot across its incarnations.
+#[derive(Default, Clone)]
+struct Usage {
+    pid: Option<String>,
+    /// CPU seconds of earlier (killed) incarnations, at their last sample.
+    cpu_done: f64,
+    /// CPU seconds of the current incarnation at its last sample.
+    cpu_now: f64,
+    peak_rss: f64,
+}
+
+impl Usage {
+    fn sample(&mut self) {
+        if let Some(pid) = &self.pid {
+            if let Ok((cpu, rss)) = proc_usage(pid) {
+                self.cpu_now = cpu;
+                self.peak_rss = self.peak_rss.max(rss);
+            }
+        }
+    }
+
+    fn cpu(&self) -> f64 {
+        self.cpu_done + self.cpu_now
+    }
+}
+
+type UsageTable = Arc<Mutex<Vec<Usage>>>;
+
+fn with_usage<R>(u: &UsageTable, f: impl FnOnce(&mut Vec<Usage>) -> R) -> R {
+    let mut g = u.lock().unwrap_or_else(|p| p.into_inner());
+    f(&mut g)
+}
+
+/// `gma directory` member processes. Field order matters: the children (killed on drop) go
+/// before the temporary directory holding their data.
+struct Cluster {
+    nodes: Vec<Option<Child>>,
+    addrs: Vec<String>,
+    peers: Option<String>,
+    usage: UsageTable,
+    sampler: tokio::task::JoinHandle<()>,
+    tmp: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.sampler.abort();
+        for c in self.nodes.iter_mut().flatten() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")
+        .context("cannot find a free port")?
+        .local_addr()?
+        .port())
+}
+
+impl Cluster {
+    async fn start(n: usize) -> anyhow::Result<Cluster> {
+        let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
+        let addrs = (0..n)
+            .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let peers = (n > 1).then(|| {
+            addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("{}={a}", i + 1))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        let usage: UsageTable = Arc::new(Mutex::new(vec![Usage::default(); n]));
+        let sampler = {
+            let usage = usage.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    with_usage(&usage, |u| u.iter_mut().for_each(Usage::sample));
+                }
+            })
+        };
+        let mut c = Cluster {
+            nodes: (0..n).map(|_| None).collect(),
+            addrs,
+            peers,
+            usage,
+            sampler,
+            tmp,
+        };
+        for i in 0..n {
+            c.spawn(i, n > 1 && i == 0).await?;
+        }
+        Ok(c)
+    }
+
+    /// Starts member `i` (node id i + 1) and waits until it listens.
+    async fn spawn(&mut self, i: usize, init: bool) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("cannot find the gma binary")?;
+        let data = self.tmp.path().join(format!("n{}", i + 1));
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.arg("directory")
+            .args(["--id", &(i + 1).to_string(), "--listen", &self.addrs[i]])
+            .arg("--data")
+            .arg(&data);
+        if let Some(p) = &self.peers {
+            cmd.args(["--peers", p]);
+        }
+        if init {
+            cmd.arg("--init");
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start directory node {}", i + 1))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("directory node {} exited at once", i + 1))?
+            .to_string();
+        let stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| anyhow!("no stderr from directory node {}", i + 1))?;
+        // Owned from here: killed on drop if it does not come up.
+        self.nodes[i] = Some(child);
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            let line = match tokio::time::timeout_at(deadline, lines.next_line()).await {
+                Err(_) => bail!(
+                    "directory node {} did not listen within {:?}; stderr: {}",
+                    i + 1,
+                    START_TIMEOUT,
+                    seen.join(" | ")
+                ),
+                Ok(Err(e)) => bail!("cannot read the stderr of directory node {}: {e}", i + 1),
+                Ok(Ok(None)) => bail!(
+                    "directory node {} exited before listening; stderr: {}",
+                    i + 1,
+                    seen.join(" | ")
+                ),
+                Ok(Ok(Some(l))) => l,
+            };
+            if line.starts_with("gma directory listening on ") {
+                break;
+            }
+            seen.push(line);
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        with_usage(&self.usage, |u| {
+            u[i].pid = Some(pid);
+            u[i].cpu_now = 0.0;
+            u[i].sample();
+        });
+        Ok(())
+    }
+
+    /// Takes member `i` out for killing: its usage is sampled one last time first.
+    fn take_for_kill(&mut self, i: usize) -> anyhow::Result<Child> {
+        with_usage(&self.usage, |u| {
+            u[i].sample();
+            u[i].cpu_done += u[i].cpu_now;
+            u[i].cpu_now = 0.0;
+            u[i].pid = None;
+        });
+        self.nodes[i]
+            .take()
+            .ok_or_else(|| anyhow!("directory node {} is not running", i + 1))
+    }
+
+    /// Kills every member and returns (CPU seconds, peak RSS MiB) per member.
+    async fn stop(mut self) -> (Vec<f64>, Vec<f64>) {
+        for i in 0..self.nodes.len() {
+            if let Ok(mut c) = self.take_for_kill(i) {
+                let _ = c.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
+            }
+        }
+        with_usage(&self.usage, |u| {
+            (
+                u.iter().map(Usage::cpu).collect(),
+                u.iter().map(|x| x.peak_rss).collect(),
+            )
+        })
+    }
+
+    fn cpu_total(&self) -> f64 {
+        with_usage(&self.usage, |u| {
+            u.iter_mut().for_each(Usage::sample);
+            u.iter().map(Usage::cpu).sum()
+        })
+    }
+
+    fn live(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].is_some())
+            .collect()
+    }
+
+    /// The leader's index once every live member reports the same live leader.
+    async fn agreed_leader(&self, timeout: Duration) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut ids = Vec::new();
+            for i in self.live() {
+                ids.push(status(&self.addrs[i]).await.map(|s| s.leader_id).unwrap_or(0));
+            }
+            if let Some(&first) = ids.first() {
+                let idx = (first as usize).wrapping_sub(1);
+                if first != 0 && ids.iter().all(|x| *x == first) && self.live().contains(&idx) {
+                    return Ok(idx);
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!("the members did not agree on a leader within {timeout:?} (leader ids seen: {ids:?})");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn status(addr: &str) -> Option<pb::ClusterStatusResponse> {
+    let mut c = tokio::time::timeout(Duration::from_secs(2), dir_client(addr))
+        .await
+        .ok()?
+        .ok()?;
+    let mut req = tonic::Request::new(pb::ClusterStatusRequest {});
+    req.set_timeout(Duration::from_secs(2));
+    Some(c.cluster_status(req).await.ok()?.into_inner())
+}
+
+async fn dir_client(addr: &str) -> anyhow::Result<DirClient> {
+    let ch = gma_consumer::connect(addr)
+        .await
+        .map_err(|e| anyhow!("cannot connect to the directory at {addr}: {e}"))?;
+    Ok(DirectoryClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
+}
+
+fn schema() -> pb::EventSchema {
+    pb::EventSchema {
+        name: SCHEMA.into(),
+        version: 1,
+        fields: vec![gma_core::event::dbl("v", "", "")],
+        description: "directory benchmark".into(),
+    }
+}
+
+/// A producer registration with a 60 s lease; the schema goes with every request.
+fn register_req(id: String, attributes: HashMap<String, String>) -> pb::RegisterRequest {
+    pb::RegisterRequest {
+        record: Some(pb::Record {
+            record: Some(pb::record::Record::Producer(pb::ProducerRecord {
+                id,
+                address: "http://127.0.0.1:9".into(),
+                events: vec![SCHEMA.into()],
+                attributes,
+                ..Default::default()
+            })),
+        }),
+        schemas: vec![schema()],
+        lease_ttl_ms: TTL_MS,
+    }
+}
+
+fn histogram() -> anyhow::Result<Histogram<u64>> {
+    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).context("cannot create a histogram")
+}
+
+fn micros(d: Duration) -> u64 {
+    (d.as_micros() as u64).max(1)
+}
+
+fn rpc_err(what: &str, s: &tonic::Status) -> anyhow::Error {
+    anyhow!("{what}: {:?}: {}", s.code(), s.message())
+}
+
+struct RegFigures {
+    acked: u64,
+    errors: u64,
+    last_error: Option<String>,
+    seconds: f64,
+    cpu_cores: f64,
+    latency: Histogram<u64>,
+    /// Ids acked by client 0, for the Search phase.
+    ids: Vec<String>,
+}
+
+impl RegFigures {
+    fn per_s(&self) -> f64 {
+        self.acked as f64 / self.seconds
+    }
+}
+
+struct ClientResult {
+    acked: u64,
+    errors: u64,
+    last_error: Option<String>,
+    latency: Histogram<u64>,
+    ids: Vec<String>,
+}
+
+/// `clients` concurrent register loops on `addr` (sharing up to 8 channels) for `duration`.
+async fn register_phase(
+    cluster: &Cluster,
+    addr: &str,
+    clients: usize,
+    duration: Duration,
+    prefix: &str,
+) -> anyhow::Result<RegFigures> {
+    let mut channels = Vec::new();
+    for _ in 0..clients.clamp(1, CHANNELS) {
+        channels.push(dir_client(addr).await?);
+    }
+    let cpu0 = cluster.cpu_total();
+    let t0 = Instant::now();
+    let deadline = t0 + duration;
+    let mut set = tokio::task::JoinSet::new();
+    for k in 0..clients {
+        let mut c = channels[k % channels.len()].clone();
+        let prefix = format!("{prefix}-{k}-");
+        let mut r = ClientResult {
+            acked: 0,
+            errors: 0,
+            last_error: None,
+            latency: histogram()?,
+            ids: Vec::new(),
+        };
+        set.spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                n += 1;
+                let id = format!("{prefix}{n}");
+                let t = Instant::now();
+                match c.register(register_req(id.clone(), HashMap::new())).await {
+                    Ok(_) => {
+                        let _ = r.latency.record(micros(t.elapsed()));
+                        r.acked += 1;
+                        if k == 0 && r.ids.len() < SEARCHES {
+                            r.ids.push(id);
+                        }
+                    }
+                    Err(s) => {
+                        r.errors += 1;
+                        r.last_error = Some(format!("{:?}: {}", s.code(), s.message()));
+                    }
+                }
+            }
+            r
+        });
+    }
+    let mut f = RegFigures {
+        acked: 0,
+        errors: 0,
+        last_error: None,
+        seconds: 0.0,
+        cpu_cores: 0.0,
+        latency: histogram()?,
+        ids: Vec::new(),
+    };
+    while let Some(r) = set.join_next().await {
+        let r = r.context("a register client task failed")?;
+        f.acked += r.acked;
+        f.errors += r.errors;
+        if r.last_error.is_some() {
+            f.last_error = r.last_error;
+        }
+        f.latency
+            .add(&r.latency)
+            .context("cannot merge latency histograms")?;
+        f.ids.extend(r.ids);
+    }
+    f.seconds = t0.elapsed().as_secs_f64();
+    f.cpu_cores = (cluster.cpu_total() - cpu0) / f.seconds;
+    if f.acked == 0 {
+        bail!(
+            "no registration acked at {clients} client(s) on {addr} ({} errors, last: {})",
+            f.errors,
+            f.last_error.as_deref().unwrap_or("none")
+        );
+    }
+    Ok(f)
+}
+
+/// 2,000 Searches by exact id on `addr` (after the warm-up), each answering one record.
+async fn search_phase(addr: &str, ids: &[String], stale_ok: bool) -> anyhow::Result<Histogram<u64>> {
+    if ids.is_empty() {
+        bail!("no registered ids to search for");
+    }
+    let mut c = dir_client(addr).await?;
+    let mut h = histogram()?;
+    for i in 0..SEARCH_WARMUP + SEARCHES {
+        let id = &ids[i % ids.len()];
+        let req = pb::SearchRequest {
+            kind: pb::RecordKind::Producer as i32,
+            id: id.clone(),
+            single: true,
+            stale_ok,
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let r = c
+            .search(req)
+            .await
+            .map_err(|s| rpc_err(&format!("search for {id} on {addr}"), &s))?
+            .into_inner();
+        let us = micros(t.elapsed());
+        if r.entries.len() != 1 {
+            bail!(
+                "search for {id} on {addr} answered {} records, not 1",
+                r.entries.len()
+            );
+        }
+        if i >= SEARCH_WARMUP {
+            let _ = h.record(us);
+        }
+    }
+    Ok(h)
+}
+
+/// Watch latency: watcher on `watch_addr`, one writer on `write_addr`.
+async fn watch_phase(watch_addr: &str, write_addr: &str) -> anyhow::Result<Histogram<u64>> {
+    let mut w = dir_client(watch_addr).await?;
+    let mut stream = w
+        .watch(pb::WatchRequest {
+            from_revision: 0,
+            kind: pb::RecordKind::Producer as i32,
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| rpc_err(&format!("watch on {watch_addr}"), &s))?
+        .into_inner();
+    // Skip the initial snapshot.
+    let synced = async {
+        loop {
+            match stream.message().await {
+                Ok(Some(ev)) if ev.r#type == pb::WatchEventType::Synced as i32 => return Ok(()),
+                Ok(Some(_)) => {}
+                Ok(None) => bail!("the watch on {watch_addr} ended before SYNCED"),
+                Err(s) => return Err(rpc_err(&format!("watch on {watch_addr}"), &s)),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), synced)
+        .await
+        .context("the watch did not reach SYNCED within 60 s")??;
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let watcher = {
+        let seen = seen.clone();
+        let watch_addr = watch_addr.to_string();
+        let mut h = histogram()?;
+        tokio::spawn(async move {
+            while seen.load(std::sync::atomic::Ordering::Relaxed) < WATCH_RECORDS {
+                let ev = match stream.message().await {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) => bail!("the watch on {watch_addr} ended"),
+                    Err(s) => return Err(rpc_err(&format!("watch on {watch_addr}"), &s)),
+                };
+                let now = now_ns();
+                if ev.r#type != pb::WatchEventType::Put as i32 {
+                    continue;
+                }
+                let Some(p) = ev.entry.and_then(gma_consumer::directory::producer_of) else {
+                    continue;
+                };
+                if !p.id.starts_with("w-") {
+                    continue;
+                }
+                let Some(t) = p.attributes.get("t_ns").and_then(|v| v.parse::<i64>().ok()) else {
+                    bail!("watched record {} has no t_ns attribute", p.id);
+                };
+                let _ = h.record(((now - t).max(1000) / 1000) as u64);
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(h)
+        })
+    };
+    let c = dir_client(write_addr).await?;
+    let mut writes = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::interval(WATCH_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for n in 0..WATCH_RECORDS {
+        tick.tick().await;
+        let mut c = c.clone();
+        writes.spawn(async move {
+            let attributes = HashMap::from([("t_ns".to_string(), now_ns().to_string())]);
+            c.register(register_req(format!("w-{n}"), attributes)).await
+        });
+    }
+    while let Some(r) = writes.join_next().await {
+        r.context("a watch writer task failed")?
+            .map_err(|s| rpc_err(&format!("register on {write_addr}"), &s))?;
+    }
+    match tokio::time::timeout(Duration::from_secs(30), watcher).await {
+        Ok(r) => r.context("the watcher task failed")?,
+        Err(_) => bail!(
+            "the watcher saw {} of {WATCH_RECORDS} registrations within 30 s of the last write",
+            seen.load(std::sync::atomic::Ordering::Relaxed)
+        ),
+    }
+}
+
+/// Leader failover: kill -9 the leader, time until a survivor acks a write; restart it.
+async fn failover(cluster: &mut Cluster, trials: u32) -> anyhow::Result<Vec<f64>> {
+    let mut samples = Vec::new();
+    for trial in 0..trials {
+        let l = cluster
+            .agreed_leader(LEADER_TIMEOUT)
+            .await
+            .with_context(|| format!("before failover trial {}", trial + 1))?;
+        let mut survivors = Vec::new();
+        for i in (0..cluster.addrs.len()).filter(|i| *i != l) {
+            survivors.push(dir_client(&cluster.addrs[i]).await?);
+        }
+        let mut child = cluster.take_for_kill(l)?;
+        let t0 = Instant::now();
+        child
+            .start_kill()
+            .with_context(|| format!("cannot kill directory node {}", l + 1))?;
+        let mut n = 0usize;
+        let mut last = String::new();
+        loop {
+            if t0.elapsed() > FAILOVER_TIMEOUT {
+                bail!(
+                    "failover trial {}: no write acked within {FAILOVER_TIMEOUT:?} after killing leader node {} (last error: {last})",
+                    trial + 1,
+                    l + 1
+                );
+            }
+            let mut c = survivors[n % survivors.len()].clone();
+            n += 1;
+            let mut req = tonic::Request::new(register_req(format!("f{trial}-{n}"), HashMap::new()));
+            req.set_timeout(FAILOVER_TRY);
+            match tokio::time::timeout(FAILOVER_TRY, c.register(req)).await {
+                Ok(Ok(_)) => break,
+                Ok(Err(s)) => last = format!("{:?}: {}", s.code(), s.message()),
+                Err(_) => last = format!("no answer within {FAILOVER_TRY:?}"),
+            }
+        }
+        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+        tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .with_context(|| format!("killed node {} did not exit", l + 1))?
+            .with_context(|| format!("cannot reap killed node {}", l + 1))?;
+        cluster
+            .spawn(l, false)
+            .await
+            .with_context(|| format!("restarting node {} after failover trial {}", l + 1, trial + 1))?;
+        cluster
+            .agreed_leader(LEADER_TIMEOUT)
+            .await
+            .with_context(|| format!("after restarting node {} (trial {})", l + 1, trial + 1))?;
+    }
+    Ok(samples)
+}
+
+struct Figures {
+    nodes: usize,
+    duration_s: u64,
+    reg1: RegFigures,
+    reg64: RegFigures,
+    search_lin: Histogram<u64>,
+    search_stale: Histogram<u64>,
+    watch: Histogram<u64>,
+    failover_ms: Option<Vec<f64>>,
+    cpu_s: Vec<f64>,
+    rss_mb: Vec<f64>,
+    seconds: f64,
+}
+
+async fn scenario(nodes: usize, duration: Duration, trials: u32) -> anyhow::Result<Figures> {
+    let t0 = Instant::now();
+    let mut cluster = Cluster::start(nodes).await.context("starting the directory")?;
+    let l = cluster
+        .agreed_leader(LEADER_TIMEOUT)
+        .await
+        .context("electing a leader")?;
+    let leader = cluster.addrs[l].clone();
+    // A follower for stale reads and the watcher (the node itself with one node).
+    let follower = (0..nodes)
+        .find(|i| *i != l)
+        .map(|i| cluster.addrs[i].clone())
+        .unwrap_or_else(|| leader.clone());
+    let reg1 = register_phase(&cluster, &leader, 1, duration, "r1")
+        .await
+        .context("registrations at 1 client")?;
+    let reg64 = register_phase(&cluster, &leader, CLIENTS, duration, "r64")
+        .await
+        .context("registrations at 64 clients")?;
+    let search_lin = search_phase(&leader, &reg1.ids, false)
+        .await
+        .context("linearizable searches on the leader")?;
+    let search_stale = search_phase(&follower, &reg1.ids, true)
+        .await
+        .context("stale_ok searches")?;
+    let watch = watch_phase(&follower, &leader).await.context("watch latency")?;
+    let failover_ms = if nodes > 1 && trials > 0 {
+        Some(failover(&mut cluster, trials).await.context("leader failover")?)
+    } else {
+        None
+    };
+    let (cpu_s, rss_mb) = cluster.stop().await;
+    Ok(Figures {
+        nodes,
+        duration_s: duration.as_secs(),
+        reg1,
+        reg64,
+        search_lin,
+        search_stale,
+        watch,
+        failover_ms,
+        cpu_s,
+        rss_mb,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+fn pct(h: &Histogram<u64>) -> serde_json::Value {
+    serde_json::json!({"p50": ms(h, 0.5), "p99": ms(h, 0.99), "max": h.max() as f64 / 1000.0, "samples": h.len()})
+}
+
+/// (median, p90 by nearest rank, max) of unsorted samples.
+fn spread(samples: &[f64]) -> (f64, f64, f64) {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    let p90 = s[((0.9 * n as f64).ceil() as usize).clamp(1, n) - 1];
+    (median, p90, s[n - 1])
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+fn print(f: &Figures, output: Output) {
+    let failover = f.failover_ms.as_ref().map(|s| {
+        let (median, p90, max) = spread(s);
+        (median, p90, max, s)
+    });
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({
+                "scenario": "directory",
+                "nodes": f.nodes,
+                "machine_cores": cores(),
+                "duration_s": f.duration_s,
+                "register_1_client_per_s": f.reg1.per_s(),
+                "register_64_clients_per_s": f.reg64.per_s(),
+                "register_errors": {"clients_1": f.reg1.errors, "clients_64": f.reg64.errors},
+                "register_latency_ms": {"clients_1": pct(&f.reg1.latency), "clients_64": pct(&f.reg64.latency)},
+                "register_cpu_cores_used": {"clients_1": f.reg1.cpu_cores, "clients_64": f.reg64.cpu_cores},
+                "search_linearizable_ms": pct(&f.search_lin),
+                "search_stale_ms": pct(&f.search_stale),
+                "watch_latency_ms": pct(&f.watch),
+                "failover_ms": failover.map(|(median, p90, max, s)| serde_json::json!({
+                    "median": median, "p90": p90, "max": max,
+                    "samples": s.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
+                })),
+                "cpu_seconds": f.cpu_s.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
+                "rss_mb": f.rss_mb.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
+                "seconds": f.seconds,
+            })
+        ),
+        Output::Table => {
+            let lat = |h: &Histogram<u64>| {
+                format!(
+                    "p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms ({} samples)",
+                    ms(h, 0.5),
+                    ms(h, 0.99),
+                    h.max() as f64 / 1000.0,
+                    h.len()
+                )
+            };
+            let reg = |r: &RegFigures| {
+                format!(
+                    "{:>8.0} acked/s ({} in {:.1} s, {} errors), {:.2} cores  latency {}",
+                    r.per_s(),
+                    r.acked,
+                    r.seconds,
+                    r.errors,
+                    r.cpu_cores,
+                    lat(&r.latency)
+                )
+            };
+            let (follower, watcher) = if f.nodes > 1 {
+                ("a follower", "on a follower")
+            } else {
+                ("the node", "on the node")
+            };
+            println!(
+                "directory: {} node{}, real `gma directory` processes on 127.0.0.1, sled, 60 s leases",
+                f.nodes,
+                if f.nodes > 1 { "s" } else { "" }
+            );
+            println!("  machine cores            {}", cores());
+            println!("  register, 1 client       {}", reg(&f.reg1));
+            println!("  register, 64 clients     {}", reg(&f.reg64));
+            if let Some(e) = f.reg1.last_error.as_ref().or(f.reg64.last_error.as_ref()) {
+                println!("  last register error      {e}");
+            }
+            println!("  search, linearizable     {} (leader)", lat(&f.search_lin));
+            println!("  search, stale_ok         {} ({follower})", lat(&f.search_stale));
+            println!(
+                "  watch latency            {} (watcher {watcher}, 1 write / {} ms)",
+                lat(&f.watch),
+                WATCH_PERIOD.as_millis()
+            );
+            if let Some((median, p90, max, s)) = failover {
+                println!(
+                    "  leader failover          median {median:.0} ms  p90 {p90:.0} ms  max {max:.0} ms ({} trials, kill -9 -> first acked write)",
+                    s.len()
+                );
+                println!(
+                    "  failover samples         {} ms",
+                    s.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", ")
+                );
+            }
+            for (i, (cpu, rss)) in f.cpu_s.iter().zip(&f.rss_mb).enumerate() {
+                println!(
+                    "  node {}                   cpu {cpu:.2} s  peak rss {rss:.1} MiB",
+                    i + 1
+                );
+            }
+            println!("  run time                 {:.1} s", f.seconds);
+        }
+    }
 }

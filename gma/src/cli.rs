@@ -41,6 +41,11 @@ pub enum Command {
         #[command(subcommand)]
         command: SimCommand,
     },
+    /// The job-migration rescheduler (a consumer of contract and load streams), or
+    /// `gma rescheduler evaluate` for the pure decision rule.
+    Rescheduler(ReschedulerArgs),
+    /// A sample application that reports phases to a contract monitor and obeys stop/resume.
+    AppSim(AppSimArgs),
     /// Inspect and change the membership of a replicated directory.
     Cluster(ClusterArgs),
     /// Everything on this machine: directory, host producer, simulated hosts; until Ctrl-C.
@@ -278,4 +283,66 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ReschedulerArgs {
+    #[command(subcommand)]
+    pub command: Option<ReschedulerCommand>,
+    /// Listen address of the rescheduler's own producer (its decision events).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Directory address(es).
+    #[arg(long)]
+    pub directory: Option<String>,
+    /// TOML config (cost_s, threshold, max_age_ms, opportunistic, action, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ReschedulerCommand {
+    /// The decision rule alone: gain = (ret_current - (ret_new + cost)) / ret_current.
+    Evaluate {
+        #[arg(long)]
+        ret_current: f64,
+        #[arg(long)]
+        ret_new: f64,
+        /// Worst-case rescheduling cost C in seconds.
+        #[arg(long, default_value_t = 900.0)]
+        cost: f64,
+        /// Migrate only if gain > threshold.
+        #[arg(long, default_value_t = 0.30)]
+        threshold: f64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct AppSimArgs {
+    #[arg(long, default_value = "app1")]
+    pub app_id: String,
+    #[arg(long, default_value_t = 20)]
+    pub phases: u32,
+    /// Predicted time of each phase on an unloaded host, in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub predicted_s: f64,
+    /// The (simulated) host it starts on.
+    #[arg(long)]
+    pub host: String,
+    /// Producer to publish through (Ingest) and to read host load from.
+    #[arg(long)]
+    pub producer: String,
+    /// Listen address of its AppControl service.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Contract tolerance band on actual/predicted.
+    #[arg(long, default_value_t = 1.5)]
+    pub upper: f64,
+    #[arg(long, default_value_t = 0.5)]
+    pub lower: f64,
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
 }

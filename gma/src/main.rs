@@ -1,9 +1,11 @@
 //! `gma`: the one operator binary. Thin: parse flags, set up logging, call the role libraries.
 
+mod appsim;
 mod bench;
 mod bench_dir;
 mod cli;
 mod cluster;
+mod resched;
 mod roles;
 mod tools;
 
@@ -52,6 +54,8 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Query(a) => tools::query(a).await,
         Sim { command } => tools::sim(command).await,
         Cluster(a) => cluster::run(a.command).await,
+        AppSim(a) => appsim::run(a).await,
+        Rescheduler(a) => resched::run(a).await,
         Bench(a) => bench::run(a).await,
     }
 }

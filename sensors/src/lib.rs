@@ -21,6 +21,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod agent;
+pub mod contract;
 pub mod cpu;
 pub mod disk;
 mod error;

@@ -1,0 +1,433 @@
+//! `gma app-sim`: a sample application for the migration loop.
+//!
+//! It runs `phases` phases whose duration is `predicted_s × slowdown`, where the slowdown comes
+//! from the (simulated) load of the host it is placed on (`max(1, load1 / cpus)`, read from the
+//! producer's cache each phase). It reports each phase to an in-process contract monitor and
+//! publishes `app.contract` and `app.state` events through the producer's `Ingest`. It serves
+//! `AppControl`: Stop (checkpoint at the next phase boundary and wait), Resume (continue on the
+//! new hosts from the checkpoint), Declined (raise the contract limits), Status.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use gma_core::event::{dbl, text, EventData};
+use gma_core::time::now_ns;
+use gma_proto::v1 as pb;
+use gma_sensors::contract::{contract_schema, ContractConfig, ContractMonitor, ContractOutput};
+use tokio::sync::{oneshot, Mutex};
+use tonic::{Request, Response, Status};
+
+use crate::cli::AppSimArgs;
+
+/// `app.state`: where an application runs and how far it is (the rescheduler's input).
+pub fn state_schema() -> pb::EventSchema {
+    pb::EventSchema {
+        name: "app.state".into(),
+        version: 1,
+        fields: vec![
+            dbl("phase", "", "phases completed"),
+            dbl("phases", "", "phases in all"),
+            dbl(
+                "fraction_completed",
+                "",
+                "predicted work done / all predicted work",
+            ),
+            dbl(
+                "total_predicted_s",
+                "s",
+                "predicted run time of all phases on an unloaded host",
+            ),
+            dbl(
+                "avg_ratio",
+                "",
+                "running average of actual / predicted phase times",
+            ),
+            text("app_id", "application id"),
+            text("state", "running, stopping, stopped, resuming, completed"),
+            text("hosts", "comma-separated hosts the application runs on"),
+            text("control", "address of the application's AppControl service"),
+        ],
+        description: "an application's placement and progress".into(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunState {
+    Running,
+    Stopping,
+    Stopped,
+    Resuming,
+    Completed,
+}
+
+impl RunState {
+    fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Stopping => "stopping",
+            RunState::Stopped => "stopped",
+            RunState::Resuming => "resuming",
+            RunState::Completed => "completed",
+        }
+    }
+}
+
+struct App {
+    app_id: String,
+    phases: u32,
+    predicted_s: f64,
+    state: RunState,
+    hosts: Vec<String>,
+    phase: u32,
+    monitor: ContractMonitor,
+    stop_waiter: Option<oneshot::Sender<pb::AppStopResponse>>,
+    resume_to: Option<Vec<String>>,
+    checkpoint_dir: std::path::PathBuf,
+    /// Contract events produced outside the run loop (LimitsAdjusted), published next phase.
+    pending: Vec<EventData>,
+}
+
+#[derive(Clone)]
+struct Control {
+    app: Arc<Mutex<App>>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+#[tonic::async_trait]
+impl pb::app_control_server::AppControl for Control {
+    async fn stop(&self, req: Request<pb::AppStopRequest>) -> Result<Response<pb::AppStopResponse>, Status> {
+        let req = req.into_inner();
+        let rx = {
+            let mut app = self.app.lock().await;
+            if req.app_id != app.app_id {
+                return Err(Status::not_found(format!("this is application {:?}", app.app_id)));
+            }
+            if app.state != RunState::Running {
+                return Err(Status::failed_precondition(format!(
+                    "application is {}, not running",
+                    app.state.as_str()
+                )));
+            }
+            app.state = RunState::Stopping;
+            app.monitor.stopped();
+            let (tx, rx) = oneshot::channel();
+            app.stop_waiter = Some(tx);
+            rx
+        };
+        // Answered once the run loop has checkpointed at the phase boundary.
+        rx.await
+            .map(Response::new)
+            .map_err(|_| Status::aborted("the application ended before it could stop"))
+    }
+
+    async fn resume(
+        &self,
+        req: Request<pb::AppResumeRequest>,
+    ) -> Result<Response<pb::AppResumeResponse>, Status> {
+        let req = req.into_inner();
+        if req.hosts.is_empty() {
+            return Err(Status::invalid_argument("give the hosts to resume on"));
+        }
+        let mut app = self.app.lock().await;
+        if req.app_id != app.app_id {
+            return Err(Status::not_found(format!("this is application {:?}", app.app_id)));
+        }
+        if app.state != RunState::Stopped {
+            return Err(Status::failed_precondition(format!(
+                "application is {}, not stopped",
+                app.state.as_str()
+            )));
+        }
+        app.state = RunState::Resuming;
+        app.resume_to = Some(req.hosts);
+        self.wake.notify_one();
+        Ok(Response::new(pb::AppResumeResponse {
+            state: "resuming".into(),
+        }))
+    }
+
+    async fn declined(
+        &self,
+        req: Request<pb::AppDeclinedRequest>,
+    ) -> Result<Response<pb::AppDeclinedResponse>, Status> {
+        let _ = req;
+        let mut app = self.app.lock().await;
+        // The LimitsAdjusted event is published with the next phase's events.
+        let adjusted = app.monitor.declined(now_ns());
+        app.pending.extend(adjusted.into_iter().filter_map(|o| match o {
+            ContractOutput::Event(e) => Some(e),
+            _ => None,
+        }));
+        let (upper, lower) = app.monitor.limits();
+        Ok(Response::new(pb::AppDeclinedResponse { upper, lower }))
+    }
+
+    async fn status(
+        &self,
+        _: Request<pb::AppStatusRequest>,
+    ) -> Result<Response<pb::AppStatusResponse>, Status> {
+        let app = self.app.lock().await;
+        Ok(Response::new(pb::AppStatusResponse {
+            app_id: app.app_id.clone(),
+            state: app.state.as_str().into(),
+            hosts: app.hosts.clone(),
+            phase: app.phase,
+            phases: app.phases,
+            fraction_completed: app.monitor.fraction_completed(),
+        }))
+    }
+}
+
+fn to_wire(e: &EventData, schema: &pb::EventSchema) -> pb::Event {
+    gma_core::event::to_wire(
+        &e.name,
+        &e.source,
+        e.timestamp_ns,
+        0,
+        &schema.fields,
+        &e.numbers,
+        &e.strings,
+    )
+}
+
+/// The load slowdown of a host: max(1, load1 / cpus) from its latest `host.load`.
+async fn slowdown(
+    producer: &mut pb::producer_client::ProducerClient<tonic::transport::Channel>,
+    host: &str,
+) -> f64 {
+    let req = pb::QueryRequest {
+        patterns: vec!["host.load".into()],
+        sources: vec![host.to_string()],
+        max_age_ms: 0,
+    };
+    let Ok(r) = producer.query(req).await else {
+        return 1.0;
+    };
+    let r = r.into_inner();
+    let num = |e: &pb::Event, i: usize| match e.values.get(i).and_then(|v| v.kind.as_ref()) {
+        Some(pb::value::Kind::Number(n)) => *n,
+        _ => f64::NAN,
+    };
+    match r.events.first() {
+        // host.load: load1, free_cpus, total_cpus, ...
+        Some(e) => {
+            let (load, cpus) = (num(e, 0), num(e, 2));
+            if load.is_finite() && cpus > 0.0 {
+                (load / cpus).max(1.0)
+            } else {
+                1.0
+            }
+        }
+        None => 1.0,
+    }
+}
+
+pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
+    if a.phases == 0 || !(a.predicted_s > 0.0) {
+        bail!("--phases and --predicted-s must be positive");
+    }
+    let cfg = ContractConfig {
+        app_id: a.app_id.clone(),
+        upper: a.upper,
+        lower: a.lower,
+        predicted_s: vec![a.predicted_s; a.phases as usize],
+    };
+    let monitor = ContractMonitor::new(cfg, &a.app_id).map_err(|e| anyhow!("{e}"))?;
+    let ch = gma_consumer::connect(&a.producer)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut ingest = pb::ingest_client::IngestClient::new(ch.clone());
+    let mut producer = pb::producer_client::ProducerClient::new(ch);
+    let cschema = contract_schema();
+    let sschema = state_schema();
+    ingest
+        .push(pb::IngestRequest {
+            events: vec![],
+            schemas: vec![cschema.clone(), sschema.clone()],
+        })
+        .await
+        .map_err(|s| anyhow!("register schemas with {}: {}", a.producer, s.message()))?;
+
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", a.listen))?;
+    let control_addr = listener.local_addr()?.to_string();
+    eprintln!("gma app-sim listening on {control_addr}");
+    let app = Arc::new(Mutex::new(App {
+        app_id: a.app_id.clone(),
+        phases: a.phases,
+        predicted_s: a.predicted_s,
+        state: RunState::Running,
+        hosts: vec![a.host.clone()],
+        phase: 0,
+        monitor,
+        stop_waiter: None,
+        resume_to: None,
+        checkpoint_dir: a.checkpoint_dir.clone().unwrap_or_else(std::env::temp_dir),
+        pending: Vec::new(),
+    }));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let control = Control {
+        app: app.clone(),
+        wake: wake.clone(),
+    };
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::app_control_server::AppControlServer::new(control))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
+    );
+
+    let total_predicted = a.predicted_s * a.phases as f64;
+    let publish_state = |app: &App| -> pb::Event {
+        let e = EventData {
+            name: "app.state".into(),
+            source: app.app_id.clone(),
+            timestamp_ns: now_ns(),
+            numbers: vec![
+                app.phase as f64,
+                app.phases as f64,
+                app.monitor.fraction_completed(),
+                total_predicted,
+                app.monitor.average(),
+            ],
+            strings: vec![
+                app.app_id.clone(),
+                app.state.as_str().into(),
+                app.hosts.join(","),
+                format!("http://{control_addr}"),
+            ],
+        };
+        to_wire(&e, &sschema)
+    };
+    let first = publish_state(&*app.lock().await);
+    ingest
+        .push(pb::IngestRequest {
+            events: vec![first],
+            schemas: vec![],
+        })
+        .await
+        .map_err(|s| anyhow!("publish app.state: {}", s.message()))?;
+
+    loop {
+        let (phase, host, predicted) = {
+            let app = app.lock().await;
+            if app.phase >= app.phases {
+                break;
+            }
+            (app.phase, app.hosts[0].clone(), app.predicted_s)
+        };
+        let factor = slowdown(&mut producer, &host).await;
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs_f64(predicted * factor)).await;
+        let actual = started.elapsed().as_secs_f64();
+        let mut events = Vec::new();
+        {
+            let mut app = app.lock().await;
+            for e in std::mem::take(&mut app.pending) {
+                events.push(to_wire(&e, &cschema));
+            }
+            let outputs = app
+                .monitor
+                .report(phase, actual, now_ns())
+                .map_err(|e| anyhow!("contract monitor: {e}"))?;
+            for o in outputs {
+                if let ContractOutput::Event(e) = o {
+                    events.push(to_wire(&e, &cschema));
+                }
+            }
+            app.phase = phase + 1;
+            // Check_Stop at the phase boundary.
+            if app.state == RunState::Stopping {
+                let path = app.checkpoint_dir.join(format!("{}.checkpoint.json", app.app_id));
+                let body = format!("{{\"app_id\":{:?},\"next_phase\":{}}}", app.app_id, app.phase);
+                std::fs::write(&path, &body).with_context(|| format!("cannot write {}", path.display()))?;
+                app.state = RunState::Stopped;
+                if let Some(w) = app.stop_waiter.take() {
+                    let _ = w.send(pb::AppStopResponse {
+                        next_phase: app.phase,
+                        checkpoint: path.display().to_string(),
+                        checkpoint_bytes: body.len() as u64,
+                    });
+                }
+                eprintln!(
+                    "app-sim {}: stopped after phase {} (checkpoint {})",
+                    app.app_id,
+                    app.phase,
+                    path.display()
+                );
+            }
+            events.push(publish_state(&app));
+        }
+        ingest
+            .push(pb::IngestRequest {
+                events,
+                schemas: vec![],
+            })
+            .await
+            .map_err(|s| anyhow!("publish: {}", s.message()))?;
+        // Stopped: wait for Resume, then continue on the new hosts.
+        loop {
+            let mut guard = app.lock().await;
+            match guard.state {
+                RunState::Stopped => {
+                    drop(guard);
+                    wake.notified().await;
+                }
+                RunState::Resuming => {
+                    let hosts = guard.resume_to.take().unwrap_or_else(|| guard.hosts.clone());
+                    let remaining = (guard.phases - guard.phase) as usize;
+                    let predicted = guard.predicted_s;
+                    guard.hosts = hosts;
+                    if remaining > 0 {
+                        guard
+                            .monitor
+                            .restarted(vec![predicted; remaining])
+                            .map_err(|e| anyhow!("contract monitor: {e}"))?;
+                    }
+                    guard.state = RunState::Running;
+                    eprintln!(
+                        "app-sim {}: resumed on {} at phase {}",
+                        guard.app_id,
+                        guard.hosts.join(","),
+                        guard.phase
+                    );
+                    let ev = publish_state(&guard);
+                    drop(guard);
+                    ingest
+                        .push(pb::IngestRequest {
+                            events: vec![ev],
+                            schemas: vec![],
+                        })
+                        .await
+                        .map_err(|s| anyhow!("publish: {}", s.message()))?;
+                    break;
+                }
+                _ => break,
+            }
+        }
+    }
+    let done = {
+        let mut app = app.lock().await;
+        app.state = RunState::Completed;
+        publish_state(&app)
+    };
+    ingest
+        .push(pb::IngestRequest {
+            events: vec![done],
+            schemas: vec![],
+        })
+        .await
+        .map_err(|s| anyhow!("publish: {}", s.message()))?;
+    let app = app.lock().await;
+    println!(
+        "app-sim {} completed {} phases on {}",
+        app.app_id,
+        app.phases,
+        app.hosts.join(",")
+    );
+    server.abort();
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! `gma rescheduler`: run the rescheduler, or evaluate the decision rule alone.
+
+use anyhow::{anyhow, bail};
+use gma_rescheduler::service::{decision_str, ReschedulerConfig};
+use gma_rescheduler::{decide, Policy};
+
+use crate::cli::{Output, ReschedulerArgs, ReschedulerCommand};
+use crate::roles::{bind, shutdown_signal};
+
+pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
+    if let Some(ReschedulerCommand::Evaluate {
+        ret_current,
+        ret_new,
+        cost,
+        threshold,
+        output,
+    }) = a.command
+    {
+        let policy = Policy {
+            cost_s: cost,
+            threshold,
+            ..Policy::default()
+        };
+        policy.validate().map_err(|e| anyhow!("{e}"))?;
+        if !ret_current.is_finite() || !ret_new.is_finite() || ret_current < 0.0 || ret_new < 0.0 {
+            bail!("--ret-current and --ret-new must be finite, non-negative seconds");
+        }
+        let (gain, decision) = decide(ret_current, ret_new, &policy);
+        let g = if gain.is_finite() { Some(gain) } else { None };
+        match output {
+            Output::Json => println!(
+                "{}",
+                serde_json::json!({
+                    "ret_current_s": ret_current, "ret_new_s": ret_new, "cost_s": cost,
+                    "threshold": threshold, "gain": g, "decision": decision_str(decision),
+                })
+            ),
+            Output::Table => println!(
+                "gain = ({ret_current} - ({ret_new} + {cost})) / {ret_current} = {}  ->  {} (threshold {threshold}, strict)",
+                g.map(|g| format!("{g:.4}")).unwrap_or_else(|| "-inf".into()),
+                decision_str(decision)
+            ),
+        }
+        return Ok(());
+    }
+    let mut cfg: ReschedulerConfig = match &a.config {
+        Some(p) => gma_core::config::load_toml(p)?,
+        None => ReschedulerConfig::default(),
+    };
+    if let Some(l) = a.listen {
+        cfg.listen = l;
+    }
+    if a.directory.is_some() {
+        cfg.directory = a.directory;
+    }
+    if cfg.directory.is_none() {
+        bail!("give the directory with --directory ADDR (or directory in --config)");
+    }
+    let listener = bind(&cfg.listen).await?;
+    eprintln!("gma rescheduler listening on {}", listener.local_addr()?);
+    gma_rescheduler::service::run(cfg, listener, shutdown_signal())
+        .await
+        .map_err(|e| anyhow!("{e}"))
+}

@@ -1,0 +1,137 @@
+//! Migration actions: how a decision is applied to an application.
+//!
+//! `Grpc` calls the application's own `AppControl` service (its address comes from its
+//! `app.state` events); `Commands` runs configured shell commands with `{app_id}`, `{hosts}`
+//! (comma-separated) and `{control}` substituted. Stop must return once the application has
+//! checkpointed and stopped; resume starts it on the new hosts.
+
+use std::time::Duration;
+
+use gma_proto::v1 as pb;
+use serde::Deserialize;
+
+/// `[action]` in the rescheduler config.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ActionConfig {
+    /// Call the application's AppControl service (default).
+    #[default]
+    Grpc,
+    /// Run commands (`sh -c`).
+    Commands {
+        stop: String,
+        resume: String,
+        #[serde(default)]
+        declined: Option<String>,
+    },
+}
+
+/// What an action needs to know of an application.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub app_id: String,
+    /// `http://host:port` of its AppControl service ("" when it has none).
+    pub control: String,
+}
+
+fn fill(template: &str, t: &Target, hosts: &[String]) -> String {
+    template
+        .replace("{app_id}", &t.app_id)
+        .replace("{hosts}", &hosts.join(","))
+        .replace("{control}", &t.control)
+}
+
+async fn run_command(cmd: &str) -> Result<(), String> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(600),
+        tokio::process::Command::new("sh").arg("-c").arg(cmd).output(),
+    )
+    .await
+    .map_err(|_| format!("command timed out: {cmd}"))?
+    .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "command {cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+async fn control(
+    t: &Target,
+) -> Result<pb::app_control_client::AppControlClient<tonic::transport::Channel>, String> {
+    if t.control.is_empty() {
+        return Err(format!(
+            "application {} published no AppControl address",
+            t.app_id
+        ));
+    }
+    let ch = tonic::transport::Endpoint::from_shared(t.control.clone())
+        .map_err(|e| format!("bad AppControl address {}: {e}", t.control))?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| format!("cannot reach {} at {}: {e}", t.app_id, t.control))?;
+    Ok(pb::app_control_client::AppControlClient::new(ch))
+}
+
+impl ActionConfig {
+    /// Stops the application at its next phase boundary, with a checkpoint.
+    pub async fn stop(&self, t: &Target) -> Result<(), String> {
+        match self {
+            ActionConfig::Grpc => {
+                let mut c = control(t).await?;
+                let mut req = tonic::Request::new(pb::AppStopRequest {
+                    app_id: t.app_id.clone(),
+                    reason: "rescheduler: migration".into(),
+                });
+                req.set_timeout(Duration::from_secs(600));
+                c.stop(req)
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| format!("stop {}: {}", t.app_id, s.message()))
+            }
+            ActionConfig::Commands { stop, .. } => run_command(&fill(stop, t, &[])).await,
+        }
+    }
+
+    /// Resumes the application on `hosts`.
+    pub async fn resume(&self, t: &Target, hosts: &[String]) -> Result<(), String> {
+        match self {
+            ActionConfig::Grpc => {
+                let mut c = control(t).await?;
+                c.resume(pb::AppResumeRequest {
+                    app_id: t.app_id.clone(),
+                    hosts: hosts.to_vec(),
+                })
+                .await
+                .map(|_| ())
+                .map_err(|s| format!("resume {}: {}", t.app_id, s.message()))
+            }
+            ActionConfig::Commands { resume, .. } => run_command(&fill(resume, t, hosts)).await,
+        }
+    }
+
+    /// Tells the application's contract monitor the request was declined.
+    pub async fn declined(&self, t: &Target, gain: f64) -> Result<(), String> {
+        match self {
+            ActionConfig::Grpc => {
+                let mut c = control(t).await?;
+                c.declined(pb::AppDeclinedRequest {
+                    app_id: t.app_id.clone(),
+                    gain: if gain.is_finite() { gain } else { -1.0 },
+                })
+                .await
+                .map(|_| ())
+                .map_err(|s| format!("declined {}: {}", t.app_id, s.message()))
+            }
+            ActionConfig::Commands { declined, .. } => match declined {
+                Some(cmd) => run_command(&fill(cmd, t, &[])).await,
+                None => Ok(()),
+            },
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! gma-rescheduler: the job-migration rescheduler (GrADS, notes §1.3.3), as a GMA consumer.
+//!
+//! The decision is a pure function (STYLE rule 7): it takes a snapshot of the application's
+//! state and of the hosts' load and returns a [`Plan`], with no I/O and no clock inside. The
+//! async service that gathers the snapshot (host load from producers, contract-monitor
+//! requests, application completions) and applies the plan (STOP/RESUME, `AdjustTolerance`
+//! back to the contract monitor) is built on top of it.
+//!
+//! - [`plan`](mod@plan): the decision. [`gain`] and [`decide`] are the paper's rule
+//!   `(ret_current - (ret_new + C)) / ret_current > threshold`; [`plan()`] picks the target
+//!   hosts, predicts both remaining times and applies the rule and the overrides of a
+//!   [`Policy`].
+//!
+//! - [`service`]: the async shell: follows `host.load`, `app.state` and `app.contract`,
+//!   evaluates, publishes `resched.decision`, applies the plan through an [`action`].
+//! - [`action`]: how a plan is applied: the application's `AppControl` service, or commands.
+//!
+//! The contract monitor that raises the requests lives in `gma_sensors::contract`.
+
+// Tests unwrap freely: a panic there is the failure report. Library code never unwraps.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod action;
+pub mod plan;
+pub mod service;
+
+pub use plan::{
+    decide, gain, plan, slowdown, AppState, Decision, Force, HostLoad, Mode, Plan, PlanError, Policy,
+};
