@@ -39,6 +39,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             trials,
             output,
         } => crate::bench_dir::run(duration, trials, output).await,
+        BenchScenario::Resched { trials, output } => crate::bench_resched::run(trials, output).await,
         BenchScenario::Agent {
             duration,
             period_ms,

@@ -273,6 +273,14 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The rescheduler: violation -> published decision latency (real gRPC, in one process)
+    /// and the cost of one decision over 1,000 candidate hosts.
+    Resched {
+        #[arg(long, default_value_t = 200)]
+        trials: u32,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// The host agent (a real `gma producer` process at 1 s sampling): CPU% and RSS.
     Agent {
         #[arg(long, default_value_t = 60)]
