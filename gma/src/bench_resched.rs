@@ -24,7 +24,15 @@ use crate::cli::Output;
 const HOSTS: usize = 1000;
 
 fn wire(e: &EventData, schema: &pb::EventSchema) -> pb::Event {
-    to_wire(&e.name, &e.source, e.timestamp_ns, 0, &schema.fields, &e.numbers, &e.strings)
+    to_wire(
+        &e.name,
+        &e.source,
+        e.timestamp_ns,
+        0,
+        &schema.fields,
+        &e.numbers,
+        &e.strings,
+    )
 }
 
 pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
@@ -41,7 +49,11 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
     };
     let dl = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let dir = dl.local_addr()?.to_string();
-    tokio::spawn(gma_directory::run(gma_directory::DirectoryConfig::new(tmp.path().join("d")), dl, stop()));
+    tokio::spawn(gma_directory::run(
+        gma_directory::DirectoryConfig::new(tmp.path().join("d")),
+        dl,
+        stop(),
+    ));
 
     let sim = tmp.path().join("sim.toml");
     std::fs::write(
@@ -197,7 +209,9 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
             })
         ),
         Output::Table => {
-            println!("resched: contract violation -> published decision, {HOSTS} simulated hosts, loopback gRPC");
+            println!(
+                "resched: contract violation -> published decision, {HOSTS} simulated hosts, loopback gRPC"
+            );
             println!("  machine cores                 {}", crate::bench::cores());
             println!(
                 "  request -> decision received  p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms ({trials} trials)",

@@ -48,7 +48,8 @@ pub enum Command {
     AppSim(AppSimArgs),
     /// Inspect and change the membership of a replicated directory.
     Cluster(ClusterArgs),
-    /// Everything on this machine: directory, host producer, simulated hosts; until Ctrl-C.
+    /// Everything on this machine: directory, host producer, simulated hosts, rescheduler;
+    /// until Ctrl-C.
     Demo(DemoArgs),
     /// Benchmarks that print figures (throughput, latency percentiles, agent cost).
     Bench(BenchArgs),

@@ -187,11 +187,25 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     .map_err(|e| anyhow!("{e}"))?;
     let sim_task = tokio::spawn(sim.run(sim_listener, stop()));
 
+    let resched_listener = bind("127.0.0.1:0").await?;
+    let resched_addr = resched_listener.local_addr()?;
+    let resched_task = tokio::spawn(gma_rescheduler::service::run(
+        gma_rescheduler::service::ReschedulerConfig {
+            directory: Some(dir_addr.to_string()),
+            // The demo's applications run for seconds, not hours: a small assumed cost.
+            cost_s: 1.0,
+            ..Default::default()
+        },
+        resched_listener,
+        stop(),
+    ));
+
     println!("GMA demo is running (data in {}).", tmp.path().display());
     println!();
     println!("  directory            {dir_addr}");
     println!("  producer (this host) {host_addr}   source {host_name}");
     println!("  producer (simulated) {sim_addr}   hosts hostA, hostB, sim-0000..");
+    println!("  rescheduler          {resched_addr}   decisions as resched.decision events");
     println!();
     println!("Try, in another terminal:");
     println!("  gma search 'host.*' --directory {dir_addr}");
@@ -199,6 +213,9 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     println!("  gma query host.load --directory {dir_addr} --output json");
     println!("  gma sim set hostA load=3.5 free_cpus=0 --producer {sim_addr}");
     println!("  gma subscribe host.load --directory {dir_addr} --source hostA");
+    println!("  gma app-sim --app-id app1 --phases 60 --predicted-s 0.5 --host hostA --producer {sim_addr}");
+    println!("    then: gma sim set hostA load=40 --producer {sim_addr}   (watch it migrate to a faster host)");
+    println!("  gma subscribe resched.decision --directory {dir_addr} --output json");
     println!("(with cargo: cargo run --release -p gma -- <command>)");
     println!();
     println!("Press Ctrl-C to stop.");
@@ -219,6 +236,11 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
             Err(e) => eprintln!("producer task failed: {e}"),
             Ok(Ok(())) => {}
         }
+    }
+    match resched_task.await {
+        Ok(Err(e)) => eprintln!("rescheduler stopped with an error: {e}"),
+        Err(e) => eprintln!("rescheduler task failed: {e}"),
+        Ok(Ok(())) => {}
     }
     match dir_task.await {
         Ok(Err(e)) => eprintln!("directory stopped with an error: {e}"),

@@ -256,3 +256,57 @@ fn evaluate_exposes_the_rule() {
     );
     assert_ne!(r.code, 0);
 }
+
+#[test]
+fn a_completed_application_frees_hosts_for_an_opportunistic_migration() {
+    let l = start(0.5);
+    // app2 runs slowly on a loaded hostA but never asks (its contract band is wide); app1 runs
+    // briefly on hostB. When app1 completes, the rescheduler re-evaluates app2 on its own.
+    sim_set(&l, "hostA", "load=40");
+    let app2 = Proc::start(
+        &[
+            "app-sim",
+            "--app-id",
+            "app2",
+            "--phases",
+            "40",
+            "--predicted-s",
+            "0.1",
+            "--host",
+            "hostA",
+            "--producer",
+            &l.prod.addr,
+            "--upper",
+            "100",
+        ],
+        "gma app-sim listening on",
+    );
+    let r = gma(
+        &[
+            "app-sim",
+            "--app-id",
+            "app1",
+            "--phases",
+            "3",
+            "--predicted-s",
+            "0.1",
+            "--host",
+            "hostB",
+            "--producer",
+            &l.prod.addr,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        wait_until(Duration::from_secs(60), || finished_on(&app2).is_some()),
+        "{}",
+        app2.stderr_text()
+    );
+    assert_eq!(finished_on(&app2).unwrap(), "hostB");
+    let d = decisions(&l);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0]["values"]["mode"], "OPPORTUNISTIC");
+    assert_eq!(d[0]["values"]["decision"], "MIGRATE");
+    assert_eq!(d[0]["values"]["app_id"], "app2");
+}

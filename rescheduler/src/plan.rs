@@ -560,6 +560,27 @@ mod tests {
     }
 
     /// Point 22: no feasible target (none, full hosts, only the current hosts) means STAY.
+    /// Point 14: ret_current uses the latest load of the current hosts when it shows more
+    /// slowdown than the whole-history average (a slowdown that just began).
+    #[test]
+    fn ret_current_follows_fresh_load_of_the_current_hosts() {
+        let a = app(&["a"], 1, 0.5, 4000.0, 1.2);
+        let view = vec![host("a", 8.0, 40.0, f64::NAN), host("b", 8.0, 0.5, f64::NAN)];
+        let p = plan(&a, &view, Mode::OnRequest, &with_cost(100.0));
+        assert_eq!(p.ret_current_s, 2000.0 * 5.0);
+        assert_eq!(p.ret_new_s, 2000.0);
+        assert_eq!(p.decision, Decision::Migrate);
+        // An unloaded current host does not lower the observed slowdown.
+        let view = vec![host("a", 8.0, 0.5, f64::NAN), host("b", 8.0, 0.5, f64::NAN)];
+        let p = plan(&a, &view, Mode::OnRequest, &with_cost(100.0));
+        assert_eq!(p.ret_current_s, 2000.0 * 1.2);
+        // A stale sample of the current host is not used.
+        let mut stale = host("a", 8.0, 40.0, f64::NAN);
+        stale.age_ms = 60_000;
+        let p = plan(&a, &[stale, host("b", 8.0, 0.5, f64::NAN)], Mode::OnRequest, &with_cost(100.0));
+        assert_eq!(p.ret_current_s, 2000.0 * 1.2);
+    }
+
     #[test]
     fn no_target_stays() {
         let a = app(&["a1", "a2"], 4, 0.1, 100_000.0, 10.0);
