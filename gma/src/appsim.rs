@@ -224,7 +224,7 @@ async fn slowdown(
 }
 
 pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
-    if a.phases == 0 || !(a.predicted_s > 0.0) {
+    if a.phases == 0 || !a.predicted_s.is_finite() || a.predicted_s <= 0.0 {
         bail!("--phases and --predicted-s must be positive");
     }
     let cfg = ContractConfig {

@@ -214,7 +214,9 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     println!("  gma sim set hostA load=3.5 free_cpus=0 --producer {sim_addr}");
     println!("  gma subscribe host.load --directory {dir_addr} --source hostA");
     println!("  gma app-sim --app-id app1 --phases 60 --predicted-s 0.5 --host hostA --producer {sim_addr}");
-    println!("    then: gma sim set hostA load=40 --producer {sim_addr}   (watch it migrate to a faster host)");
+    println!(
+        "    then: gma sim set hostA load=40 --producer {sim_addr}   (watch it migrate to a faster host)"
+    );
     println!("  gma subscribe resched.decision --directory {dir_addr} --output json");
     println!("(with cargo: cargo run --release -p gma -- <command>)");
     println!();

@@ -577,7 +577,12 @@ mod tests {
         // A stale sample of the current host is not used.
         let mut stale = host("a", 8.0, 40.0, f64::NAN);
         stale.age_ms = 60_000;
-        let p = plan(&a, &[stale, host("b", 8.0, 0.5, f64::NAN)], Mode::OnRequest, &with_cost(100.0));
+        let p = plan(
+            &a,
+            &[stale, host("b", 8.0, 0.5, f64::NAN)],
+            Mode::OnRequest,
+            &with_cost(100.0),
+        );
         assert_eq!(p.ret_current_s, 2000.0 * 1.2);
     }
 

@@ -12,7 +12,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -270,11 +269,9 @@ async fn on_event(ctx: &Arc<Ctx>, e: &OwnedEvent, opportunistic: bool) {
                 }
             }
         }
-        "app.contract" => {
-            if r.text("kind") == Some("migration_request") {
-                if let Some(app_id) = r.text("app_id") {
-                    spawn_evaluation(ctx.clone(), app_id.to_string(), Mode::OnRequest, e.timestamp_ns);
-                }
+        "app.contract" if r.text("kind") == Some("migration_request") => {
+            if let Some(app_id) = r.text("app_id") {
+                spawn_evaluation(ctx.clone(), app_id.to_string(), Mode::OnRequest, e.timestamp_ns);
             }
         }
         _ => {}
@@ -408,9 +405,4 @@ pub fn decision_str(d: Decision) -> &'static str {
         Decision::Migrate => "MIGRATE",
         Decision::Stay => "STAY",
     }
-}
-
-/// Loads a config file.
-pub fn load_config(path: &PathBuf) -> Result<ReschedulerConfig, ReschedulerError> {
-    gma_core::config::load_toml(path).map_err(|e| ReschedulerError::Config(e.to_string()))
 }
