@@ -98,14 +98,16 @@ mod defaults {
     pub fn node_id() -> u64 {
         1
     }
+    // openraft 0.9 lets a follower campaign only after the leader lease (= election_max)
+    // plus a random election timeout, so failover takes about 1.5 x election_max.
     pub fn heartbeat_ms() -> u64 {
-        100
+        50
     }
     pub fn election_min_ms() -> u64 {
-        400
+        250
     }
     pub fn election_max_ms() -> u64 {
-        800
+        500
     }
     pub fn snapshot_logs() -> u64 {
         10_000
