@@ -225,13 +225,14 @@ pub struct Applied {
     pub revision: u64,
     /// Record changes, in revision order.
     pub changes: Vec<Change>,
-    /// What else must be persisted.
+    /// Keys touched besides the record changes.
     pub effects: Effects,
 }
 
 impl Applied {
-    /// True when the command changed something that must reach disk. Renewals
-    /// (KeepAlive, ExtendAll) are deliberately not durable: see `store.rs`.
+    /// True when the command changed records, schemas, leases or history, not only lease
+    /// expiry times (KeepAlive, ExtendAll). Every command is durable in the raft log either
+    /// way; this tells observers whether anything visible changed.
     pub fn is_durable(&self) -> bool {
         !self.changes.is_empty()
             || !self.effects.schemas.is_empty()
