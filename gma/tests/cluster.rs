@@ -185,11 +185,24 @@ async fn ids_on(addr: &str) -> Option<BTreeSet<String>> {
 }
 
 /// Registers `p<N>` records in a loop against every member until stopped; collects the acked.
-fn writer(rt: &Runtime, addrs: String) -> (Arc<Mutex<Vec<String>>>, Arc<std::sync::atomic::AtomicBool>) {
+struct Writer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    /// Stops the loop and waits for its last request to finish.
+    fn finish(self, rt: &Runtime) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        rt.block_on(self.task).unwrap();
+    }
+}
+
+fn writer(rt: &Runtime, addrs: String) -> (Arc<Mutex<Vec<String>>>, Writer) {
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (a, s) = (acked.clone(), stop.clone());
-    rt.spawn(async move {
+    let task = rt.spawn(async move {
         let mut n = 0u64;
         while !s.load(std::sync::atomic::Ordering::SeqCst) {
             n += 1;
@@ -201,7 +214,7 @@ fn writer(rt: &Runtime, addrs: String) -> (Arc<Mutex<Vec<String>>>, Arc<std::syn
             }
         }
     });
-    (acked, stop)
+    (acked, Writer { stop, task })
 }
 
 #[test]
@@ -225,8 +238,7 @@ fn leader_failover_loses_no_acknowledged_write_and_the_node_catches_up() {
             >= before + 50),
         "registrations did not resume after the failover"
     );
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(50));
+    stop.finish(&rt);
     let acked: BTreeSet<String> = acked.lock().unwrap().iter().cloned().collect();
     // Every acknowledged registration is on every survivor.
     for i in c.live() {
@@ -348,8 +360,7 @@ fn crash_loop_restarts_and_converges() {
         c.kill(victim);
         c.restart(victim);
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(50));
+    stop.finish(&rt);
     let acked: BTreeSet<String> = acked.lock().unwrap().iter().cloned().collect();
     assert!(acked.len() > 20 * 5);
     // Every node ends with the same records, a superset of everything acknowledged.
@@ -458,8 +469,7 @@ fn a_watch_resumes_on_another_member_without_gaps_or_duplicates() {
         .unwrap()
         .len()
         >= n + 30));
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(100));
+    stop.finish(&rt);
     let survivor = c.addrs[c.live()[0]].clone();
     let mut last_rev = 0;
     assert!(wait_until(Duration::from_secs(20), || {
