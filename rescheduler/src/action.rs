@@ -135,3 +135,53 @@ impl ActionConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        Target {
+            app_id: "app1".into(),
+            control: "http://127.0.0.1:9".into(),
+        }
+    }
+
+    #[test]
+    fn templates_are_filled() {
+        let t = target();
+        assert_eq!(
+            fill(
+                "mv {app_id} to {hosts} via {control}",
+                &t,
+                &["b".into(), "c".into()]
+            ),
+            "mv app1 to b,c via http://127.0.0.1:9"
+        );
+    }
+
+    #[tokio::test]
+    async fn commands_run_and_failures_are_reported() {
+        let dir = std::env::temp_dir().join(format!("gma-action-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let log = dir.join("log");
+        let action = ActionConfig::Commands {
+            stop: format!("echo stop {{app_id}} >> {}", log.display()),
+            resume: format!("echo resume {{app_id}} {{hosts}} >> {}", log.display()),
+            declined: Some("exit 3".into()),
+        };
+        let t = target();
+        action.stop(&t).await.unwrap();
+        action.resume(&t, &["hostB".into()]).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "stop app1\nresume app1 hostB\n"
+        );
+        let e = action.declined(&t, 0.1).await.unwrap_err();
+        assert!(e.contains("failed"), "{e}");
+        // gRPC to an application that is not there: an error, not a hang or a panic.
+        let e = ActionConfig::Grpc.stop(&t).await.unwrap_err();
+        assert!(e.contains("cannot reach"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
