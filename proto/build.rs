@@ -1,8 +1,20 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    // SAFETY-free: build scripts are single threaded; set PROTOC for prost-build.
+    // Build scripts are single threaded; set PROTOC for prost-build.
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto");
-    tonic_prost_build::configure().compile_protos(&["proto/gma.proto", "proto/raft.proto"], &["proto"])?;
+    tonic_prost_build::configure().compile_protos(
+        &["proto/gma.proto", "proto/services.proto", "proto/raft.proto"],
+        &["proto"],
+    )?;
+    // The producer's pre-encoded twins of the streaming services (proto/wire/messages.proto):
+    // every gma.v1 message is the one generated above.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("wire");
+    std::fs::create_dir_all(&out)?;
+    tonic_prost_build::configure()
+        .out_dir(&out)
+        .extern_path(".gma.v1", "crate::v1")
+        .bytes(".gma.wire")
+        .compile_protos(&["proto/wire/services.proto"], &["proto"])?;
     Ok(())
 }

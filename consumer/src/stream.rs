@@ -31,6 +31,18 @@ pub struct StreamOptions {
     pub max_batch: u32,
     /// Rate limit: at most one event per series per interval (0 = none).
     pub min_interval_ms: u64,
+    /// What the producer does when this consumer falls behind (unspecified: its default).
+    pub policy: pb::SlowPolicy,
+    /// How far behind (producer events) before the policy acts (0 = producer default).
+    pub queue_events: u32,
+    /// Threshold crossing: only events where this expression changes value, marked enter/leave.
+    pub when: String,
+    /// Change filter: only events with a numeric field moved by more than this percent (0 = off).
+    pub delta_pct: f64,
+    /// Rolling summaries ("1m", "10m", "60m") instead of raw events.
+    pub summaries: Vec<String>,
+    /// Forecasts instead of raw events.
+    pub forecast: bool,
     /// Reconnect after errors instead of returning them.
     pub reconnect: bool,
     pub initial_backoff: Duration,
@@ -45,6 +57,12 @@ impl Default for StreamOptions {
             consumer_id: String::new(),
             max_batch: 0,
             min_interval_ms: 0,
+            policy: pb::SlowPolicy::Unspecified,
+            queue_events: 0,
+            when: String::new(),
+            delta_pct: 0.0,
+            summaries: Vec::new(),
+            forecast: false,
             reconnect: true,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),
@@ -55,8 +73,13 @@ impl Default for StreamOptions {
 /// What one call to [`ProducerStream::next_with`] produced.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Progress {
-    /// A batch: how many events were passed to the callback, and any gaps it reported.
-    Batch { events: usize, gaps: Vec<pb::Gap> },
+    /// A batch: how many events were passed to the callback, any gaps it reported, and how
+    /// many events the producer conflated away (latest policy).
+    Batch {
+        events: usize,
+        gaps: Vec<pb::Gap>,
+        conflated: u64,
+    },
     /// The stream broke; the next call reconnects (after a backoff).
     Reconnecting { error: String, attempt: u32 },
     /// A (re)subscription was accepted.
@@ -119,6 +142,12 @@ impl ProducerStream {
             consumer_id: self.opts.consumer_id.clone(),
             max_batch: self.opts.max_batch,
             min_interval_ms: self.opts.min_interval_ms,
+            policy: self.opts.policy as i32,
+            queue_events: self.opts.queue_events,
+            when: self.opts.when.clone(),
+            delta_pct: self.opts.delta_pct,
+            summaries: self.opts.summaries.clone(),
+            forecast: self.opts.forecast,
         };
         let mut inbound = client
             .subscribe(req)
@@ -184,6 +213,7 @@ impl ProducerStream {
                     return Ok(Some(Progress::Batch {
                         events: 0,
                         gaps: Vec::new(),
+                        conflated: 0,
                     }));
                 };
                 let mut last = None;
@@ -211,6 +241,7 @@ impl ProducerStream {
                         Ok(Some(Progress::Batch {
                             events: n,
                             gaps: batch.gaps,
+                            conflated: batch.conflated,
                         }))
                     }
                     Err(e) => {

@@ -39,13 +39,51 @@ impl SeriesInfo {
         }
     }
 
-    fn decl(&self) -> pb::SeriesDecl {
+    pub fn decl(&self) -> pb::SeriesDecl {
         pb::SeriesDecl {
             id: self.id,
             name: self.name.clone(),
             source: self.source.clone(),
             schema_version: self.schema_version,
             fields: self.fields.to_vec(),
+        }
+    }
+}
+
+/// A threshold-crossing mark on a delivered event (`EventBatch.marks`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mark {
+    #[default]
+    None,
+    /// The subscription's `when` expression became true at this event.
+    Enter,
+    /// The expression became false at this event.
+    Leave,
+}
+
+impl Mark {
+    pub fn code(self) -> u32 {
+        match self {
+            Mark::None => 0,
+            Mark::Enter => 1,
+            Mark::Leave => 2,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<Mark> {
+        match code {
+            0 => Some(Mark::None),
+            1 => Some(Mark::Enter),
+            2 => Some(Mark::Leave),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mark::None => "",
+            Mark::Enter => "enter",
+            Mark::Leave => "leave",
         }
     }
 }
@@ -61,9 +99,16 @@ fn malformed(m: impl Into<String>) -> CodecError {
 }
 
 /// Builds batches for one stream.
+///
+/// Series ids are the producer's own (stable for a producer run), so batches built by
+/// different encoders of one producer can be mixed on a stream: a shared encoder
+/// ([`BatchEncoder::shared`]) declares nothing and each stream sends the declarations it is
+/// missing first ([`BatchEncoder::declare_missing`]).
 #[derive(Debug, Default)]
 pub struct BatchEncoder {
     declared: Vec<bool>,
+    /// Never declare series (batches shared by many streams).
+    shared: bool,
     batch: pb::EventBatch,
     last_seq: u64,
     last_ts: i64,
@@ -75,24 +120,79 @@ impl BatchEncoder {
         BatchEncoder::default()
     }
 
+    /// An encoder for batches sent on many streams: it declares no series; the sender makes
+    /// sure each stream has the declarations first.
+    pub fn shared() -> BatchEncoder {
+        BatchEncoder {
+            shared: true,
+            ..BatchEncoder::default()
+        }
+    }
+
+    /// Marks `series` declared on this stream, returning the declarations not yet sent.
+    pub fn declare_missing<'a>(
+        &mut self,
+        series: impl IntoIterator<Item = &'a SeriesInfo>,
+    ) -> Vec<pb::SeriesDecl> {
+        let mut out = Vec::new();
+        for s in series {
+            let idx = s.id as usize;
+            if idx >= self.declared.len() {
+                self.declared.resize(idx + 1, false);
+            }
+            if !self.declared[idx] {
+                self.declared[idx] = true;
+                out.push(s.decl());
+            }
+        }
+        out
+    }
+
+    /// Counts events replaced by newer values of their series (latest policy).
+    pub fn conflated(&mut self, n: u64) {
+        self.batch.conflated += n;
+    }
+
     /// Number of events in the batch being built.
     pub fn len(&self) -> usize {
         self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0 && self.batch.gaps.is_empty() && self.batch.dropped == 0
+        self.count == 0 && self.batch.gaps.is_empty() && self.batch.dropped == 0 && self.batch.conflated == 0
     }
 
     /// Appends one event. `seq` must be greater than the previous event's.
     pub fn push(&mut self, series: &SeriesInfo, seq: u64, ts: i64, numbers: &[f64], strings: &[String]) {
-        let idx = series.id as usize;
-        if idx >= self.declared.len() {
-            self.declared.resize(idx + 1, false);
+        self.push_marked(series, seq, ts, numbers, strings, Mark::None)
+    }
+
+    /// Appends one event with a threshold-crossing mark.
+    pub fn push_marked(
+        &mut self,
+        series: &SeriesInfo,
+        seq: u64,
+        ts: i64,
+        numbers: &[f64],
+        strings: &[String],
+        mark: Mark,
+    ) {
+        if mark != Mark::None && self.batch.marks.len() < self.count {
+            // Marks are sent only when some event of the batch has one.
+            self.batch.marks.resize(self.count, 0);
         }
-        if !self.declared[idx] {
-            self.declared[idx] = true;
-            self.batch.series.push(series.decl());
+        if mark != Mark::None || !self.batch.marks.is_empty() {
+            self.batch.marks.push(mark.code());
+        }
+        if !self.shared {
+            let idx = series.id as usize;
+            if idx >= self.declared.len() {
+                self.declared.resize(idx + 1, false);
+            }
+            if !self.declared[idx] {
+                self.declared[idx] = true;
+                self.batch.series.push(series.decl());
+            }
         }
         if self.count == 0 {
             self.batch.first_seq = seq;
@@ -139,11 +239,13 @@ pub struct EventRef<'a> {
     pub timestamp_ns: i64,
     pub numbers: &'a [f64],
     pub strings: &'a [String],
+    pub mark: Mark,
 }
 
 impl<'a> EventRef<'a> {
+    /// The CLI's JSON line; a marked event gets `"crossing":"enter"|"leave"`.
     pub fn to_json(&self) -> String {
-        to_json(
+        let mut out = to_json(
             &self.series.name,
             &self.series.source,
             self.timestamp_ns,
@@ -151,7 +253,14 @@ impl<'a> EventRef<'a> {
             &self.series.fields,
             self.numbers,
             self.strings,
-        )
+        );
+        if self.mark != Mark::None {
+            out.pop();
+            out.push_str(",\"crossing\":\"");
+            out.push_str(self.mark.as_str());
+            out.push_str("\"}");
+        }
+        out
     }
 
     /// The value of the double field `field`, if the schema has it.
@@ -189,6 +298,7 @@ impl<'a> EventRef<'a> {
             timestamp_ns: self.timestamp_ns,
             numbers: self.numbers.to_vec(),
             strings: self.strings.to_vec(),
+            mark: self.mark,
         }
     }
 }
@@ -201,6 +311,7 @@ pub struct OwnedEvent {
     pub timestamp_ns: i64,
     pub numbers: Vec<f64>,
     pub strings: Vec<String>,
+    pub mark: Mark,
 }
 
 impl OwnedEvent {
@@ -211,6 +322,7 @@ impl OwnedEvent {
             timestamp_ns: self.timestamp_ns,
             numbers: &self.numbers,
             strings: &self.strings,
+            mark: self.mark,
         }
     }
 }
@@ -256,6 +368,12 @@ impl BatchDecoder {
                 b.seq_deltas.len(),
                 b.ts_deltas.len()
             )));
+        }
+        if !b.marks.is_empty() && b.marks.len() != n {
+            return Err(malformed(format!("{n} events but {} marks", b.marks.len())));
+        }
+        if let Some(bad) = b.marks.iter().find(|m| Mark::from_code(**m).is_none()) {
+            return Err(malformed(format!("unknown mark {bad}")));
         }
         // First pass: check everything so a bad batch delivers nothing.
         let (mut need_d, mut need_s) = (0usize, 0usize);
@@ -314,6 +432,11 @@ impl BatchDecoder {
                 timestamp_ns: ts,
                 numbers: &b.numbers[di..di + nd],
                 strings: &b.strings[si..si + ns],
+                mark: b
+                    .marks
+                    .get(i)
+                    .and_then(|m| Mark::from_code(*m))
+                    .unwrap_or_default(),
             });
             di += nd;
             si += ns;
@@ -339,6 +462,7 @@ impl BatchDecoder {
                 timestamp_ns: e.timestamp_ns,
                 numbers: e.numbers.to_vec(),
                 strings: e.strings.to_vec(),
+                mark: e.mark,
             });
         })?;
         Ok(out)
@@ -391,6 +515,39 @@ mod tests {
         assert_eq!(e2[0].as_ref().text("rx"), None);
         // Replaying an old batch is a seq error.
         assert!(dec.decode(&b1).is_err());
+    }
+
+    #[test]
+    fn shared_batches_and_marks() {
+        let a = series(0, "a");
+        let b = series(5, "b");
+        let mut shared = BatchEncoder::shared();
+        shared.push(&a, 1, 10, &[1.0, 2.0], &["x".into()]);
+        shared.push_marked(&b, 2, 20, &[3.0, 4.0], &["y".into()], Mark::Enter);
+        let chunk = shared.finish(9);
+        assert!(chunk.series.is_empty());
+        assert_eq!(chunk.marks, vec![0, 1]);
+        // A stream sends its missing declarations first, then the shared batch.
+        let mut stream = BatchEncoder::new();
+        let decls = stream.declare_missing([&a, &b]);
+        assert_eq!(decls.len(), 2);
+        assert!(stream.declare_missing([&a]).is_empty());
+        let mut dec = BatchDecoder::new();
+        assert!(dec.decode(&chunk).is_err(), "undeclared series");
+        let mut dec = BatchDecoder::new();
+        let first = pb::EventBatch {
+            series: decls,
+            epoch: 9,
+            ..Default::default()
+        };
+        assert!(dec.decode(&first).unwrap().is_empty());
+        let evs = dec.decode(&chunk).unwrap();
+        assert_eq!(evs[1].mark, Mark::Enter);
+        assert!(evs[1].as_ref().to_json().ends_with(",\"crossing\":\"enter\"}"));
+        assert_eq!(evs[0].mark, Mark::None);
+        let mut bad = chunk.clone();
+        bad.marks = vec![0];
+        assert!(BatchDecoder::new().decode(&bad).is_err());
     }
 
     #[test]

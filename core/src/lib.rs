@@ -5,15 +5,23 @@
 //! - [`pattern`]: event-name and source patterns (`host.*`), parsed once, with precise errors.
 //! - [`codec`]: the compact `EventBatch` encoding (series declared once, packed doubles,
 //!   delta-coded seqs and timestamps) — encoder for producers, decoder for consumers.
+//! - [`filter`]: filter expressions over events (`host.cpu.user > 50`), parsed once, checked
+//!   against schemas, compiled per schema to index-only three-valued evaluation.
 //! - [`config`]: TOML loading with unknown keys rejected.
 //! - [`addr`]: endpoint address helpers and the loopback-only rules.
 //! - [`time`]: UTC nanosecond clock.
+//! - [`forecast`]: NWS-style adaptive forecaster for one numeric series (the predictor with the
+//!   lowest recent error wins), plus trace evaluation and a synthetic load trace.
+//! - [`rolling`]: rolling-window mean/min/max summaries (1m, 10m, 60m) over bucket rings.
 
 pub mod addr;
 pub mod codec;
 pub mod config;
 pub mod event;
+pub mod filter;
+pub mod forecast;
 pub mod pattern;
+pub mod rolling;
 pub mod time;
 
 /// Largest gRPC message any role decodes (requests and stream items): 4 MiB.

@@ -56,6 +56,10 @@ pub struct HubInner {
     next_seq: u64,
     ring: VecDeque<Stored>,
     capacity: usize,
+    /// Extra events the ring may hold while a block-policy subscription has not read them.
+    block_reserve: usize,
+    /// Block-policy subscriptions: id -> the next seq each still needs.
+    pins: HashMap<u64, u64>,
     schemas: HashMap<String, pb::EventSchema>,
     by_name: HashMap<String, HashMap<String, u32>>,
     pub series: Vec<Arc<SeriesInfo>>,
@@ -133,8 +137,15 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// A hub whose ring keeps the last `capacity` events.
+    /// A hub whose ring keeps the last `capacity` events (and as many again for block-policy
+    /// subscriptions that have not read them yet).
     pub fn new(epoch: u64, capacity: usize) -> Arc<Hub> {
+        Hub::with_block_reserve(epoch, capacity, capacity)
+    }
+
+    /// A hub whose ring keeps the last `capacity` events and up to `block_reserve` more for
+    /// block-policy subscriptions.
+    pub fn with_block_reserve(epoch: u64, capacity: usize, block_reserve: usize) -> Arc<Hub> {
         let (head_tx, _) = watch::channel(1);
         Arc::new(Hub {
             inner: Mutex::new(HubInner {
@@ -142,6 +153,8 @@ impl Hub {
                 next_seq: 1,
                 ring: VecDeque::with_capacity(capacity.min(1 << 20)),
                 capacity: capacity.max(1),
+                block_reserve,
+                pins: HashMap::new(),
                 schemas: HashMap::new(),
                 by_name: HashMap::new(),
                 series: Vec::new(),
@@ -154,6 +167,15 @@ impl Hub {
 
     pub fn lock(&self) -> parking_lot::MutexGuard<'_, HubInner> {
         self.inner.lock()
+    }
+
+    /// A block-policy subscription still needs every event from `next` on.
+    pub fn pin(&self, id: u64, next: u64) {
+        self.inner.lock().pins.insert(id, next);
+    }
+
+    pub fn unpin(&self, id: u64) {
+        self.inner.lock().pins.remove(&id);
     }
 
     /// Receives the head seq after every publish.
@@ -250,7 +272,16 @@ fn publish_one(inner: &mut HubInner, e: &EventData) -> Result<(), PublishError> 
         numbers: e.numbers.clone().into_boxed_slice(),
         strings: e.strings.clone().into_boxed_slice(),
     };
-    if inner.ring.len() >= inner.capacity {
+    while inner.ring.len() >= inner.capacity {
+        // A block subscription that has not read the oldest event keeps it, within the reserve.
+        let held = inner.ring.len() < inner.capacity.saturating_add(inner.block_reserve)
+            && match (inner.ring.front(), inner.pins.values().min()) {
+                (Some(front), Some(pin)) => front.seq >= *pin,
+                _ => false,
+            };
+        if held {
+            break;
+        }
         inner.ring.pop_front();
     }
     inner.latest[id as usize] = Some(stored.clone());

@@ -11,7 +11,9 @@
 //! - [`subscription`]: cursors, gaps, Unsubscribe registry, Query.
 //! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
 //! - [`registrar`]: directory registration and lease keeping.
+//! - [`derive`]: rolling summaries and forecasts as derived series.
 
+pub mod derive;
 pub mod hub;
 pub mod registrar;
 pub mod service;
@@ -64,6 +66,10 @@ pub struct ProducerConfig {
     pub simulate: Option<PathBuf>,
     pub site: String,
     pub org: String,
+    /// Event-name patterns whose series always get 1m/10m/60m summaries (`<name>.avg1m` ...).
+    pub summaries: Vec<String>,
+    /// Event-name patterns whose series always get forecasts (`<name>.forecast`).
+    pub forecasts: Vec<String>,
 }
 
 impl Default for ProducerConfig {
@@ -83,6 +89,8 @@ impl Default for ProducerConfig {
             simulate: None,
             site: String::new(),
             org: String::new(),
+            summaries: Vec::new(),
+            forecasts: Vec::new(),
         }
     }
 }
@@ -115,6 +123,7 @@ pub struct Producer {
     pub registry: Arc<Registry>,
     pub sim: Option<SimHandle>,
     pub counters: Arc<AgentCounters>,
+    pub deriver: Arc<derive::Deriver>,
     sensors: Vec<Box<dyn Sensor>>,
 }
 
@@ -173,6 +182,23 @@ impl Producer {
             hub.add_schemas(&s.schemas())
                 .map_err(|e| ProducerError::Config(format!("sensor {}: {e}", s.name())))?;
         }
+        let deriver = Arc::new(derive::Deriver::default());
+        let config_rule = |patterns: &[String], windows: &[gma_core::rolling::Window], forecast: bool| {
+            if patterns.is_empty() {
+                return Ok(());
+            }
+            let selector = subscription::Selector {
+                patterns: gma_core::pattern::event_patterns(patterns)
+                    .map_err(|e| ProducerError::Config(format!("summaries/forecasts: {e}")))?,
+                sources: Vec::new(),
+            };
+            deriver
+                .activate(&hub, &selector, windows, forecast)
+                .map(|_| ())
+                .map_err(|e| ProducerError::Config(e.to_string()))
+        };
+        config_rule(&config.summaries, &gma_core::rolling::WINDOWS, false)?;
+        config_rule(&config.forecasts, &[], true)?;
         Ok(Producer {
             config: ProducerConfig {
                 source: Some(source),
@@ -182,6 +208,7 @@ impl Producer {
             registry: Arc::new(Registry::default()),
             sim,
             counters,
+            deriver,
             sensors,
         })
     }
@@ -199,6 +226,7 @@ impl Producer {
             registry,
             sim,
             counters,
+            deriver,
             sensors,
         } = self;
         let bound = listener.local_addr()?;
@@ -222,6 +250,7 @@ impl Producer {
                 stop_rx.clone(),
             ));
         }
+        tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
         let mut registrar_task = None;
         if let Some(dir) = &config.directory {
             let source = config.source.clone().unwrap_or_default();
@@ -247,6 +276,7 @@ impl Producer {
         let producer = service::ProducerService {
             hub: hub.clone(),
             registry: registry.clone(),
+            deriver,
         };
         // On shutdown: stop sensors and the registrar (which removes our record), and end every
         // subscription stream so the server's graceful shutdown does not wait on consumers.
@@ -261,7 +291,10 @@ impl Producer {
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-            .add_service(pb::producer_server::ProducerServer::new(producer).max_decoding_message_size(max))
+            .add_service(
+                gma_proto::wire::producer_server::ProducerServer::new(producer)
+                    .max_decoding_message_size(max),
+            )
             .add_service(
                 pb::ingest_server::IngestServer::new(service::IngestService { hub: hub.clone() })
                     .max_decoding_message_size(max),

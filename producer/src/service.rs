@@ -13,8 +13,15 @@ use gma_sensors::sim::SimHandle;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
+use gma_core::filter::Filter;
+use gma_proto::wire;
+use prost::bytes::Bytes;
+
+use crate::derive::Deriver;
 use crate::hub::{Hub, PublishError};
-use crate::subscription::{self, Cursor, Registry, Selector, Start, DEFAULT_MAX_BATCH};
+use crate::subscription::{
+    self, Cursor, Policy, Registry, Selector, Spec, Start, DEFAULT_MAX_BATCH, MAX_MAX_BATCH,
+};
 
 /// Most events one Ingest request may carry.
 pub const MAX_INGEST_EVENTS: usize = 10_000;
@@ -23,6 +30,7 @@ pub const MAX_INGEST_EVENTS: usize = 10_000;
 pub struct ProducerService {
     pub hub: Arc<Hub>,
     pub registry: Arc<Registry>,
+    pub deriver: Arc<Deriver>,
 }
 
 fn invalid(e: impl std::fmt::Display) -> Status {
@@ -36,10 +44,119 @@ fn selector(patterns: &[String], sources: &[String]) -> Result<Selector, Status>
     })
 }
 
-type SubscribeStream = Pin<Box<dyn Stream<Item = Result<pb::SubscribeResponse, Status>> + Send>>;
+/// Longest `when` expression accepted.
+pub const MAX_WHEN_BYTES: usize = 4096;
+
+/// Validates a subscription request into a [`Spec`] (activating derived series it asks for).
+pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Result<Spec, Status> {
+    let base = selector(&req.patterns, &req.sources)?;
+    if req.consumer_id.len() > 256 {
+        return Err(invalid("consumer_id longer than 256 bytes"));
+    }
+    let max_batch = if req.max_batch == 0 {
+        DEFAULT_MAX_BATCH
+    } else {
+        (req.max_batch as usize).min(MAX_MAX_BATCH)
+    };
+    let policy = match pb::SlowPolicy::try_from(req.policy) {
+        Ok(pb::SlowPolicy::Latest) => Policy::Latest,
+        Ok(pb::SlowPolicy::DropOldest) => Policy::DropOldest,
+        Ok(pb::SlowPolicy::Block) => Policy::Block,
+        Ok(pb::SlowPolicy::Unspecified) => {
+            // Load streams (what brokers and dashboards follow) only need the newest value.
+            if base
+                .patterns
+                .iter()
+                .all(|p| p.is_exact() && p.as_str().ends_with(".load"))
+            {
+                Policy::Latest
+            } else {
+                Policy::DropOldest
+            }
+        }
+        Err(_) => {
+            return Err(invalid(format!(
+                "policy {} is unknown: use LATEST, DROP_OLDEST or BLOCK",
+                req.policy
+            )))
+        }
+    };
+    let queue_events = match (req.queue_events, policy) {
+        (0, Policy::Latest) => max_batch as u64,
+        (0, _) => u64::MAX,
+        (n, _) => u64::from(n),
+    };
+    if req.delta_pct != 0.0 && !(req.delta_pct.is_finite() && req.delta_pct > 0.0 && req.delta_pct <= 1e9) {
+        return Err(invalid(format!(
+            "delta_pct {} must be a positive number of percent (or 0 for off)",
+            req.delta_pct
+        )));
+    }
+    let mut windows = Vec::new();
+    for w in &req.summaries {
+        let window = gma_core::rolling::window(w)
+            .ok_or_else(|| invalid(format!("summary window {w:?} is unknown: use 1m, 10m or 60m")))?;
+        if !windows
+            .iter()
+            .any(|x: &gma_core::rolling::Window| x.name == window.name)
+        {
+            windows.push(window);
+        }
+    }
+    let selector = if windows.is_empty() && !req.forecast {
+        base
+    } else {
+        deriver
+            .activate(hub, &base, &windows, req.forecast)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?
+    };
+    let when = if req.when.trim().is_empty() {
+        None
+    } else {
+        if req.when.len() > MAX_WHEN_BYTES {
+            return Err(invalid(format!("when: longer than {MAX_WHEN_BYTES} bytes")));
+        }
+        let f = Filter::parse(&req.when).map_err(|e| invalid(format!("when: {e}")))?;
+        let schemas: Vec<pb::EventSchema> = {
+            let inner = hub.lock();
+            inner
+                .schemas()
+                .filter(|s| selector.patterns.iter().any(|p| p.matches(&s.name)))
+                .cloned()
+                .collect()
+        };
+        f.validate(&schemas).map_err(|e| invalid(format!("when: {e}")))?;
+        Some(f)
+    };
+    Ok(Spec {
+        selector,
+        max_batch,
+        min_interval_ms: req.min_interval_ms,
+        policy,
+        queue_events,
+        when,
+        delta_pct: (req.delta_pct != 0.0).then_some(req.delta_pct),
+    })
+}
+
+/// Where a subscription with this resume point starts.
+pub fn start_of(epoch: u64, resume_from_seq: u64, resume_epoch: u64) -> Start {
+    if resume_from_seq == 0 {
+        Start::Latest
+    } else if resume_epoch == 0 || resume_epoch == epoch {
+        Start::From(resume_from_seq)
+    } else {
+        Start::OtherEpoch {
+            epoch: resume_epoch,
+            from_seq: resume_from_seq,
+        }
+    }
+}
+
+type SubscribeStream = Pin<Box<dyn Stream<Item = Result<wire::SubscribeResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl pb::producer_server::Producer for ProducerService {
+impl wire::producer_server::Producer for ProducerService {
     async fn query(&self, req: Request<pb::QueryRequest>) -> Result<Response<pb::QueryResponse>, Status> {
         let req = req.into_inner();
         let sel = selector(&req.patterns, &req.sources)?;
@@ -83,46 +200,42 @@ impl pb::producer_server::Producer for ProducerService {
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<SubscribeStream>, Status> {
         let req = req.into_inner();
-        let sel = selector(&req.patterns, &req.sources)?;
-        if req.consumer_id.len() > 256 {
-            return Err(invalid("consumer_id longer than 256 bytes"));
-        }
-        let max_batch = if req.max_batch == 0 {
-            DEFAULT_MAX_BATCH
-        } else {
-            req.max_batch as usize
-        };
-        let epoch = self.hub.epoch();
-        let start = if req.resume_from_seq == 0 {
-            Start::Latest
-        } else if req.epoch == 0 || req.epoch == epoch {
-            Start::From(req.resume_from_seq)
-        } else {
-            Start::OtherEpoch {
-                epoch: req.epoch,
-                from_seq: req.resume_from_seq,
-            }
-        };
-        let cursor = Cursor::new(sel, max_batch, req.min_interval_ms);
-        let (id, cancel, guard) = self.registry.add(&req.consumer_id);
+        let spec = spec_of(&self.hub, &self.deriver, &req)?;
+        let start = start_of(self.hub.epoch(), req.resume_from_seq, req.epoch);
+        let cursor = Cursor::new(spec);
+        let handle = self.registry.add(&req.consumer_id);
+        let (id, cancel) = (handle.id, handle.cancel.clone());
         // Two batches in flight at most: memory per subscriber stays bounded and latency low.
-        let (tx, mut rx) = mpsc::channel(2);
+        let (tx, mut rx) = mpsc::channel::<Bytes>(2);
         tokio::spawn(subscription::run(
             self.hub.clone(),
+            self.registry.clone(),
             cursor,
             start,
-            id,
-            cancel.clone(),
-            guard,
+            handle,
             tx,
         ));
-        // The stream ends as soon as the subscription is cancelled: nothing is sent after an
-        // Unsubscribe has been confirmed.
+        // The first message carries the subscription id. The stream ends as soon as the
+        // subscription is cancelled: nothing is sent after an Unsubscribe has been confirmed.
+        let mut first = Some(wire::SubscribeResponse {
+            subscription_id: id,
+            batch: Bytes::new(),
+        });
         let stream = futures::stream::poll_fn(move |cx| {
             if cancel.is_cancelled() {
                 return std::task::Poll::Ready(None);
             }
-            rx.poll_recv(cx)
+            if let Some(f) = first.take() {
+                return std::task::Poll::Ready(Some(Ok(f)));
+            }
+            rx.poll_recv(cx).map(|b| {
+                b.map(|batch| {
+                    Ok(wire::SubscribeResponse {
+                        subscription_id: id,
+                        batch,
+                    })
+                })
+            })
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -171,6 +284,30 @@ pub struct IngestService {
 
 #[tonic::async_trait]
 impl pb::ingest_server::Ingest for IngestService {
+    async fn schema(
+        &self,
+        req: Request<pb::GetSchemaRequest>,
+    ) -> Result<Response<pb::GetSchemaResponse>, Status> {
+        let req = req.into_inner();
+        gma_core::pattern::validate_event_name(&req.name).map_err(invalid)?;
+        let inner = self.hub.lock();
+        match inner.schema(&req.name) {
+            Some(s) if req.version == 0 || req.version == s.version => {
+                Ok(Response::new(pb::GetSchemaResponse {
+                    schema: Some(s.clone()),
+                }))
+            }
+            Some(s) => Err(Status::not_found(format!(
+                "this producer holds {} version {}, not version {}",
+                req.name, s.version, req.version
+            ))),
+            None => Err(Status::not_found(format!(
+                "this producer has no schema for {}",
+                req.name
+            ))),
+        }
+    }
+
     async fn push(&self, req: Request<pb::IngestRequest>) -> Result<Response<pb::IngestResponse>, Status> {
         let req = req.into_inner();
         if req.events.len() > MAX_INGEST_EVENTS {

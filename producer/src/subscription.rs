@@ -1,27 +1,42 @@
 //! Subscriptions: a cursor over the hub's log per consumer stream.
 //!
-//! A subscription task copies matching events from the log into a [`BatchEncoder`] under the
-//! hub lock (bounded work: at most `max_batch` events), releases the lock and sends the batch.
-//! When the consumer is slow the send waits (HTTP/2 flow control) while sensors keep publishing;
-//! if the ring overwrites events the cursor had not reached, the next batch carries a `Gap`
-//! naming the lost seqs. Memory per subscription is one batch plus a small channel.
+//! Every subscription reads the one shared log (the hub's ring) with its own position, so a
+//! consumer's backlog costs no memory of its own: a stalled consumer holds at most the two
+//! encoded batches in its channel plus what HTTP/2 flow control lets into the socket, and it
+//! never delays a sensor or another subscriber. What happens when it falls behind is its
+//! [`Policy`]: `drop-oldest` skips ahead with an exact `Gap`, `latest` conflates the backlog to
+//! the newest value per series, `block` pins the log (bounded; see [`crate::hub`]).
+//!
+//! Fan-out encodes once: subscriptions with the same selection and no per-subscription filter
+//! share a [`Group`] whose chunks (encoded `EventBatch` bytes over a contiguous seq range) are
+//! built by whichever member reaches the end first and then sent as-is to every member. A
+//! member sends the series declarations it is missing before a chunk. Anything that does not
+//! fit the shared path (start from the latest values, resume, a gap, a filter, a policy jump)
+//! takes the private path: its own encoder, then back onto the group at the next chunk border.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use gma_core::codec::BatchEncoder;
+use gma_core::codec::{BatchEncoder, Mark, SeriesInfo};
 use gma_core::event::to_wire;
+use gma_core::filter::{Bound, Filter};
 use gma_core::pattern::{any_match, Pattern};
 use gma_proto::v1 as pb;
 use parking_lot::Mutex;
+use prost::bytes::Bytes;
+use prost::Message;
 use tokio::sync::{mpsc, Notify};
 use tonic::Status;
 
-use crate::hub::{Hub, HubInner};
+use crate::hub::{Hub, HubInner, Stored};
 
 pub const DEFAULT_MAX_BATCH: usize = 1000;
 pub const MAX_MAX_BATCH: usize = 10_000;
+/// Chunks a fan-out group keeps for members that are a little behind.
+const GROUP_CHUNKS: usize = 64;
+/// Encoded bytes a fan-out group keeps at most.
+const GROUP_BYTES: usize = 16 << 20;
 
 /// What a subscription selects.
 #[derive(Debug, Clone)]
@@ -33,6 +48,33 @@ pub struct Selector {
 impl Selector {
     pub fn matches(&self, name: &str, source: &str) -> bool {
         self.patterns.iter().any(|p| p.matches(name)) && any_match(&self.sources, source)
+    }
+
+    pub(crate) fn key(&self) -> String {
+        let p: Vec<&str> = self.patterns.iter().map(Pattern::as_str).collect();
+        let s: Vec<&str> = self.sources.iter().map(Pattern::as_str).collect();
+        format!("{}|{}", p.join(","), s.join(","))
+    }
+}
+
+/// What a subscription does when it falls behind by more than its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Conflate the backlog to the newest value of each series.
+    Latest,
+    /// Skip the oldest events; the consumer gets a `Gap` with the exact seqs.
+    DropOldest,
+    /// Keep events for this consumer: the log may grow by `block_reserve` events for it.
+    Block,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Latest => "latest",
+            Policy::DropOldest => "drop-oldest",
+            Policy::Block => "block",
+        }
     }
 }
 
@@ -47,57 +89,138 @@ pub enum Start {
     OtherEpoch { epoch: u64, from_seq: u64 },
 }
 
-/// Per-subscription read state.
+/// Everything a subscription asked for, validated.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub selector: Selector,
+    pub max_batch: usize,
+    pub min_interval_ms: u64,
+    pub policy: Policy,
+    /// How far (in producer events) the subscription may fall behind before its policy acts.
+    pub queue_events: u64,
+    pub when: Option<Filter>,
+    pub delta_pct: Option<f64>,
+}
+
+impl Spec {
+    /// A plain subscription: everything selected, drop-oldest over the whole resume window.
+    pub fn plain(selector: Selector) -> Spec {
+        Spec {
+            selector,
+            max_batch: DEFAULT_MAX_BATCH,
+            min_interval_ms: 0,
+            policy: Policy::DropOldest,
+            queue_events: u64::MAX,
+            when: None,
+            delta_pct: None,
+        }
+    }
+
+    /// Without per-subscription state the batches are the same for every such subscriber.
+    fn shareable(&self) -> bool {
+        self.when.is_none() && self.delta_pct.is_none() && self.min_interval_ms == 0
+    }
+
+    fn group_key(&self) -> String {
+        format!("{}|{}", self.selector.key(), self.max_batch)
+    }
+}
+
+/// Per-series state of the `when` filter.
+#[derive(Debug, Default)]
+struct WhenState {
+    bound: Option<Bound>,
+    inside: Option<bool>,
+}
+
+/// Per-subscription read state: position, filters and the stream's own encoder.
 pub struct Cursor {
-    selector: Selector,
+    spec: Spec,
     next: u64,
-    max_batch: usize,
     min_interval_ns: i64,
     /// Per series id: 0 = not yet classified, 1 = selected, 2 = not selected.
     class: Vec<u8>,
     last_sent: HashMap<u32, i64>,
+    when: HashMap<u32, WhenState>,
+    delta_last: HashMap<u32, Box<[f64]>>,
+    /// Private batches; also the record of which series this stream has declared.
     pub encoder: BatchEncoder,
 }
 
 impl Cursor {
-    pub fn new(selector: Selector, max_batch: usize, min_interval_ms: u64) -> Cursor {
+    pub fn new(spec: Spec) -> Cursor {
+        let spec = Spec {
+            max_batch: spec.max_batch.clamp(1, MAX_MAX_BATCH),
+            ..spec
+        };
         Cursor {
-            selector,
+            min_interval_ns: (spec.min_interval_ms.min(86_400_000) as i64) * 1_000_000,
+            spec,
             next: 0,
-            max_batch: max_batch.clamp(1, MAX_MAX_BATCH),
-            min_interval_ns: (min_interval_ms.min(86_400_000) as i64) * 1_000_000,
             class: Vec::new(),
             last_sent: HashMap::new(),
+            when: HashMap::new(),
+            delta_last: HashMap::new(),
             encoder: BatchEncoder::new(),
         }
     }
 
-    fn selected(&mut self, inner: &HubInner, series: u32) -> bool {
-        let i = series as usize;
-        if i >= self.class.len() {
-            self.class.resize(inner.series.len().max(i + 1), 0);
-        }
-        if self.class[i] == 0 {
-            let s = &inner.series[i];
-            self.class[i] = if self.selector.matches(&s.name, &s.source) {
-                1
-            } else {
-                2
-            };
-        }
-        self.class[i] == 1
+    pub fn next_seq(&self) -> u64 {
+        self.next
     }
 
-    fn rate_ok(&mut self, series: u32, ts: i64) -> bool {
-        if self.min_interval_ns == 0 {
-            return true;
+    fn selected(&mut self, inner: &HubInner, series: u32) -> bool {
+        select(&mut self.class, &self.spec.selector, inner, series)
+    }
+
+    /// Runs the per-subscription filters; `Some(mark)` = deliver. State is committed only for
+    /// delivered events (the crossing state follows every evaluated value).
+    fn admit(&mut self, info: &SeriesInfo, e: &Stored) -> Option<Mark> {
+        let mut mark = Mark::None;
+        if let Some(filter) = &self.spec.when {
+            let st = self.when.entry(e.series).or_insert_with(|| WhenState {
+                // Validated at subscribe time; a schema that does not bind never matches.
+                bound: filter.bind(&info.name, &info.fields).ok().flatten(),
+                inside: None,
+            });
+            let now = st.bound.as_ref()?.eval(&e.numbers, &e.strings)?;
+            let before = st.inside.replace(now);
+            mark = match (before, now) {
+                (Some(b), n) if b == n => return None,
+                (None, false) => return None,
+                (_, true) => Mark::Enter,
+                (_, false) => Mark::Leave,
+            };
         }
-        match self.last_sent.get(&series) {
-            Some(last) if ts - *last < self.min_interval_ns => false,
-            _ => {
-                self.last_sent.insert(series, ts);
-                true
+        if let Some(pct) = self.spec.delta_pct {
+            if let Some(last) = self.delta_last.get(&e.series) {
+                if !moved(last, &e.numbers, pct) {
+                    return None;
+                }
             }
+        }
+        if self.min_interval_ns > 0 {
+            if let Some(last) = self.last_sent.get(&e.series) {
+                if e.timestamp_ns - *last < self.min_interval_ns {
+                    return None;
+                }
+            }
+            self.last_sent.insert(e.series, e.timestamp_ns);
+        }
+        if self.spec.delta_pct.is_some() {
+            self.delta_last.insert(e.series, e.numbers.clone());
+        }
+        Some(mark)
+    }
+
+    fn offer(&mut self, inner: &HubInner, e: &Stored) {
+        if !self.selected(inner, e.series) {
+            return;
+        }
+        let s = &inner.series[e.series as usize];
+        if let Some(mark) = self.admit(s, e) {
+            self.encoder
+                .push_marked(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings, mark);
         }
     }
 
@@ -105,15 +228,7 @@ impl Cursor {
     pub fn start(&mut self, inner: &HubInner, start: Start) {
         match start {
             Start::Latest => {
-                let mut latest: Vec<_> = inner.latest().collect();
-                latest.sort_by_key(|e| e.seq);
-                for e in latest {
-                    if self.selected(inner, e.series) && self.rate_ok(e.series, e.timestamp_ns) {
-                        let s = &inner.series[e.series as usize];
-                        self.encoder
-                            .push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
-                    }
-                }
+                self.latest_values(inner, 0);
                 self.next = inner.head();
             }
             Start::From(seq) => self.next = seq.clamp(1, inner.head()),
@@ -133,30 +248,85 @@ impl Cursor {
         }
     }
 
-    /// Copies up to `max_batch` matching events into the encoder; reports overwritten ones.
-    pub fn fill(&mut self, inner: &HubInner) {
+    /// Encodes the newest value of each selected series with seq >= `from`; returns how many.
+    fn latest_values(&mut self, inner: &HubInner, from: u64) -> u64 {
+        let mut latest: Vec<&Stored> = inner.latest().filter(|e| e.seq >= from).collect();
+        latest.sort_by_key(|e| e.seq);
+        let mut n = 0;
+        for e in latest {
+            let before = self.encoder.len();
+            self.offer(inner, e);
+            n += (self.encoder.len() - before) as u64;
+        }
+        n
+    }
+
+    /// Applies the overrun rules: events overwritten in the ring, and the policy when the
+    /// subscription is further behind than its queue. Returns true if it moved the cursor.
+    fn overrun(&mut self, inner: &HubInner) -> bool {
         let oldest = inner.oldest();
+        let head = inner.head();
         if self.next < oldest {
             let lost = oldest - self.next;
-            self.encoder.gap(
-                self.next,
-                oldest - 1,
-                lost,
-                "buffer window exceeded (consumer too slow or away too long)",
-            );
+            metrics::counter!("gma_producer_gap_events_total").increment(lost);
+            let reason = match self.spec.policy {
+                Policy::Block => {
+                    "block policy: the consumer fell behind by more than the log and its block reserve"
+                }
+                _ => "buffer window exceeded (slow consumer)",
+            };
+            self.encoder.gap(self.next, oldest - 1, lost, reason);
             self.next = oldest;
         }
+        let lag = head.saturating_sub(self.next);
+        if lag <= self.spec.queue_events {
+            return false;
+        }
+        match self.spec.policy {
+            Policy::Block => false,
+            Policy::DropOldest => {
+                let to = head - self.spec.queue_events;
+                metrics::counter!("gma_producer_gap_events_total").increment(to - self.next);
+                self.encoder.gap(
+                    self.next,
+                    to - 1,
+                    to - self.next,
+                    "slow consumer: drop-oldest policy skipped the oldest events",
+                );
+                self.next = to;
+                true
+            }
+            Policy::Latest => {
+                let mut selected = 0u64;
+                for e in inner.since(self.next) {
+                    if select(&mut self.class, &self.spec.selector, inner, e.series) {
+                        selected += 1;
+                    }
+                }
+                let sent = self.latest_values(inner, self.next);
+                let conflated = selected.saturating_sub(sent);
+                metrics::counter!("gma_producer_conflated_events_total").increment(conflated);
+                self.encoder.conflated(conflated);
+                self.next = head;
+                true
+            }
+        }
+    }
+
+    /// Copies up to `max_batch` admitted events (scanning at most 16 × that) into the encoder,
+    /// never reading at or past `limit`.
+    pub fn fill(&mut self, inner: &HubInner, limit: u64) {
+        if self.overrun(inner) {
+            return;
+        }
         let mut last = None;
+        let max = self.spec.max_batch;
         for (scanned, e) in inner.since(self.next).enumerate() {
-            if self.encoder.len() >= self.max_batch || scanned >= self.max_batch * 16 {
+            if self.encoder.len() >= max || scanned >= max * 16 || e.seq >= limit {
                 break;
             }
             last = Some(e.seq);
-            if self.selected(inner, e.series) && self.rate_ok(e.series, e.timestamp_ns) {
-                let s = &inner.series[e.series as usize];
-                self.encoder
-                    .push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
-            }
+            self.offer(inner, e);
         }
         if let Some(l) = last {
             self.next = l + 1;
@@ -165,6 +335,158 @@ impl Cursor {
 
     pub fn caught_up(&self, inner: &HubInner) -> bool {
         self.next >= inner.head()
+    }
+}
+
+fn select(class: &mut Vec<u8>, selector: &Selector, inner: &HubInner, series: u32) -> bool {
+    let i = series as usize;
+    if i >= class.len() {
+        class.resize(inner.series.len().max(i + 1), 0);
+    }
+    if class[i] == 0 {
+        let s = &inner.series[i];
+        class[i] = if selector.matches(&s.name, &s.source) {
+            1
+        } else {
+            2
+        };
+    }
+    class[i] == 1
+}
+
+/// True when some numeric field moved by more than `pct` percent of its previous value (any
+/// change counts when the previous value was zero; NaN to a number and back counts too).
+fn moved(last: &[f64], now: &[f64], pct: f64) -> bool {
+    last.iter().zip(now).any(|(a, b)| {
+        if a.is_nan() || b.is_nan() {
+            return a.is_nan() != b.is_nan();
+        }
+        if *a == 0.0 {
+            return *b != 0.0;
+        }
+        ((b - a) / a).abs() * 100.0 > pct
+    })
+}
+
+/// One shared, encoded batch: the selected events of seqs `from..to`.
+struct Chunk {
+    from: u64,
+    to: u64,
+    events: usize,
+    /// Distinct series the chunk refers to (declared by each stream before sending it).
+    series: Vec<u32>,
+    bytes: Bytes,
+}
+
+/// Subscriptions that share encoded chunks (same selection, no per-subscription filter).
+pub struct Group {
+    selector: Selector,
+    max_batch: usize,
+    class: Vec<u8>,
+    /// Contiguous: `chunks[i].to == chunks[i + 1].from`.
+    chunks: VecDeque<Arc<Chunk>>,
+    bytes: usize,
+}
+
+impl Group {
+    fn new(spec: &Spec) -> Group {
+        Group {
+            selector: spec.selector.clone(),
+            max_batch: spec.max_batch.clamp(1, MAX_MAX_BATCH),
+            class: Vec::new(),
+            chunks: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The chunk starting at `next`, encoding it from the log when `next` is the group's end.
+    /// `Err(to)`: `next` is inside the chunk ending at `to` (read privately up to there).
+    /// `Ok(None)`: nothing shared to offer.
+    fn chunk_at(&mut self, inner: &HubInner, next: u64, epoch: u64) -> Result<Option<Arc<Chunk>>, u64> {
+        if let (Some(first), Some(last)) = (self.chunks.front(), self.chunks.back()) {
+            if next >= first.from && next < last.to {
+                let i = self.chunks.partition_point(|c| c.to <= next);
+                let c = &self.chunks[i];
+                return if c.from == next {
+                    Ok(Some(c.clone()))
+                } else {
+                    Err(c.to)
+                };
+            }
+            if next < first.from {
+                return Ok(None);
+            }
+            if next > last.to {
+                // Everyone who used the old chunks has moved on or left.
+                self.chunks.clear();
+                self.bytes = 0;
+            }
+        }
+        if next >= inner.head() || next < inner.oldest() {
+            return Ok(None);
+        }
+        let mut enc = BatchEncoder::shared();
+        let mut seen = std::collections::HashSet::new();
+        let mut last = next;
+        for (scanned, e) in inner.since(next).enumerate() {
+            if enc.len() >= self.max_batch || scanned >= self.max_batch * 16 {
+                break;
+            }
+            if select(&mut self.class, &self.selector, inner, e.series) {
+                if !seen.contains(&e.series) {
+                    if seen.len() >= self.max_batch {
+                        break;
+                    }
+                    seen.insert(e.series);
+                }
+                let s = &inner.series[e.series as usize];
+                enc.push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
+            }
+            last = e.seq;
+        }
+        let series: Vec<u32> = seen.into_iter().collect();
+        let events = enc.len();
+        let bytes = if events == 0 {
+            Bytes::new()
+        } else {
+            Bytes::from(enc.finish(epoch).encode_to_vec())
+        };
+        let chunk = Arc::new(Chunk {
+            from: next,
+            to: last + 1,
+            events,
+            series,
+            bytes,
+        });
+        self.bytes += chunk.bytes.len();
+        self.chunks.push_back(chunk.clone());
+        while self.chunks.len() > GROUP_CHUNKS || (self.bytes > GROUP_BYTES && self.chunks.len() > 1) {
+            if let Some(old) = self.chunks.pop_front() {
+                self.bytes -= old.bytes.len();
+            }
+        }
+        metrics::counter!("gma_producer_chunks_encoded_total").increment(1);
+        Ok(Some(chunk))
+    }
+}
+
+/// Fan-out groups by selection, dropped when their last member leaves.
+#[derive(Default)]
+pub struct Groups {
+    groups: Mutex<HashMap<String, Weak<Mutex<Group>>>>,
+}
+
+impl Groups {
+    fn join(&self, spec: &Spec) -> Arc<Mutex<Group>> {
+        let key = spec.group_key();
+        let mut groups = self.groups.lock();
+        if let Some(g) = groups.get(&key).and_then(Weak::upgrade) {
+            return g;
+        }
+        groups.retain(|_, g| g.strong_count() > 0);
+        let g = Arc::new(Mutex::new(Group::new(spec)));
+        groups.insert(key, Arc::downgrade(&g));
+        g
     }
 }
 
@@ -201,15 +523,16 @@ struct Entry {
     cancel: Arc<Cancel>,
 }
 
-/// The active subscriptions of a producer, for Unsubscribe one/all.
+/// The active subscriptions of a producer, for Unsubscribe one/all, and their fan-out groups.
 #[derive(Default)]
 pub struct Registry {
     next_id: AtomicU64,
     subs: Mutex<HashMap<u64, Entry>>,
+    pub groups: Groups,
 }
 
 impl Registry {
-    pub fn add(self: &Arc<Self>, consumer_id: &str) -> (u64, Arc<Cancel>, RegistryGuard) {
+    pub fn add(self: &Arc<Self>, consumer_id: &str) -> SubHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let cancel = Arc::new(Cancel::default());
         self.subs.lock().insert(
@@ -220,14 +543,14 @@ impl Registry {
             },
         );
         metrics::gauge!("gma_producer_subscriptions").increment(1.0);
-        (
+        SubHandle {
             id,
             cancel,
-            RegistryGuard {
+            guard: RegistryGuard {
                 registry: self.clone(),
                 id,
             },
-        )
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -276,6 +599,14 @@ impl Registry {
     }
 }
 
+/// A registered subscription: its id, its cancel flag, and its place in the registry (given
+/// back when the handle is dropped).
+pub struct SubHandle {
+    pub id: u64,
+    pub cancel: Arc<Cancel>,
+    pub guard: RegistryGuard,
+}
+
 /// Removes the subscription from the registry when its task ends (consumer gone or cancelled).
 pub struct RegistryGuard {
     registry: Arc<Registry>,
@@ -289,54 +620,118 @@ impl Drop for RegistryGuard {
     }
 }
 
-/// Runs one subscription until the consumer leaves or it is cancelled.
+/// Unpins a block subscription when it ends.
+struct PinGuard<'a> {
+    hub: &'a Hub,
+    id: u64,
+}
+
+impl Drop for PinGuard<'_> {
+    fn drop(&mut self) {
+        self.hub.unpin(self.id);
+    }
+}
+
+fn encode(batch: &pb::EventBatch) -> Bytes {
+    Bytes::from(batch.encode_to_vec())
+}
+
+/// The next messages of a stream (encoded `EventBatch`es) and whether it is caught up.
+fn next_messages(
+    hub: &Hub,
+    group: Option<&Mutex<Group>>,
+    cursor: &mut Cursor,
+    epoch: u64,
+    out: &mut Vec<Bytes>,
+) -> bool {
+    let mut limit = u64::MAX;
+    if let Some(group) = group {
+        let mut g = group.lock();
+        let inner = hub.lock();
+        let lag = inner.head().saturating_sub(cursor.next);
+        let plain =
+            cursor.next >= inner.oldest() && lag <= cursor.spec.queue_events && cursor.encoder.is_empty();
+        if plain {
+            match g.chunk_at(&inner, cursor.next, epoch) {
+                Ok(Some(chunk)) => {
+                    let decls = cursor
+                        .encoder
+                        .declare_missing(chunk.series.iter().map(|id| &*inner.series[*id as usize]));
+                    if !decls.is_empty() {
+                        out.push(encode(&pb::EventBatch {
+                            series: decls,
+                            epoch,
+                            ..Default::default()
+                        }));
+                    }
+                    if chunk.events > 0 {
+                        metrics::counter!("gma_producer_events_sent_total").increment(chunk.events as u64);
+                        out.push(chunk.bytes.clone());
+                    }
+                    cursor.next = chunk.to;
+                    return cursor.caught_up(&inner);
+                }
+                Ok(None) => {}
+                Err(to) => limit = to,
+            }
+        }
+    }
+    let inner = hub.lock();
+    cursor.fill(&inner, limit);
+    if !cursor.encoder.is_empty() {
+        metrics::counter!("gma_producer_events_sent_total").increment(cursor.encoder.len() as u64);
+        out.push(encode(&cursor.encoder.finish(epoch)));
+    }
+    cursor.caught_up(&inner)
+}
+
+/// Runs one subscription until the consumer leaves or it is cancelled, sending encoded
+/// `EventBatch`es on `tx`.
 pub async fn run(
     hub: Arc<Hub>,
+    registry: Arc<Registry>,
     mut cursor: Cursor,
     start: Start,
-    id: u64,
-    cancel: Arc<Cancel>,
-    _guard: RegistryGuard,
-    tx: mpsc::Sender<Result<pb::SubscribeResponse, Status>>,
+    handle: SubHandle,
+    tx: mpsc::Sender<Bytes>,
 ) {
+    let SubHandle { id, cancel, guard: _guard } = handle;
+    let group = cursor
+        .spec
+        .shareable()
+        .then(|| registry.groups.join(&cursor.spec));
+    let block = cursor.spec.policy == Policy::Block;
+    let _pin = block.then(|| PinGuard { hub: &hub, id });
     let mut head = hub.watch_head();
     let epoch = {
         let inner = hub.lock();
         cursor.start(&inner, start);
         inner.epoch
     };
-    let first = pb::SubscribeResponse {
-        subscription_id: id,
-        batch: None,
-    };
-    if tx.send(Ok(first)).await.is_err() {
-        return;
+    if block {
+        hub.pin(id, cursor.next);
     }
+    let mut out = Vec::with_capacity(2);
     loop {
         head.borrow_and_update();
-        let (batch, caught_up) = {
-            let inner = hub.lock();
-            cursor.fill(&inner);
-            let batch = if cursor.encoder.is_empty() {
-                None
-            } else {
-                Some(cursor.encoder.finish(epoch))
-            };
-            (batch, cursor.caught_up(&inner))
-        };
-        if let Some(batch) = batch {
-            metrics::counter!("gma_producer_events_sent_total").increment(batch.series_ids.len() as u64);
-            let msg = pb::SubscribeResponse {
-                subscription_id: id,
-                batch: Some(batch),
-            };
+        let caught_up = next_messages(&hub, group.as_deref(), &mut cursor, epoch, &mut out);
+        if block {
+            hub.pin(id, cursor.next);
+        }
+        let sent_any = !out.is_empty();
+        for msg in out.drain(..) {
             tokio::select! {
-                r = tx.send(Ok(msg)) => if r.is_err() { return },
+                r = tx.send(msg) => if r.is_err() { return },
                 _ = cancel.cancelled() => return,
             }
-            if !caught_up {
-                continue;
-            }
+        }
+        if sent_any && !caught_up {
+            continue;
+        }
+        if !caught_up {
+            // Scanned without finding anything to send: keep reading.
+            tokio::task::yield_now().await;
+            continue;
         }
         tokio::select! {
             r = head.changed() => if r.is_err() { return },
@@ -371,4 +766,198 @@ pub fn query(inner: &HubInner, selector: &Selector, max_age_ns: Option<i64>, now
     }
     out.sort_by_key(|e| e.seq);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gma_core::codec::BatchDecoder;
+    use gma_core::event::{dbl, EventData};
+
+    fn hub(cap: usize) -> Arc<Hub> {
+        let hub = Hub::new(7, cap);
+        hub.add_schemas(&[pb::EventSchema {
+            name: "t.x".into(),
+            version: 1,
+            fields: vec![dbl("v", "", "")],
+            description: String::new(),
+        }])
+        .unwrap();
+        hub
+    }
+
+    fn publish(hub: &Hub, src: &str, values: &[f64]) {
+        let evs: Vec<EventData> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| EventData {
+                name: "t.x".into(),
+                source: src.into(),
+                timestamp_ns: 1_000 + i as i64,
+                numbers: vec![*v],
+                strings: vec![],
+            })
+            .collect();
+        hub.publish(&evs).1.unwrap();
+    }
+
+    fn spec() -> Spec {
+        Spec::plain(Selector {
+            patterns: vec![Pattern::event("t.*").unwrap()],
+            sources: vec![],
+        })
+    }
+
+    /// Drains a cursor (shared or private) into decoded (source, value, mark) triples.
+    fn drain(
+        hub: &Hub,
+        group: Option<&Mutex<Group>>,
+        c: &mut Cursor,
+        dec: &mut BatchDecoder,
+    ) -> Vec<(String, f64, Mark)> {
+        let mut out = Vec::new();
+        let mut msgs = Vec::new();
+        loop {
+            let done = next_messages(hub, group, c, 7, &mut msgs);
+            for m in msgs.drain(..) {
+                let b = pb::EventBatch::decode(m).unwrap();
+                dec.decode_each(&b, |e| out.push((e.series.source.clone(), e.numbers[0], e.mark)))
+                    .unwrap();
+            }
+            if done {
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn members_of_a_group_share_chunks_and_get_declarations() {
+        let hub = hub(1000);
+        let group = Mutex::new(Group::new(&spec()));
+        publish(&hub, "a", &[1.0, 2.0]);
+        let mut c1 = Cursor::new(spec());
+        let mut c2 = Cursor::new(spec());
+        c1.start(&hub.lock(), Start::From(1));
+        c2.start(&hub.lock(), Start::From(1));
+        let (mut d1, mut d2) = (BatchDecoder::new(), BatchDecoder::new());
+        assert_eq!(drain(&hub, Some(&group), &mut c1, &mut d1).len(), 2);
+        publish(&hub, "b", &[3.0]);
+        assert_eq!(drain(&hub, Some(&group), &mut c1, &mut d1).len(), 1);
+        // c2 reads the two chunks c1 built (one encoding each) and still decodes everything.
+        let got = drain(&hub, Some(&group), &mut c2, &mut d2);
+        assert_eq!(got.iter().map(|e| e.1).collect::<Vec<_>>(), vec![1.0, 2.0, 3.0]);
+        assert_eq!(group.lock().chunks.len(), 2);
+    }
+
+    #[test]
+    fn a_private_reader_rejoins_at_a_chunk_border() {
+        let hub = hub(1000);
+        let mut s = spec();
+        s.max_batch = 2;
+        let group = Mutex::new(Group::new(&s));
+        publish(&hub, "a", &[1.0, 2.0, 3.0, 4.0, 5.0]);
+        let mut c1 = Cursor::new(s.clone());
+        c1.start(&hub.lock(), Start::From(1));
+        drain(&hub, Some(&group), &mut c1, &mut BatchDecoder::new());
+        // Starts in the middle of the first chunk: private up to its end, then shared.
+        let mut c2 = Cursor::new(s);
+        c2.start(&hub.lock(), Start::From(2));
+        let got = drain(&hub, Some(&group), &mut c2, &mut BatchDecoder::new());
+        assert_eq!(
+            got.iter().map(|e| e.1).collect::<Vec<_>>(),
+            vec![2.0, 3.0, 4.0, 5.0]
+        );
+    }
+
+    #[test]
+    fn when_marks_crossings_only() {
+        let hub = hub(1000);
+        let mut s = spec();
+        s.when = Some(Filter::parse("v > 50").unwrap());
+        let mut c = Cursor::new(s);
+        c.start(&hub.lock(), Start::From(1));
+        publish(&hub, "a", &[10.0, 60.0, 70.0, 40.0, 30.0, 55.0]);
+        let got = drain(&hub, None, &mut c, &mut BatchDecoder::new());
+        assert_eq!(
+            got.iter().map(|e| (e.1, e.2)).collect::<Vec<_>>(),
+            vec![(60.0, Mark::Enter), (40.0, Mark::Leave), (55.0, Mark::Enter)]
+        );
+    }
+
+    #[test]
+    fn delta_filter_delivers_moves_beyond_the_percentage() {
+        let hub = hub(1000);
+        let mut s = spec();
+        s.delta_pct = Some(20.0);
+        let mut c = Cursor::new(s);
+        c.start(&hub.lock(), Start::From(1));
+        publish(
+            &hub,
+            "a",
+            &[100.0, 110.0, 119.0, 121.0, 100.0, 96.0, 0.0, 0.0, 1.0],
+        );
+        let got = drain(&hub, None, &mut c, &mut BatchDecoder::new());
+        assert_eq!(
+            got.iter().map(|e| e.1).collect::<Vec<_>>(),
+            vec![100.0, 121.0, 96.0, 0.0, 1.0]
+        );
+    }
+
+    #[test]
+    fn policies_when_behind() {
+        let hub = hub(1000);
+        // drop-oldest with a queue of 3: the 7 oldest of 10 are skipped with an exact gap.
+        let mut s = spec();
+        s.queue_events = 3;
+        let mut c = Cursor::new(s.clone());
+        c.start(&hub.lock(), Start::From(1));
+        publish(&hub, "a", &(0..10).map(f64::from).collect::<Vec<_>>());
+        let mut msgs = Vec::new();
+        next_messages(&hub, None, &mut c, 7, &mut msgs);
+        let b = pb::EventBatch::decode(msgs[0].clone()).unwrap();
+        assert_eq!((b.gaps[0].from_seq, b.gaps[0].to_seq, b.dropped), (1, 7, 7));
+        let got = drain(&hub, None, &mut c, &mut BatchDecoder::new());
+        assert_eq!(got.iter().map(|e| e.1).collect::<Vec<_>>(), vec![7.0, 8.0, 9.0]);
+        // latest: the backlog collapses to the newest value per series.
+        s.policy = Policy::Latest;
+        let mut c = Cursor::new(s);
+        let head = hub.lock().head();
+        c.start(&hub.lock(), Start::From(head));
+        publish(&hub, "a", &[1.0, 2.0, 3.0, 4.0]);
+        publish(&hub, "b", &[5.0, 6.0]);
+        let mut msgs = Vec::new();
+        next_messages(&hub, None, &mut c, 7, &mut msgs);
+        let b = pb::EventBatch::decode(msgs[0].clone()).unwrap();
+        assert_eq!(b.conflated, 4);
+        assert!(b.gaps.is_empty());
+        let mut got = Vec::new();
+        BatchDecoder::new()
+            .decode_each(&b, |e| got.push((e.series.source.clone(), e.numbers[0])))
+            .unwrap();
+        assert_eq!(got, vec![("a".into(), 4.0), ("b".into(), 6.0)]);
+    }
+
+    #[test]
+    fn block_policy_holds_the_log_within_its_reserve() {
+        let hub = Hub::with_block_reserve(7, 4, 4);
+        hub.add_schemas(&[pb::EventSchema {
+            name: "t.x".into(),
+            version: 1,
+            fields: vec![dbl("v", "", "")],
+            description: String::new(),
+        }])
+        .unwrap();
+        hub.pin(1, 1);
+        publish(&hub, "a", &(0..6).map(f64::from).collect::<Vec<_>>());
+        assert_eq!(
+            hub.lock().oldest(),
+            1,
+            "pinned: nothing overwritten within the reserve"
+        );
+        publish(&hub, "a", &(0..6).map(f64::from).collect::<Vec<_>>());
+        assert_eq!(hub.lock().oldest(), 5, "beyond capacity + reserve the oldest go");
+        hub.unpin(1);
+        publish(&hub, "a", &[1.0]);
+        assert_eq!(hub.lock().oldest(), 10, "unpinned: back to the capacity");
+    }
 }
