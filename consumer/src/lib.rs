@@ -2,12 +2,19 @@
 //!
 //! - [`connect`]: a gRPC channel to any role.
 //! - [`directory`]: search (all pages) and lookups against the directory.
+//! - [`emit`]: [`emit::Emitter`], application sensors: push your own events (fields by name)
+//!   into a producer's `Ingest` service.
+//! - [`registrar`]: keep a record (producer or consumer) in the directory under a lease.
+//! - [`sink`]: accept producer-initiated (pushed) streams: the `Consumer` service.
 //! - [`stream`]: [`stream::ProducerStream`], one subscription to one producer that reconnects
 //!   with backoff and resumes from its last seq, surfacing gaps the producer reports.
 //! - [`subscriber`]: discover every producer of a pattern through Search + Watch, subscribe to
 //!   each, and merge their streams into one channel of [`subscriber::Delivery`].
 
 pub mod directory;
+pub mod emit;
+pub mod registrar;
+pub mod sink;
 pub mod stream;
 pub mod subscriber;
 
@@ -21,10 +28,13 @@ pub enum ConsumerError {
     Address(String, String),
     #[error("cannot connect to {0}: {1}")]
     Connect(String, String),
-    #[error("{0}: {1}")]
+    #[error("{0}: {msg} ({code:?})", msg = .1.message(), code = .1.code())]
     Rpc(String, tonic::Status),
     #[error("malformed stream from {0}: {1}")]
     Protocol(String, String),
+    /// Refused before anything was sent, e.g. an event that does not fit its schema.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl ConsumerError {

@@ -170,7 +170,14 @@ impl ProducerStream {
 
     fn broke(&mut self, err: ConsumerError) -> Result<Option<Progress>, ConsumerError> {
         self.inbound = None;
-        if !self.opts.reconnect {
+        // A refused subscription (bad filter, not allowed) fails the same way every time.
+        let refused = err.status().is_some_and(|s| {
+            matches!(
+                s.code(),
+                tonic::Code::InvalidArgument | tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            )
+        });
+        if !self.opts.reconnect || refused {
             self.ended = true;
             return Err(err);
         }

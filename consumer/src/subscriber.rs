@@ -37,6 +37,8 @@ pub enum Delivery {
     Gap { producer: String, gap: pb::Gap },
     /// The stream broke and is being re-established.
     Reconnecting { producer: String, error: String },
+    /// The producer refused the subscription (invalid filter, not allowed); not retried.
+    Refused { producer: String, error: String },
     /// The producer left the directory (removed or its lease expired).
     Gone { producer: String, reason: String },
     /// The directory is unreachable; running streams continue.
@@ -49,6 +51,27 @@ pub struct SubscriberOptions {
     pub stream: StreamOptions,
     /// Capacity of the merged channel, in deliveries.
     pub capacity: usize,
+}
+
+/// Producer records a [`Subscriber`] never follows (see [`Subscriber::start_excluding`]).
+#[derive(Debug, Clone, Default)]
+pub struct Exclusions {
+    /// Record ids: exact, or a prefix followed by `*` (`relay-s1@*`).
+    pub ids: Vec<String>,
+    /// `(key, value)` pairs: records whose attributes hold any of them are skipped.
+    pub attributes: Vec<(String, String)>,
+}
+
+impl Exclusions {
+    pub fn excludes(&self, p: &pb::ProducerRecord) -> bool {
+        self.ids.iter().any(|x| match x.strip_suffix('*') {
+            Some(prefix) => p.id.starts_with(prefix),
+            None => p.id == *x,
+        }) || self
+            .attributes
+            .iter()
+            .any(|(k, v)| p.attributes.get(k).is_some_and(|a| a == v))
+    }
 }
 
 struct Running {
@@ -73,9 +96,19 @@ impl Subscriber {
     /// Starts discovering and subscribing. `resume` seeds per-producer resume points (e.g.
     /// saved by a consumer before it restarted).
     pub fn start(opts: SubscriberOptions, resume: HashMap<String, ResumePoint>) -> Subscriber {
+        Subscriber::start_excluding(opts, resume, Exclusions::default())
+    }
+
+    /// Like [`Subscriber::start`], but never follows the producer records `exclude` names
+    /// (e.g. a relay's own record).
+    pub fn start_excluding(
+        opts: SubscriberOptions,
+        resume: HashMap<String, ResumePoint>,
+        exclude: Exclusions,
+    ) -> Subscriber {
         let (tx, rx) = mpsc::channel(opts.capacity.max(1));
         let resume = Arc::new(Mutex::new(resume));
-        let task = tokio::spawn(discover(opts, tx, resume.clone()));
+        let task = tokio::spawn(discover(opts, exclude, tx, resume.clone()));
         Subscriber { rx, resume, task }
     }
 
@@ -95,6 +128,7 @@ fn wants(patterns: &[Pattern], p: &pb::ProducerRecord) -> bool {
 
 async fn discover(
     opts: SubscriberOptions,
+    exclude: Exclusions,
     tx: mpsc::Sender<Delivery>,
     resume: Arc<Mutex<HashMap<String, ResumePoint>>>,
 ) {
@@ -108,7 +142,17 @@ async fn discover(
     let mut from_revision = 0u64;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let err = match watch_once(&opts, &patterns, &tx, &resume, &mut running, &mut from_revision).await {
+        let err = match watch_once(
+            &opts,
+            &patterns,
+            &exclude,
+            &tx,
+            &resume,
+            &mut running,
+            &mut from_revision,
+        )
+        .await
+        {
             Ok(()) => return, // receiver dropped
             Err(e) => e,
         };
@@ -124,6 +168,7 @@ async fn discover(
 async fn watch_once(
     opts: &SubscriberOptions,
     patterns: &[Pattern],
+    exclude: &Exclusions,
     tx: &mpsc::Sender<Delivery>,
     resume: &Arc<Mutex<HashMap<String, ResumePoint>>>,
     running: &mut HashMap<String, Running>,
@@ -190,7 +235,7 @@ async fn watch_once(
         match ty {
             pb::WatchEventType::Put => {
                 seen.insert(p.id.clone());
-                if !wants(patterns, &p) {
+                if !wants(patterns, &p) || exclude.excludes(&p) {
                     continue;
                 }
                 if running
@@ -305,12 +350,20 @@ async fn follow(
                 producer: producer.clone(),
                 error,
             }],
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
+            Err(e) => vec![Delivery::Refused {
+                producer: producer.clone(),
+                error: e.to_string(),
+            }],
         };
+        let refused = matches!(deliveries.last(), Some(Delivery::Refused { .. }));
         for d in deliveries {
             if tx.send(d).await.is_err() {
                 return;
             }
+        }
+        if refused {
+            return;
         }
     }
 }

@@ -36,6 +36,9 @@ pub enum Command {
     Subscribe(SubscribeArgs),
     /// Ask producers for their latest cached events.
     Query(QueryArgs),
+    /// Push application events into a producer (fields by name; the schema is inferred when
+    /// the producer has none), from the arguments or from standard input.
+    Emit(crate::emit::EmitArgs),
     /// Control simulated hosts of a running producer.
     Sim {
         #[command(subcommand)]
@@ -53,6 +56,15 @@ pub enum Command {
     Demo(DemoArgs),
     /// Benchmarks that print figures (throughput, latency percentiles, agent cost).
     Bench(BenchArgs),
+    /// Action monitor: run rules over event streams and run a command when one holds
+    /// (restart a dead process, page when every listed host is down); see docs/monitor.md.
+    Monitor(crate::monitor::MonitorArgs),
+    /// A consumer that accepts streams pushed by producers (registered in the directory) and
+    /// prints them as JSON lines.
+    Sink(crate::sink::SinkArgs),
+    /// Relay: subscribe to a site's producers, publish a site.load summary and republish
+    /// chosen events under one record (a compound consumer/producer).
+    Relay(crate::relay::RelayArgs),
 }
 
 #[derive(Args, Debug)]
@@ -198,8 +210,46 @@ pub struct SubscribeArgs {
     /// subscriber resumes where it stopped.
     #[arg(long)]
     pub state: Option<PathBuf>,
+    #[command(flatten)]
+    pub filters: FilterArgs,
     #[arg(long, value_enum, default_value = "table")]
     pub output: Output,
+}
+
+/// What the producer does when a subscriber falls behind.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// Conflate to the newest value per series.
+    Latest,
+    /// Skip the oldest events, reported as a gap.
+    DropOldest,
+    /// Hold events for this subscriber (archivers), within the producer's block reserve.
+    Block,
+}
+
+/// Subscription parameters evaluated by the producer.
+#[derive(Args, Debug, Default, Clone)]
+pub struct FilterArgs {
+    /// Threshold crossing: only events where this expression changes value, marked enter or
+    /// leave, e.g. 'host.cpu.user > 50' or 'load1 > 4 and free_cpus < 1'.
+    #[arg(long)]
+    pub when: Option<String>,
+    /// Change filter: only events where a numeric field moved by more than this percent since
+    /// the last event delivered for its series.
+    #[arg(long)]
+    pub delta_pct: Option<f64>,
+    /// Rolling summaries instead of raw events (1m, 10m, 60m; repeatable): <name>.avg1m ...
+    #[arg(long = "summary")]
+    pub summaries: Vec<String>,
+    /// Adaptive forecasts instead of raw events: <name>.forecast.
+    #[arg(long)]
+    pub forecast: bool,
+    /// Slow-consumer policy (default: latest for *.load patterns, else drop-oldest).
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyArg>,
+    /// How far behind (producer events) before the policy acts.
+    #[arg(long)]
+    pub queue_events: Option<u32>,
 }
 
 #[derive(Args, Debug)]

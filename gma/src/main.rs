@@ -6,8 +6,12 @@ mod bench_dir;
 mod bench_resched;
 mod cli;
 mod cluster;
+mod emit;
+mod monitor;
+mod relay;
 mod resched;
 mod roles;
+mod sink;
 mod tools;
 
 use clap::Parser;
@@ -53,10 +57,14 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Search(a) => tools::search(a).await,
         Subscribe(a) => tools::subscribe(a).await,
         Query(a) => tools::query(a).await,
+        Emit(a) => emit::run(a).await,
         Sim { command } => tools::sim(command).await,
         Cluster(a) => cluster::run(a.command).await,
         AppSim(a) => appsim::run(a).await,
         Rescheduler(a) => resched::run(a).await,
         Bench(a) => bench::run(a).await,
+        Monitor(a) => monitor::run(a).await,
+        Sink(a) => sink::run(a).await,
+        Relay(a) => relay::run(a).await,
     }
 }

@@ -111,6 +111,25 @@ fn record_json(e: &pb::RecordEntry) -> Option<serde_json::Value> {
 }
 
 /// Prints one event as a table row.
+/// Stream options carrying the producer-side subscription parameters.
+pub fn filter_options(f: &crate::cli::FilterArgs) -> StreamOptions {
+    use crate::cli::PolicyArg;
+    StreamOptions {
+        when: f.when.clone().unwrap_or_default(),
+        delta_pct: f.delta_pct.unwrap_or(0.0),
+        summaries: f.summaries.clone(),
+        forecast: f.forecast,
+        policy: match f.policy {
+            None => pb::SlowPolicy::Unspecified,
+            Some(PolicyArg::Latest) => pb::SlowPolicy::Latest,
+            Some(PolicyArg::DropOldest) => pb::SlowPolicy::DropOldest,
+            Some(PolicyArg::Block) => pb::SlowPolicy::Block,
+        },
+        queue_events: f.queue_events.unwrap_or(0),
+        ..StreamOptions::default()
+    }
+}
+
 fn table_row(e: &EventRef<'_>) -> String {
     let mut s = format!(
         "{:>8} {} {:<14} {:<20}",
@@ -133,6 +152,9 @@ fn table_row(e: &EventRef<'_>) -> String {
             ni += 1;
             s.push_str(&format!(" {}={}", f.name, fmt_num(v)));
         }
+    }
+    if e.mark != gma_core::codec::Mark::None {
+        s.push_str(&format!(" [{}]", e.mark.as_str()));
     }
     s
 }
@@ -235,7 +257,7 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
         sources: a.source.iter().cloned().collect(),
         consumer_id: format!("gma-subscribe-{}", std::process::id()),
         min_interval_ms: a.min_interval_ms.unwrap_or(0),
-        ..StreamOptions::default()
+        ..filter_options(&a.filters)
     };
     let mut resume = match &a.state {
         Some(p) => read_state(p)?,
@@ -339,6 +361,9 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             Delivery::Gap { producer, gap } => report_gaps(&producer, &[gap]),
             Delivery::Reconnecting { producer, error } => {
                 tracing::info!(%producer, %error, "reconnecting")
+            }
+            Delivery::Refused { producer, error } => {
+                return Err(anyhow!("producer {producer} refused the subscription: {error}"))
             }
             Delivery::Gone { producer, reason } => {
                 eprintln!("producer {producer} left the directory ({reason})")

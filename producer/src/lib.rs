@@ -12,9 +12,11 @@
 //! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
 //! - [`registrar`]: directory registration and lease keeping.
 //! - [`derive`]: rolling summaries and forecasts as derived series.
+//! - [`push`]: producer-initiated streams to consumers that accept them (`Consumer.Deliver`).
 
 pub mod derive;
 pub mod hub;
+pub mod push;
 pub mod registrar;
 pub mod service;
 pub mod subscription;
@@ -70,6 +72,8 @@ pub struct ProducerConfig {
     pub summaries: Vec<String>,
     /// Event-name patterns whose series always get forecasts (`<name>.forecast`).
     pub forecasts: Vec<String>,
+    /// Stream to consumers registered in the directory as accepting pushed events.
+    pub push: bool,
 }
 
 impl Default for ProducerConfig {
@@ -91,6 +95,7 @@ impl Default for ProducerConfig {
             org: String::new(),
             summaries: Vec::new(),
             forecasts: Vec::new(),
+            push: true,
         }
     }
 }
@@ -254,22 +259,36 @@ impl Producer {
         let mut registrar_task = None;
         if let Some(dir) = &config.directory {
             let source = config.source.clone().unwrap_or_default();
+            let id = config.id.clone().unwrap_or_else(|| {
+                format!(
+                    "{source}@{}",
+                    address
+                        .trim_start_matches("http://")
+                        .trim_start_matches("https://")
+                )
+            });
             let reg = registrar::Registration {
                 directory: dir.clone(),
-                id: config.id.clone().unwrap_or_else(|| {
-                    format!(
-                        "{source}@{}",
-                        address
-                            .trim_start_matches("http://")
-                            .trim_start_matches("https://")
-                    )
-                }),
+                id: id.clone(),
                 address: address.clone(),
                 ttl_ms: config.lease_ttl_ms,
                 site: config.site.clone(),
                 org: config.org.clone(),
             };
             registrar_task = Some(tokio::spawn(registrar::run(reg, hub.clone(), stop_rx.clone())));
+            if config.push {
+                let pusher = push::Pusher {
+                    hub: hub.clone(),
+                    registry: registry.clone(),
+                    deriver: deriver.clone(),
+                    config: push::PushConfig {
+                        directory: dir.clone(),
+                        producer_id: id,
+                        address: address.clone(),
+                    },
+                };
+                tokio::spawn(pusher.run(stop_rx.clone()));
+            }
         }
         tracing::info!(%address, "producer serving");
         let max = gma_core::MAX_MESSAGE_BYTES;

@@ -1,20 +1,12 @@
-//! Keeps the producer's record in the directory.
-//!
-//! Register (or, when a record with our id survives from a previous run, Update it onto a fresh
-//! lease), then renew the lease over a KeepAlive stream every TTL/3. Whenever the directory is
-//! unreachable or says the lease is gone, start over with backoff. The record is refreshed when
-//! the producer starts offering new event names or sources. None of this blocks streaming: the
-//! producer serves consumers whether or not the directory is up.
+//! Keeps the producer's record in the directory: the generic lease keeping of
+//! [`gma_consumer::registrar`] with the hub as the catalog (event names with their schemas and
+//! sources; a new name or source bumps the hub's catalog version and the record is updated).
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use gma_consumer::registrar::{self, Catalog};
 use gma_proto::v1 as pb;
-use pb::directory_client::DirectoryClient;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
-use tonic::Code;
+use tokio::sync::watch;
 
 use crate::hub::Hub;
 
@@ -29,212 +21,53 @@ pub struct Registration {
     pub org: String,
 }
 
-enum Outcome {
-    Stop,
-    Retry(String),
+struct ProducerCatalog {
+    reg: Registration,
+    hub: Arc<Hub>,
+}
+
+impl Catalog for ProducerCatalog {
+    fn version(&self) -> u64 {
+        self.hub.lock().catalog_version
+    }
+
+    fn record(&self) -> (pb::Record, Vec<pb::EventSchema>, u64) {
+        let inner = self.hub.lock();
+        let mut schemas: Vec<pb::EventSchema> = inner.schemas().cloned().collect();
+        schemas.sort_by(|a, b| a.name.cmp(&b.name));
+        let events = schemas.iter().map(|s| s.name.clone()).collect();
+        let sources = inner.sources().map(str::to_string).collect();
+        let version = inner.catalog_version;
+        drop(inner);
+        let producer = pb::ProducerRecord {
+            id: self.reg.id.clone(),
+            address: self.reg.address.clone(),
+            events,
+            sources,
+            services: ["query", "subscribe", "resume", "ingest", "push", "filters", "summaries", "forecast"]
+                .map(String::from)
+                .to_vec(),
+            site: self.reg.site.clone(),
+            org: self.reg.org.clone(),
+            attributes: Default::default(),
+        };
+        (
+            pb::Record {
+                record: Some(pb::record::Record::Producer(producer)),
+            },
+            schemas,
+            version,
+        )
+    }
 }
 
 /// Runs until `stop` flips; then removes the record (best effort).
-pub async fn run(reg: Registration, hub: Arc<Hub>, mut stop: watch::Receiver<bool>) {
-    let mut backoff = Duration::from_millis(100);
-    let mut registered_once = false;
-    loop {
-        match session(&reg, &hub, &mut stop, &mut registered_once).await {
-            Outcome::Stop => break,
-            Outcome::Retry(why) => {
-                metrics::counter!("gma_producer_directory_retries_total").increment(1);
-                tracing::debug!(error = %why, "directory session ended; retrying");
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stop.changed() => break,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
-        if registered_once {
-            // After a working session, retry quickly: the directory probably just restarted.
-            backoff = backoff.min(Duration::from_millis(500));
-        }
-    }
-    // Say goodbye so consumers learn at once rather than after the TTL.
-    if let Ok(mut client) = connect(&reg.directory).await {
-        let mut req = tonic::Request::new(pb::RemoveRequest {
-            kind: pb::RecordKind::Producer as i32,
-            id: reg.id.clone(),
-        });
-        req.set_timeout(Duration::from_secs(1));
-        let _ = client.remove(req).await;
-    }
-}
-
-/// Connects to the first reachable member of `addrs` (`a:1,b:2`), starting after the one
-/// used last time so a dead member is not always tried first.
-async fn connect(addrs: &str) -> Result<DirectoryClient<Channel>, String> {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let list: Vec<&str> = addrs
-        .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .collect();
-    if list.is_empty() {
-        return Err("no directory address given".into());
-    }
-    let start = NEXT.load(std::sync::atomic::Ordering::Relaxed);
-    let mut errors = Vec::new();
-    for i in 0..list.len() {
-        let k = (start + i) % list.len();
-        let uri = gma_core::addr::endpoint_uri(list[k]);
-        let ep =
-            Endpoint::from_shared(uri.clone()).map_err(|e| format!("bad directory address {uri}: {e}"))?;
-        match ep
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .connect()
-            .await
-        {
-            Ok(ch) => {
-                NEXT.store(k, std::sync::atomic::Ordering::Relaxed);
-                return Ok(DirectoryClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES));
-            }
-            Err(e) => errors.push(format!("{uri}: {e}")),
-        }
-    }
-    NEXT.store(start + 1, std::sync::atomic::Ordering::Relaxed);
-    Err(format!("cannot connect to the directory ({})", errors.join("; ")))
-}
-
-fn record(reg: &Registration, hub: &Hub) -> (pb::RegisterRequest, u64) {
-    let inner = hub.lock();
-    let mut schemas: Vec<pb::EventSchema> = inner.schemas().cloned().collect();
-    schemas.sort_by(|a, b| a.name.cmp(&b.name));
-    let events = schemas.iter().map(|s| s.name.clone()).collect();
-    let sources = inner.sources().map(str::to_string).collect();
-    let version = inner.catalog_version;
-    drop(inner);
-    let producer = pb::ProducerRecord {
+pub async fn run(reg: Registration, hub: Arc<Hub>, stop: watch::Receiver<bool>) {
+    let r = registrar::Registration {
+        directory: reg.directory.clone(),
+        kind: pb::RecordKind::Producer,
         id: reg.id.clone(),
-        address: reg.address.clone(),
-        events,
-        sources,
-        services: vec![
-            "query".into(),
-            "subscribe".into(),
-            "resume".into(),
-            "ingest".into(),
-        ],
-        site: reg.site.clone(),
-        org: reg.org.clone(),
-        attributes: Default::default(),
+        ttl_ms: reg.ttl_ms,
     };
-    (
-        pb::RegisterRequest {
-            record: Some(pb::Record {
-                record: Some(pb::record::Record::Producer(producer)),
-            }),
-            schemas,
-            lease_ttl_ms: reg.ttl_ms,
-        },
-        version,
-    )
-}
-
-/// Registers, or takes over an existing record with our id, returning the lease.
-async fn register(
-    client: &mut DirectoryClient<Channel>,
-    reg: &Registration,
-    hub: &Hub,
-) -> Result<(u64, u64, u64), String> {
-    let (req, version) = record(reg, hub);
-    let update = pb::UpdateRequest {
-        record: req.record.clone(),
-        schemas: req.schemas.clone(),
-        lease_ttl_ms: reg.ttl_ms,
-    };
-    match client.register(req).await {
-        Ok(r) => {
-            let r = r.into_inner();
-            Ok((r.lease_id, r.lease_ttl_ms, version))
-        }
-        Err(s) if s.code() == Code::AlreadyExists && s.message().contains(&reg.id) => {
-            let r = client
-                .update(update)
-                .await
-                .map_err(|s| format!("update: {}", s.message()))?
-                .into_inner();
-            Ok((r.lease_id, r.lease_ttl_ms, version))
-        }
-        Err(s) => Err(format!("register: {:?}: {}", s.code(), s.message())),
-    }
-}
-
-async fn session(
-    reg: &Registration,
-    hub: &Hub,
-    stop: &mut watch::Receiver<bool>,
-    registered_once: &mut bool,
-) -> Outcome {
-    let mut client = match connect(&reg.directory).await {
-        Ok(c) => c,
-        Err(e) => return Outcome::Retry(e),
-    };
-    let (mut lease, ttl_ms, mut version) = match register(&mut client, reg, hub).await {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(error = %e, "directory registration failed");
-            return Outcome::Retry(e);
-        }
-    };
-    if !*registered_once {
-        tracing::info!(id = %reg.id, lease, "registered in the directory");
-    } else {
-        tracing::info!(id = %reg.id, lease, "re-registered in the directory");
-    }
-    *registered_once = true;
-    metrics::counter!("gma_producer_registrations_total").increment(1);
-    let (tx, rx) = mpsc::channel(4);
-    let mut responses = match client.keep_alive(ReceiverStream::new(rx)).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => return Outcome::Retry(format!("keepalive: {}", s.message())),
-    };
-    let period = Duration::from_millis((ttl_ms / 3).max(50));
-    let mut tick = tokio::time::interval(period);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return Outcome::Stop,
-        }
-        // New event names or sources since we registered: refresh the record.
-        if hub.lock().catalog_version != version {
-            let (req, v) = record(reg, hub);
-            let upd = pb::UpdateRequest {
-                record: req.record,
-                schemas: req.schemas,
-                lease_ttl_ms: 0,
-            };
-            match client.update(upd).await {
-                Ok(_) => version = v,
-                Err(s) if s.code() == Code::NotFound => return Outcome::Retry("record vanished".into()),
-                Err(s) => return Outcome::Retry(format!("update: {}", s.message())),
-            }
-        }
-        if tx.send(pb::KeepAliveRequest { lease_id: lease }).await.is_err() {
-            return Outcome::Retry("keepalive stream closed".into());
-        }
-        match tokio::time::timeout(period.max(Duration::from_secs(1)), responses.message()).await {
-            Ok(Ok(Some(r))) if r.ttl_ms > 0 => {}
-            Ok(Ok(Some(_))) => {
-                tracing::warn!(lease, "directory lease lost; registering again");
-                match register(&mut client, reg, hub).await {
-                    Ok((l, _, v)) => {
-                        lease = l;
-                        version = v;
-                    }
-                    Err(e) => return Outcome::Retry(e),
-                }
-            }
-            Ok(Ok(None)) => return Outcome::Retry("keepalive stream ended".into()),
-            Ok(Err(s)) => return Outcome::Retry(format!("keepalive: {}", s.message())),
-            Err(_) => return Outcome::Retry("keepalive timed out".into()),
-        }
-    }
+    registrar::run(r, Arc::new(ProducerCatalog { reg, hub }), stop).await
 }

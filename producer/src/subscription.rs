@@ -38,6 +38,20 @@ const GROUP_CHUNKS: usize = 64;
 /// Encoded bytes a fan-out group keeps at most.
 const GROUP_BYTES: usize = 16 << 20;
 
+/// Encodings since the process started: shared chunks of fan-out groups (as the
+/// `gma_producer_chunks_encoded_total` metric) and private batches (a stream's own encoder).
+static SHARED_ENCODED: AtomicU64 = AtomicU64::new(0);
+static PRIVATE_ENCODED: AtomicU64 = AtomicU64::new(0);
+
+/// (shared chunks, private batches) encoded so far in this process, readable without a metrics
+/// recorder: `gma bench fanout` shows encode-once with it (N members, one encoding per chunk).
+pub fn encode_counts() -> (u64, u64) {
+    (
+        SHARED_ENCODED.load(Ordering::Relaxed),
+        PRIVATE_ENCODED.load(Ordering::Relaxed),
+    )
+}
+
 /// What a subscription selects.
 #[derive(Debug, Clone)]
 pub struct Selector {
@@ -466,6 +480,7 @@ impl Group {
             }
         }
         metrics::counter!("gma_producer_chunks_encoded_total").increment(1);
+        SHARED_ENCODED.fetch_add(1, Ordering::Relaxed);
         Ok(Some(chunk))
     }
 }
@@ -681,8 +696,25 @@ fn next_messages(
     if !cursor.encoder.is_empty() {
         metrics::counter!("gma_producer_events_sent_total").increment(cursor.encoder.len() as u64);
         out.push(encode(&cursor.encoder.finish(epoch)));
+        PRIVATE_ENCODED.fetch_add(1, Ordering::Relaxed);
     }
     cursor.caught_up(&inner)
+}
+
+/// Benchmark hook (`gma bench filter`): reads `hub` from seq 1 to its head through a private
+/// cursor with `spec`, exactly as a stream's task does (filters, encoding into `EventBatch`
+/// bytes) but without gRPC. Returns the encoded messages and the time the reading took.
+pub fn drain_for_bench(hub: &Hub, spec: Spec) -> (Vec<Bytes>, std::time::Duration) {
+    let mut cursor = Cursor::new(spec);
+    let epoch = {
+        let inner = hub.lock();
+        cursor.start(&inner, Start::From(1));
+        inner.epoch
+    };
+    let mut out = Vec::new();
+    let t0 = std::time::Instant::now();
+    while !next_messages(hub, None, &mut cursor, epoch, &mut out) {}
+    (out, t0.elapsed())
 }
 
 /// Runs one subscription until the consumer leaves or it is cancelled, sending encoded

@@ -15,6 +15,7 @@
 //! - [`schemas`]: the schema of every event above, the contract of field order and units.
 //! - [`sim`]: simulated hosts from a TOML file (demos, brokering, scale tests), changeable at
 //!   run time through a [`sim::SimHandle`].
+//! - [`process`]: `proc.event` and `proc.usage`, watched and supervised processes ([[process]]).
 //! - [`SensorError`]: the one error type.
 
 // Tests unwrap freely: a panic there is the failure report. Library code never unwraps.
@@ -29,6 +30,7 @@ pub mod info;
 pub mod load;
 pub mod mem;
 pub mod net;
+pub mod process;
 mod procfs;
 pub mod schemas;
 pub mod sim;

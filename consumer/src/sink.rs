@@ -1,0 +1,317 @@
+//! The consumer side of producer-initiated streams (GMA: a consumer that accepts pushed
+//! subscriptions, e.g. an archiver).
+//!
+//! A [`Sink`] serves the `Consumer` service and keeps a consumer record in the directory saying
+//! which events it accepts and how (`manner`, e.g. "archive"). Producers that offer matching
+//! events find the record and open `Deliver`: the producer says hello, the sink answers what to
+//! send (its accepted patterns and sources, its slow-consumer policy) and where to resume this
+//! producer's stream, then batches flow exactly as on a Subscribe stream. The sink decodes them,
+//! hands the events to its [`SinkHandler`] and acks each batch the handler accepted. Either side
+//! ends a stream: the producer by closing it, the sink with [`Sink::end`] (the producer does
+//! not come back until the consumer record changes).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use gma_core::codec::{BatchDecoder, OwnedEvent};
+use gma_proto::v1 as pb;
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::registrar::{self, Catalog};
+use crate::stream::ResumePoint;
+use crate::ConsumerError;
+
+/// What a sink accepts and where it registers.
+#[derive(Debug, Clone)]
+pub struct SinkConfig {
+    /// Record id in the directory (unique).
+    pub id: String,
+    /// Event-name patterns accepted.
+    pub accepts: Vec<String>,
+    /// Source patterns (empty = any).
+    pub sources: Vec<String>,
+    /// How the events are consumed ("archive", "print", ...).
+    pub manner: String,
+    pub site: String,
+    pub org: String,
+    /// Directory members (`a:1,b:2`); none = not registered (producers must be told otherwise).
+    pub directory: Option<String>,
+    /// Address advertised to producers; default: the bound address.
+    pub advertise: Option<String>,
+    pub lease_ttl_ms: u64,
+    /// What producers do when this sink falls behind.
+    pub policy: pb::SlowPolicy,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            id: String::new(),
+            accepts: vec!["*".into()],
+            sources: Vec::new(),
+            manner: String::new(),
+            site: String::new(),
+            org: String::new(),
+            directory: None,
+            advertise: None,
+            lease_ttl_ms: 10_000,
+            policy: pb::SlowPolicy::DropOldest,
+        }
+    }
+}
+
+/// What the sink's owner does with pushed events.
+pub trait SinkHandler: Send + Sync + 'static {
+    /// Where this producer's stream should resume (None: the sink's own memory of it, or the
+    /// latest values for a producer never seen).
+    fn resume_point(&self, _producer_id: &str) -> Option<ResumePoint> {
+        None
+    }
+    /// A producer started (or restarted) its stream.
+    fn opened(&self, _hello: &pb::DeliverHello) {}
+    /// The events of one batch in seq order, and the gaps it reported. `Ok` acknowledges the
+    /// batch to the producer (return only once the events are as safe as the sink promises);
+    /// `Err` ends the stream with that reason.
+    fn events(&self, producer_id: &str, events: Vec<OwnedEvent>, gaps: &[pb::Gap]) -> Result<(), String>;
+    /// The stream ended (by either side, or broke).
+    fn closed(&self, _producer_id: &str, _reason: &str) {}
+}
+
+struct Session {
+    generation: u64,
+    end: Option<oneshot::Sender<String>>,
+}
+
+/// A running sink (cheap to clone handles via `Arc`).
+pub struct Sink {
+    config: SinkConfig,
+    handler: Arc<dyn SinkHandler>,
+    sessions: Mutex<HashMap<String, Session>>,
+    resume: Mutex<HashMap<String, ResumePoint>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl Sink {
+    pub fn new(config: SinkConfig, handler: Arc<dyn SinkHandler>) -> Arc<Sink> {
+        Arc::new(Sink {
+            config,
+            handler,
+            sessions: Mutex::new(HashMap::new()),
+            resume: Mutex::new(HashMap::new()),
+            generation: Default::default(),
+        })
+    }
+
+    /// Producers currently pushing to this sink.
+    pub fn producers(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.sessions.lock().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Ends the stream from `producer_id`; false if there is none.
+    pub fn end(&self, producer_id: &str, reason: &str) -> bool {
+        let tx = self.sessions.lock().get_mut(producer_id).and_then(|s| s.end.take());
+        match tx {
+            Some(tx) => tx.send(reason.to_string()).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Serves until `shutdown` resolves, registered in the directory when one is configured.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ConsumerError> {
+        let bound = listener
+            .local_addr()
+            .map_err(|e| ConsumerError::Address(String::new(), e.to_string()))?;
+        let address = self
+            .config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| gma_core::addr::advertised(bound));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut registrar_task = None;
+        if let Some(dir) = &self.config.directory {
+            let reg = registrar::Registration {
+                directory: dir.clone(),
+                kind: pb::RecordKind::Consumer,
+                id: self.config.id.clone(),
+                ttl_ms: self.config.lease_ttl_ms,
+            };
+            let catalog = Arc::new(SinkCatalog {
+                config: self.config.clone(),
+                address,
+            });
+            registrar_task = Some(tokio::spawn(registrar::run(reg, catalog, stop_rx)));
+        }
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        let result = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(
+                pb::consumer_server::ConsumerServer::new(Service { sink: self.clone() })
+                    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
+            )
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown,
+            )
+            .await;
+        if let Some(t) = registrar_task {
+            let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+        }
+        result.map_err(|e| ConsumerError::Connect(bound.to_string(), crate::error_chain(&e)))
+    }
+}
+
+struct SinkCatalog {
+    config: SinkConfig,
+    address: String,
+}
+
+impl Catalog for SinkCatalog {
+    fn version(&self) -> u64 {
+        1
+    }
+
+    fn record(&self) -> (pb::Record, Vec<pb::EventSchema>, u64) {
+        let c = &self.config;
+        let rec = pb::ConsumerRecord {
+            id: c.id.clone(),
+            address: self.address.clone(),
+            accepts: c.accepts.clone(),
+            manner: c.manner.clone(),
+            site: c.site.clone(),
+            org: c.org.clone(),
+            attributes: Default::default(),
+        };
+        (
+            pb::Record {
+                record: Some(pb::record::Record::Consumer(rec)),
+            },
+            Vec::new(),
+            1,
+        )
+    }
+}
+
+struct Service {
+    sink: Arc<Sink>,
+}
+
+type DeliverStream = Pin<Box<dyn Stream<Item = Result<pb::DeliverResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::consumer_server::Consumer for Service {
+    type DeliverStream = DeliverStream;
+
+    async fn deliver(
+        &self,
+        req: Request<Streaming<pb::DeliverRequest>>,
+    ) -> Result<Response<DeliverStream>, Status> {
+        let mut inbound = req.into_inner();
+        let hello = match inbound.message().await? {
+            Some(pb::DeliverRequest {
+                msg: Some(pb::deliver_request::Msg::Hello(h)),
+            }) => h,
+            Some(_) => return Err(Status::invalid_argument("the first Deliver message must be a hello")),
+            None => return Err(Status::invalid_argument("Deliver stream ended before its hello")),
+        };
+        if hello.producer_id.is_empty() || hello.producer_id.len() > 512 {
+            return Err(Status::invalid_argument(
+                "hello.producer_id must be 1..=512 bytes",
+            ));
+        }
+        let sink = self.sink.clone();
+        let producer = hello.producer_id.clone();
+        let resume = sink
+            .handler
+            .resume_point(&producer)
+            .or_else(|| sink.resume.lock().get(&producer).copied())
+            .unwrap_or_default();
+        let (end_tx, mut end_rx) = oneshot::channel();
+        let generation = sink.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = Session {
+            generation,
+            end: Some(end_tx),
+        };
+        if let Some(old) = sink.sessions.lock().insert(producer.clone(), session) {
+            // A producer reconnecting replaces its old stream.
+            if let Some(tx) = old.end {
+                let _ = tx.send("replaced by a new stream from the same producer".into());
+            }
+        }
+        sink.handler.opened(&hello);
+        let (tx, rx) = mpsc::channel(16);
+        let first = pb::DeliverResponse {
+            patterns: sink.config.accepts.clone(),
+            sources: sink.config.sources.clone(),
+            resume_from_seq: resume.next_seq,
+            epoch: resume.epoch,
+            policy: sink.config.policy as i32,
+            ..Default::default()
+        };
+        let _ = tx.send(Ok(first)).await;
+        tokio::spawn(async move {
+            let mut decoder = BatchDecoder::new();
+            let reason = loop {
+                tokio::select! {
+                    msg = inbound.message() => match msg {
+                        Ok(Some(pb::DeliverRequest { msg: Some(pb::deliver_request::Msg::Batch(b)) })) => {
+                            let events = match decoder.decode(&b) {
+                                Ok(e) => e,
+                                Err(e) => break format!("malformed batch: {e}"),
+                            };
+                            let last = events.last().map(|e| e.seq);
+                            if let Err(e) = sink.handler.events(&producer, events, &b.gaps) {
+                                let _ = tx.send(Ok(pb::DeliverResponse { end: true, reason: e.clone(), ..Default::default() })).await;
+                                break e;
+                            }
+                            if let Some(seq) = last {
+                                sink.resume.lock().insert(producer.clone(), ResumePoint { epoch: b.epoch, next_seq: seq + 1 });
+                                // Acks are progress reports: skipping one when the channel is full loses nothing.
+                                let _ = tx.try_send(Ok(pb::DeliverResponse { acked_seq: seq, ..Default::default() }));
+                            }
+                        }
+                        Ok(Some(_)) => break "unexpected message after the hello".to_string(),
+                        Ok(None) => break "the producer ended the stream".to_string(),
+                        Err(s) => break format!("stream broke: {}", s.message()),
+                    },
+                    why = &mut end_rx => {
+                        let reason = why.unwrap_or_else(|_| "sink stopped".into());
+                        let _ = tx.send(Ok(pb::DeliverResponse { end: true, reason: reason.clone(), ..Default::default() })).await;
+                        break reason;
+                    }
+                }
+            };
+            {
+                let mut sessions = sink.sessions.lock();
+                if sessions.get(&producer).is_some_and(|s| s.generation == generation) {
+                    sessions.remove(&producer);
+                }
+            }
+            sink.handler.closed(&producer, &reason);
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn version(&self, _: Request<pb::VersionRequest>) -> Result<Response<pb::VersionResponse>, Status> {
+        Ok(Response::new(pb::VersionResponse {
+            interface: gma_proto::INTERFACE_VERSION.into(),
+            server: gma_core::SERVER_VERSION.into(),
+            role: "consumer".into(),
+        }))
+    }
+}

@@ -1,0 +1,131 @@
+//! `gma sink`: a consumer that accepts pushed streams and prints them.
+//!
+//! It registers a consumer record (accepted patterns, manner) in the directory; producers that
+//! offer matching events push to it over `Consumer.Deliver`. Events print as JSON lines on
+//! stdout; stream openings and endings print on stderr. `--end-after N` ends each producer's
+//! stream after N events (the consumer ending a producer-initiated stream).
+
+use std::io::Write;
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use clap::Args;
+use gma_consumer::sink::{Sink, SinkConfig, SinkHandler};
+use gma_core::codec::OwnedEvent;
+use gma_proto::v1 as pb;
+use std::sync::Mutex as StdMutex;
+
+use crate::cli::PolicyArg;
+use crate::roles::{bind, shutdown_signal};
+
+#[derive(Args, Debug)]
+pub struct SinkArgs {
+    /// Directory address(es), a:1,b:2.
+    #[arg(long)]
+    pub directory: String,
+    /// Listen address for pushed streams.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Event-name patterns accepted (repeatable).
+    #[arg(long = "accept", required = true)]
+    pub accepts: Vec<String>,
+    /// Source patterns accepted (repeatable; default any).
+    #[arg(long = "source")]
+    pub sources: Vec<String>,
+    /// How the events are consumed, as registered (e.g. archive).
+    #[arg(long, default_value = "print")]
+    pub manner: String,
+    /// Record id (default sink@<address>).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Slow-consumer policy asked of producers.
+    #[arg(long, value_enum, default_value = "drop-oldest")]
+    pub policy: PolicyArg,
+    /// End each producer's stream after this many events from it.
+    #[arg(long)]
+    pub end_after: Option<u64>,
+}
+
+struct Printer {
+    end_after: Option<u64>,
+    counts: StdMutex<std::collections::HashMap<String, u64>>,
+    sink: StdMutex<Option<Arc<Sink>>>,
+}
+
+impl SinkHandler for Printer {
+    fn opened(&self, hello: &pb::DeliverHello) {
+        eprintln!(
+            "stream from {} ({}) opened: {}",
+            hello.producer_id,
+            hello.address,
+            hello.events.join(",")
+        );
+    }
+
+    fn events(&self, producer_id: &str, events: Vec<OwnedEvent>, gaps: &[pb::Gap]) -> Result<(), String> {
+        for g in gaps {
+            eprintln!(
+                "gap from {producer_id}: seqs {}..={} ({} events): {}",
+                g.from_seq, g.to_seq, g.dropped, g.reason
+            );
+        }
+        let mut out = std::io::stdout().lock();
+        let n = events.len() as u64;
+        for e in &events {
+            writeln!(out, "{}", e.as_ref().to_json()).map_err(|e| format!("stdout: {e}"))?;
+        }
+        out.flush().map_err(|e| format!("stdout: {e}"))?;
+        if let Some(limit) = self.end_after {
+            let mut counts = self.counts.lock().map_err(|_| "poisoned".to_string())?;
+            let c = counts.entry(producer_id.to_string()).or_default();
+            *c += n;
+            if *c >= limit {
+                if let Some(sink) = self.sink.lock().ok().and_then(|s| s.clone()) {
+                    sink.end(producer_id, &format!("received {limit} events"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn closed(&self, producer_id: &str, reason: &str) {
+        eprintln!("stream from {producer_id} closed: {reason}");
+    }
+}
+
+pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
+    for p in &a.accepts {
+        gma_core::pattern::Pattern::event(p).map_err(|e| anyhow!("--accept {p}: {e}"))?;
+    }
+    for p in &a.sources {
+        gma_core::pattern::Pattern::source(p).map_err(|e| anyhow!("--source {p}: {e}"))?;
+    }
+    let listener = bind(&a.listen).await?;
+    let addr = listener.local_addr()?;
+    let config = SinkConfig {
+        id: a.id.clone().unwrap_or_else(|| format!("sink@{addr}")),
+        accepts: a.accepts.clone(),
+        sources: a.sources.clone(),
+        manner: a.manner.clone(),
+        directory: Some(a.directory.clone()),
+        policy: match a.policy {
+            PolicyArg::Latest => pb::SlowPolicy::Latest,
+            PolicyArg::DropOldest => pb::SlowPolicy::DropOldest,
+            PolicyArg::Block => pb::SlowPolicy::Block,
+        },
+        ..SinkConfig::default()
+    };
+    let printer = Arc::new(Printer {
+        end_after: a.end_after,
+        counts: StdMutex::new(Default::default()),
+        sink: StdMutex::new(None),
+    });
+    let sink = Sink::new(config, printer.clone());
+    if let Ok(mut s) = printer.sink.lock() {
+        *s = Some(sink.clone());
+    }
+    eprintln!("gma sink listening on {addr}");
+    sink.serve(listener, shutdown_signal())
+        .await
+        .map_err(|e| anyhow!("sink failed: {e}"))
+}
