@@ -238,8 +238,8 @@ impl Emitter {
 
     /// Sends the queued events (in requests of at most [`MAX_PUSH_EVENTS`]) and returns the seq
     /// of the last one, or 0 if none was queued. The queue is empty afterwards even on error:
-    /// the producer takes a request whole or not at all, so the events of the failed request
-    /// and after it were not stored.
+    /// the producer checks a request's events together before storing any, so those of the
+    /// failed request (and of any after it) were not stored.
     pub async fn flush(&mut self) -> Result<u64, ConsumerError> {
         let queued = std::mem::take(&mut self.queued);
         let mut last_seq = 0;

@@ -271,46 +271,61 @@ async fn from_stdin(em: &mut Emitter, source: &str, timestamp_ns: i64) -> anyhow
         let mut next = Some(first);
         while let Some(line) = next.take() {
             line_no += 1;
-            let line = line.map_err(|e| anyhow!("reading standard input, line {line_no}: {e}"))?;
-            let mut tokens = line.split_whitespace();
-            match tokens.next() {
-                None => {}
-                Some(t) if t.starts_with('#') => {}
-                Some(name) => {
-                    let tokens: Vec<&str> = tokens.collect();
-                    let before = em.queued() as u64;
-                    let queued = match resolve(em, name, &tokens).await {
-                        Ok(fields) => em
-                            .queue(name, source, timestamp_ns, &fields)
-                            .await
-                            .map_err(emit_err),
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = queued {
-                        // Send what came before the bad line (unless a full request just
-                        // failed, which empties the queue), then stop.
-                        let n = em.queued() as u64;
-                        if n > 0 && em.flush().await.is_ok() {
-                            sent += n;
-                        }
-                        bail!("line {line_no}: {e:#} ({sent} events sent before it)");
-                    }
-                    if (em.queued() as u64) <= before {
-                        // queue() sent a full request, this event included.
-                        sent += before + 1;
-                    }
+            let before = em.queued() as u64;
+            if let Err(e) = queue_line(em, line, source, timestamp_ns).await {
+                // Send what came before the bad line (unless a full request just failed, which
+                // empties the queue), then stop.
+                let n = em.queued() as u64;
+                if n > 0 && em.flush().await.is_ok() {
+                    sent += n;
                 }
+                bail!("line {line_no}: {e:#} ({sent} {} sent before it)", plural(sent));
+            }
+            if (em.queued() as u64) < before {
+                // queue() sent a full request, this event included.
+                sent += before + 1;
             }
             next = rx.try_recv().ok();
         }
         let n = em.queued() as u64;
         if n > 0 {
-            em.flush().await.map_err(emit_err)?;
+            if let Err(e) = em.flush().await {
+                bail!("{:#} ({sent} {} sent before)", emit_err(e), plural(sent));
+            }
             sent += n;
         }
     }
-    println!("sent {sent} events (last seq {})", em.last_seq());
+    println!("sent {sent} {} (last seq {})", plural(sent), em.last_seq());
     Ok(())
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        "event"
+    } else {
+        "events"
+    }
+}
+
+/// Queues the event of one input line (nothing for a blank line or a # comment).
+async fn queue_line(
+    em: &mut Emitter,
+    line: std::io::Result<String>,
+    source: &str,
+    timestamp_ns: i64,
+) -> anyhow::Result<()> {
+    let line = line.map_err(|e| anyhow!("cannot read standard input: {e}"))?;
+    let mut tokens = line.split_whitespace();
+    let name = match tokens.next() {
+        None => return Ok(()),
+        Some(t) if t.starts_with('#') => return Ok(()),
+        Some(name) => name,
+    };
+    let tokens: Vec<&str> = tokens.collect();
+    let fields = resolve(em, name, &tokens).await?;
+    em.queue(name, source, timestamp_ns, &fields)
+        .await
+        .map_err(emit_err)
 }
 
 #[cfg(test)]

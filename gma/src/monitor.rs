@@ -580,7 +580,8 @@ async fn kill_group(child: &mut tokio::process::Child) {
 /// Runs `argv` with `env`, stdin on /dev/null, output captured, killed after `timeout`.
 pub async fn run_command(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Outcome {
     let started = Instant::now();
-    let elapsed = |s: Instant| s.elapsed().as_secs_f64() * 1000.0;
+    // Milliseconds, to the microsecond.
+    let elapsed = |s: Instant| s.elapsed().as_micros() as f64 / 1000.0;
     let Some((program, args)) = argv.split_first() else {
         return Outcome {
             outcome: "spawn failed: empty command".into(),
@@ -1083,7 +1084,7 @@ mod tests {
         }
     }
 
-    fn seen<'a>(source: &'a str) -> Seen<'a> {
+    fn seen(source: &str) -> Seen<'_> {
         Seen {
             producer: "p1",
             name: "proc.event",

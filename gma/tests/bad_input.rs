@@ -259,10 +259,19 @@ async fn producer_rpcs_validate_input() {
         matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted),
         "{e:?}"
     );
-    let ok = ingest
+    // A refused request left nothing behind, not even its schema.
+    let e = ingest
         .push(pb::IngestRequest {
             events: vec![ev("app.progress", vec![1.0, 2.0])],
             schemas: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("no schema"), "{}", e.message());
+    let ok = ingest
+        .push(pb::IngestRequest {
+            events: vec![ev("app.progress", vec![1.0, 2.0])],
+            schemas: vec![schema.clone()],
         })
         .await
         .unwrap()

@@ -94,6 +94,26 @@ fn emit_infers_schema_goes_by_name_and_refuses_precisely() {
     // Nothing of the refused events reached the producer.
     assert_eq!(latest(a, "app.jobs")["seq"], s2);
 
+    // Refused locally, before the inferred schema could be registered: the next event of the
+    // name defines it afresh.
+    let l = one_error_line(&gma(
+        &[
+            "emit",
+            "app.fresh",
+            "a=1",
+            "--producer",
+            a,
+            "--source",
+            "bad source",
+        ],
+        T,
+    ));
+    assert!(
+        l.starts_with("error: event app.fresh: invalid source \"bad source\""),
+        "{l}"
+    );
+    seq_of(&emit(a, &["app.fresh", "a=1", "b=x"]));
+
     let s3 = seq_of(&emit(a, &["app.jobs", "state=x", "--allow-missing"]));
     let e = latest(a, "app.jobs");
     assert_eq!(e["seq"], s3);

@@ -118,7 +118,7 @@ fn kill9(pid: u64) {
 
 /// Kills `pid` if it is still one of our `sleep 300`s (cleanup; never fails).
 fn reap(pid: u64) {
-    if std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"sleep\0300\0") {
+    if std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"sleep\x00300\x00") {
         let _ = std::process::Command::new("kill")
             .args(["-9", &pid.to_string()])
             .status();
@@ -268,7 +268,7 @@ fn all_of_rule_pages_once_when_both_hosts_are_down() {
         format!(
             "source = \"ops\"\n\
              [[rule]]\nname = \"page-db\"\nevents = [\"host.load\"]\nwhen = 'free_cpus == 0'\n\
-             all_of = [\"db-primary\", \"db-backup\"]\nstale_ms = 3000\nhold_down_ms = 60000\n\
+             all_of = [\"db-primary\", \"db-backup\"]\nhold_down_ms = 60000\n\
              command = [\"sh\", \"-c\", 'echo \"$GMA_RULE $GMA_KEY $GMA_SOURCE $GMA_NAME\" >> {}']\n\
              [[rule]]\nname = \"bad-when\"\nevents = [\"host.load\"]\nwhen = 'free_cpus == \"none\"'\n\
              command = [\"true\"]\n",

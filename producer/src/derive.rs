@@ -217,6 +217,29 @@ struct SeriesState {
 }
 
 impl SeriesState {
+    /// `new` is the plan under changed rules: keep the windows and forecasters already running.
+    fn merge(mut self, new: SeriesState) -> SeriesState {
+        let mut rolling = Vec::new();
+        for (r, last, name) in new.rolling {
+            match self.rolling.iter().position(|o| o.2 == name) {
+                Some(i) => rolling.push(self.rolling.swap_remove(i)),
+                None => rolling.push((r, last, name)),
+            }
+        }
+        let forecasters = match (self.forecasters.take(), new.forecasters) {
+            (Some(old), Some(_)) => Some(old),
+            (_, new) => new,
+        };
+        SeriesState {
+            source: self.source,
+            rolling,
+            forecasters,
+            // Added again (a no-op for the ones already known) with the new ones.
+            schemas_added: false,
+            base: new.base,
+        }
+    }
+
     fn derive(&mut self, ts: i64, numbers: &[f64], out: &mut Vec<EventData>) {
         for (r, last_emit, name) in &mut self.rolling {
             r.add(ts, numbers);
@@ -329,15 +352,24 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
     let mut out = Vec::new();
     loop {
         let (v, r) = deriver.snapshot();
-        if v != version {
+        let replan = v != version;
+        if replan {
             version = v;
             rules = r;
-            // Classify again; series already derived keep their state when still matched.
-            states.retain(|_, s| s.is_some());
         }
         batch.clear();
         let caught_up = {
             let inner = hub.lock();
+            if replan {
+                // Classify every known series again; what was already derived keeps its state.
+                for (id, st) in states.iter_mut() {
+                    let fresh = plan(&rules, &inner, *id);
+                    *st = match (st.take(), fresh) {
+                        (Some(old), Some(new)) => Some(old.merge(new)),
+                        (_, fresh) => fresh,
+                    };
+                }
+            }
             next = next.max(inner.oldest());
             for e in inner.since(next).take(PASS) {
                 next = e.seq + 1;
@@ -392,6 +424,73 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
 mod tests {
     use super::*;
     use gma_core::rolling::window;
+
+    fn names_in(hub: &Hub) -> Vec<String> {
+        let inner = hub.lock();
+        let mut v: Vec<String> = inner
+            .since(0)
+            .map(|e| inner.series[e.series as usize].name.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    #[tokio::test]
+    async fn rules_added_later_join_the_running_ones() {
+        let hub = Hub::new(1, 10_000);
+        hub.add_schemas(&[pb::EventSchema {
+            name: "t.x".into(),
+            version: 1,
+            fields: vec![dbl("v", "", "")],
+            description: String::new(),
+        }])
+        .unwrap();
+        let deriver = Arc::new(Deriver::default());
+        let sel = Selector {
+            patterns: vec![Pattern::event("t.x").unwrap()],
+            sources: vec![],
+        };
+        let (_stop_tx, stop) = watch::channel(false);
+        tokio::spawn(run(deriver.clone(), hub.clone(), stop));
+        // Let the deriver start following the log before anything is published.
+        tokio::task::yield_now().await;
+        let publish = |from: i64| {
+            let evs: Vec<EventData> = (0..5)
+                .map(|i| EventData {
+                    name: "t.x".into(),
+                    source: "a".into(),
+                    timestamp_ns: (from + i) * 2_000_000_000,
+                    numbers: vec![i as f64],
+                    strings: vec![],
+                })
+                .collect();
+            hub.publish(&evs).1.unwrap();
+        };
+        let derived = deriver.activate(&hub, &sel, &[window("1m").unwrap()], false).unwrap();
+        assert_eq!(derived.patterns[0].as_str(), "t.x.avg1m");
+        publish(0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !names_in(&hub).contains(&"t.x.avg1m".to_string()) {
+            assert!(std::time::Instant::now() < deadline, "no summary");
+            tokio::task::yield_now().await;
+        }
+        deriver.activate(&hub, &sel, &[], true).unwrap();
+        publish(10);
+        while !names_in(&hub).contains(&"t.x.forecast".to_string()) {
+            assert!(std::time::Instant::now() < deadline, "no forecast after the second rule");
+            tokio::task::yield_now().await;
+        }
+        // The summary kept its history: its sample count covers both rounds.
+        let inner = hub.lock();
+        let last = inner
+            .latest()
+            .filter(|e| inner.series[e.series as usize].name == "t.x.avg1m")
+            .last()
+            .map(|e| e.numbers.to_vec())
+            .unwrap();
+        assert!(last[3] > 5.0, "samples {last:?}");
+    }
 
     #[test]
     fn derived_schemas_follow_the_base() {

@@ -89,6 +89,12 @@ impl HubInner {
         self.latest.iter().flatten()
     }
 
+    /// The value layout of an existing series.
+    pub fn series_layout(&self, name: &str, source: &str) -> Option<Layout> {
+        let id = self.by_name.get(name)?.get(source)?;
+        Some(self.series[*id as usize].layout)
+    }
+
     pub fn schema(&self, name: &str) -> Option<&pb::EventSchema> {
         self.schemas.get(name)
     }

@@ -74,6 +74,8 @@ pub struct ProducerConfig {
     pub forecasts: Vec<String>,
     /// Stream to consumers registered in the directory as accepting pushed events.
     pub push: bool,
+    /// Watched processes (`[[process]]` tables): `proc.event` and `proc.usage`.
+    pub process: Vec<gma_sensors::process::ProcessWatch>,
 }
 
 impl Default for ProducerConfig {
@@ -96,6 +98,7 @@ impl Default for ProducerConfig {
             summaries: Vec::new(),
             forecasts: Vec::new(),
             push: true,
+            process: Vec::new(),
         }
     }
 }
@@ -168,6 +171,14 @@ impl Producer {
             let (sensor, handle) = gma_sensors::sim::simulation(cfg);
             sensors.push(sensor);
             sim = Some(handle);
+        }
+        if !config.process.is_empty() {
+            sensors.push(Box::new(gma_sensors::process::ProcessSensor::new(
+                &source,
+                period,
+                config.process.clone(),
+                PathBuf::from("/proc"),
+            )?));
         }
         for (name, ms) in &config.sensor_period_ms {
             if !sensors.iter().any(|s| s.name() == name) {

@@ -316,27 +316,45 @@ impl pb::ingest_server::Ingest for IngestService {
                 req.events.len()
             )));
         }
-        if !req.schemas.is_empty() {
-            self.hub.add_schemas(&req.schemas).map_err(publish_status)?;
+        for (i, sc) in req.schemas.iter().enumerate() {
+            gma_core::event::validate_schema(sc).map_err(|e| invalid(format!("schema {i}: {e}")))?;
         }
-        // Validate everything first: a request is accepted whole or not at all.
+        // Validate everything first: a request is accepted whole or not at all (its schemas
+        // are added only when every event conforms).
         let now = now_ns();
         let mut data = Vec::with_capacity(req.events.len());
         {
             let inner = self.hub.lock();
             for (i, e) in req.events.iter().enumerate() {
-                let schema = inner.schema(&e.name).ok_or_else(|| {
-                    invalid(format!(
-                        "event {i}: {}",
-                        PublishError::UnknownSchema(e.name.clone())
-                    ))
-                })?;
+                let schema = req
+                    .schemas
+                    .iter()
+                    .find(|s| s.name == e.name)
+                    .or_else(|| inner.schema(&e.name))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "event {i}: {}",
+                            PublishError::UnknownSchema(e.name.clone())
+                        ))
+                    })?;
                 let mut d = from_wire(e, schema).map_err(|err| invalid(format!("event {i}: {err}")))?;
+                if let Some(layout) = inner.series_layout(&d.name, &d.source) {
+                    if layout.doubles != d.numbers.len() || layout.strings != d.strings.len() {
+                        return Err(invalid(format!(
+                            "event {i}: series ({}, {}) was created with {} numbers and {} strings; \
+                             a new schema version applies to new series only",
+                            d.name, d.source, layout.doubles, layout.strings
+                        )));
+                    }
+                }
                 if d.timestamp_ns == 0 {
                     d.timestamp_ns = now;
                 }
                 data.push(d);
             }
+        }
+        if !req.schemas.is_empty() {
+            self.hub.add_schemas(&req.schemas).map_err(publish_status)?;
         }
         let (last_seq, r) = self.hub.publish(&data);
         r.map_err(publish_status)?;
