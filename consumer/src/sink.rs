@@ -117,7 +117,11 @@ impl Sink {
 
     /// Ends the stream from `producer_id`; false if there is none.
     pub fn end(&self, producer_id: &str, reason: &str) -> bool {
-        let tx = self.sessions.lock().get_mut(producer_id).and_then(|s| s.end.take());
+        let tx = self
+            .sessions
+            .lock()
+            .get_mut(producer_id)
+            .and_then(|s| s.end.take());
         match tx {
             Some(tx) => tx.send(reason.to_string()).is_ok(),
             None => false,
@@ -225,7 +229,11 @@ impl pb::consumer_server::Consumer for Service {
             Some(pb::DeliverRequest {
                 msg: Some(pb::deliver_request::Msg::Hello(h)),
             }) => h,
-            Some(_) => return Err(Status::invalid_argument("the first Deliver message must be a hello")),
+            Some(_) => {
+                return Err(Status::invalid_argument(
+                    "the first Deliver message must be a hello",
+                ))
+            }
             None => return Err(Status::invalid_argument("Deliver stream ended before its hello")),
         };
         if hello.producer_id.is_empty() || hello.producer_id.len() > 512 {
@@ -297,7 +305,10 @@ impl pb::consumer_server::Consumer for Service {
             };
             {
                 let mut sessions = sink.sessions.lock();
-                if sessions.get(&producer).is_some_and(|s| s.generation == generation) {
+                if sessions
+                    .get(&producer)
+                    .is_some_and(|s| s.generation == generation)
+                {
                     sessions.remove(&producer);
                 }
             }

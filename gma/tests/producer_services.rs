@@ -57,7 +57,12 @@ fn producer_pushes_to_a_registered_sink_and_either_side_can_end_it() {
     );
     let mut prod = sim_producer(&dir, &sim, &["--id", "p1"]);
     assert!(
-        wait_until(Duration::from_secs(20), || events_named(&sink.stdout_lines(), "host.load").len() >= 10),
+        wait_until(Duration::from_secs(20), || events_named(
+            &sink.stdout_lines(),
+            "host.load"
+        )
+        .len()
+            >= 10),
         "no pushed events; sink stderr: {}\nproducer stderr: {}",
         sink.stderr_text(),
         prod.stderr_text()
@@ -74,7 +79,9 @@ fn producer_pushes_to_a_registered_sink_and_either_side_can_end_it() {
     // The producer ends it: its stream closes at the sink.
     prod.terminate();
     assert!(
-        wait_until(Duration::from_secs(10), || sink.stderr_text().contains("stream from p1")
+        wait_until(Duration::from_secs(10), || sink
+            .stderr_text()
+            .contains("stream from p1")
             && sink.stderr_text().contains("closed")),
         "{}",
         sink.stderr_text()
@@ -107,14 +114,38 @@ fn producer_pushes_to_a_registered_sink_and_either_side_can_end_it() {
     // The producer publishes every 50 ms; a stream still running would add lines. Wait for the
     // producer's own later events to exist (via Query) before counting again.
     let prod_addr = _prod2.addr.clone();
-    let first = gma(&["query", "host.load", "--producer", &prod_addr, "--output", "json"], Duration::from_secs(10));
-    let seq0 = json_lines(&first.stdout).iter().map(|v| v["seq"].as_u64().unwrap()).max().unwrap();
+    let first = gma(
+        &["query", "host.load", "--producer", &prod_addr, "--output", "json"],
+        Duration::from_secs(10),
+    );
+    let seq0 = json_lines(&first.stdout)
+        .iter()
+        .map(|v| v["seq"].as_u64().unwrap())
+        .max()
+        .unwrap();
     assert!(wait_until(Duration::from_secs(10), || {
-        let r = gma(&["query", "host.load", "--producer", &prod_addr, "--output", "json"], Duration::from_secs(10));
-        json_lines(&r.stdout).iter().filter_map(|v| v["seq"].as_u64()).max().unwrap_or(0) > seq0 + 40
+        let r = gma(
+            &["query", "host.load", "--producer", &prod_addr, "--output", "json"],
+            Duration::from_secs(10),
+        );
+        json_lines(&r.stdout)
+            .iter()
+            .filter_map(|v| v["seq"].as_u64())
+            .max()
+            .unwrap_or(0)
+            > seq0 + 40
     }));
-    assert_eq!(sink2.stdout_lines().len(), n, "the producer kept pushing after the consumer ended");
-    assert_eq!(sink2.stderr_text().matches("stream from p2 (").count(), 1, "{}", sink2.stderr_text());
+    assert_eq!(
+        sink2.stdout_lines().len(),
+        n,
+        "the producer kept pushing after the consumer ended"
+    );
+    assert_eq!(
+        sink2.stderr_text().matches("stream from p2 (").count(),
+        1,
+        "{}",
+        sink2.stderr_text()
+    );
 }
 
 #[test]
@@ -125,34 +156,76 @@ fn when_delta_summary_and_forecast_filters_through_gma_subscribe() {
     let prod = sim_producer(&dir, &sim, &[]);
     let paddr = prod.addr.clone();
     let set = |load: &str| {
-        let r = gma(&["sim", "set", "h1", &format!("load={load}"), "--producer", &paddr], Duration::from_secs(10));
+        let r = gma(
+            &["sim", "set", "h1", &format!("load={load}"), "--producer", &paddr],
+            Duration::from_secs(10),
+        );
         assert_eq!(r.code, 0, "{}", r.stderr);
     };
 
     // Threshold crossing: start outside (load 1), enter at 5, leave at 2.
     let mut when = Proc::start(
-        &["subscribe", "host.load", "--producer", &paddr, "--when", "host.load.load1 > 4", "--output", "json"],
+        &[
+            "subscribe",
+            "host.load",
+            "--producer",
+            &paddr,
+            "--when",
+            "host.load.load1 > 4",
+            "--output",
+            "json",
+        ],
         "",
     );
     // Change filter on the same stream: only moves beyond 50 %.
     let mut delta = Proc::start(
-        &["subscribe", "host.load", "--producer", &paddr, "--delta-pct", "50", "--output", "json"],
+        &[
+            "subscribe",
+            "host.load",
+            "--producer",
+            &paddr,
+            "--delta-pct",
+            "50",
+            "--output",
+            "json",
+        ],
         "",
     );
     let mut summary = Proc::start(
-        &["subscribe", "host.load", "--producer", &paddr, "--summary", "1m", "--output", "json"],
+        &[
+            "subscribe",
+            "host.load",
+            "--producer",
+            &paddr,
+            "--summary",
+            "1m",
+            "--output",
+            "json",
+        ],
         "",
     );
     let mut forecast = Proc::start(
-        &["subscribe", "host.load", "--producer", &paddr, "--forecast", "--output", "json"],
+        &[
+            "subscribe",
+            "host.load",
+            "--producer",
+            &paddr,
+            "--forecast",
+            "--output",
+            "json",
+        ],
         "",
     );
     // Everyone has seen the start value before we change it.
-    assert!(wait_until(Duration::from_secs(15), || !delta.stdout_lines().is_empty()
+    assert!(wait_until(Duration::from_secs(15), || !delta
+        .stdout_lines()
+        .is_empty()
         && !summary.stdout_lines().is_empty()
         && !forecast.stdout_lines().is_empty()));
     set("5");
-    assert!(wait_until(Duration::from_secs(10), || !when.stdout_lines().is_empty()));
+    assert!(wait_until(Duration::from_secs(10), || !when
+        .stdout_lines()
+        .is_empty()));
     set("2");
     assert!(
         wait_until(Duration::from_secs(10), || when.stdout_lines().len() >= 2),
@@ -176,9 +249,11 @@ fn when_delta_summary_and_forecast_filters_through_gma_subscribe() {
     // summaries: host.load.avg1m with mean/min/max over what the host published.
     // (published at most once a second for the 1-minute window)
     assert!(
-        wait_until(Duration::from_secs(10), || json_lines(&summary.stdout_lines().join("\n"))
-            .last()
-            .is_some_and(|v| v["values"]["load1_max"].as_f64() == Some(5.0))),
+        wait_until(Duration::from_secs(10), || json_lines(
+            &summary.stdout_lines().join("\n")
+        )
+        .last()
+        .is_some_and(|v| v["values"]["load1_max"].as_f64() == Some(5.0))),
         "{:?}",
         summary.stdout_lines()
     );
@@ -190,9 +265,12 @@ fn when_delta_summary_and_forecast_filters_through_gma_subscribe() {
     assert!(mean > 1.0 && mean < 5.0, "{last}");
     assert!(last["values"]["samples"].as_f64().unwrap() >= 3.0);
     // ... registered in the directory like any schema.
-    assert!(wait_until(Duration::from_secs(15), || search_ids(&dir.addr, "host.load.avg1m")
-        .unwrap_or_default()
-        .len()
+    assert!(wait_until(Duration::from_secs(15), || search_ids(
+        &dir.addr,
+        "host.load.avg1m"
+    )
+    .unwrap_or_default()
+    .len()
         == 1));
 
     // forecasts: host.load.forecast follows the (now constant) load with its error and method.
@@ -220,17 +298,27 @@ fn bad_filters_get_a_precise_invalid_argument() {
         (&["--when", "load1 > "], "when: at column 9"),
         (&["--when", "host.load.nosuch > 1"], "when: at column 1"),
         (&["--delta-pct=-3"], "delta_pct -3 must be a positive number"),
-        (&["--summary", "5m"], "summary window \"5m\" is unknown: use 1m, 10m or 60m"),
+        (
+            &["--summary", "5m"],
+            "summary window \"5m\" is unknown: use 1m, 10m or 60m",
+        ),
         (&["--when", "arch > 3"], "when: at column 1"),
     ];
     for (extra, want) in cases {
-        for via in [["--producer", prod.addr.as_str()], ["--directory", dir.addr.as_str()]] {
+        for via in [
+            ["--producer", prod.addr.as_str()],
+            ["--directory", dir.addr.as_str()],
+        ] {
             let mut args = vec!["subscribe", "host.load", via[0], via[1]];
             args.extend_from_slice(extra);
             let r = gma(&args, Duration::from_secs(15));
             assert_ne!(r.code, 0, "{args:?} should fail");
             assert!(r.stderr.contains(want), "{args:?}: {}", r.stderr);
-            assert!(r.stderr.contains("InvalidArgument") || r.stderr.contains("invalid"), "{}", r.stderr);
+            assert!(
+                r.stderr.contains("InvalidArgument") || r.stderr.contains("invalid"),
+                "{}",
+                r.stderr
+            );
         }
     }
 }

@@ -467,7 +467,9 @@ mod tests {
                 .collect();
             hub.publish(&evs).1.unwrap();
         };
-        let derived = deriver.activate(&hub, &sel, &[window("1m").unwrap()], false).unwrap();
+        let derived = deriver
+            .activate(&hub, &sel, &[window("1m").unwrap()], false)
+            .unwrap();
         assert_eq!(derived.patterns[0].as_str(), "t.x.avg1m");
         publish(0);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -478,7 +480,10 @@ mod tests {
         deriver.activate(&hub, &sel, &[], true).unwrap();
         publish(10);
         while !names_in(&hub).contains(&"t.x.forecast".to_string()) {
-            assert!(std::time::Instant::now() < deadline, "no forecast after the second rule");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no forecast after the second rule"
+            );
             tokio::task::yield_now().await;
         }
         // The summary kept its history: its sample count covers both rounds.

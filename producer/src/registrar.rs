@@ -44,9 +44,18 @@ impl Catalog for ProducerCatalog {
             address: self.reg.address.clone(),
             events,
             sources,
-            services: ["query", "subscribe", "resume", "ingest", "push", "filters", "summaries", "forecast"]
-                .map(String::from)
-                .to_vec(),
+            services: [
+                "query",
+                "subscribe",
+                "resume",
+                "ingest",
+                "push",
+                "filters",
+                "summaries",
+                "forecast",
+            ]
+            .map(String::from)
+            .to_vec(),
             site: self.reg.site.clone(),
             org: self.reg.org.clone(),
             attributes: Default::default(),

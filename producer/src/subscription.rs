@@ -727,7 +727,11 @@ pub async fn run(
     handle: SubHandle,
     tx: mpsc::Sender<Bytes>,
 ) {
-    let SubHandle { id, cancel, guard: _guard } = handle;
+    let SubHandle {
+        id,
+        cancel,
+        guard: _guard,
+    } = handle;
     let group = cursor
         .spec
         .shareable()
