@@ -19,9 +19,9 @@ pub enum SensorError {
         line: usize,
         message: String,
     },
-    /// A simulation config that does not parse or validate; `origin` is the file (or
-    /// `<sim config>` for text).
-    #[error("invalid simulation config {origin}: {message}")]
+    /// A config (simulation file, `[[process]]` table) that does not parse or validate;
+    /// `origin` is the file (or `<sim config>` for text).
+    #[error("invalid config {origin}: {message}")]
     Config { origin: String, message: String },
     /// A request to a running simulation that cannot be honoured (unknown host or key, bad value).
     #[error("simulation: {0}")]

@@ -16,8 +16,12 @@
 //! watch's very first sample the processes already running give `start` too (detail
 //! "already running"), so consumers learn the state. A process is identified by its pid *and*
 //! its start time (field 22 of `stat`), so a pid reused between two samples reads as an exit
-//! followed by a start. A zombie (state `Z`/`X`) has exited and counts as gone. A process that
-//! vanishes while its files are read is normal and is simply not matched in that sample.
+//! followed by a start. A zombie (state `Z`/`X`) or a process in its exit path (`PF_EXITING`)
+//! has exited and counts as gone. A process that vanishes while its files are read is normal
+//! and is simply not matched in that sample. A process that stops matching but still runs (it
+//! exec'd another program or rewrote its command line) gives `vanished` with the detail
+//! "no longer matches (still running; ...)". (A process whose main thread ended early while
+//! other threads run shows as a zombie in `/proc` and reads as exited.)
 //!
 //! When a matched process is gone, its exit status can only be read by its parent. The sensor
 //! asks the Linux **proc connector** (netlink `NETLINK_CONNECTOR`, group `CN_IDX_PROC`,
@@ -29,9 +33,12 @@
 //! checked to work on the development machine (Linux 6.18, root, `CONFIG_PROC_EVENTS=y`):
 //! `exit 3` arrives as wait status `0x300`, a SIGKILL as `0x9`. On Linux >= 6.6 the
 //! subscription asks for exit events only; older kernels send every process event and the
-//! sensor skips the others. Without the connector (not root, a container's pid namespace, an
-//! old or stripped kernel), or when its queue overflowed and the notification was lost, a gone
-//! process gives `vanished` with status and signal NaN and the detail
+//! sensor skips the others, and the exits of threads other than a process's main one. The
+//! kernel notifies only after the process became a zombie (and its command line is empty even
+//! earlier), so a process seen gone without a notification yet is reported one sample later,
+//! when the notification has come. Without the connector (not root, a container's pid
+//! namespace, an old or stripped kernel), or when its queue overflowed and the notification was
+//! lost, a gone process gives `vanished` with status and signal NaN and the detail
 //! "exited (status unknown: ...)".
 //!
 //! # Supervised commands
@@ -866,8 +873,15 @@ impl ProcessSensor {
             })?;
             let mut path = self.proc_root.clone();
             let mut cmd_text = String::new();
-            for entry in entries.flatten() {
-                let name = entry.file_name();
+            for entry in entries {
+                // A process that exits is just not listed; an error here would silently cut the
+                // listing short, so it fails the sample instead.
+                let name = entry
+                    .map_err(|source| SensorError::Io {
+                        path: self.proc_root.clone(),
+                        source,
+                    })?
+                    .file_name();
                 let Some(pid) = name.to_str().and_then(parse_pid) else {
                     continue;
                 };
@@ -942,10 +956,9 @@ impl ProcessSensor {
         let watches = &self.watches;
         let exits = &mut self.exits;
         let tracked = |pid: u32| watches.iter().any(|w| w.awaits_exit(pid));
-        match listener.drain(|tgid, code| {
-            if tracked(tgid) {
-                // The latest exit of any thread of the group: the last one carries the group's status.
-                exits.insert(tgid, code);
+        match listener.drain(|pid, code| {
+            if tracked(pid) {
+                exits.insert(pid, code);
             }
         }) {
             Ok(false) => {}
@@ -1055,7 +1068,11 @@ impl ProcessSensor {
                     Err(e) => {
                         if !sup.failing {
                             sup.failing = true;
-                            tracing::warn!(watch = %w.cfg.name, error = %e, "cannot restart command; retrying every period");
+                            tracing::warn!(
+                                watch = %w.cfg.name,
+                                error = %e,
+                                "cannot restart command; retrying every period"
+                            );
                         }
                     }
                 }
@@ -1407,8 +1424,10 @@ mod connector {
             Ok(n.min(self.buf.len()))
         }
 
-        /// Hands every queued process exit (tgid, wait status) to `on_exit`. `Ok(true)` when
-        /// notifications were lost (the socket queue overflowed).
+        /// Hands every queued process exit (pid, wait status) to `on_exit`: the exits of
+        /// thread-group leaders, whose wait status is the process's (a group exit gives every
+        /// thread the group's status; a worker thread's own exit says nothing about the process).
+        /// `Ok(true)` when notifications were lost (the socket queue overflowed).
         pub(super) fn drain(&mut self, mut on_exit: impl FnMut(u32, i32)) -> io::Result<bool> {
             let mut lost = false;
             for _ in 0..MAX_DRAIN {
@@ -1425,8 +1444,11 @@ mod connector {
                 self.msgs.clear();
                 parse_datagram(&self.buf[..n], &mut self.msgs);
                 for m in &self.msgs {
-                    if let Message::Exit { tgid, exit_code, .. } = *m {
-                        on_exit(tgid, exit_code as i32);
+                    match *m {
+                        Message::Exit { pid, tgid, exit_code } if pid == tgid => {
+                            on_exit(pid, exit_code as i32)
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -1538,7 +1560,8 @@ mod tests {
         start: u64,
     ) -> String {
         format!(
-            "{pid} ({comm}) {state} 1 {pid} {pid} 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 {threads} 0 \
+            "{pid} ({comm}) {state} 1 {pid} {pid} 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 {threads} \
+             0 \
              {start} 1000000 500 18446744073709551615 1 1 0 0 0 0 0 4096 17133 0 0 0 17 1 0 0 0 0 0\n"
         )
     }
@@ -1709,7 +1732,11 @@ mod tests {
         );
         assert!(err(comm(" ", "nginx")).contains("name must not be empty"));
         assert!(err(comm("w", "")).contains("comm is empty"));
-        assert!(err(comm("w", "a-very-long-command")).contains("is 19 bytes but the kernel keeps at most 15"));
+        let long = err(comm("w", "a-very-long-command"));
+        assert!(
+            long.contains("is 19 bytes but the kernel keeps at most 15"),
+            "{long}"
+        );
         assert!(err(ProcessWatch {
             cmdline: Some(String::new()),
             ..watch("w")
@@ -2370,7 +2397,12 @@ mod tests {
         for w in starts.windows(2) {
             assert_ne!(w[0].numbers[0], w[1].numbers[0], "a new process each time");
             let gap = w[1].timestamp_ns - w[0].timestamp_ns;
-            assert!(gap >= period_ms as i64 * 1_000_000, "restarted after {gap} ns");
+            // The backoff runs on the monotonic clock, the timestamps on the wall clock: allow
+            // for the two being read microseconds apart.
+            assert!(
+                gap >= (period_ms as i64 - 2) * 1_000_000,
+                "restarted after {gap} ns"
+            );
         }
         // between two starts there is always the exit of the first, never two starts in a row
         let kinds: Vec<String> = changes(&out).into_iter().map(|c| c.1).collect();
