@@ -45,6 +45,20 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             period_ms,
             output,
         } => agent(duration, period_ms, output).await,
+        BenchScenario::Fanout {
+            duration,
+            consumers,
+            rate,
+            distinct,
+            output,
+        } => crate::bench_fanout::fanout(duration, consumers, rate, distinct, output).await,
+        BenchScenario::Stall {
+            duration,
+            rate,
+            output,
+        } => crate::bench_fanout::stall(duration, rate, output).await,
+        BenchScenario::Filter { events, output } => crate::bench_fanout::filter(events, output),
+        BenchScenario::Forecast { trace, output } => crate::bench_fanout::forecast(trace, output),
     }
 }
 
@@ -80,7 +94,7 @@ pub(crate) fn proc_usage(pid: &str) -> anyhow::Result<(f64, f64)> {
     Ok(((utime + stime) / CLK_TCK, rss_kb / 1024.0))
 }
 
-fn bench_schema() -> pb::EventSchema {
+pub(crate) fn bench_schema() -> pb::EventSchema {
     pb::EventSchema {
         name: "bench.x".into(),
         version: 1,
@@ -89,7 +103,7 @@ fn bench_schema() -> pb::EventSchema {
     }
 }
 
-fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
+pub(crate) fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
     (0..n)
         .map(|i| EventData {
             name: "bench.x".into(),
@@ -101,7 +115,7 @@ fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
         .collect()
 }
 
-async fn start_producer(
+pub(crate) async fn start_producer(
     buffer: usize,
 ) -> anyhow::Result<(Arc<gma_producer::Hub>, String, tokio::sync::oneshot::Sender<()>)> {
     let p = Producer::new(ProducerConfig {
@@ -123,7 +137,7 @@ async fn start_producer(
 }
 
 /// Stamps every event with now (the sample time latency is measured from) and publishes.
-fn stamp_and_publish(hub: &gma_producer::Hub, batch: &mut [EventData]) {
+pub(crate) fn stamp_and_publish(hub: &gma_producer::Hub, batch: &mut [EventData]) {
     let ts = now_ns();
     for e in batch.iter_mut() {
         e.timestamp_ns = ts;

@@ -342,6 +342,56 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// One producer -> N consumers of the same pattern (encode-once fan-out), loopback gRPC:
+    /// events/s per consumer and per core, encodings per published event, then latency
+    /// percentiles across all consumers at a fixed rate.
+    Fanout {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Consumer counts to measure, e.g. 1,10,100.
+        #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+        consumers: Vec<usize>,
+        /// Events per second for the latency phase.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Give each consumer its own filter (encode-once off), for comparison.
+        #[arg(long)]
+        distinct: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Slow-consumer isolation: a fast consumer at a fixed rate alone, then next to a stalled
+    /// drop-oldest consumer, then next to a stalled latest consumer (throughput, latency, RSS).
+    Stall {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Events per second published.
+        #[arg(long, default_value_t = 20_000)]
+        rate: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Cost per event of subscription filters (none, when, delta_pct, min_interval_ms),
+    /// reading a hub through a cursor without gRPC.
+    Filter {
+        /// Events in the hub (1,000 sources, 3 fields).
+        #[arg(long, default_value_t = 1_000_000)]
+        events: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Forecast accuracy: MAE of the served forecast next to every fixed predictor on
+    /// synthetic load traces and, optionally, a recorded trace.
+    Forecast {
+        /// Recorded trace: one number per line, or JSON lines of `gma subscribe host.load
+        /// --output json` (their load1 values).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -3,6 +3,7 @@
 mod appsim;
 mod bench;
 mod bench_dir;
+mod bench_fanout;
 mod bench_resched;
 mod cli;
 mod cluster;

@@ -1,0 +1,248 @@
+//! Slow-consumer isolation, in-process producer on 127.0.0.1:0, real gRPC: a subscriber that
+//! stops reading costs the producer no memory of its own and never delays another subscriber;
+//! when it reads again it is told what it lost (drop-oldest: an exact gap; latest: a conflated
+//! count and the newest value of each series).
+//!
+//! One test in this binary: it measures the process's RSS, which tests running alongside would
+//! disturb.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+
+use gma_core::codec::BatchDecoder;
+use gma_core::event::{dbl, EventData};
+use gma_producer::{Producer, ProducerConfig};
+use gma_proto::v1 as pb;
+use pb::producer_client::ProducerClient;
+use prost::Message;
+use tonic::Streaming;
+
+/// Events the ring keeps.
+const RING: usize = 10_000;
+/// Published in rounds of `PER_ROUND`, waiting for the fast consumer after each round.
+const ROUNDS: usize = 700;
+const PER_ROUND: usize = 1000;
+const SOURCES: usize = 10;
+/// Numeric fields per event: about 100 encoded bytes per event.
+const FIELDS: usize = 12;
+/// How much the process's RSS may grow while the events pass. A producer that kept each
+/// stalled subscriber's backlog (raw or encoded) would exceed it: each backlog alone is larger
+/// (checked below).
+const RSS_GROWTH_BOUND: u64 = 64 << 20;
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+fn publish(hub: &gma_producer::Hub, round: usize) {
+    let evs: Vec<EventData> = (0..PER_ROUND)
+        .map(|i| {
+            let k = (round * PER_ROUND + i) as f64;
+            EventData {
+                name: "t.x".into(),
+                source: format!("s{}", i % SOURCES),
+                timestamp_ns: gma_core::time::now_ns(),
+                numbers: (0..FIELDS).map(|f| k + f as f64 / 16.0).collect(),
+                strings: vec![],
+            }
+        })
+        .collect();
+    hub.publish(&evs).1.unwrap();
+}
+
+async fn subscribe(addr: &str, policy: pb::SlowPolicy) -> Streaming<pb::SubscribeResponse> {
+    // Each subscriber on its own connection, as separate consumers would be.
+    let mut client = ProducerClient::new(gma_consumer::connect(addr).await.unwrap());
+    let mut s = client
+        .subscribe(pb::SubscribeRequest {
+            patterns: vec!["t.*".into()],
+            policy: policy as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.message().await.unwrap().unwrap().subscription_id > 0);
+    s
+}
+
+/// What a woken stalled subscriber received, accounted seq by seq.
+#[derive(Default)]
+struct Account {
+    /// The next seq not yet accounted for (received, in a gap or conflated).
+    next: u64,
+    received: u64,
+    dropped: u64,
+    gaps: usize,
+    conflated: u64,
+    /// Newest value (field 0) received per source.
+    last_value: HashMap<String, f64>,
+}
+
+/// Reads `s` until the event with seq `head - 1` arrived. With `exact`, every seq must be either
+/// received in order or inside a reported gap (drop-oldest); otherwise seqs may also be
+/// skipped by conflation (latest), and the counts must add up.
+async fn wake(s: &mut Streaming<pb::SubscribeResponse>, head: u64, exact: bool) -> Account {
+    let mut a = Account {
+        next: 1,
+        ..Default::default()
+    };
+    let mut dec = BatchDecoder::new();
+    let mut last = 0;
+    while last + 1 < head {
+        let b = s.message().await.unwrap().unwrap().batch.unwrap();
+        for g in &b.gaps {
+            assert_eq!(g.from_seq, a.next, "a gap starts where the stream stopped");
+            assert_eq!(g.dropped, g.to_seq - g.from_seq + 1, "{g:?}");
+            a.next = g.to_seq + 1;
+            a.dropped += g.dropped;
+            a.gaps += 1;
+        }
+        a.conflated += b.conflated;
+        dec.decode_each(&b, |e| {
+            if exact {
+                assert_eq!(e.seq, a.next, "drop-oldest: every seq is delivered or in a gap");
+            } else {
+                assert!(e.seq >= a.next);
+            }
+            a.next = e.seq + 1;
+            a.received += 1;
+            last = e.seq;
+            a.last_value.insert(e.series.source.clone(), e.numbers[0]);
+        })
+        .unwrap();
+    }
+    a
+}
+
+#[tokio::test]
+async fn a_stalled_subscriber_costs_no_memory_and_never_delays_another() {
+    let p = Producer::new(ProducerConfig {
+        host_sensors: false,
+        buffer_events: RING,
+        source: Some("t".into()),
+        ..ProducerConfig::default()
+    })
+    .unwrap();
+    p.hub
+        .add_schemas(&[pb::EventSchema {
+            name: "t.x".into(),
+            version: 1,
+            fields: (0..FIELDS).map(|f| dbl(&format!("v{f}"), "", "")).collect(),
+            description: String::new(),
+        }])
+        .unwrap();
+    let hub = p.hub.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(p.run(listener, async {
+        let _ = rx.await;
+    }));
+
+    // Subscribed before the first event, so every stream starts at seq 1. The two stalled
+    // subscribers never read until the end.
+    let mut stalled_drop = subscribe(&addr, pb::SlowPolicy::DropOldest).await;
+    let mut stalled_latest = subscribe(&addr, pb::SlowPolicy::Latest).await;
+    let mut fast = subscribe(&addr, pb::SlowPolicy::DropOldest).await;
+
+    let mut dec = BatchDecoder::new();
+    let mut next = 1u64;
+    let mut wire_bytes = 0u64;
+    let mut fast_last: HashMap<String, f64> = HashMap::new();
+    let mut rss_start = 0;
+    let mut rss_peak = 0;
+    for round in 0..ROUNDS {
+        publish(&hub, round);
+        let head = {
+            let inner = hub.lock();
+            // No block subscriber: the ring never holds more than its capacity.
+            assert!(inner.head() - inner.oldest() <= RING as u64);
+            inner.head()
+        };
+        // Wait on the fast consumer's progress: it gets every event, in order, without a gap.
+        while next < head {
+            let b = fast.message().await.unwrap().unwrap().batch.unwrap();
+            assert!(
+                b.gaps.is_empty() && b.dropped == 0,
+                "fast consumer lost events: {:?}",
+                b.gaps
+            );
+            assert_eq!(b.conflated, 0);
+            wire_bytes += b.encoded_len() as u64;
+            dec.decode_each(&b, |e| {
+                assert_eq!(e.seq, next);
+                next += 1;
+                fast_last.insert(e.series.source.clone(), e.numbers[0]);
+            })
+            .unwrap();
+        }
+        // The baseline is taken once the stalled streams had every chance to fill their
+        // flow-control windows and the ring is full.
+        if round == RING / PER_ROUND {
+            rss_start = rss_bytes();
+        }
+        if round > RING / PER_ROUND {
+            rss_peak = rss_peak.max(rss_bytes());
+        }
+    }
+    let head = hub.lock().head();
+    assert_eq!(head - 1, (ROUNDS * PER_ROUND) as u64);
+    assert_eq!(next, head);
+    // The measurement means something only if one stalled subscriber's backlog alone would
+    // exceed the bound: the backlog counted as what the fast consumer received on the wire.
+    assert!(
+        wire_bytes > RSS_GROWTH_BOUND,
+        "test too small: {wire_bytes} bytes passed"
+    );
+    let growth = rss_peak.saturating_sub(rss_start);
+    eprintln!(
+        "{} events, {} MiB on the wire per subscriber; RSS {} MiB at the start, peak growth {} KiB",
+        head - 1,
+        wire_bytes >> 20,
+        rss_start >> 20,
+        growth >> 10
+    );
+    assert!(
+        growth < RSS_GROWTH_BOUND,
+        "RSS grew by {} MiB (from {} MiB) while {} MiB of events passed two stalled subscribers",
+        growth >> 20,
+        rss_start >> 20,
+        wire_bytes >> 20
+    );
+
+    // Drop-oldest, woken: whatever sat in the pipe, then an exact gap, then the ring.
+    let a = wake(&mut stalled_drop, head, true).await;
+    assert_eq!(a.next, head);
+    assert!(a.gaps >= 1 && a.dropped > 0, "no gap reported");
+    assert_eq!(a.conflated, 0);
+    assert_eq!(a.received + a.dropped, head - 1);
+    assert!(
+        a.received <= (RING + PER_ROUND) as u64 + (16 << 20) / 100,
+        "{} events delivered: more than the ring plus what flow control holds",
+        a.received
+    );
+
+    // Latest, woken: the backlog is conflated to the newest value of each series.
+    eprintln!(
+        "drop-oldest woken: {} received, {} dropped in {} gap(s)",
+        a.received, a.dropped, a.gaps
+    );
+    let l = wake(&mut stalled_latest, head, false).await;
+    eprintln!(
+        "latest woken: {} received, {} dropped in {} gap(s), {} conflated",
+        l.received, l.dropped, l.gaps, l.conflated
+    );
+    assert!(l.conflated > 0, "nothing conflated");
+    assert_eq!(l.received + l.dropped + l.conflated, head - 1);
+    assert_eq!(l.last_value, fast_last, "latest: the newest value of each series");
+    let _ = stop.send(());
+}
