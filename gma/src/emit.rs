@@ -116,7 +116,8 @@ fn days_in_month(y: i64, m: i64) -> i64 {
 
 /// Parses an RFC 3339 date-time (`YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)`) into
 /// nanoseconds since the Unix epoch.
-fn parse_rfc3339(s: &str) -> Option<i64> {
+/// `None`: not RFC 3339; `Some(None)`: a valid time outside the i64 nanosecond range.
+fn parse_rfc3339(s: &str) -> Option<Option<i64>> {
     let b = s.as_bytes();
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let part = b.get(r)?;
@@ -167,7 +168,7 @@ fn parse_rfc3339(s: &str) -> Option<i64> {
         _ => return None,
     };
     let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
-    secs.checked_mul(1_000_000_000)?.checked_add(frac_ns)
+    Some(secs.checked_mul(1_000_000_000).and_then(|n| n.checked_add(frac_ns)))
 }
 
 /// Parses `--time`: `now` (0: the producer's clock), @UNIX_SECONDS[.fraction], integer
@@ -200,7 +201,7 @@ fn parse_time(s: &str) -> anyhow::Result<i64> {
     } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         s.parse::<i64>().ok()
     } else {
-        Some(parse_rfc3339(s).ok_or_else(bad)?)
+        parse_rfc3339(s).ok_or_else(bad)?
     };
     match ns {
         Some(n) if n > 0 => Ok(n),

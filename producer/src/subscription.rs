@@ -33,8 +33,9 @@ use crate::hub::{Hub, HubInner, Stored};
 
 pub const DEFAULT_MAX_BATCH: usize = 1000;
 pub const MAX_MAX_BATCH: usize = 10_000;
-/// Chunks a fan-out group keeps for members that are a little behind.
-const GROUP_CHUNKS: usize = 64;
+/// Chunks a fan-out group keeps for members that are behind (members drift apart under
+/// saturation; a short window sends laggards down the costlier private path).
+const GROUP_CHUNKS: usize = 4096;
 /// Encoded bytes a fan-out group keeps at most.
 const GROUP_BYTES: usize = 16 << 20;
 
@@ -280,6 +281,25 @@ impl Cursor {
     fn overrun(&mut self, inner: &HubInner) -> bool {
         let oldest = inner.oldest();
         let head = inner.head();
+        let lag = head.saturating_sub(self.next);
+        if self.spec.policy == Policy::Latest && (self.next < oldest || lag > self.spec.queue_events) {
+            // The latest-value cache still holds the newest value of every series, even when the
+            // ring has overwritten the cursor's position: conflate, never gap. Events the ring
+            // overwrote are counted whether selected or not (an upper bound, like a Gap's).
+            let overwritten = oldest.saturating_sub(self.next);
+            let mut selected = 0u64;
+            for e in inner.since(self.next.max(oldest)) {
+                if select(&mut self.class, &self.spec.selector, inner, e.series) {
+                    selected += 1;
+                }
+            }
+            let sent = self.latest_values(inner, self.next);
+            let conflated = (overwritten + selected).saturating_sub(sent);
+            metrics::counter!("gma_producer_conflated_events_total").increment(conflated);
+            self.encoder.conflated(conflated);
+            self.next = head;
+            return true;
+        }
         if self.next < oldest {
             let lost = oldest - self.next;
             metrics::counter!("gma_producer_gap_events_total").increment(lost);
@@ -293,38 +313,19 @@ impl Cursor {
             self.next = oldest;
         }
         let lag = head.saturating_sub(self.next);
-        if lag <= self.spec.queue_events {
+        if lag <= self.spec.queue_events || self.spec.policy != Policy::DropOldest {
             return false;
         }
-        match self.spec.policy {
-            Policy::Block => false,
-            Policy::DropOldest => {
-                let to = head - self.spec.queue_events;
-                metrics::counter!("gma_producer_gap_events_total").increment(to - self.next);
-                self.encoder.gap(
-                    self.next,
-                    to - 1,
-                    to - self.next,
-                    "slow consumer: drop-oldest policy skipped the oldest events",
-                );
-                self.next = to;
-                true
-            }
-            Policy::Latest => {
-                let mut selected = 0u64;
-                for e in inner.since(self.next) {
-                    if select(&mut self.class, &self.spec.selector, inner, e.series) {
-                        selected += 1;
-                    }
-                }
-                let sent = self.latest_values(inner, self.next);
-                let conflated = selected.saturating_sub(sent);
-                metrics::counter!("gma_producer_conflated_events_total").increment(conflated);
-                self.encoder.conflated(conflated);
-                self.next = head;
-                true
-            }
-        }
+        let to = head - self.spec.queue_events;
+        metrics::counter!("gma_producer_gap_events_total").increment(to - self.next);
+        self.encoder.gap(
+            self.next,
+            to - 1,
+            to - self.next,
+            "slow consumer: drop-oldest policy skipped the oldest events",
+        );
+        self.next = to;
+        true
     }
 
     /// Copies up to `max_batch` admitted events (scanning at most 16 × that) into the encoder,

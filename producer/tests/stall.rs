@@ -242,6 +242,9 @@ async fn a_stalled_subscriber_costs_no_memory_and_never_delays_another() {
         l.received, l.dropped, l.gaps, l.conflated
     );
     assert!(l.conflated > 0, "nothing conflated");
+    // Conflation, not a gap, even for the part the ring overwrote: the latest-value cache
+    // still has the newest value of every series.
+    assert_eq!((l.gaps, l.dropped), (0, 0), "latest reported a gap");
     assert_eq!(l.received + l.dropped + l.conflated, head - 1);
     assert_eq!(l.last_value, fast_last, "latest: the newest value of each series");
     let _ = stop.send(());
