@@ -168,7 +168,10 @@ fn parse_rfc3339(s: &str) -> Option<Option<i64>> {
         _ => return None,
     };
     let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
-    Some(secs.checked_mul(1_000_000_000).and_then(|n| n.checked_add(frac_ns)))
+    Some(
+        secs.checked_mul(1_000_000_000)
+            .and_then(|n| n.checked_add(frac_ns)),
+    )
 }
 
 /// Parses `--time`: `now` (0: the producer's clock), @UNIX_SECONDS[.fraction], integer
