@@ -18,9 +18,7 @@ pub mod sink;
 pub mod stream;
 pub mod subscriber;
 
-use std::time::Duration;
-
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
@@ -47,16 +45,12 @@ impl ConsumerError {
     }
 }
 
-/// Opens a channel to `addr` (`host:port` or `http://host:port`).
+/// Opens a channel to `addr` (`host:port` or `http(s)://host:port`), with this process's
+/// client TLS when one is installed ([`gma_core::tls::install_client`]).
 pub async fn connect(addr: &str) -> Result<Channel, ConsumerError> {
-    let uri = gma_core::addr::endpoint_uri(addr);
-    Endpoint::from_shared(uri.clone())
-        .map_err(|e| ConsumerError::Address(addr.to_string(), e.to_string()))?
-        .connect_timeout(Duration::from_secs(3))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .connect()
+    let ep = gma_core::tls::endpoint(addr).map_err(|e| ConsumerError::Address(addr.to_string(), e))?;
+    let uri = ep.uri().to_string();
+    ep.connect()
         .await
         .map_err(|e| ConsumerError::Connect(uri, error_chain(&e)))
 }

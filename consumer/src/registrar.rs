@@ -14,7 +14,7 @@ use gma_proto::v1 as pb;
 use pb::directory_client::DirectoryClient;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::Code;
 
 /// What a role registers: its record and the schemas of its events, with a version that
@@ -87,15 +87,9 @@ pub async fn connect(addrs: &str) -> Result<DirectoryClient<Channel>, String> {
     let mut errors = Vec::new();
     for i in 0..list.len() {
         let k = (start + i) % list.len();
-        let uri = gma_core::addr::endpoint_uri(list[k]);
-        let ep =
-            Endpoint::from_shared(uri.clone()).map_err(|e| format!("bad directory address {uri}: {e}"))?;
-        match ep
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .connect()
-            .await
-        {
+        let ep = gma_core::tls::endpoint(list[k]).map_err(|e| format!("bad directory address: {e}"))?;
+        let uri = ep.uri().to_string();
+        match ep.connect_timeout(Duration::from_secs(2)).connect().await {
             Ok(ch) => {
                 NEXT.store(k, std::sync::atomic::Ordering::Relaxed);
                 return Ok(DirectoryClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES));

@@ -9,12 +9,16 @@
 //!   against schemas, compiled per schema to index-only three-valued evaluation.
 //! - [`config`]: TOML loading with unknown keys rejected.
 //! - [`addr`]: endpoint address helpers and the loopback-only rules.
+//! - [`tls`]: TLS settings for servers and clients (rustls via tonic) and the peer's identity.
 //! - [`time`]: UTC nanosecond clock.
 //! - [`forecast`]: NWS-style adaptive forecaster for one numeric series (the predictor with the
 //!   lowest recent error wins), plus trace evaluation and a synthetic load trace.
 //! - [`rolling`]: rolling-window mean/min/max summaries (1m, 10m, 60m) over bucket rings.
+//! - [`authz`]: identities from X.509 subjects (CN, O) and the one authorization policy
+//!   (TOML rules, first match wins; allow / summary-only / deny, rate classes).
 
 pub mod addr;
+pub mod authz;
 pub mod codec;
 pub mod config;
 pub mod event;
@@ -23,6 +27,7 @@ pub mod forecast;
 pub mod pattern;
 pub mod rolling;
 pub mod time;
+pub mod tls;
 
 /// Largest gRPC message any role decodes (requests and stream items): 4 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

@@ -14,8 +14,51 @@ pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "gma_producer=debug".
     #[arg(long, global = true, env = "GMA_LOG", default_value = "warn")]
     pub log: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// TLS for every endpoint this process serves and every connection it makes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// CA certificate (PEM) servers are verified against; turns TLS on for connections.
+    #[arg(long, global = true, env = "GMA_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This process's certificate chain (PEM): served by roles, presented as a client.
+    #[arg(long, global = true, env = "GMA_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, global = true, env = "GMA_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (mTLS) on served endpoints.
+    #[arg(long, global = true, env = "GMA_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback address (refused otherwise).
+    #[arg(long, global = true)]
+    pub allow_plaintext: bool,
+}
+
+impl TlsArgs {
+    pub fn client(&self) -> gma_core::tls::ClientTls {
+        gma_core::tls::ClientTls {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone().filter(|_| self.tls_ca.is_some()),
+            key: self.tls_key.clone().filter(|_| self.tls_ca.is_some()),
+        }
+    }
+
+    /// The server settings, or `None` when no TLS flag was given (the config file decides).
+    pub fn server(&self) -> Option<gma_core::tls::ServerTls> {
+        let any = self.tls_cert.is_some() || self.tls_key.is_some() || self.tls_client_ca.is_some();
+        (any || self.allow_plaintext).then(|| gma_core::tls::ServerTls {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            client_ca: self.tls_client_ca.clone(),
+            allow_plaintext: self.allow_plaintext,
+        })
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -65,6 +108,8 @@ pub enum Command {
     /// Relay: subscribe to a site's producers, publish a site.load summary and republish
     /// chosen events under one record (a compound consumer/producer).
     Relay(crate::relay::RelayArgs),
+    /// Development certificates: a CA and node/user certificates (rcgen).
+    Certs(crate::certs::CertsArgs),
 }
 
 #[derive(Args, Debug)]

@@ -5,6 +5,7 @@ mod bench;
 mod bench_dir;
 mod bench_fanout;
 mod bench_resched;
+mod certs;
 mod cli;
 mod cluster;
 mod emit;
@@ -32,6 +33,11 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if let Err(e) = gma_core::tls::install_client(&cli.tls.client()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+    roles::set_server_tls(cli.tls.server());
     let result = rt.block_on(run(cli.command));
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();
@@ -67,5 +73,6 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Monitor(a) => monitor::run(a).await,
         Sink(a) => sink::run(a).await,
         Relay(a) => relay::run(a).await,
+        Certs(a) => certs::run(a).await,
     }
 }

@@ -84,6 +84,17 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow!("directory failed: {e}"))
 }
 
+static SERVER_TLS: std::sync::OnceLock<Option<gma_core::tls::ServerTls>> = std::sync::OnceLock::new();
+
+/// The server TLS given by flags (`--tls-cert`, ...), overriding role configs.
+pub fn set_server_tls(tls: Option<gma_core::tls::ServerTls>) {
+    let _ = SERVER_TLS.set(tls);
+}
+
+pub fn server_tls_flags() -> Option<gma_core::tls::ServerTls> {
+    SERVER_TLS.get().cloned().flatten()
+}
+
 pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     let mut cfg: ProducerConfig = match &a.config {
         Some(p) => gma_core::config::load_toml(p)?,
@@ -117,6 +128,9 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     }
     if a.id.is_some() {
         cfg.id = a.id.clone();
+    }
+    if let Some(tls) = server_tls_flags() {
+        cfg.tls = tls;
     }
     Ok(cfg)
 }

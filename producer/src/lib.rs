@@ -76,6 +76,8 @@ pub struct ProducerConfig {
     pub push: bool,
     /// Watched processes (`[[process]]` tables): `proc.event` and `proc.usage`.
     pub process: Vec<gma_sensors::process::ProcessWatch>,
+    /// TLS of the producer's endpoint (`[tls]`: cert, key, client_ca, allow_plaintext).
+    pub tls: gma_core::tls::ServerTls,
 }
 
 impl Default for ProducerConfig {
@@ -99,6 +101,7 @@ impl Default for ProducerConfig {
             forecasts: Vec::new(),
             push: true,
             process: Vec::new(),
+            tls: Default::default(),
         }
     }
 }
@@ -113,6 +116,8 @@ pub enum ProducerError {
     Transport(#[from] tonic::transport::Error),
     #[error("io error: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] gma_core::tls::TlsError),
 }
 
 /// Reads the kernel host name (no shelling out).
@@ -246,6 +251,7 @@ impl Producer {
             sensors,
         } = self;
         let bound = listener.local_addr()?;
+        let tls = config.tls.server_config(bound)?;
         let address = config
             .advertise
             .clone()
@@ -317,7 +323,11 @@ impl Producer {
             let n = registry.cancel_every();
             tracing::info!(subscriptions = n, "producer shutting down");
         };
-        let result = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls)?;
+        }
+        let result = builder
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))

@@ -702,7 +702,7 @@ impl Sensor for SimSensor {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let tick = st.tick;
-        let info = tick % INFO_EVERY_TICKS == 0;
+        let info = tick.is_multiple_of(INFO_EVERY_TICKS);
         let boot_time_s = *st.boot_time_s.get_or_insert((now_ns / 1_000_000_000) as f64);
         out.reserve(st.hosts.len() * if info { 4 } else { 3 });
         for h in &mut st.hosts {

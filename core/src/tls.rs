@@ -1,0 +1,246 @@
+//! TLS for every endpoint (rustls through tonic), and the identity of a peer.
+//!
+//! One process has one TLS identity (certificate + key) and one set of trust anchors:
+//!
+//! - as a **server** ([`ServerTls`]) it presents its certificate; with a client CA it requires
+//!   and verifies client certificates (mTLS). Without a certificate it serves plaintext, which
+//!   is refused on a non-loopback address unless explicitly allowed.
+//! - as a **client** ([`ClientTls`], installed once per process with [`install_client`]) every
+//!   outgoing connection — to the directory, producers, consumers, raft peers — verifies the
+//!   server against the CA and presents the certificate when one is configured. [`endpoint`]
+//!   is the one place clients build their endpoints.
+//!
+//! The identity of a peer is the subject (CN, O) of its verified certificate
+//! ([`peer_identity`]); without one it is [`Identity::anonymous`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity, ServerTlsConfig};
+
+use crate::authz::{identity_from_der, Identity};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {err}")]
+    Read { path: PathBuf, err: std::io::Error },
+    #[error("tls: {0}")]
+    Config(String),
+    #[error("refusing plaintext on {0}: it is not a loopback address; give --tls-cert and --tls-key (or allow plaintext explicitly)")]
+    Plaintext(SocketAddr),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|err| TlsError::Read {
+        path: path.to_path_buf(),
+        err,
+    })
+}
+
+/// A server's TLS settings (`[tls]` in role configs; `--tls-cert`, `--tls-key`,
+/// `--tls-client-ca`, `--allow-plaintext`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerTls {
+    /// PEM certificate chain presented to clients.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+    /// PEM CA: when set, clients must present a certificate it signed (mTLS).
+    pub client_ca: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback address (never needed on loopback).
+    pub allow_plaintext: bool,
+}
+
+impl ServerTls {
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some()
+    }
+
+    /// The tonic server config, `None` for plaintext. Checks the combination and that plaintext
+    /// is only used where it is allowed.
+    pub fn server_config(&self, bind: SocketAddr) -> Result<Option<ServerTlsConfig>, TlsError> {
+        match (&self.cert, &self.key) {
+            (None, None) => {
+                if self.client_ca.is_some() {
+                    return Err(TlsError::Config(
+                        "a client CA needs a server certificate and key too".into(),
+                    ));
+                }
+                if !bind.ip().is_loopback() && !self.allow_plaintext {
+                    return Err(TlsError::Plaintext(bind));
+                }
+                Ok(None)
+            }
+            (Some(cert), Some(key)) => {
+                let mut cfg = ServerTlsConfig::new().identity(TlsIdentity::from_pem(read(cert)?, read(key)?));
+                if let Some(ca) = &self.client_ca {
+                    cfg = cfg
+                        .client_ca_root(Certificate::from_pem(read(ca)?))
+                        .client_auth_optional(false);
+                }
+                Ok(Some(cfg))
+            }
+            _ => Err(TlsError::Config(
+                "give both a certificate and its key (--tls-cert and --tls-key)".into(),
+            )),
+        }
+    }
+}
+
+/// A client's TLS settings (`--tls-ca`, `--tls-cert`, `--tls-key`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTls {
+    /// PEM CA that server certificates must chain to. Setting it turns TLS on.
+    pub ca: Option<PathBuf>,
+    /// PEM certificate presented to servers that require one.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+impl ClientTls {
+    pub fn enabled(&self) -> bool {
+        self.ca.is_some()
+    }
+
+    pub fn client_config(&self) -> Result<Option<ClientTlsConfig>, TlsError> {
+        let Some(ca) = &self.ca else {
+            if self.cert.is_some() || self.key.is_some() {
+                return Err(TlsError::Config(
+                    "a client certificate needs --tls-ca (the CA servers are verified against)".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => cfg = cfg.identity(TlsIdentity::from_pem(read(c)?, read(k)?)),
+            (None, None) => {}
+            _ => {
+                return Err(TlsError::Config(
+                    "give both a client certificate and its key (--tls-cert and --tls-key)".into(),
+                ))
+            }
+        }
+        Ok(Some(cfg))
+    }
+}
+
+static CLIENT: OnceLock<Option<ClientTlsConfig>> = OnceLock::new();
+
+/// Sets the TLS every outgoing connection of this process uses (once, at start).
+pub fn install_client(tls: &ClientTls) -> Result<(), TlsError> {
+    let cfg = tls.client_config()?;
+    CLIENT
+        .set(cfg)
+        .map_err(|_| TlsError::Config("client TLS installed twice".into()))
+}
+
+/// Whether outgoing connections use TLS.
+pub fn client_tls_on() -> bool {
+    matches!(CLIENT.get(), Some(Some(_)))
+}
+
+/// An endpoint for `addr` (`host:port`, `http://...` or `https://...`) with this process's
+/// client TLS: with TLS installed every connection is `https` and verified.
+pub fn endpoint(addr: &str) -> Result<Endpoint, String> {
+    let bare = addr.trim_start_matches("http://").trim_start_matches("https://");
+    let tls = CLIENT.get().and_then(|c| c.clone());
+    let uri = if tls.is_some() {
+        format!("https://{bare}")
+    } else {
+        crate::addr::endpoint_uri(addr)
+    };
+    let mut ep = Endpoint::from_shared(uri.clone()).map_err(|e| format!("bad address {uri}: {e}"))?;
+    if let Some(cfg) = tls {
+        // Certificates name hosts, not ports; an IP SAN covers a numeric host.
+        let host = bare.rsplit_once(':').map(|(h, _)| h).unwrap_or(bare);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        ep = ep
+            .tls_config(cfg.domain_name(host.to_string()))
+            .map_err(|e| format!("tls for {uri}: {e}"))?;
+    }
+    Ok(ep
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20)))
+}
+
+/// The identity of the peer of a request: the subject of its verified client certificate, or
+/// anonymous (plaintext, or TLS without a client certificate).
+pub fn peer_identity<T>(req: &tonic::Request<T>) -> Identity {
+    req.peer_certs()
+        .and_then(|certs| certs.first().and_then(|c| identity_from_der(c.as_ref()).ok()))
+        .unwrap_or_else(Identity::anonymous)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plaintext_only_on_loopback_unless_allowed() {
+        let none = ServerTls::default();
+        assert!(none
+            .server_config("127.0.0.1:7000".parse().unwrap())
+            .unwrap()
+            .is_none());
+        let e = none.server_config("10.1.2.3:7000".parse().unwrap()).unwrap_err();
+        assert!(
+            e.to_string().contains("refusing plaintext on 10.1.2.3:7000"),
+            "{e}"
+        );
+        let allowed = ServerTls {
+            allow_plaintext: true,
+            ..ServerTls::default()
+        };
+        assert!(allowed
+            .server_config("10.1.2.3:7000".parse().unwrap())
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn half_configurations_are_errors() {
+        let cert_only = ServerTls {
+            cert: Some("c.pem".into()),
+            ..ServerTls::default()
+        };
+        assert!(cert_only
+            .server_config("127.0.0.1:1".parse().unwrap())
+            .unwrap_err()
+            .to_string()
+            .contains("both a certificate and its key"));
+        let ca_only = ServerTls {
+            client_ca: Some("ca.pem".into()),
+            ..ServerTls::default()
+        };
+        assert!(ca_only.server_config("127.0.0.1:1".parse().unwrap()).is_err());
+        let missing = ServerTls {
+            cert: Some("/nonexistent/c.pem".into()),
+            key: Some("/nonexistent/k.pem".into()),
+            ..ServerTls::default()
+        };
+        assert!(missing
+            .server_config("127.0.0.1:1".parse().unwrap())
+            .unwrap_err()
+            .to_string()
+            .contains("cannot read /nonexistent/c.pem"));
+        let client = ClientTls {
+            cert: Some("c.pem".into()),
+            key: Some("k.pem".into()),
+            ca: None,
+        };
+        assert!(client
+            .client_config()
+            .unwrap_err()
+            .to_string()
+            .contains("--tls-ca"));
+        assert!(ClientTls::default().client_config().unwrap().is_none());
+    }
+}
