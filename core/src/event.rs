@@ -221,7 +221,14 @@ pub fn to_json(
             let v = numbers.get(ni).copied().unwrap_or(f64::NAN);
             ni += 1;
             if v.is_finite() {
-                out.push_str(&format!("{v}"));
+                // Plain digits for everyday magnitudes; an exponent for huge and tiny ones so the
+                // text stays short and every JSON parser reads it back (found by fuzzing).
+                let a = v.abs();
+                if a != 0.0 && !(1e-6..1e16).contains(&a) {
+                    out.push_str(&format!("{v:e}"));
+                } else {
+                    out.push_str(&format!("{v}"));
+                }
             } else {
                 out.push_str("null");
             }

@@ -164,12 +164,13 @@ fn glob_match(p: &[u8], s: &[u8]) -> bool {
     let (mut pi, mut si) = (0usize, 0usize);
     let mut star: Option<(usize, usize)> = None;
     while si < s.len() {
-        if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
-            pi += 1;
-            si += 1;
-        } else if pi < p.len() && p[pi] == b'*' {
+        // A `*` of the pattern is always a wildcard, even facing a literal `*` in the subject.
+        if pi < p.len() && p[pi] == b'*' {
             star = Some((pi, si));
             pi += 1;
+        } else if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
+            pi += 1;
+            si += 1;
         } else if let Some((sp, ss)) = star {
             pi = sp + 1;
             si = ss + 1;
@@ -345,6 +346,13 @@ mod tests {
         let host = Pattern::event("host.*").unwrap();
         assert!(host.overlaps(&Pattern::event("*.cpu").unwrap()));
         assert!(!host.overlaps(&Pattern::event("net.*").unwrap()));
+    }
+
+    #[test]
+    fn a_star_in_the_pattern_is_a_wildcard_even_against_a_literal_star() {
+        // Found by the `pattern` fuzz target.
+        assert!(Pattern::source("*a").unwrap().matches("*ba"));
+        assert!(Pattern::source("*b*c").unwrap().matches("*aXbYc"));
     }
 
     #[test]

@@ -22,7 +22,7 @@ const RAW_CAP: usize = 4 * MAX_NAME_LEN;
 /// first run found that `glob_match` (core/src/pattern.rs) then takes a pattern `*` for a
 /// literal (`Pattern::source("*a").matches("*ba")` is false). Valid names and sources never
 /// hold `*`, so only unvalidated subjects are affected. Turn on once that is fixed.
-const STAR_IN_SUBJECT: bool = false;
+const STAR_IN_SUBJECT: bool = true;
 
 /// Reference glob matcher (`*` any run of bytes, `?` one byte): a plain DP table.
 fn reference_match(p: &[u8], s: &[u8]) -> bool {

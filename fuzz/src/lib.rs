@@ -142,7 +142,7 @@ impl<'a> Values<'a> {
 /// run found that `gma_core::event::to_json` writes `f64::MAX` as a 309-digit integer, which
 /// is valid JSON but which serde_json (default features) rejects as "number out of range".
 /// Turn on once `to_json` writes such numbers in exponent form.
-pub const JSON_NUMBERS_MUST_PARSE: bool = false;
+pub const JSON_NUMBERS_MUST_PARSE: bool = true;
 
 /// Panics unless `s` is one well-formed JSON value (the CLI's event lines must be).
 pub fn assert_json(s: &str) {
