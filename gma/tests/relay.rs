@@ -300,31 +300,25 @@ fn relay_config_errors_name_the_line() {
     let tmp = tempdir();
     let path = tmp.path().join("bad.toml");
     std::fs::write(&path, "site = \"s1\"\nperod_ms = 100\n").unwrap();
-    let r = gma(
-        &[
-            "relay",
-            "--directory",
-            "127.0.0.1:1",
-            "--config",
-            path.to_str().unwrap(),
-        ],
-        Duration::from_secs(10),
-    );
+    let run = || {
+        gma(
+            &[
+                "relay",
+                "--directory",
+                "127.0.0.1:1",
+                "--config",
+                path.to_str().unwrap(),
+            ],
+            Duration::from_secs(10),
+        )
+    };
+    let r = run();
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("unknown field `perod_ms`"), "{}", r.stderr);
     assert!(r.stderr.contains("line 2, column 1"), "{}", r.stderr);
 
     std::fs::write(&path, "period_ms = 100\n").unwrap();
-    let r = gma(
-        &[
-            "relay",
-            "--directory",
-            "127.0.0.1:1",
-            "--config",
-            path.to_str().unwrap(),
-        ],
-        Duration::from_secs(10),
-    );
+    let r = run();
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("missing field `site`"), "{}", r.stderr);
 

@@ -811,8 +811,7 @@ mod tests {
     use gma_core::codec::BatchDecoder;
     use gma_core::event::{dbl, EventData};
 
-    fn hub(cap: usize) -> Arc<Hub> {
-        let hub = Hub::new(7, cap);
+    fn with_schema(hub: Arc<Hub>) -> Arc<Hub> {
         hub.add_schemas(&[pb::EventSchema {
             name: "t.x".into(),
             version: 1,
@@ -821,6 +820,10 @@ mod tests {
         }])
         .unwrap();
         hub
+    }
+
+    fn hub(cap: usize) -> Arc<Hub> {
+        with_schema(Hub::new(7, cap))
     }
 
     fn publish(hub: &Hub, src: &str, values: &[f64]) {
@@ -976,14 +979,7 @@ mod tests {
 
     #[test]
     fn block_policy_holds_the_log_within_its_reserve() {
-        let hub = Hub::with_block_reserve(7, 4, 4);
-        hub.add_schemas(&[pb::EventSchema {
-            name: "t.x".into(),
-            version: 1,
-            fields: vec![dbl("v", "", "")],
-            description: String::new(),
-        }])
-        .unwrap();
+        let hub = with_schema(Hub::with_block_reserve(7, 4, 4));
         hub.pin(1, 1);
         publish(&hub, "a", &(0..6).map(f64::from).collect::<Vec<_>>());
         assert_eq!(
