@@ -16,6 +16,7 @@
 //! - [`rolling`]: rolling-window mean/min/max summaries (1m, 10m, 60m) over bucket rings.
 //! - [`authz`]: identities from X.509 subjects (CN, O) and the one authorization policy
 //!   (TOML rules, first match wins; allow / summary-only / deny, rate classes).
+//! - [`guard`]: the gate in front of every RPC: authorization plus per-identity limits.
 
 pub mod addr;
 pub mod authz;
@@ -24,6 +25,7 @@ pub mod config;
 pub mod event;
 pub mod filter;
 pub mod forecast;
+pub mod guard;
 pub mod pattern;
 pub mod rolling;
 pub mod time;

@@ -40,8 +40,9 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-/// A server's TLS settings (`[tls]` in role configs; `--tls-cert`, `--tls-key`,
-/// `--tls-client-ca`, `--allow-plaintext`).
+/// A role's TLS settings (`[tls]` in role configs, the same keys as the flags `--tls-cert`,
+/// `--tls-key`, `--tls-client-ca`, `--tls-ca`, `--allow-plaintext`): the server side uses
+/// `cert`, `key`, `client_ca`; the client side (outgoing connections) `ca`, `cert`, `key`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerTls {
@@ -53,11 +54,26 @@ pub struct ServerTls {
     pub client_ca: Option<PathBuf>,
     /// Serve plaintext on a non-loopback address (never needed on loopback).
     pub allow_plaintext: bool,
+    /// PEM CA that the servers this role connects to must chain to (client side; turns TLS on
+    /// for outgoing connections). The role presents `cert` to them.
+    pub ca: Option<PathBuf>,
 }
+
+/// The `[tls]` section of a role config (server and client sides).
+pub type TlsConfig = ServerTls;
 
 impl ServerTls {
     pub fn enabled(&self) -> bool {
         self.cert.is_some()
+    }
+
+    /// The client side of these settings.
+    pub fn client(&self) -> ClientTls {
+        ClientTls {
+            ca: self.ca.clone(),
+            cert: self.cert.clone().filter(|_| self.ca.is_some()),
+            key: self.key.clone().filter(|_| self.ca.is_some()),
+        }
     }
 
     /// The tonic server config, `None` for plaintext. Checks the combination and that plaintext
@@ -138,6 +154,17 @@ pub fn install_client(tls: &ClientTls) -> Result<(), TlsError> {
     CLIENT
         .set(cfg)
         .map_err(|_| TlsError::Config("client TLS installed twice".into()))
+}
+
+/// Installs `tls` unless client TLS is already installed (flags win over config files) or
+/// `tls` is empty.
+pub fn install_client_if_unset(tls: &ClientTls) -> Result<(), TlsError> {
+    if CLIENT.get().is_some() || !tls.enabled() {
+        return tls.client_config().map(|_| ());
+    }
+    let cfg = tls.client_config()?;
+    let _ = CLIENT.set(cfg);
+    Ok(())
 }
 
 /// Whether outgoing connections use TLS.

@@ -38,6 +38,10 @@ pub struct TlsArgs {
     /// Serve plaintext on a non-loopback address (refused otherwise).
     #[arg(long, global = true)]
     pub allow_plaintext: bool,
+    /// Authorization policy (TOML) for the roles this process serves; deny by default when
+    /// given. Without one every identity may do everything.
+    #[arg(long, global = true, env = "GMA_POLICY")]
+    pub policy: Option<PathBuf>,
 }
 
 impl TlsArgs {
@@ -57,6 +61,7 @@ impl TlsArgs {
             key: self.tls_key.clone(),
             client_ca: self.tls_client_ca.clone(),
             allow_plaintext: self.allow_plaintext,
+            ca: self.tls_ca.clone(),
         })
     }
 }

@@ -33,11 +33,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = gma_core::tls::install_client(&cli.tls.client()) {
+    if let Err(e) = gma_core::tls::install_client_if_unset(&cli.tls.client()) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-    roles::set_server_tls(cli.tls.server());
+    roles::set_security(cli.tls.server(), cli.tls.policy.clone());
     let result = rt.block_on(run(cli.command));
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();

@@ -84,15 +84,36 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow!("directory failed: {e}"))
 }
 
-static SERVER_TLS: std::sync::OnceLock<Option<gma_core::tls::ServerTls>> = std::sync::OnceLock::new();
+type Security = (Option<gma_core::tls::ServerTls>, Option<PathBuf>);
+static SECURITY: std::sync::OnceLock<Security> = std::sync::OnceLock::new();
 
-/// The server TLS given by flags (`--tls-cert`, ...), overriding role configs.
-pub fn set_server_tls(tls: Option<gma_core::tls::ServerTls>) {
-    let _ = SERVER_TLS.set(tls);
+/// The server TLS and policy given by flags (`--tls-cert`, `--policy`, ...), overriding role
+/// configs.
+pub fn set_security(tls: Option<gma_core::tls::ServerTls>, policy: Option<PathBuf>) {
+    let _ = SECURITY.set((tls, policy));
 }
 
+/// The `[tls]` given by flags, if any TLS flag was given.
 pub fn server_tls_flags() -> Option<gma_core::tls::ServerTls> {
-    SERVER_TLS.get().cloned().flatten()
+    SECURITY.get().and_then(|s| s.0.clone())
+}
+
+/// The `--policy` file, if given.
+pub fn policy_flag() -> Option<PathBuf> {
+    SECURITY.get().and_then(|s| s.1.clone())
+}
+
+/// Applies the flags over a role config's `[tls]` and `policy`, and installs the config's
+/// client side for outgoing connections when the flags did not set one.
+pub fn apply_security(tls: &mut gma_core::tls::ServerTls, policy: &mut Option<PathBuf>) -> anyhow::Result<()> {
+    if let Some(t) = server_tls_flags() {
+        *tls = t;
+    }
+    if let Some(p) = policy_flag() {
+        *policy = Some(p);
+    }
+    gma_core::tls::install_client_if_unset(&tls.client())?;
+    Ok(())
 }
 
 pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
@@ -129,9 +150,7 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.id.is_some() {
         cfg.id = a.id.clone();
     }
-    if let Some(tls) = server_tls_flags() {
-        cfg.tls = tls;
-    }
+    apply_security(&mut cfg.tls, &mut cfg.policy)?;
     Ok(cfg)
 }
 

@@ -76,8 +76,13 @@ pub struct ProducerConfig {
     pub push: bool,
     /// Watched processes (`[[process]]` tables): `proc.event` and `proc.usage`.
     pub process: Vec<gma_sensors::process::ProcessWatch>,
-    /// TLS of the producer's endpoint (`[tls]`: cert, key, client_ca, allow_plaintext).
+    /// TLS (`[tls]`: cert, key, client_ca, allow_plaintext for the endpoint; ca for the
+    /// connections to the directory and consumers).
     pub tls: gma_core::tls::ServerTls,
+    /// Authorization policy file (TOML, see gma_core::authz); none allows every identity.
+    pub policy: Option<PathBuf>,
+    /// Per-identity limits (`[limits]`: requests_per_s, burst, subscriptions_per_connection).
+    pub limits: gma_core::guard::Limits,
 }
 
 impl Default for ProducerConfig {
@@ -102,6 +107,8 @@ impl Default for ProducerConfig {
             push: true,
             process: Vec::new(),
             tls: Default::default(),
+            policy: None,
+            limits: Default::default(),
         }
     }
 }
