@@ -745,7 +745,8 @@ fn glob_with<T: Copy + PartialEq>(p: &[T], s: &[T], star: T, one: impl Fn(T, T) 
 }
 
 /// Glob over characters for CN and O (`*`, `?` = one character).
-fn name_glob(pattern: &str, name: &str) -> bool {
+/// True when `name` matches `pattern` (`*` any run, `?` one character), whole string.
+pub fn name_glob(pattern: &str, name: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let s: Vec<char> = name.chars().collect();
     glob_with(&p, &s, '*', |p, s| p == '?' || p == s)

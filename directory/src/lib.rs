@@ -19,6 +19,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod access;
 pub mod error;
 pub mod raft;
 mod server;

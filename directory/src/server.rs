@@ -74,6 +74,22 @@ pub struct DirectoryConfig {
     /// A write not committed within this time answers UNAVAILABLE (e.g. no quorum).
     #[serde(default = "defaults::write_timeout_ms")]
     pub write_timeout_ms: u64,
+    /// TLS (`[tls]`: cert, key, client_ca for the endpoint, ca for connections to other
+    /// members; the client CA doubles as `ca` when `ca` is not given). With `client_ca` every
+    /// client and every member must present a certificate; raft is mutually authenticated.
+    #[serde(default)]
+    pub tls: gma_core::tls::ServerTls,
+    /// Glob over certificate CNs of the members (`dir-*`): only they may send raft traffic, and
+    /// their forwarded reads pass the policy. Empty: any certificate of the client CA.
+    #[serde(default)]
+    pub member_cn: Option<String>,
+    /// Authorization policy file (TOML, see docs/security.md); none allows every identity.
+    #[serde(default)]
+    pub policy: Option<PathBuf>,
+    /// Per-identity limits (`[limits]`: requests_per_s, burst, subscriptions_per_connection
+    /// (Watch streams per connection)).
+    #[serde(default)]
+    pub limits: gma_core::guard::Limits,
 }
 
 mod defaults {
@@ -136,6 +152,10 @@ impl Default for DirectoryConfig {
             election_max_ms: defaults::election_max_ms(),
             snapshot_logs: defaults::snapshot_logs(),
             write_timeout_ms: defaults::write_timeout_ms(),
+            tls: Default::default(),
+            member_cn: None,
+            policy: None,
+            limits: Default::default(),
         }
     }
 }
@@ -194,6 +214,13 @@ impl DirectoryConfig {
         }
         if self.snapshot_logs == 0 {
             return bad("snapshot_logs must be at least 1".into());
+        }
+        self.limits.validate().map_err(DirError::Config)?;
+        if self.tls.enabled() && !self.peers.trim().is_empty() && self.tls.client_ca.is_none() {
+            return bad(
+                "a TLS cluster authenticates its members mutually: set tls.client_ca (--tls-client-ca) too"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -281,10 +308,21 @@ pub async fn run(
         node = config.node_id,
         "directory starting"
     );
+    config.validate()?;
+    let tls = config.tls.server_config(bound).map_err(|e| DirError::Config(e.to_string()))?;
+    // Members connect to each other with the same identity; the client CA is their CA.
+    let mut client = config.tls.client();
+    if client.ca.is_none() && config.tls.enabled() {
+        client.ca = config.tls.client_ca.clone();
+        client.cert = config.tls.cert.clone().filter(|_| client.ca.is_some());
+        client.key = config.tls.key.clone().filter(|_| client.ca.is_some());
+    }
+    gma_core::tls::install_client_if_unset(&client).map_err(|e| DirError::Config(e.to_string()))?;
+    let access = Arc::new(crate::access::Access::new(&config)?);
     let tick = Duration::from_millis(config.expiry_tick_ms);
     let shared = start_node(&config, &advertised).await?;
     let ticker = tokio::spawn(expiry_loop(shared.clone(), tick));
-    let service = DirectoryServer::new(DirectoryService::new(shared.clone()))
+    let service = DirectoryServer::new(DirectoryService::new(shared.clone(), access.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let raft_service = {
         let forwarder = shared.clone();
@@ -298,6 +336,7 @@ pub async fn run(
         RaftServer::new(RaftService {
             raft: shared.raft.clone(),
             propose,
+            access,
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES * 16)
         .max_encoding_message_size(MAX_MESSAGE_BYTES * 16)
@@ -316,8 +355,14 @@ pub async fn run(
         on_shutdown.begin_shutdown();
     };
     let mut stopping = shared.stop_signal();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| DirError::Config(format!("tls: {e}")))?;
+    }
     let served = tokio::select! {
-        r = tonic::transport::Server::builder()
+        r = builder
             .add_service(service)
             .add_service(raft_service)
             .serve_with_incoming_shutdown(incoming, signal) => {

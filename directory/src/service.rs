@@ -28,6 +28,8 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use gma_core::authz::Action;
+
 use crate::error::DirError;
 use crate::raft::storage::SmShared;
 use crate::raft::types::{Ack, Node, NodeId, Raft, Reply};
@@ -139,7 +141,7 @@ async fn forward(leader: &Node, cmd: &Command) -> Result<Ack, DirError> {
 async fn leader_client(
     leader: &Node,
 ) -> Result<pb::directory_client::DirectoryClient<tonic::transport::Channel>, Status> {
-    let ch = tonic::transport::Endpoint::from_shared(gma_core::addr::endpoint_uri(&leader.api_addr))
+    let ch = gma_core::tls::endpoint(&leader.api_addr)
         .map_err(|e| Status::unavailable(format!("bad leader address {}: {e}", leader.api_addr)))?
         .connect_timeout(std::time::Duration::from_secs(1))
         .tcp_nodelay(true)
@@ -304,15 +306,26 @@ impl Shared {
     }
 }
 
+/// The id of a record (checked by `validate::record`), for authorization.
+fn record_id(r: Option<&pb::Record>) -> &str {
+    use pb::record::Record as Body;
+    match r.and_then(|r| r.record.as_ref()) {
+        Some(Body::Producer(p)) => &p.id,
+        Some(Body::Consumer(c)) => &c.id,
+        None => "",
+    }
+}
+
 /// The gRPC service.
 #[derive(Clone)]
 pub(crate) struct DirectoryService {
     shared: Arc<Shared>,
+    access: Arc<crate::access::Access>,
 }
 
 impl DirectoryService {
-    pub fn new(shared: Arc<Shared>) -> DirectoryService {
-        DirectoryService { shared }
+    pub fn new(shared: Arc<Shared>, access: Arc<crate::access::Access>) -> DirectoryService {
+        DirectoryService { shared, access }
     }
 }
 
@@ -323,6 +336,9 @@ impl Directory for DirectoryService {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        crate::validate::record(req.get_ref().record.as_ref())?;
+        self.access
+            .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record.as_ref()))?;
         let req = req.into_inner();
         let ttl_ms = self.shared.resolve_ttl(req.lease_ttl_ms)?;
         let record = req.record.unwrap_or_default();
@@ -350,6 +366,9 @@ impl Directory for DirectoryService {
 
     #[tracing::instrument(skip_all)]
     async fn update(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::UpdateResponse>, Status> {
+        crate::validate::record(req.get_ref().record.as_ref())?;
+        self.access
+            .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record.as_ref()))?;
         let req = req.into_inner();
         // 0 keeps the record's lease; anything else is a new lease, checked like Register's.
         let ttl_ms = match req.lease_ttl_ms {
@@ -378,6 +397,8 @@ impl Directory for DirectoryService {
 
     #[tracing::instrument(skip_all)]
     async fn remove(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::RemoveResponse>, Status> {
+        self.access
+            .check(&req, Action::DirectoryRegister, &req.get_ref().id)?;
         let req = req.into_inner();
         let Some(kind) = Kind::from_pb(req.kind)? else {
             return Err(
@@ -397,6 +418,7 @@ impl Directory for DirectoryService {
         &self,
         req: Request<Streaming<pb::KeepAliveRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        self.access.admit(&req)?;
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let shared = self.shared.clone();
@@ -437,6 +459,8 @@ impl Directory for DirectoryService {
     #[tracing::instrument(skip_all)]
     async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
         let q = SearchQuery::from_pb(req.get_ref())?;
+        self.access
+            .check(&req, Action::DirectorySearch, &req.get_ref().event_pattern)?;
         if !req.get_ref().stale_ok {
             if let Some(leader) = self.shared.read_barrier().await? {
                 return leader_client(&leader).await?.search(req.into_inner()).await;
@@ -451,6 +475,9 @@ impl Directory for DirectoryService {
         &self,
         req: Request<pb::GetSchemaRequest>,
     ) -> Result<Response<pb::GetSchemaResponse>, Status> {
+        crate::validate::schema_name(&req.get_ref().name)?;
+        self.access
+            .check(&req, Action::DirectorySearch, &req.get_ref().name)?;
         if let Some(leader) = self.shared.read_barrier().await? {
             return leader_client(&leader).await?.get_schema(req.into_inner()).await;
         }
@@ -470,8 +497,11 @@ impl Directory for DirectoryService {
 
     #[tracing::instrument(skip_all)]
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let filter = RecordFilter::new(req.get_ref().kind, &req.get_ref().event_pattern)?;
+        self.access
+            .check(&req, Action::DirectoryWatch, &req.get_ref().event_pattern)?;
+        let slot = self.access.watch_slot(&req)?;
         let req = req.into_inner();
-        let filter = RecordFilter::new(req.kind, &req.event_pattern)?;
         let from = req.from_revision;
         let (initial, current, changes) = {
             let state = self.shared.sm.state.read().await;
@@ -492,6 +522,7 @@ impl Directory for DirectoryService {
             cursor: current + 1,
             tx,
             stop: self.shared.stop_signal(),
+            _slot: Some(slot),
         };
         tokio::spawn(watcher.run(initial, current, changes));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -553,6 +584,8 @@ struct Watcher {
     cursor: u64,
     tx: mpsc::Sender<Result<pb::WatchEvent, Status>>,
     stop: watch::Receiver<bool>,
+    /// The connection's Watch slot, freed when the watcher ends.
+    _slot: Option<gma_core::guard::Slot>,
 }
 
 impl Watcher {
@@ -703,7 +736,8 @@ mod tests {
         shared: &Arc<Shared>,
         from_revision: u64,
     ) -> ReceiverStream<Result<pb::WatchEvent, Status>> {
-        let svc = DirectoryService::new(shared.clone());
+        let access = crate::access::Access::new(&DirectoryConfig::new("unused")).unwrap();
+        let svc = DirectoryService::new(shared.clone(), Arc::new(access));
         let req = pb::WatchRequest {
             from_revision,
             ..Default::default()

@@ -73,6 +73,7 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
     if a.init {
         config.init = true;
     }
+    apply_security(&mut config.tls, &mut config.policy)?;
     let listen = a
         .listen
         .or(file_listen)

@@ -20,7 +20,7 @@ use openraft::raft::{
 use rpb::raft_client::RaftClient;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::types::{Node, NodeId, Raft, TypeConfig};
@@ -53,8 +53,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 struct Msg(String);
 
 fn channel(addr: &str) -> Result<Channel, String> {
-    let uri = gma_core::addr::endpoint_uri(addr);
-    Ok(Endpoint::from_shared(uri)
+    Ok(gma_core::tls::endpoint(addr)
         .map_err(|e| format!("bad member address {addr}: {e}"))?
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
@@ -158,6 +157,7 @@ pub type Proposer =
 pub struct RaftService {
     pub raft: Raft,
     pub propose: Proposer,
+    pub(crate) access: std::sync::Arc<crate::access::Access>,
 }
 
 fn reply<T: Serialize>(v: &T) -> Result<Response<rpb::RaftReply>, Status> {
@@ -176,11 +176,13 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::RaftRequest>,
     ) -> Result<Response<rpb::RaftReply>, Status> {
+        self.access.raft_peer(&req)?;
         let r: AppendEntriesRequest<TypeConfig> = decode(&req.into_inner().data)?;
         reply(&self.raft.append_entries(r).await)
     }
 
     async fn vote(&self, req: Request<rpb::RaftRequest>) -> Result<Response<rpb::RaftReply>, Status> {
+        self.access.raft_peer(&req)?;
         let r: VoteRequest<NodeId> = decode(&req.into_inner().data)?;
         reply(&self.raft.vote(r).await)
     }
@@ -189,6 +191,7 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::RaftRequest>,
     ) -> Result<Response<rpb::RaftReply>, Status> {
+        self.access.raft_peer(&req)?;
         let r: InstallSnapshotRequest<TypeConfig> = decode(&req.into_inner().data)?;
         reply(&self.raft.install_snapshot(r).await)
     }
@@ -197,6 +200,7 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::ForwardRequest>,
     ) -> Result<Response<rpb::ForwardReply>, Status> {
+        self.access.raft_peer(&req)?;
         let cmd: Command = decode(&req.into_inner().command)?;
         let r = (self.propose)(cmd).await;
         let reply =
@@ -208,6 +212,7 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::AddLearnerRequest>,
     ) -> Result<Response<rpb::AdminReply>, Status> {
+        self.access.admin(&req, "cluster.add-learner")?;
         let req = req.into_inner();
         if req.id == 0 {
             return Err(Status::invalid_argument("node ids start at 1"));
@@ -236,6 +241,7 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::ChangeMembershipRequest>,
     ) -> Result<Response<rpb::AdminReply>, Status> {
+        self.access.admin(&req, "cluster.change-membership")?;
         let req = req.into_inner();
         if req.voters.is_empty() {
             return Err(Status::invalid_argument("the new voter set must not be empty"));
