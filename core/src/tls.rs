@@ -206,6 +206,40 @@ pub fn peer_identity<T>(req: &tonic::Request<T>) -> Identity {
         .unwrap_or_else(Identity::anonymous)
 }
 
+/// The message of a status with its causes (a transport failure's reason is in its source
+/// chain: "transport error" alone says nothing), plus a hint for the usual TLS mistakes.
+pub fn explain(s: &tonic::Status) -> String {
+    let mut msg = s.message().to_string();
+    let mut cause = std::error::Error::source(s);
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        cause = c.source();
+    }
+    let hint = if msg.contains("CertificateRequired") {
+        Some("the server requires a client certificate: give --tls-cert and --tls-key")
+    } else if msg.contains("UnknownIssuer") || msg.contains("BadCertificate") || msg.contains("DecryptError") || msg.contains("invalid peer certificate") {
+        Some("a certificate is not signed by the CA the other side trusts (check --tls-ca, --tls-client-ca and which CA issued the certificates)")
+    } else if msg.contains("NotValidForName") {
+        Some("the server certificate does not name the address connected to (issue it with --san HOST)")
+    } else if msg.contains("InvalidContentType") || msg.contains("CorruptMessage") {
+        Some("TLS against a plaintext server: drop --tls-ca for this server, or start it with --tls-cert/--tls-key")
+    } else if !client_tls_on() && (msg.contains("connection reset") || msg.contains("broken pipe") || msg.contains("frame with invalid size") || msg.contains("connection closed")) {
+        Some("if the server uses TLS, give --tls-ca (and --tls-cert/--tls-key when it requires client certificates)")
+    } else {
+        None
+    };
+    if let Some(h) = hint {
+        msg.push_str(" (");
+        msg.push_str(h);
+        msg.push(')');
+    }
+    msg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

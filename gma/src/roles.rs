@@ -78,6 +78,8 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .listen
         .or(file_listen)
         .unwrap_or_else(|| "127.0.0.1:7000".into());
+    config.validate().map_err(|e| anyhow!("{e}"))?;
+    gma_core::guard::load_policy(config.policy.as_ref()).map_err(|e| anyhow!("{e}"))?;
     let listener = bind(&listen).await?;
     eprintln!("gma directory listening on {}", listener.local_addr()?);
     gma_directory::run(config, listener, shutdown_signal())

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::{Output, QueryArgs, SearchArgs, SimCommand, SubscribeArgs};
 
 fn status_line(what: &str, s: &tonic::Status) -> anyhow::Error {
-    anyhow!("{what}: {} ({:?})", s.message(), s.code())
+    anyhow!("{what}: {} ({:?})", gma_core::tls::explain(s), s.code())
 }
 
 fn rpc_err(e: gma_consumer::ConsumerError) -> anyhow::Error {
