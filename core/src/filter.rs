@@ -52,14 +52,7 @@ fn err(position: usize, message: impl Into<String>) -> FilterError {
 
 /// Shortens text quoted in an error message.
 fn clip(s: &str) -> String {
-    const MAX: usize = 40;
-    if s.chars().count() <= MAX {
-        s.to_string()
-    } else {
-        let mut out: String = s.chars().take(MAX).collect();
-        out.push_str("...");
-        out
-    }
+    crate::clip(s, 40)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

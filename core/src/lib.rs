@@ -35,3 +35,15 @@ pub mod tls;
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Implementation string answered by `Version` RPCs.
 pub const SERVER_VERSION: &str = concat!("gma ", env!("CARGO_PKG_VERSION"));
+
+/// Shortens client-supplied text quoted in an error message to `max` characters (plus "..."),
+/// so an error never echoes a huge input back (status messages travel in HTTP/2 headers).
+pub fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut out: String = s.chars().take(max).collect();
+        out.push_str("...");
+        out
+    }
+}

@@ -276,8 +276,24 @@ pub fn validate_source(source: &str) -> Result<(), PatternError> {
     check_source("source", source, false)
 }
 
-/// Compiles a list of event patterns; an empty list is an error naming `field`.
+/// Most patterns one request may list (event or source patterns).
+pub const MAX_PATTERNS: usize = 1024;
+
+fn check_count(what: &'static str, list: &[String]) -> Result<(), PatternError> {
+    if list.len() > MAX_PATTERNS {
+        return Err(err(
+            what,
+            "",
+            0,
+            format!("{} patterns given, at most {MAX_PATTERNS} are accepted", list.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Compiles a list of event patterns (at most [`MAX_PATTERNS`]); an empty list is an error.
 pub fn event_patterns(list: &[String]) -> Result<Vec<Pattern>, PatternError> {
+    check_count("event pattern list", list)?;
     if list.is_empty() {
         return Err(err(
             "event pattern list",
@@ -291,6 +307,7 @@ pub fn event_patterns(list: &[String]) -> Result<Vec<Pattern>, PatternError> {
 
 /// Compiles a list of source patterns; an empty list means "any source" (returns empty).
 pub fn source_patterns(list: &[String]) -> Result<Vec<Pattern>, PatternError> {
+    check_count("source pattern list", list)?;
     list.iter().map(|p| Pattern::source(p)).collect()
 }
 

@@ -53,6 +53,14 @@ impl Access {
         Ok(who)
     }
 
+    /// Authorizes without charging (messages of an open stream).
+    pub fn authorize(&self, who: &Identity, action: Action, resource: &str) -> Result<(), Status> {
+        if !self.is_member(who) {
+            self.gate.authorize(who, action, &[resource])?;
+        }
+        Ok(())
+    }
+
     /// Charges the request only (rate limit): Version, ClusterStatus, KeepAlive.
     pub fn admit<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
         self.gate.admit(req)

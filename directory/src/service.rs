@@ -306,6 +306,27 @@ impl Shared {
     }
 }
 
+/// Record attributes naming the identity that registered the record (set by the directory,
+/// never taken from the client): producers authorize pushed streams for it.
+pub const OWNER_CN: &str = "gma.owner.cn";
+pub const OWNER_ORG: &str = "gma.owner.org";
+
+/// Sets the owner attributes of `record` to `who` (removes them for anonymous peers).
+fn stamp_owner(record: Option<&mut pb::Record>, who: &gma_core::authz::Identity) {
+    use pb::record::Record as Body;
+    let attrs = match record.and_then(|r| r.record.as_mut()) {
+        Some(Body::Producer(p)) => &mut p.attributes,
+        Some(Body::Consumer(c)) => &mut c.attributes,
+        None => return,
+    };
+    attrs.remove(OWNER_CN);
+    attrs.remove(OWNER_ORG);
+    if !who.is_anonymous() {
+        attrs.insert(OWNER_CN.into(), who.cn.clone());
+        attrs.insert(OWNER_ORG.into(), who.org.clone());
+    }
+}
+
 /// The id of a record (checked by `validate::record`), for authorization.
 fn record_id(r: Option<&pb::Record>) -> &str {
     use pb::record::Record as Body;
@@ -337,9 +358,12 @@ impl Directory for DirectoryService {
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         crate::validate::record(req.get_ref().record.as_ref())?;
-        self.access
+        let who = self
+            .access
             .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record.as_ref()))?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        // Checked again below: the owner attributes count against the attribute limit.
+        stamp_owner(req.record.as_mut(), &who);
         let ttl_ms = self.shared.resolve_ttl(req.lease_ttl_ms)?;
         let record = req.record.unwrap_or_default();
         let schemas = req.schemas;
@@ -367,9 +391,12 @@ impl Directory for DirectoryService {
     #[tracing::instrument(skip_all)]
     async fn update(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::UpdateResponse>, Status> {
         crate::validate::record(req.get_ref().record.as_ref())?;
-        self.access
+        let who = self
+            .access
             .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record.as_ref()))?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        // Checked again below: the owner attributes count against the attribute limit.
+        stamp_owner(req.record.as_mut(), &who);
         // 0 keeps the record's lease; anything else is a new lease, checked like Register's.
         let ttl_ms = match req.lease_ttl_ms {
             0 => 0,
@@ -418,10 +445,11 @@ impl Directory for DirectoryService {
         &self,
         req: Request<Streaming<pb::KeepAliveRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
-        self.access.admit(&req)?;
+        let who = self.access.admit(&req)?;
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let shared = self.shared.clone();
+        let access = self.access.clone();
         let mut stop = shared.stop_signal();
         tokio::spawn(async move {
             loop {
@@ -433,19 +461,30 @@ impl Directory for DirectoryService {
                     Ok(Some(r)) => r.lease_id,
                     Ok(None) => break,
                     Err(status) => {
+                        // A malformed message ends the stream with its status, not OK.
                         tracing::debug!(%status, "keepalive stream ended");
+                        let _ = tx.send(Err(status)).await;
                         break;
                     }
                 };
-                let reply = match shared
-                    .write(|now_ms| Command::KeepAlive { lease_id, now_ms })
-                    .await
-                {
+                // Whoever renews a lease must be allowed to register what it holds.
+                let held = shared.sm.state.read().await.dir.lease_record_ids(lease_id);
+                let allowed = held
+                    .iter()
+                    .try_for_each(|id| access.authorize(&who, Action::DirectoryRegister, id));
+                let reply = match allowed {
+                    Err(status) => Err(status),
+                    Ok(()) => shared
+                        .write(|now_ms| Command::KeepAlive { lease_id, now_ms })
+                        .await
+                        .map_err(Status::from),
+                };
+                let reply = match reply {
                     Ok(a) => Ok(pb::KeepAliveResponse {
                         lease_id,
                         ttl_ms: a.ttl_ms,
                     }),
-                    Err(e) => Err(Status::from(e)),
+                    Err(e) => Err(e),
                 };
                 let fatal = reply.is_err();
                 if tx.send(reply).await.is_err() || fatal {

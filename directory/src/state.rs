@@ -749,6 +749,14 @@ impl DirectoryState {
         self.next_lease_id
     }
 
+    /// Ids of the records held by a lease (empty for an unknown lease).
+    pub fn lease_record_ids(&self, lease_id: u64) -> Vec<String> {
+        self.leases
+            .get(&lease_id)
+            .map(|l| l.records.iter().map(|(_, id)| id.clone()).collect())
+            .unwrap_or_default()
+    }
+
     pub fn counts(&self) -> Counts {
         Counts {
             producers: self.producers as u64,

@@ -84,7 +84,7 @@ fn schema() -> pb::EventSchema {
     }
 }
 
-async fn register(ch: Channel, id: &str) -> Result<(), tonic::Status> {
+async fn register(ch: Channel, id: &str) -> Result<u64, tonic::Status> {
     let mut c = DirectoryClient::new(ch);
     let mut req = tonic::Request::new(pb::RegisterRequest {
         record: Some(record(id)),
@@ -92,7 +92,7 @@ async fn register(ch: Channel, id: &str) -> Result<(), tonic::Status> {
         lease_ttl_ms: 60_000,
     });
     req.set_timeout(Duration::from_secs(8));
-    c.register(req).await.map(|_| ())
+    c.register(req).await.map(|r| r.into_inner().lease_id)
 }
 
 async fn search(ch: Channel, pattern: &str, stale_ok: bool) -> Result<Vec<String>, tonic::Status> {
@@ -230,6 +230,24 @@ effect = "allow"
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
 
+        // Nor may she renew alice's lease.
+        let lease = register(
+            channel(dir, &addrs[0], "ca", Some("alice")).await.unwrap(),
+            "alices",
+        )
+        .await
+        .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(pb::KeepAliveRequest { lease_id: lease }).await.unwrap();
+        let mut replies = DirectoryClient::new(ch.clone())
+            .keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let e = replies.message().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("may not directory.register \"alices\""), "{}", e.message());
+
         // Raft: a certificate of the cluster's CA that is not a member's is refused...
         let ch = channel(dir, &addrs[1], "ca", Some("alice")).await.unwrap();
         let e = RaftClient::new(ch)
@@ -275,7 +293,7 @@ effect = "allow"
                 let ch = channel(dir, a, "ca", Some("alice")).await.unwrap();
                 search(ch, "job.*", true)
                     .await
-                    .map(|ids| ids.len() == 4)
+                    .map(|ids| ids.len() == 5)
                     .unwrap_or(false)
             })
         }));

@@ -144,6 +144,8 @@ pub struct Producer {
     pub sim: Option<SimHandle>,
     pub counters: Arc<AgentCounters>,
     pub deriver: Arc<derive::Deriver>,
+    /// Authorization policy and per-identity limits in front of every RPC (built once).
+    pub gate: Arc<gma_core::guard::Gate>,
     sensors: Vec<Box<dyn Sensor>>,
 }
 
@@ -162,6 +164,11 @@ impl Producer {
         }
         let source = config.source.clone().unwrap_or_else(host_name);
         gma_core::pattern::validate_source(&source).map_err(|e| ProducerError::Config(e.to_string()))?;
+        config.limits.validate().map_err(ProducerError::Config)?;
+        // The error names the file (cannot read / line and column of the mistake).
+        let policy = gma_core::guard::load_policy(config.policy.as_ref())
+            .map_err(|e| ProducerError::Config(format!("policy: {e}")))?;
+        let gate = Arc::new(gma_core::guard::Gate::new(policy, config.limits.clone()));
         let epoch = now_ns().max(1) as u64;
         let hub = Hub::new(epoch, config.buffer_events);
         let counters = Arc::new(AgentCounters::default());
@@ -237,6 +244,7 @@ impl Producer {
             sim,
             counters,
             deriver,
+            gate,
             sensors,
         })
     }
@@ -255,6 +263,7 @@ impl Producer {
             sim,
             counters,
             deriver,
+            gate,
             sensors,
         } = self;
         let bound = listener.local_addr()?;
@@ -302,6 +311,7 @@ impl Producer {
             registrar_task = Some(tokio::spawn(registrar::run(reg, hub.clone(), stop_rx.clone())));
             if config.push {
                 let pusher = push::Pusher {
+                    gate: gate.clone(),
                     hub: hub.clone(),
                     registry: registry.clone(),
                     deriver: deriver.clone(),
@@ -320,6 +330,7 @@ impl Producer {
             hub: hub.clone(),
             registry: registry.clone(),
             deriver,
+            gate: gate.clone(),
         };
         // On shutdown: stop sensors and the registrar (which removes our record), and end every
         // subscription stream so the server's graceful shutdown does not wait on consumers.
@@ -343,11 +354,14 @@ impl Producer {
                     .max_decoding_message_size(max),
             )
             .add_service(
-                pb::ingest_server::IngestServer::new(service::IngestService { hub: hub.clone() })
-                    .max_decoding_message_size(max),
+                pb::ingest_server::IngestServer::new(service::IngestService {
+                    hub: hub.clone(),
+                    gate: gate.clone(),
+                })
+                .max_decoding_message_size(max),
             )
             .add_service(
-                pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim })
+                pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
                     .max_decoding_message_size(max),
             )
             .serve_with_incoming_shutdown(

@@ -28,7 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::derive::Deriver;
 use crate::hub::Hub;
-use crate::service::{spec_of, start_of};
+use crate::service::{authorize_subscribe, granted_spec, start_of};
 use crate::subscription::{self, Cursor, Registry};
 
 /// Who we are, for the hello.
@@ -41,6 +41,8 @@ pub struct PushConfig {
 
 #[derive(Clone)]
 pub struct Pusher {
+    /// The producer's policy: a pushed stream is authorized for the consumer record's owner.
+    pub gate: Arc<gma_core::guard::Gate>,
     pub hub: Arc<Hub>,
     pub registry: Arc<Registry>,
     pub deriver: Arc<Deriver>,
@@ -62,6 +64,17 @@ struct Target {
     /// The consumer ended the stream at this record revision.
     refused: Arc<Mutex<Option<u64>>>,
 }
+
+/// The identity that registered a consumer record, as stamped by the directory
+/// (`gma.owner.cn`, `gma.owner.org`); anonymous when it registered without a certificate.
+fn record_owner(c: &pb::ConsumerRecord) -> gma_core::authz::Identity {
+    let get = |k: &str| c.attributes.get(k).cloned().unwrap_or_default();
+    gma_core::authz::Identity::new(get(OWNER_CN), get(OWNER_ORG))
+}
+
+/// Record attributes the directory sets to the registering identity (see docs/security.md).
+pub const OWNER_CN: &str = "gma.owner.cn";
+pub const OWNER_ORG: &str = "gma.owner.org";
 
 /// Event names this producer offers that `accepts` matches.
 fn matching(hub: &Hub, accepts: &[String]) -> Vec<String> {
@@ -285,8 +298,17 @@ impl Pusher {
             policy: first.policy,
             ..Default::default()
         };
-        let spec = match spec_of(&self.hub, &self.deriver, &req) {
+        // The directory stamps every record with the identity that registered it: push only
+        // what that identity may subscribe to.
+        let owner = record_owner(c);
+        let spec = match authorize_subscribe(&self.gate, &owner, &req)
+            .and_then(|grant| granted_spec(&self.hub, &self.deriver, &owner, &grant, &req))
+        {
             Ok(s) => s,
+            Err(s) if s.code() == tonic::Code::PermissionDenied => {
+                tracing::warn!(consumer = %c.id, reason = %s.message(), "not pushing: not authorized");
+                return Ended::ByConsumer(format!("not authorized: {}", s.message()));
+            }
             Err(s) => return Ended::ByConsumer(format!("its subscription is invalid: {}", s.message())),
         };
         tracing::info!(consumer = %c.id, address = %c.address, "pushing events to consumer");

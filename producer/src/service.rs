@@ -1,11 +1,24 @@
 //! gRPC services of a producer: `Producer` (Query, Subscribe, Unsubscribe, Version), `Ingest`
 //! (application and remote sensors push events) and `Simulator` (change simulated hosts).
+//!
+//! Every RPC but Version goes through the producer's [`Gate`] first: the caller's identity is
+//! charged one request (rate limit, `RESOURCE_EXHAUSTED`) and authorized by the policy
+//! (`PERMISSION_DENIED`): Query is `producer.query` and Subscribe `producer.subscribe` on the
+//! requested patterns, Ingest Push and Schema are `ingest` on the event names, Simulator.Set is
+//! `admin` on `sim.set`; Unsubscribe is only charged (a subscription is ended by its
+//! `consumer_id`). A `summary` grant serves only derived summaries: a subscription must ask for
+//! them (`summaries`, no `forecast`) and a query must name summaries (`host.cpu.avg1m`). The
+//! grant's rate class is a floor for the subscription's `min_interval_ms`, and every open
+//! stream holds one of its connection's subscription slots. See docs/security.md.
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
+use gma_core::authz::{is_summary_name, summary_base, Action, Decision, Grant, Identity};
 use gma_core::event::from_wire;
+use gma_core::guard::Gate;
 use gma_core::pattern::{event_patterns, source_patterns};
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
@@ -31,6 +44,8 @@ pub struct ProducerService {
     pub hub: Arc<Hub>,
     pub registry: Arc<Registry>,
     pub deriver: Arc<Deriver>,
+    /// Authorization and per-identity limits (shared by the producer's services).
+    pub gate: Arc<Gate>,
 }
 
 fn invalid(e: impl std::fmt::Display) -> Status {
@@ -42,6 +57,83 @@ fn selector(patterns: &[String], sources: &[String]) -> Result<Selector, Status>
         patterns: event_patterns(patterns).map_err(invalid)?,
         sources: source_patterns(sources).map_err(invalid)?,
     })
+}
+
+/// `PERMISSION_DENIED` for a summary-only identity that asked for raw events: names the first
+/// pattern the policy grants only summaries of, how to ask for its summaries instead (`how`
+/// gets the pattern), and the rule that decided.
+fn summary_only(
+    gate: &Gate,
+    who: &Identity,
+    action: Action,
+    patterns: &[String],
+    fallback: &Grant,
+    how: impl Fn(&str) -> String,
+) -> Status {
+    let found = patterns.iter().find_map(|p| {
+        let g = gate.policy().authorize(who, action, p);
+        (g.decision == Decision::AllowSummaryOnly).then_some((p.as_str(), g))
+    });
+    let (pattern, grant) = match found {
+        Some(f) => f,
+        None => (
+            patterns
+                .iter()
+                .find(|p| !is_summary_name(p))
+                .map_or("*", String::as_str),
+            *fallback,
+        ),
+    };
+    Status::permission_denied(format!(
+        "{who} may receive only summaries of {pattern:?}: {} (decided by {})",
+        how(pattern),
+        gate.policy().describe(&grant)
+    ))
+}
+
+/// Authorizes a Subscribe before anything is activated or claimed: the grant, or
+/// `PERMISSION_DENIED` when it is denied, or summary-only and the request is not for summaries
+/// alone.
+pub(crate) fn authorize_subscribe(gate: &Gate, who: &Identity, req: &pb::SubscribeRequest) -> Result<Grant, Status> {
+    // Patterns are checked before the policy sees them (bounded length, no stray characters).
+    selector(&req.patterns, &req.sources)?;
+    let action = Action::ProducerSubscribe;
+    let resources: Vec<&str> = req.patterns.iter().map(String::as_str).collect();
+    let grant = gate.authorize(who, action, &resources)?;
+    if grant.decision == Decision::AllowSummaryOnly {
+        if req.summaries.is_empty() {
+            return Err(summary_only(gate, who, action, &req.patterns, &grant, |p| {
+                format!("subscribe with --summary 1m (or to {p}.avg1m)")
+            }));
+        }
+        if req.forecast {
+            return Err(summary_only(gate, who, action, &req.patterns, &grant, |_| {
+                "forecasts are not summaries: subscribe with --summary 1m and without --forecast".into()
+            }));
+        }
+    }
+    Ok(grant)
+}
+
+/// The subscription `req` under `grant` (from [`authorize_subscribe`]): the rate class of the
+/// grant is a floor for the interval, and a summary-only grant never selects anything else.
+pub(crate) fn granted_spec(
+    hub: &Hub,
+    deriver: &Deriver,
+    who: &Identity,
+    grant: &Grant,
+    req: &pb::SubscribeRequest,
+) -> Result<Spec, Status> {
+    let mut spec = spec_of(hub, deriver, req)?;
+    // The rate class of the grant is a floor: the consumer may only ask for less.
+    spec.min_interval_ms = spec.min_interval_ms.max(grant.min_interval_ms);
+    if grant.decision != Decision::Allow && !spec.selector.patterns.iter().all(|p| is_summary_name(p.as_str())) {
+        // authorize_subscribe let only summaries through; never serve anything else.
+        return Err(Status::permission_denied(format!(
+            "{who} may receive only summaries; this subscription selects other events"
+        )));
+    }
+    Ok(spec)
 }
 
 /// Longest `when` expression accepted.
@@ -95,7 +187,7 @@ pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Resu
     let mut windows = Vec::new();
     for w in &req.summaries {
         let window = gma_core::rolling::window(w)
-            .ok_or_else(|| invalid(format!("summary window {w:?} is unknown: use 1m, 10m or 60m")))?;
+            .ok_or_else(|| invalid(format!("summary window {:?} is unknown: use 1m, 10m or 60m", gma_core::clip(w, 80))))?;
         if !windows
             .iter()
             .any(|x: &gma_core::rolling::Window| x.name == window.name)
@@ -104,6 +196,7 @@ pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Resu
         }
     }
     let selector = if windows.is_empty() && !req.forecast {
+        activate_named_summaries(hub, deriver, &base);
         base
     } else {
         deriver
@@ -139,6 +232,33 @@ pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Resu
     })
 }
 
+/// A summary asked for by name (`host.cpu.avg1m`, `host.*.avg10m`) activates the derivation of
+/// its base for that window, as `summaries = ["1m"]` on the base would: the summary-only hint
+/// ("subscribe to host.cpu.avg1m") then delivers whether or not anything else derives it.
+/// Best effort: when the producer's rule table is full the subscription still selects the name
+/// (whatever already derives it is delivered).
+fn activate_named_summaries(hub: &Hub, deriver: &Deriver, base: &Selector) {
+    for p in &base.patterns {
+        let Some(stem) = summary_base(p.as_str()) else {
+            continue;
+        };
+        let name = p.as_str()[stem.len()..].trim_start_matches(".avg");
+        let (Some(window), Ok(stem)) = (
+            gma_core::rolling::window(name),
+            gma_core::pattern::Pattern::event(stem),
+        ) else {
+            continue;
+        };
+        let sel = Selector {
+            patterns: vec![stem],
+            sources: base.sources.clone(),
+        };
+        if let Err(e) = deriver.activate(hub, &sel, &[window], false) {
+            tracing::debug!(pattern = %p, error = %e, "summary asked by name not activated");
+        }
+    }
+}
+
 /// Where a subscription with this resume point starts.
 pub fn start_of(epoch: u64, resume_from_seq: u64, resume_epoch: u64) -> Start {
     if resume_from_seq == 0 {
@@ -158,8 +278,23 @@ type SubscribeStream = Pin<Box<dyn Stream<Item = Result<wire::SubscribeResponse,
 #[tonic::async_trait]
 impl wire::producer_server::Producer for ProducerService {
     async fn query(&self, req: Request<pb::QueryRequest>) -> Result<Response<pb::QueryResponse>, Status> {
+        let who = self.gate.admit(&req)?;
         let req = req.into_inner();
         let sel = selector(&req.patterns, &req.sources)?;
+        let action = Action::ProducerQuery;
+        let resources: Vec<&str> = req.patterns.iter().map(String::as_str).collect();
+        let grant = self.gate.authorize(&who, action, &resources)?;
+        // Summary-only: every pattern must name summaries (raw events never leave).
+        if grant.decision != Decision::Allow && !req.patterns.iter().all(|p| is_summary_name(p)) {
+            return Err(summary_only(
+                &self.gate,
+                &who,
+                action,
+                &req.patterns,
+                &grant,
+                |p| format!("query {p}.avg1m (or subscribe with --summary 1m)"),
+            ));
+        }
         let max_age =
             (req.max_age_ms > 0).then(|| (req.max_age_ms.min(u64::MAX / 2_000_000) * 1_000_000) as i64);
         let inner = self.hub.lock();
@@ -178,11 +313,11 @@ impl wire::producer_server::Producer for ProducerService {
             };
             return Err(Status::not_found(format!(
                 "no event available for {}{}{age}",
-                req.patterns.join(","),
+                gma_core::clip(&req.patterns.join(","), 200),
                 if req.sources.is_empty() {
                     String::new()
                 } else {
-                    format!(" from {}", req.sources.join(","))
+                    format!(" from {}", gma_core::clip(&req.sources.join(","), 200))
                 }
             )));
         }
@@ -199,8 +334,13 @@ impl wire::producer_server::Producer for ProducerService {
         &self,
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<SubscribeStream>, Status> {
+        let who = self.gate.admit(&req)?;
+        let grant = authorize_subscribe(&self.gate, &who, req.get_ref())?;
+        // One slot of this connection's subscriptions, held by the stream below: closing the
+        // stream (or the connection) frees it.
+        let slot = self.gate.open_subscription(&req)?;
         let req = req.into_inner();
-        let spec = spec_of(&self.hub, &self.deriver, &req)?;
+        let spec = granted_spec(&self.hub, &self.deriver, &who, &grant, &req)?;
         let start = start_of(self.hub.epoch(), req.resume_from_seq, req.epoch);
         let cursor = Cursor::new(spec);
         let handle = self.registry.add(&req.consumer_id);
@@ -222,6 +362,7 @@ impl wire::producer_server::Producer for ProducerService {
             batch: Bytes::new(),
         });
         let stream = futures::stream::poll_fn(move |cx| {
+            let _slot = &slot;
             if cancel.is_cancelled() {
                 return std::task::Poll::Ready(None);
             }
@@ -244,6 +385,8 @@ impl wire::producer_server::Producer for ProducerService {
         &self,
         req: Request<pb::UnsubscribeRequest>,
     ) -> Result<Response<pb::UnsubscribeResponse>, Status> {
+        // Charged only: it ends the caller's own subscriptions (by consumer_id), nothing to see.
+        self.gate.admit(&req)?;
         let req = req.into_inner();
         let removed = if req.all {
             if req.consumer_id.is_empty() {
@@ -280,6 +423,24 @@ fn publish_status(e: PublishError) -> Status {
 #[derive(Clone)]
 pub struct IngestService {
     pub hub: Arc<Hub>,
+    pub gate: Arc<Gate>,
+}
+
+/// Authorizes `ingest` on event names; a summary-only grant does not let anyone publish.
+fn authorize_ingest(gate: &Gate, who: &Identity, names: &[&str]) -> Result<(), Status> {
+    let grant = gate.authorize(who, Action::Ingest, names)?;
+    if grant.decision != Decision::Allow {
+        let name = names
+            .iter()
+            .find(|n| gate.policy().authorize(who, Action::Ingest, n).decision != Decision::Allow)
+            .copied()
+            .unwrap_or("*");
+        return Err(Status::permission_denied(format!(
+            "{who} may not ingest {name:?}: the policy grants only its summaries (decided by {})",
+            gate.policy().describe(&grant)
+        )));
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -288,8 +449,10 @@ impl pb::ingest_server::Ingest for IngestService {
         &self,
         req: Request<pb::GetSchemaRequest>,
     ) -> Result<Response<pb::GetSchemaResponse>, Status> {
+        let who = self.gate.admit(&req)?;
         let req = req.into_inner();
         gma_core::pattern::validate_event_name(&req.name).map_err(invalid)?;
+        authorize_ingest(&self.gate, &who, &[&req.name])?;
         let inner = self.hub.lock();
         match inner.schema(&req.name) {
             Some(s) if req.version == 0 || req.version == s.version => {
@@ -309,6 +472,7 @@ impl pb::ingest_server::Ingest for IngestService {
     }
 
     async fn push(&self, req: Request<pb::IngestRequest>) -> Result<Response<pb::IngestResponse>, Status> {
+        let who = self.gate.admit(&req)?;
         let req = req.into_inner();
         if req.events.len() > MAX_INGEST_EVENTS {
             return Err(Status::resource_exhausted(format!(
@@ -316,6 +480,21 @@ impl pb::ingest_server::Ingest for IngestService {
                 req.events.len()
             )));
         }
+        // Authorized on every event name (and schema name) it carries, checked first so the
+        // policy only sees valid names.
+        let mut names = BTreeSet::new();
+        for (i, e) in req.events.iter().enumerate() {
+            gma_core::pattern::validate_event_name(&e.name)
+                .map_err(|err| invalid(format!("event {i}: {err}")))?;
+            names.insert(e.name.as_str());
+        }
+        for (i, sc) in req.schemas.iter().enumerate() {
+            gma_core::pattern::validate_event_name(&sc.name)
+                .map_err(|err| invalid(format!("schema {i}: {err}")))?;
+            names.insert(sc.name.as_str());
+        }
+        let names: Vec<&str> = names.into_iter().collect();
+        authorize_ingest(&self.gate, &who, &names)?;
         for (i, sc) in req.schemas.iter().enumerate() {
             gma_core::event::validate_schema(sc).map_err(|e| invalid(format!("schema {i}: {e}")))?;
         }
@@ -368,11 +547,18 @@ impl pb::ingest_server::Ingest for IngestService {
 #[derive(Clone)]
 pub struct SimulatorService {
     pub sim: Option<SimHandle>,
+    pub gate: Arc<Gate>,
 }
 
 #[tonic::async_trait]
 impl pb::simulator_server::Simulator for SimulatorService {
     async fn set(&self, req: Request<pb::SimSetRequest>) -> Result<Response<pb::SimSetResponse>, Status> {
+        let (_, grant) = self.gate.check(&req, Action::Admin, &["sim.set"])?;
+        if grant.decision != Decision::Allow {
+            return Err(Status::permission_denied(
+                "sim.set needs an \"allow\" admin grant",
+            ));
+        }
         let Some(sim) = &self.sim else {
             return Err(Status::failed_precondition(
                 "this producer runs no simulated hosts (start it with --simulate FILE)",
@@ -387,7 +573,7 @@ impl pb::simulator_server::Simulator for SimulatorService {
         if sim.get(&req.host).is_none() {
             return Err(Status::not_found(format!(
                 "no simulated host {:?} on this producer",
-                req.host
+                gma_core::clip(&req.host, 80)
             )));
         }
         sim.set(&req.host, &values)

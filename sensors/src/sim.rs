@@ -612,7 +612,8 @@ impl SimHandle {
         for (key, v) in values {
             let k = Key::parse(key).ok_or_else(|| {
                 SensorError::Sim(format!(
-                    "unknown key {key:?}; valid keys: {}",
+                    "unknown key {:?}; valid keys: {}",
+                    gma_core::clip(key, 80),
                     SET_KEYS.join(", ")
                 ))
             })?;
