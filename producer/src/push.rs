@@ -255,7 +255,7 @@ impl Pusher {
         };
         let mut client = wire::consumer_client::ConsumerClient::new(channel)
             .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
-        let handle = self.registry.add(&c.id);
+        let handle = self.registry.add(&c.id, &record_owner(c));
         let cancel = handle.cancel.clone();
         let (req_tx, req_rx) = mpsc::channel::<wire::DeliverRequest>(2);
         let hello = pb::DeliverHello {

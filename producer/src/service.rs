@@ -343,7 +343,7 @@ impl wire::producer_server::Producer for ProducerService {
         let spec = granted_spec(&self.hub, &self.deriver, &who, &grant, &req)?;
         let start = start_of(self.hub.epoch(), req.resume_from_seq, req.epoch);
         let cursor = Cursor::new(spec);
-        let handle = self.registry.add(&req.consumer_id);
+        let handle = self.registry.add(&req.consumer_id, &who);
         let (id, cancel) = (handle.id, handle.cancel.clone());
         // Two batches in flight at most: memory per subscriber stays bounded and latency low.
         let (tx, mut rx) = mpsc::channel::<Bytes>(2);
@@ -385,21 +385,22 @@ impl wire::producer_server::Producer for ProducerService {
         &self,
         req: Request<pb::UnsubscribeRequest>,
     ) -> Result<Response<pb::UnsubscribeResponse>, Status> {
-        // Charged only: it ends the caller's own subscriptions (by consumer_id), nothing to see.
-        self.gate.admit(&req)?;
+        // Charged only: it ends subscriptions the same identity opened, nothing to see.
+        let who = self.gate.admit(&req)?;
         let req = req.into_inner();
         let removed = if req.all {
             if req.consumer_id.is_empty() {
                 return Err(invalid("unsubscribe all needs the consumer_id used to subscribe"));
             }
-            self.registry.cancel_all(&req.consumer_id)
+            self.registry.cancel_all(&req.consumer_id, &who)
         } else {
             if req.subscription_id == 0 {
                 return Err(invalid(
                     "give a subscription_id, or all = true with a consumer_id",
                 ));
             }
-            self.registry.cancel_one(req.subscription_id, &req.consumer_id)?
+            self.registry
+                .cancel_one(req.subscription_id, &req.consumer_id, &who)?
         };
         Ok(Response::new(pb::UnsubscribeResponse { removed }))
     }

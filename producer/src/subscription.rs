@@ -536,6 +536,8 @@ impl Cancel {
 
 struct Entry {
     consumer_id: String,
+    /// Who opened it: only the same identity may unsubscribe it.
+    owner: gma_core::authz::Identity,
     cancel: Arc<Cancel>,
 }
 
@@ -548,13 +550,15 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn add(self: &Arc<Self>, consumer_id: &str) -> SubHandle {
+    /// Registers a subscription of `consumer_id` opened by `owner`.
+    pub fn add(self: &Arc<Self>, consumer_id: &str, owner: &gma_core::authz::Identity) -> SubHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let cancel = Arc::new(Cancel::default());
         self.subs.lock().insert(
             id,
             Entry {
                 consumer_id: consumer_id.to_string(),
+                owner: owner.clone(),
                 cancel: cancel.clone(),
             },
         );
@@ -578,7 +582,7 @@ impl Registry {
     }
 
     /// Cancels one subscription; returns how many were removed (0 or 1).
-    pub fn cancel_one(&self, id: u64, consumer_id: &str) -> Result<u32, Status> {
+    pub fn cancel_one(&self, id: u64, consumer_id: &str, who: &gma_core::authz::Identity) -> Result<u32, Status> {
         let subs = self.subs.lock();
         match subs.get(&id) {
             None => Err(Status::not_found(format!(
@@ -587,6 +591,9 @@ impl Registry {
             Some(e) if !e.consumer_id.is_empty() && e.consumer_id != consumer_id => Err(
                 Status::permission_denied(format!("subscription {id} belongs to another consumer")),
             ),
+            Some(e) if e.owner != *who => Err(Status::permission_denied(format!(
+                "subscription {id} was opened by another identity; {who} may not end it"
+            ))),
             Some(e) => {
                 e.cancel.cancel();
                 Ok(1)
@@ -603,11 +610,14 @@ impl Registry {
         subs.len() as u32
     }
 
-    /// Cancels every subscription of `consumer_id`.
-    pub fn cancel_all(&self, consumer_id: &str) -> u32 {
+    /// Cancels every subscription of `consumer_id` that `who` opened.
+    pub fn cancel_all(&self, consumer_id: &str, who: &gma_core::authz::Identity) -> u32 {
         let subs = self.subs.lock();
         let mut n = 0;
-        for e in subs.values().filter(|e| e.consumer_id == consumer_id) {
+        for e in subs
+            .values()
+            .filter(|e| e.consumer_id == consumer_id && e.owner == *who)
+        {
             e.cancel.cancel();
             n += 1;
         }
@@ -807,6 +817,23 @@ pub fn query(inner: &HubInner, selector: &Selector, max_age_ns: Option<i64>, now
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_the_identity_that_subscribed_may_unsubscribe() {
+        use gma_core::authz::Identity;
+        let reg = Arc::new(Registry::default());
+        let (alice, bob) = (Identity::new("alice", "site1"), Identity::new("bob", "site2"));
+        let a = reg.add("c1", &alice);
+        let _b = reg.add("c1", &bob);
+        let e = reg.cancel_one(a.id, "c1", &bob).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(!a.cancel.is_cancelled());
+        assert_eq!(reg.cancel_all("c1", &Identity::anonymous()), 0);
+        assert_eq!(reg.cancel_all("c1", &bob), 1);
+        assert!(!a.cancel.is_cancelled());
+        assert_eq!(reg.cancel_one(a.id, "c1", &alice).unwrap(), 1);
+        assert!(a.cancel.is_cancelled());
+    }
+
     use super::*;
     use gma_core::codec::BatchDecoder;
     use gma_core::event::{dbl, EventData};
