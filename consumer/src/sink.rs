@@ -47,6 +47,9 @@ pub struct SinkConfig {
     pub lease_ttl_ms: u64,
     /// What producers do when this sink falls behind.
     pub policy: pb::SlowPolicy,
+    /// TLS of the `Consumer` endpoint (`cert`, `key`, `client_ca` for mTLS, `allow_plaintext`);
+    /// without a certificate it serves plaintext, refused on a non-loopback address.
+    pub tls: gma_core::tls::ServerTls,
 }
 
 impl Default for SinkConfig {
@@ -62,6 +65,7 @@ impl Default for SinkConfig {
             advertise: None,
             lease_ttl_ms: 10_000,
             policy: pb::SlowPolicy::DropOldest,
+            tls: Default::default(),
         }
     }
 }
@@ -137,6 +141,17 @@ impl Sink {
         let bound = listener
             .local_addr()
             .map_err(|e| ConsumerError::Address(String::new(), e.to_string()))?;
+        let tls = self
+            .config
+            .tls
+            .server_config(bound)
+            .map_err(|e| ConsumerError::Invalid(e.to_string()))?;
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder
+                .tls_config(tls)
+                .map_err(|e| ConsumerError::Invalid(format!("tls: {}", crate::error_chain(&e))))?;
+        }
         let address = self
             .config
             .advertise
@@ -161,7 +176,7 @@ impl Sink {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        let result = tonic::transport::Server::builder()
+        let result = builder
             .tcp_nodelay(true)
             .add_service(
                 pb::consumer_server::ConsumerServer::new(Service { sink: self.clone() })

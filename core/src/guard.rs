@@ -94,7 +94,7 @@ impl Default for Gate {
     }
 }
 
-/// Loads the policy file of a role (`policy = "FILE"` / `--policy FILE`); none allows all.
+/// Loads the policy file of a role (`access_policy = "FILE"` / `--access-policy FILE`); none allows all.
 pub fn load_policy(path: Option<&PathBuf>) -> Result<Policy, String> {
     match path {
         Some(p) => Policy::load(p).map_err(|e| e.to_string()),
@@ -199,7 +199,12 @@ impl Gate {
     }
 
     /// [`Gate::admit`] then [`Gate::authorize`].
-    pub fn check<T>(&self, req: &Request<T>, action: Action, resources: &[&str]) -> Result<(Identity, Grant), Status> {
+    pub fn check<T>(
+        &self,
+        req: &Request<T>,
+        action: Action,
+        resources: &[&str],
+    ) -> Result<(Identity, Grant), Status> {
         let who = self.admit(req)?;
         let grant = self.authorize(&who, action, resources)?;
         Ok((who, grant))
@@ -209,7 +214,10 @@ impl Gate {
     /// slot is dropped. Over `subscriptions_per_connection` gets `RESOURCE_EXHAUSTED`.
     pub fn open_subscription<T>(&self, req: &Request<T>) -> Result<Slot, Status> {
         let Some(addr) = req.remote_addr() else {
-            return Ok(Slot { addr: None, open: self.open.clone() });
+            return Ok(Slot {
+                addr: None,
+                open: self.open.clone(),
+            });
         };
         let mut open = match self.open.lock() {
             Ok(o) => o,
@@ -231,7 +239,10 @@ impl Gate {
 
     /// Subscriptions open on `addr`'s connection (for tests and metrics).
     pub fn open_on(&self, addr: SocketAddr) -> usize {
-        self.open.lock().map(|o| o.get(&addr).copied().unwrap_or(0)).unwrap_or(0)
+        self.open
+            .lock()
+            .map(|o| o.get(&addr).copied().unwrap_or(0))
+            .unwrap_or(0)
     }
 }
 
@@ -271,10 +282,11 @@ mod tests {
 
     fn req_from(addr: &str) -> Request<()> {
         let mut r = Request::new(());
-        r.extensions_mut().insert(tonic::transport::server::TcpConnectInfo {
-            local_addr: None,
-            remote_addr: Some(addr.parse().unwrap()),
-        });
+        r.extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some(addr.parse().unwrap()),
+            });
         r
     }
 
@@ -352,7 +364,12 @@ effect = "deny"
             .authorize(&who, Action::ProducerSubscribe, &["host.load", "job.state"])
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
-        assert!(e.message().contains("anonymous may not producer.subscribe \"job.state\""), "{}", e.message());
+        assert!(
+            e.message()
+                .contains("anonymous may not producer.subscribe \"job.state\""),
+            "{}",
+            e.message()
+        );
         assert!(e.message().contains("p.toml line"), "{}", e.message());
     }
 }

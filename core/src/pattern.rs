@@ -285,7 +285,10 @@ fn check_count(what: &'static str, list: &[String]) -> Result<(), PatternError> 
             what,
             "",
             0,
-            format!("{} patterns given, at most {MAX_PATTERNS} are accepted", list.len()),
+            format!(
+                "{} patterns given, at most {MAX_PATTERNS} are accepted",
+                list.len()
+            ),
         ));
     }
     Ok(())

@@ -221,13 +221,22 @@ pub fn explain(s: &tonic::Status) -> String {
     }
     let hint = if msg.contains("CertificateRequired") {
         Some("the server requires a client certificate: give --tls-cert and --tls-key")
-    } else if msg.contains("UnknownIssuer") || msg.contains("BadCertificate") || msg.contains("DecryptError") || msg.contains("invalid peer certificate") {
+    } else if msg.contains("UnknownIssuer")
+        || msg.contains("BadCertificate")
+        || msg.contains("DecryptError")
+        || msg.contains("invalid peer certificate")
+    {
         Some("a certificate is not signed by the CA the other side trusts (check --tls-ca, --tls-client-ca and which CA issued the certificates)")
     } else if msg.contains("NotValidForName") {
         Some("the server certificate does not name the address connected to (issue it with --san HOST)")
     } else if msg.contains("InvalidContentType") || msg.contains("CorruptMessage") {
         Some("TLS against a plaintext server: drop --tls-ca for this server, or start it with --tls-cert/--tls-key")
-    } else if !client_tls_on() && (msg.contains("connection reset") || msg.contains("broken pipe") || msg.contains("frame with invalid size") || msg.contains("connection closed")) {
+    } else if !client_tls_on()
+        && (msg.contains("connection reset")
+            || msg.contains("broken pipe")
+            || msg.contains("frame with invalid size")
+            || msg.contains("connection closed"))
+    {
         Some("if the server uses TLS, give --tls-ca (and --tls-cert/--tls-key when it requires client certificates)")
     } else {
         None

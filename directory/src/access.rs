@@ -28,10 +28,7 @@ pub(crate) struct Access {
 
 impl Access {
     pub fn new(config: &DirectoryConfig) -> Result<Access, DirError> {
-        config
-            .limits
-            .validate()
-            .map_err(DirError::Config)?;
+        config.limits.validate().map_err(DirError::Config)?;
         let policy = load_policy(config.policy.as_ref()).map_err(DirError::Config)?;
         Ok(Access {
             gate: Gate::new(policy, config.limits.clone()),

@@ -85,6 +85,7 @@ pub struct DirectoryConfig {
     pub member_cn: Option<String>,
     /// Authorization policy file (TOML, see docs/security.md); none allows every identity.
     #[serde(default)]
+    #[serde(rename = "access_policy")]
     pub policy: Option<PathBuf>,
     /// Per-identity limits (`[limits]`: requests_per_s, burst, subscriptions_per_connection
     /// (Watch streams per connection)).
@@ -309,7 +310,10 @@ pub async fn run(
         "directory starting"
     );
     config.validate()?;
-    let tls = config.tls.server_config(bound).map_err(|e| DirError::Config(e.to_string()))?;
+    let tls = config
+        .tls
+        .server_config(bound)
+        .map_err(|e| DirError::Config(e.to_string()))?;
     // Members connect to each other with the same identity; the client CA is their CA.
     let mut client = config.tls.client();
     if client.ca.is_none() && config.tls.enabled() {

@@ -358,9 +358,11 @@ impl Directory for DirectoryService {
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         crate::validate::record(req.get_ref().record.as_ref())?;
-        let who = self
-            .access
-            .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record.as_ref()))?;
+        let who = self.access.check(
+            &req,
+            Action::DirectoryRegister,
+            record_id(req.get_ref().record.as_ref()),
+        )?;
         let mut req = req.into_inner();
         // Checked again below: the owner attributes count against the attribute limit.
         stamp_owner(req.record.as_mut(), &who);
@@ -391,9 +393,11 @@ impl Directory for DirectoryService {
     #[tracing::instrument(skip_all)]
     async fn update(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::UpdateResponse>, Status> {
         crate::validate::record(req.get_ref().record.as_ref())?;
-        let who = self
-            .access
-            .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record.as_ref()))?;
+        let who = self.access.check(
+            &req,
+            Action::DirectoryRegister,
+            record_id(req.get_ref().record.as_ref()),
+        )?;
         let mut req = req.into_inner();
         // Checked again below: the owner attributes count against the attribute limit.
         stamp_owner(req.record.as_mut(), &who);

@@ -252,7 +252,20 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
-    let control_addr = listener.local_addr()?.to_string();
+    let bound = listener.local_addr()?;
+    // AppControl serves TLS with --tls-cert/--tls-key (mTLS with --tls-client-ca: then only
+    // holders of a certificate of that CA, e.g. the rescheduler, may stop and resume it);
+    // plaintext only on loopback unless --allow-plaintext.
+    let server_tls = crate::roles::server_tls_flags().unwrap_or_default();
+    let tls = server_tls.server_config(bound)?;
+    if crate::roles::policy_flag().is_some() {
+        eprintln!(
+            "note: gma app-sim does not apply --access-policy; require client certificates with --tls-client-ca to \
+             restrict who may stop and resume it"
+        );
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let control_addr = bound.to_string();
     eprintln!("gma app-sim listening on {control_addr}");
     let app = Arc::new(Mutex::new(App {
         app_id: a.app_id.clone(),
@@ -272,8 +285,12 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         app: app.clone(),
         wake: wake.clone(),
     };
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).context("AppControl TLS")?;
+    }
     let server = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .add_service(pb::app_control_server::AppControlServer::new(control))
             .serve_with_incoming(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -297,7 +314,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
                 app.app_id.clone(),
                 app.state.as_str().into(),
                 app.hosts.join(","),
-                format!("http://{control_addr}"),
+                format!("{scheme}://{control_addr}"),
             ],
         };
         to_wire(&e, &sschema)

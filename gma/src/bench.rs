@@ -4,10 +4,13 @@
 //!   as many 3-value events as the consumer can take (the publisher keeps at most half the
 //!   resume buffer in flight, so nothing is dropped) and reports events/s and events/s per core
 //!   (process CPU time / wall time). Phase 2 publishes at a fixed rate and reports
-//!   sample -> consumer latency percentiles (hdrhistogram).
+//!   sample -> consumer latency percentiles (hdrhistogram). With `--tls` both phases run over
+//!   mTLS (a throwaway CA, server and client certificate made for the run, as `gma certs`
+//!   makes them), for the cost of TLS against the plaintext figures.
 //! - `agent`: starts a real `gma producer` process with the host sensors and measures its CPU%
 //!   of one core and RSS from /proc/<pid>, and the values it samples per second.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +20,7 @@ use gma_consumer::stream::{ProducerStream, StreamOptions};
 use gma_core::codec::{BatchEncoder, SeriesInfo};
 use gma_core::event::{dbl, EventData};
 use gma_core::time::now_ns;
+use gma_core::tls::{ClientTls, ServerTls};
 use gma_producer::{Producer, ProducerConfig};
 use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
@@ -32,8 +36,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchScenario::Stream {
             duration,
             rate,
+            tls,
             output,
-        } => stream(duration, rate, output).await,
+        } => stream(duration, rate, tls, output).await,
         BenchScenario::Directory {
             duration,
             trials,
@@ -118,10 +123,19 @@ pub(crate) fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
 pub(crate) async fn start_producer(
     buffer: usize,
 ) -> anyhow::Result<(Arc<gma_producer::Hub>, String, tokio::sync::oneshot::Sender<()>)> {
+    start_producer_with(buffer, ServerTls::default()).await
+}
+
+/// [`start_producer`] serving with `tls`.
+async fn start_producer_with(
+    buffer: usize,
+    tls: ServerTls,
+) -> anyhow::Result<(Arc<gma_producer::Hub>, String, tokio::sync::oneshot::Sender<()>)> {
     let p = Producer::new(ProducerConfig {
         host_sensors: false,
         buffer_events: buffer,
         source: Some("bench".into()),
+        tls,
         ..ProducerConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;
@@ -158,7 +172,74 @@ fn bench_stream(addr: &str) -> ProducerStream {
     )
 }
 
+/// Throwaway mTLS material for a bench run: a CA, a server certificate for 127.0.0.1 and
+/// localhost, a client certificate, all ECDSA P-256 like `gma certs` makes them, written as PEM
+/// into `dir`. Returns the server settings (mTLS: client certificates of the CA required) and
+/// the client settings.
+fn bench_pki(dir: &Path) -> anyhow::Result<(ServerTls, ClientTls)> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    let write = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(path)
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).context("CA parameters")?;
+    ca.distinguished_name.push(DnType::CommonName, "gma bench CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate().context("cannot generate the CA key")?;
+    let ca_cert = ca
+        .self_signed(&ca_key)
+        .context("cannot sign the CA certificate")?;
+    let ca_pem = write("ca.pem", &ca_cert.pem())?;
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf = |name: &str| -> anyhow::Result<(PathBuf, PathBuf)> {
+        let mut p = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .context("certificate parameters")?;
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.is_ca = IsCa::ExplicitNoCa;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().context("cannot generate a key")?;
+        let cert = p
+            .signed_by(&key, &issuer)
+            .with_context(|| format!("cannot sign the {name} certificate"))?;
+        Ok((
+            write(&format!("{name}.pem"), &cert.pem())?,
+            write(&format!("{name}.key"), &key.serialize_pem())?,
+        ))
+    };
+    let (server_cert, server_key) = leaf("bench-server")?;
+    let (client_cert, client_key) = leaf("bench-client")?;
+    Ok((
+        ServerTls {
+            cert: Some(server_cert),
+            key: Some(server_key),
+            client_ca: Some(ca_pem.clone()),
+            ..ServerTls::default()
+        },
+        ClientTls {
+            ca: Some(ca_pem),
+            cert: Some(client_cert),
+            key: Some(client_key),
+        },
+    ))
+}
+
 struct StreamFigures {
+    /// "mtls" or "none".
+    tls: &'static str,
     events: u64,
     seconds: f64,
     cpu_seconds: f64,
@@ -168,12 +249,33 @@ struct StreamFigures {
     latency: Histogram<u64>,
 }
 
-async fn stream(duration: u64, rate: u64, output: Output) -> anyhow::Result<()> {
+async fn stream(duration: u64, rate: u64, tls: bool, output: Output) -> anyhow::Result<()> {
     if duration == 0 || rate == 0 {
         bail!("--duration and --rate must be positive");
     }
+    if gma_core::tls::client_tls_on() {
+        bail!(
+            "bench stream makes its own connections (and, with --tls, its own certificates): leave out \
+             --tls-ca/GMA_TLS_CA"
+        );
+    }
+    // Kept until the end of the run (removed on drop).
+    let mut pki_dir = None;
+    let server_tls = if tls {
+        let dir = tempfile::Builder::new()
+            .prefix("gma-bench-tls-")
+            .tempdir()
+            .context("cannot create a temp dir")?;
+        let (server, client) = bench_pki(dir.path())?;
+        pki_dir = Some(dir);
+        // Before the first connection: every outgoing connection of the process uses it.
+        gma_core::tls::install_client_if_unset(&client)?;
+        server
+    } else {
+        ServerTls::default()
+    };
     let buffer = 1 << 20;
-    let (hub, addr, stop) = start_producer(buffer).await?;
+    let (hub, addr, stop) = start_producer_with(buffer, server_tls).await?;
 
     // Phase 1: throughput.
     let received = Arc::new(AtomicU64::new(0));
@@ -281,8 +383,10 @@ async fn stream(duration: u64, rate: u64, output: Output) -> anyhow::Result<()> 
     }
     let bytes_per_event = prost::Message::encoded_len(&enc.finish(1)) as f64 / 1000.0;
 
+    drop(pki_dir);
     print_stream(
         &StreamFigures {
+            tls: if tls { "mtls" } else { "none" },
             events,
             seconds,
             cpu_seconds,
@@ -305,6 +409,7 @@ fn print_stream(f: &StreamFigures, output: Output) {
             "{}",
             serde_json::json!({
                 "scenario": "stream",
+                "tls": f.tls,
                 "machine_cores": cores(),
                 "events": f.events,
                 "seconds": f.seconds,
@@ -320,6 +425,7 @@ fn print_stream(f: &StreamFigures, output: Output) {
         ),
         Output::Table => {
             println!("stream: one producer -> one consumer, loopback gRPC, 3-value events, batches of 1000");
+            println!("  tls                      {}", f.tls);
             println!("  machine cores            {}", cores());
             println!("  events                   {} in {:.1} s", f.events, f.seconds);
             println!("  throughput               {:.0} events/s", eps);

@@ -40,8 +40,8 @@ pub struct TlsArgs {
     pub allow_plaintext: bool,
     /// Authorization policy (TOML) for the roles this process serves; deny by default when
     /// given. Without one every identity may do everything.
-    #[arg(long, global = true, env = "GMA_POLICY")]
-    pub policy: Option<PathBuf>,
+    #[arg(long, global = true, env = "GMA_ACCESS_POLICY")]
+    pub access_policy: Option<PathBuf>,
 }
 
 impl TlsArgs {
@@ -359,6 +359,9 @@ pub enum BenchScenario {
         /// Events per second for the latency phase.
         #[arg(long, default_value_t = 10_000)]
         rate: u64,
+        /// Over mTLS, with throwaway certificates made for the run.
+        #[arg(long)]
+        tls: bool,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

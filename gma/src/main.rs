@@ -37,7 +37,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-    roles::set_security(cli.tls.server(), cli.tls.policy.clone());
+    roles::set_security(cli.tls.server(), cli.tls.access_policy.clone());
     let result = rt.block_on(run(cli.command));
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();

@@ -33,7 +33,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use crate::roles::{bind, shutdown_signal};
+use crate::roles::{apply_security, bind, shutdown_signal};
 
 /// Default of `hold_down_ms`.
 pub const DEFAULT_HOLD_DOWN_MS: u64 = 60_000;
@@ -58,7 +58,8 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 /// `gma monitor --config FILE [--directory ADDR] [--listen ADDR]`.
 #[derive(Args, Debug)]
 pub struct MonitorArgs {
-    /// TOML config: directory, listen, id, source and [[rule]] tables (see docs/monitor.md).
+    /// TOML config: directory, listen, id, source, policy, [tls], [limits] and [[rule]] tables
+    /// (see docs/monitor.md).
     #[arg(long)]
     pub config: PathBuf,
     /// Directory address(es), ADDR[,ADDR...] (overrides `directory` in the config).
@@ -92,6 +93,18 @@ pub struct MonitorConfig {
     pub source: Option<String>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<RuleConfig>,
+    /// TLS (`[tls]`, as for a producer): `cert`, `key`, `client_ca`, `allow_plaintext` for the
+    /// monitor's endpoint; `ca` for its connections to the directory and the producers it
+    /// watches. The `--tls-*` flags override it.
+    #[serde(default)]
+    pub tls: gma_core::tls::ServerTls,
+    /// Authorization policy file of the monitor's endpoint; `--access-policy` overrides.
+    #[serde(default)]
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    /// Per-identity limits of the monitor's endpoint (`[limits]`).
+    #[serde(default)]
+    pub limits: gma_core::guard::Limits,
 }
 
 /// One `[[rule]]` table, as written.
@@ -750,6 +763,7 @@ pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
         cfg.listen = a.listen.clone();
     }
     let rules = validate(&cfg).map_err(|e| anyhow!("invalid config file {}: {e}", a.config.display()))?;
+    apply_security(&mut cfg.tls, &mut cfg.policy)?;
     let Some(directory) = cfg.directory.clone().filter(|d| !d.trim().is_empty()) else {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     };
@@ -770,6 +784,9 @@ pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
         host_sensors: false,
         source: Some(source.clone()),
         id: Some(id.clone()),
+        tls: cfg.tls.clone(),
+        policy: cfg.policy.clone(),
+        limits: cfg.limits.clone(),
         ..ProducerConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;

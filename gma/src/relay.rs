@@ -34,7 +34,7 @@ use gma_producer::{Hub, ProducerConfig};
 use gma_proto::v1 as pb;
 use serde::Deserialize;
 
-use crate::roles::{bind, shutdown_signal};
+use crate::roles::{apply_security, bind, shutdown_signal};
 
 /// The summary event the relay publishes.
 pub const SITE_LOAD: &str = "site.load";
@@ -57,7 +57,7 @@ pub struct RelayArgs {
     #[arg(long)]
     pub listen: Option<String>,
     /// TOML config: site (required), period_ms, stale_ms, relay, sources, id, buffer_events,
-    /// lease_ttl_ms, listen, directory (see config/relay.toml).
+    /// lease_ttl_ms, listen, directory, policy, [tls], [limits] (see config/relay.toml).
     #[arg(long)]
     pub config: PathBuf,
 }
@@ -94,6 +94,18 @@ pub struct RelayConfig {
     /// Directory lease TTL.
     #[serde(default = "default_lease_ttl_ms")]
     pub lease_ttl_ms: u64,
+    /// TLS (`[tls]`, as for a producer): `cert`, `key`, `client_ca`, `allow_plaintext` for the
+    /// relay's endpoint; `ca` for its connections to the directory and the producers it
+    /// follows. The `--tls-*` flags override it.
+    #[serde(default)]
+    pub tls: gma_core::tls::ServerTls,
+    /// Authorization policy file of the relay's endpoint; `--access-policy` overrides.
+    #[serde(default)]
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    /// Per-identity limits of the relay's endpoint (`[limits]`).
+    #[serde(default)]
+    pub limits: gma_core::guard::Limits,
 }
 
 fn default_period_ms() -> u64 {
@@ -397,7 +409,8 @@ fn load_config(a: &RelayArgs) -> anyhow::Result<RelayConfig> {
 }
 
 pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
-    let cfg = load_config(&a)?;
+    let mut cfg = load_config(&a)?;
+    apply_security(&mut cfg.tls, &mut cfg.policy)?;
     let Some(directory) = cfg.directory.clone() else {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     };
@@ -426,6 +439,9 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
         // Archives get relayed events from their origin producers; pushing them again from
         // here would store them twice. Consumers of the relay subscribe to it.
         push: false,
+        tls: cfg.tls.clone(),
+        policy: cfg.policy.clone(),
+        limits: cfg.limits.clone(),
         ..ProducerConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;

@@ -5,7 +5,7 @@ use gma_rescheduler::service::{decision_str, ReschedulerConfig};
 use gma_rescheduler::{decide, Policy};
 
 use crate::cli::{Output, ReschedulerArgs, ReschedulerCommand};
-use crate::roles::{bind, shutdown_signal};
+use crate::roles::{apply_security, bind, shutdown_signal};
 
 pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if let Some(ReschedulerCommand::Evaluate {
@@ -56,6 +56,9 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if cfg.directory.is_none() {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     }
+    // --tls-*/--access-policy override [tls]/access_policy; [tls] ca turns on TLS for the directory, the
+    // producers followed and the applications' AppControl.
+    apply_security(&mut cfg.tls, &mut cfg.policy)?;
     let listener = bind(&cfg.listen).await?;
     eprintln!("gma rescheduler listening on {}", listener.local_addr()?);
     gma_rescheduler::service::run(cfg, listener, shutdown_signal())

@@ -90,7 +90,7 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
 type Security = (Option<gma_core::tls::ServerTls>, Option<PathBuf>);
 static SECURITY: std::sync::OnceLock<Security> = std::sync::OnceLock::new();
 
-/// The server TLS and policy given by flags (`--tls-cert`, `--policy`, ...), overriding role
+/// The server TLS and policy given by flags (`--tls-cert`, `--access-policy`, ...), overriding role
 /// configs.
 pub fn set_security(tls: Option<gma_core::tls::ServerTls>, policy: Option<PathBuf>) {
     let _ = SECURITY.set((tls, policy));
@@ -101,14 +101,17 @@ pub fn server_tls_flags() -> Option<gma_core::tls::ServerTls> {
     SECURITY.get().and_then(|s| s.0.clone())
 }
 
-/// The `--policy` file, if given.
+/// The `--access-policy` file, if given.
 pub fn policy_flag() -> Option<PathBuf> {
     SECURITY.get().and_then(|s| s.1.clone())
 }
 
 /// Applies the flags over a role config's `[tls]` and `policy`, and installs the config's
 /// client side for outgoing connections when the flags did not set one.
-pub fn apply_security(tls: &mut gma_core::tls::ServerTls, policy: &mut Option<PathBuf>) -> anyhow::Result<()> {
+pub fn apply_security(
+    tls: &mut gma_core::tls::ServerTls,
+    policy: &mut Option<PathBuf>,
+) -> anyhow::Result<()> {
     if let Some(t) = server_tls_flags() {
         *tls = t;
     }

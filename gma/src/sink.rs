@@ -4,6 +4,9 @@
 //! offer matching events push to it over `Consumer.Deliver`. Events print as JSON lines on
 //! stdout; stream openings and endings print on stderr. `--end-after N` ends each producer's
 //! stream after N events (the consumer ending a producer-initiated stream).
+//!
+//! `--tls-cert`/`--tls-key` serve the endpoint over TLS; with `--tls-client-ca` only producers
+//! holding a certificate of that CA may push. Plaintext is refused off loopback.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use gma_proto::v1 as pb;
 use std::sync::Mutex as StdMutex;
 
 use crate::cli::PolicyArg;
-use crate::roles::{bind, shutdown_signal};
+use crate::roles::{apply_security, bind, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct SinkArgs {
@@ -102,7 +105,7 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     }
     let listener = bind(&a.listen).await?;
     let addr = listener.local_addr()?;
-    let config = SinkConfig {
+    let mut config = SinkConfig {
         id: a.id.clone().unwrap_or_else(|| format!("sink@{addr}")),
         accepts: a.accepts.clone(),
         sources: a.sources.clone(),
@@ -115,6 +118,17 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
         },
         ..SinkConfig::default()
     };
+    // TLS from the flags (--tls-cert/--tls-key/--tls-client-ca serve the Consumer endpoint;
+    // --tls-ca is for the directory). Deliver has no authorization action: who may push is
+    // decided by --tls-client-ca, not by a policy.
+    let mut policy = None;
+    apply_security(&mut config.tls, &mut policy)?;
+    if policy.is_some() {
+        eprintln!(
+            "note: gma sink does not apply --access-policy; require client certificates with --tls-client-ca to \
+             restrict which producers may push"
+        );
+    }
     let printer = Arc::new(Printer {
         end_after: a.end_after,
         counts: StdMutex::new(Default::default()),

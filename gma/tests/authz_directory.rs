@@ -163,7 +163,7 @@ effect = "allow"
             &cfg,
             format!(
                 "data_dir = \"{d}/n{n}\"\nlisten = \"{addr}\"\nnode_id = {n}\npeers = \"{peers}\"\ninit = {}\n\
-                 member_cn = \"dir-*\"\npolicy = \"{d}/policy.toml\"\n\
+                 member_cn = \"dir-*\"\naccess_policy = \"{d}/policy.toml\"\n\
                  [tls]\ncert = \"{d}/certs/dir-{n}.pem\"\nkey = \"{d}/certs/dir-{n}.key\"\nclient_ca = \"{d}/ca/ca.pem\"\n",
                 n == 1
             ),
@@ -246,7 +246,11 @@ effect = "allow"
             .into_inner();
         let e = replies.message().await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        assert!(e.message().contains("may not directory.register \"alices\""), "{}", e.message());
+        assert!(
+            e.message().contains("may not directory.register \"alices\""),
+            "{}",
+            e.message()
+        );
 
         // Raft: a certificate of the cluster's CA that is not a member's is refused...
         let ch = channel(dir, &addrs[1], "ca", Some("alice")).await.unwrap();

@@ -140,7 +140,7 @@ fn site() -> Site {
         "--no-host-sensors",
         "--simulate",
         sim.to_str().unwrap(),
-        "--policy",
+        "--access-policy",
         &format!("{d}/policy.toml"),
         "--tls-cert",
         &format!("{d}/certs/node1.pem"),

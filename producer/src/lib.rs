@@ -80,6 +80,7 @@ pub struct ProducerConfig {
     /// connections to the directory and consumers).
     pub tls: gma_core::tls::ServerTls,
     /// Authorization policy file (TOML, see gma_core::authz); none allows every identity.
+    #[serde(rename = "access_policy")]
     pub policy: Option<PathBuf>,
     /// Per-identity limits (`[limits]`: requests_per_s, burst, subscriptions_per_connection).
     pub limits: gma_core::guard::Limits,

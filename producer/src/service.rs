@@ -94,7 +94,11 @@ fn summary_only(
 /// Authorizes a Subscribe before anything is activated or claimed: the grant, or
 /// `PERMISSION_DENIED` when it is denied, or summary-only and the request is not for summaries
 /// alone.
-pub(crate) fn authorize_subscribe(gate: &Gate, who: &Identity, req: &pb::SubscribeRequest) -> Result<Grant, Status> {
+pub(crate) fn authorize_subscribe(
+    gate: &Gate,
+    who: &Identity,
+    req: &pb::SubscribeRequest,
+) -> Result<Grant, Status> {
     // Patterns are checked before the policy sees them (bounded length, no stray characters).
     selector(&req.patterns, &req.sources)?;
     let action = Action::ProducerSubscribe;
@@ -127,7 +131,9 @@ pub(crate) fn granted_spec(
     let mut spec = spec_of(hub, deriver, req)?;
     // The rate class of the grant is a floor: the consumer may only ask for less.
     spec.min_interval_ms = spec.min_interval_ms.max(grant.min_interval_ms);
-    if grant.decision != Decision::Allow && !spec.selector.patterns.iter().all(|p| is_summary_name(p.as_str())) {
+    if grant.decision != Decision::Allow
+        && !spec.selector.patterns.iter().all(|p| is_summary_name(p.as_str()))
+    {
         // authorize_subscribe let only summaries through; never serve anything else.
         return Err(Status::permission_denied(format!(
             "{who} may receive only summaries; this subscription selects other events"
@@ -186,8 +192,12 @@ pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Resu
     }
     let mut windows = Vec::new();
     for w in &req.summaries {
-        let window = gma_core::rolling::window(w)
-            .ok_or_else(|| invalid(format!("summary window {:?} is unknown: use 1m, 10m or 60m", gma_core::clip(w, 80))))?;
+        let window = gma_core::rolling::window(w).ok_or_else(|| {
+            invalid(format!(
+                "summary window {:?} is unknown: use 1m, 10m or 60m",
+                gma_core::clip(w, 80)
+            ))
+        })?;
         if !windows
             .iter()
             .any(|x: &gma_core::rolling::Window| x.name == window.name)

@@ -582,7 +582,12 @@ impl Registry {
     }
 
     /// Cancels one subscription; returns how many were removed (0 or 1).
-    pub fn cancel_one(&self, id: u64, consumer_id: &str, who: &gma_core::authz::Identity) -> Result<u32, Status> {
+    pub fn cancel_one(
+        &self,
+        id: u64,
+        consumer_id: &str,
+        who: &gma_core::authz::Identity,
+    ) -> Result<u32, Status> {
         let subs = self.subs.lock();
         match subs.get(&id) {
             None => Err(Status::not_found(format!(

@@ -30,7 +30,7 @@ pub enum ActionConfig {
 #[derive(Debug, Clone)]
 pub struct Target {
     pub app_id: String,
-    /// `http://host:port` of its AppControl service ("" when it has none).
+    /// `http(s)://host:port` of its AppControl service ("" when it has none).
     pub control: String,
 }
 
@@ -69,12 +69,21 @@ async fn control(
             t.app_id
         ));
     }
-    let ch = tonic::transport::Endpoint::from_shared(t.control.clone())
-        .map_err(|e| format!("bad AppControl address {}: {e}", t.control))?
+    // With client TLS installed the connection is https and verified (and presents this
+    // process's certificate), whatever scheme the application published.
+    let ch = gma_core::tls::endpoint(&t.control)
+        .map_err(|e| format!("AppControl of {}: {e}", t.app_id))?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await
-        .map_err(|e| format!("cannot reach {} at {}: {e}", t.app_id, t.control))?;
+        .map_err(|e| {
+            format!(
+                "cannot reach {} at {}: {}",
+                t.app_id,
+                t.control,
+                gma_consumer::error_chain(&e)
+            )
+        })?;
     Ok(pb::app_control_client::AppControlClient::new(ch))
 }
 
@@ -92,7 +101,7 @@ impl ActionConfig {
                 c.stop(req)
                     .await
                     .map(|_| ())
-                    .map_err(|s| format!("stop {}: {}", t.app_id, s.message()))
+                    .map_err(|s| format!("stop {}: {}", t.app_id, gma_core::tls::explain(&s)))
             }
             ActionConfig::Commands { stop, .. } => run_command(&fill(stop, t, &[])).await,
         }
@@ -109,7 +118,7 @@ impl ActionConfig {
                 })
                 .await
                 .map(|_| ())
-                .map_err(|s| format!("resume {}: {}", t.app_id, s.message()))
+                .map_err(|s| format!("resume {}: {}", t.app_id, gma_core::tls::explain(&s)))
             }
             ActionConfig::Commands { resume, .. } => run_command(&fill(resume, t, hosts)).await,
         }
@@ -126,7 +135,7 @@ impl ActionConfig {
                 })
                 .await
                 .map(|_| ())
-                .map_err(|s| format!("declined {}: {}", t.app_id, s.message()))
+                .map_err(|s| format!("declined {}: {}", t.app_id, gma_core::tls::explain(&s)))
             }
             ActionConfig::Commands { declined, .. } => match declined {
                 Some(cmd) => run_command(&fill(cmd, t, &[])).await,

@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,15 @@ pub struct ReschedulerConfig {
     pub reference_specint: f64,
     pub action: ActionConfig,
     pub lease_ttl_ms: u64,
+    /// TLS (`[tls]`): `cert`, `key`, `client_ca`, `allow_plaintext` for the endpoint serving
+    /// the decisions; `ca` (with `cert`/`key` as the client identity) for the connections to
+    /// the directory, the producers followed and the applications' AppControl.
+    pub tls: gma_core::tls::ServerTls,
+    /// Authorization policy file of the endpoint (TOML, see gma_core::authz); none allows all.
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    /// Per-identity limits of the endpoint (`[limits]`).
+    pub limits: gma_core::guard::Limits,
 }
 
 impl Default for ReschedulerConfig {
@@ -65,6 +75,9 @@ impl Default for ReschedulerConfig {
             reference_specint: f64::NAN,
             action: ActionConfig::Grpc,
             lease_ttl_ms: 10_000,
+            tls: Default::default(),
+            policy: None,
+            limits: Default::default(),
         }
     }
 }
@@ -154,6 +167,9 @@ pub async fn run(
         source: Some(config.source.clone()),
         lease_ttl_ms: config.lease_ttl_ms,
         buffer_events: 100_000,
+        tls: config.tls.clone(),
+        policy: config.policy.clone(),
+        limits: config.limits.clone(),
         ..ProducerConfig::default()
     })
     .map_err(|e| ReschedulerError::Producer(e.to_string()))?;
