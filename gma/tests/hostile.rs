@@ -1009,7 +1009,7 @@ async fn huge_patterns(dir: &str, prod: &str, f: &mut Findings) {
         })
         .await;
     f.status("1 MiB Query source", r, Code::InvalidArgument, TOO_LONG);
-    // 100 000 patterns matching nothing: the answer names them, but must stay one answer.
+    // 100 000 patterns: over the per-request limit.
     let r = pc()
         .await
         .query(pb::QueryRequest {
@@ -1017,7 +1017,21 @@ async fn huge_patterns(dir: &str, prod: &str, f: &mut Findings) {
             ..Default::default()
         })
         .await;
-    f.status("100000 Query patterns", r, Code::NotFound, "no event available");
+    f.status(
+        "100000 Query patterns",
+        r,
+        Code::InvalidArgument,
+        "at most 1024 are accepted",
+    );
+    // 1 000 patterns matching nothing: the answer names them, but stays one short answer.
+    let r = pc()
+        .await
+        .query(pb::QueryRequest {
+            patterns: (0..1000).map(|i| format!("no.such.event{i}")).collect(),
+            ..Default::default()
+        })
+        .await;
+    f.status("1000 Query patterns", r, Code::NotFound, "no event available");
     let r = pc()
         .await
         .subscribe(pb::SubscribeRequest {
