@@ -289,7 +289,15 @@ impl pb::consumer_server::Consumer for Service {
         tokio::spawn(async move {
             let mut decoder = BatchDecoder::new();
             let reason = loop {
+                // Biased, the end first: once the sink has ended the stream, no batch still
+                // in flight is handed to the handler.
                 tokio::select! {
+                    biased;
+                    why = &mut end_rx => {
+                        let reason = why.unwrap_or_else(|_| "sink stopped".into());
+                        let _ = tx.send(Ok(pb::DeliverResponse { end: true, reason: reason.clone(), ..Default::default() })).await;
+                        break reason;
+                    }
                     msg = inbound.message() => match msg {
                         Ok(Some(pb::DeliverRequest { msg: Some(pb::deliver_request::Msg::Batch(b)) })) => {
                             let events = match decoder.decode(&b) {
@@ -311,11 +319,6 @@ impl pb::consumer_server::Consumer for Service {
                         Ok(None) => break "the producer ended the stream".to_string(),
                         Err(s) => break format!("stream broke: {}", s.message()),
                     },
-                    why = &mut end_rx => {
-                        let reason = why.unwrap_or_else(|_| "sink stopped".into());
-                        let _ = tx.send(Ok(pb::DeliverResponse { end: true, reason: reason.clone(), ..Default::default() })).await;
-                        break reason;
-                    }
                 }
             };
             {
