@@ -11,6 +11,10 @@
 //! - [`subscriber`]: discover every producer of a pattern through Search + Watch, subscribe to
 //!   each, and merge their streams into one channel of [`subscriber::Delivery`].
 
+/// Consumer-record attribute: "true" means the consumer subscribes to producers itself (its
+/// `address` serves something else, e.g. the archiver's queries), so producers must not push.
+pub const PULL_ATTRIBUTE: &str = "gma.pull";
+
 pub mod directory;
 pub mod emit;
 pub mod registrar;

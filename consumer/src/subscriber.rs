@@ -28,10 +28,12 @@ pub enum Delivery {
     Discovered { producer: String, address: String },
     /// A (re)subscription was accepted.
     Subscribed { producer: String, subscription_id: u64 },
-    /// Events from one batch, in seq order.
+    /// Events from one batch, in seq order, and where the stream resumes after them (what a
+    /// consumer persists with the events to resume exactly after a restart).
     Events {
         producer: String,
         events: Vec<OwnedEvent>,
+        resume: ResumePoint,
     },
     /// Events the producer could not deliver (explicit; never silent).
     Gap { producer: String, gap: pb::Gap },
@@ -51,6 +53,10 @@ pub struct SubscriberOptions {
     pub stream: StreamOptions,
     /// Capacity of the merged channel, in deliveries.
     pub capacity: usize,
+    /// Where streams of producers without a resume point start: `None` = the producer's
+    /// latest events on; `Some(ResumePoint { epoch: 0, next_seq: 1 })` = the oldest it still
+    /// holds (what an archiver wants).
+    pub default_resume: Option<ResumePoint>,
 }
 
 /// Producer records a [`Subscriber`] never follows (see [`Subscriber::start_excluding`]).
@@ -261,6 +267,7 @@ async fn watch_once(
                     opts.stream.clone(),
                     tx.clone(),
                     resume.clone(),
+                    opts.default_resume,
                 ));
                 running.insert(
                     p.id.clone(),
@@ -309,8 +316,9 @@ async fn follow(
     opts: StreamOptions,
     tx: mpsc::Sender<Delivery>,
     resume: Arc<Mutex<HashMap<String, ResumePoint>>>,
+    default_resume: Option<ResumePoint>,
 ) {
-    let start = resume.lock().get(&producer).copied();
+    let start = resume.lock().get(&producer).copied().or(default_resume);
     let mut stream = ProducerStream::new(
         &address,
         StreamOptions {
@@ -338,6 +346,7 @@ async fn follow(
                     d.push(Delivery::Events {
                         producer: producer.clone(),
                         events,
+                        resume: stream.resume_point().unwrap_or_default(),
                     });
                 }
                 d

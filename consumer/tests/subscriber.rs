@@ -76,6 +76,7 @@ async fn discovers_merges_and_follows_producers() {
                 ..StreamOptions::default()
             },
             capacity: 16,
+            default_resume: None,
         },
         HashMap::new(),
     );
@@ -83,7 +84,7 @@ async fn discovers_merges_and_follows_producers() {
     let mut sources = HashSet::new();
     let mut last_seq: HashMap<String, u64> = HashMap::new();
     while sources.len() < 2 {
-        if let Delivery::Events { producer, events } = next(&mut sub).await {
+        if let Delivery::Events { producer, events, .. } = next(&mut sub).await {
             for e in events {
                 assert_eq!(e.series.name, "host.load");
                 let last = last_seq.entry(producer.clone()).or_default();
@@ -111,7 +112,7 @@ async fn discovers_merges_and_follows_producers() {
     }
     let mut from_b = 0;
     while from_b < 3 {
-        if let Delivery::Events { producer, events } = next(&mut sub).await {
+        if let Delivery::Events { producer, events, .. } = next(&mut sub).await {
             assert_eq!(producer, id_b, "nothing more from the stopped producer");
             from_b += events.len();
         }

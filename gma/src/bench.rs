@@ -45,6 +45,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             output,
         } => crate::bench_dir::run(duration, trials, output).await,
         BenchScenario::Resched { trials, output } => crate::bench_resched::run(trials, output).await,
+        BenchScenario::Archive { samples, output } => crate::bench_archive::run(samples, output).await,
         BenchScenario::Agent {
             duration,
             period_ms,

@@ -110,6 +110,10 @@ pub enum Command {
     /// A consumer that accepts streams pushed by producers (registered in the directory) and
     /// prints them as JSON lines.
     Sink(crate::sink::SinkArgs),
+    /// Run an archiver: durable, compressed history of the events it subscribes to.
+    Archiver(crate::archive::ArchiverArgs),
+    /// Query an archiver: query, series, export, stats.
+    Archive(crate::archive::ArchiveArgs),
     /// Relay: subscribe to a site's producers, publish a site.load summary and republish
     /// chosen events under one record (a compound consumer/producer).
     Relay(crate::relay::RelayArgs),
@@ -382,6 +386,15 @@ pub enum BenchScenario {
     Resched {
         #[arg(long, default_value_t = 200)]
         trials: u32,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The archiver's store: ingest samples/s with group commit, bytes/sample on disk, query
+    /// time over 1,000,000 samples (raw and 1m p99), RSS.
+    Archive {
+        /// Samples ingested (1,000 hosts x 3 fields, 1 s gauges).
+        #[arg(long, default_value_t = 3_000_000)]
+        samples: u64,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -94,86 +94,6 @@ fn field_values(fields: Vec<(String, Raw)>, has_schema: bool) -> Vec<(String, Fi
         .collect()
 }
 
-/// Days from 1970-01-01 to a proleptic Gregorian date (H. Hinnant's `days_from_civil`).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn days_in_month(y: i64, m: i64) -> i64 {
-    match m {
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Parses an RFC 3339 date-time (`YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)`) into
-/// nanoseconds since the Unix epoch.
-/// `None`: not RFC 3339; `Some(None)`: a valid time outside the i64 nanosecond range.
-fn parse_rfc3339(s: &str) -> Option<Option<i64>> {
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = b.get(r)?;
-        if !part.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(part).ok()?.parse().ok()
-    };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    if !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || sec > 59 {
-        return None;
-    }
-    let mut i = 19;
-    let mut frac_ns = 0i64;
-    if b[i] == b'.' {
-        let start = i + 1;
-        i = start;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        let digits = &s[start..i];
-        if digits.is_empty() || digits.len() > 9 {
-            return None;
-        }
-        frac_ns = digits.parse::<i64>().ok()? * 10i64.pow(9 - digits.len() as u32);
-    }
-    let offset_s = match &s[i..] {
-        "Z" | "z" => 0,
-        tz if tz.len() == 6 && (tz.starts_with('+') || tz.starts_with('-')) && b[i + 3] == b':' => {
-            let (oh, om) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
-            if oh > 23 || om > 59 {
-                return None;
-            }
-            let o = oh * 3600 + om * 60;
-            if tz.starts_with('-') {
-                -o
-            } else {
-                o
-            }
-        }
-        _ => return None,
-    };
-    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
-    Some(
-        secs.checked_mul(1_000_000_000)
-            .and_then(|n| n.checked_add(frac_ns)),
-    )
-}
-
 /// Parses `--time`: `now` (0: the producer's clock), @UNIX_SECONDS[.fraction], integer
 /// nanoseconds, or RFC 3339. Times at or before the epoch, or after 2262, are refused.
 fn parse_time(s: &str) -> anyhow::Result<i64> {
@@ -204,7 +124,7 @@ fn parse_time(s: &str) -> anyhow::Result<i64> {
     } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         s.parse::<i64>().ok()
     } else {
-        parse_rfc3339(s).ok_or_else(bad)?
+        gma_core::time::parse_rfc3339(s).ok_or_else(bad)?
     };
     match ns {
         Some(n) if n > 0 => Ok(n),

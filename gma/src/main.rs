@@ -1,7 +1,9 @@
 //! `gma`: the one operator binary. Thin: parse flags, set up logging, call the role libraries.
 
 mod appsim;
+mod archive;
 mod bench;
+mod bench_archive;
 mod bench_dir;
 mod bench_fanout;
 mod bench_resched;
@@ -72,6 +74,8 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Bench(a) => bench::run(a).await,
         Monitor(a) => monitor::run(a).await,
         Sink(a) => sink::run(a).await,
+        Archiver(a) => archive::archiver(a).await,
+        Archive(a) => archive::run(a).await,
         Relay(a) => relay::run(a).await,
         Certs(a) => certs::run(a).await,
     }

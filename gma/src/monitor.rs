@@ -889,6 +889,7 @@ async fn engine(rules: Vec<Rule>, directory: String, id: String, hub: Arc<Hub>, 
                     ..StreamOptions::default()
                 },
                 capacity: 64,
+                default_resume: None,
             },
             HashMap::new(),
             own,
@@ -966,7 +967,7 @@ async fn engine(rules: Vec<Rule>, directory: String, id: String, hub: Arc<Hub>, 
             noise.directory_down = false;
         }
         match d {
-            Delivery::Events { producer, events } => {
+            Delivery::Events { producer, events, .. } => {
                 for e in &events {
                     let mark = if rule.all_of.is_some() {
                         evaluate(rule, noise, e)

@@ -468,6 +468,7 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
                 ..StreamOptions::default()
             },
             capacity: 256,
+            default_resume: None,
         },
         HashMap::new(),
         Exclusions {
@@ -506,7 +507,7 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
             }
             d = sub.recv() => match d {
                 None => break Err(anyhow!("the relay's subscriber stopped")),
-                Some(Delivery::Events { producer: from, events }) => {
+                Some(Delivery::Events { producer: from, events, .. }) => {
                     if from == id {
                         continue;
                     }

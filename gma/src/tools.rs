@@ -332,6 +332,7 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             directory: dir,
             stream: opts,
             capacity: 64,
+            default_resume: None,
         },
         resume.clone(),
     );

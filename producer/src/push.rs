@@ -201,7 +201,11 @@ impl Pusher {
             old.abort();
         }
         let events = matching(&self.hub, &c.accepts);
-        let task = if c.address.is_empty() || events.is_empty() {
+        let pulls = c
+            .attributes
+            .get(gma_consumer::PULL_ATTRIBUTE)
+            .is_some_and(|v| v == "true");
+        let task = if c.address.is_empty() || events.is_empty() || pulls {
             None
         } else {
             let me = self.clone();

@@ -195,6 +195,7 @@ pub async fn run(
                 ..StreamOptions::default()
             },
             capacity: 256,
+            default_resume: None,
         },
         HashMap::new(),
     );

@@ -1,0 +1,87 @@
+//! gma-archiver: durable, compact event history (sled) that analysts query, aggregate and
+//! export — "just another consumer" of the fabric.
+//!
+//! - [`chunk`]: the columnar compressed chunk (delta-of-delta timestamps, XOR-coded doubles,
+//!   run-coded strings) one stream of events is stored in.
+//! - [`store`]: the sled store: stream dictionary, sealed chunks, write-ahead log with group
+//!   commit, resume points, queries with in-scan downsampling, retention, stats.
+//! - [`keep`]: the keep-policy (every abnormal event, a sampling of normal ones).
+//! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
+//!   commit, registration, retention, the `Archive` endpoint.
+//! - [`service`]: the `Archive` gRPC service.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+pub mod chunk;
+pub mod keep;
+pub mod server;
+pub mod service;
+pub mod store;
+
+pub use server::{run, ArchiverConfig, ArchiverError, ARCHIVE_ADDRESS_ATTR, MANNER};
+
+/// Live figures of a running archiver (for `Stats`).
+#[derive(Default)]
+pub struct Counters {
+    pub kept_abnormal: AtomicU64,
+    pub sampled_out: AtomicU64,
+    pub retention_deleted: AtomicU64,
+    /// (when, samples made durable then), the last 10 s.
+    recent: Mutex<VecDeque<(Instant, u64)>>,
+    producers: Mutex<HashSet<String>>,
+}
+
+/// The window of [`Counters::ingest_rate`].
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+impl Counters {
+    pub fn add(&self, c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// `n` samples became durable now.
+    pub fn ingested(&self, n: u64) {
+        let now = Instant::now();
+        let mut r = self.recent.lock();
+        r.push_back((now, n));
+        while r
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW)
+        {
+            r.pop_front();
+        }
+    }
+
+    /// Samples per second made durable over the last 10 s.
+    pub fn ingest_rate(&self) -> f64 {
+        let now = Instant::now();
+        let r = self.recent.lock();
+        let total: u64 = r
+            .iter()
+            .filter(|(t, _)| now.duration_since(*t) <= RATE_WINDOW)
+            .map(|(_, n)| n)
+            .sum();
+        total as f64 / RATE_WINDOW.as_secs_f64()
+    }
+
+    pub fn follow(&self, producer: &str, on: bool) {
+        let mut p = self.producers.lock();
+        if on {
+            p.insert(producer.to_string());
+        } else {
+            p.remove(producer);
+        }
+    }
+
+    pub fn producers(&self) -> u64 {
+        self.producers.lock().len() as u64
+    }
+}

@@ -1,0 +1,471 @@
+//! The archiver role: configuration, ingest (subscriptions → keep-policy → store, group
+//! commit), directory registration, retention, and the `Archive` gRPC endpoint.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use gma_consumer::registrar::{self, Catalog, Registration};
+use gma_consumer::stream::StreamOptions;
+use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_core::guard::{load_policy, Gate, Limits};
+use gma_core::pattern::Pattern;
+use gma_proto::v1::{self as pb, archive_server::ArchiveServer};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::keep::{KeepRule, Keeper};
+use crate::service::ArchiveService;
+use crate::store::{Store, StoreOptions};
+use crate::Counters;
+
+/// The record attribute holding the archiver's `Archive` address (also its record's `address`;
+/// the record says `gma.pull = true`, so producers do not push to it: it subscribes).
+pub const ARCHIVE_ADDRESS_ATTR: &str = "archive.address";
+/// The `manner` of archiver consumer records.
+pub const MANNER: &str = "archive";
+
+/// One `[[retention]]` rule: samples of matching events older than `max_age` are deleted.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionRule {
+    pub pattern: String,
+    /// `7d`, `12h`, `90m`, ...
+    pub max_age: String,
+}
+
+/// Storage tuning (`[store]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreTuning {
+    /// Rows per sealed chunk.
+    pub chunk_rows: usize,
+    /// Seal every open chunk and trim the write-ahead log when it passes this many MiB ...
+    pub checkpoint_wal_mib: u64,
+    /// ... or this many seconds after the last checkpoint.
+    pub checkpoint_interval_s: u64,
+}
+
+impl Default for StoreTuning {
+    fn default() -> Self {
+        let d = StoreOptions::default();
+        StoreTuning {
+            chunk_rows: d.chunk_rows,
+            checkpoint_wal_mib: d.checkpoint_wal_bytes >> 20,
+            checkpoint_interval_s: d.checkpoint_interval.as_secs(),
+        }
+    }
+}
+
+/// `gma archiver --config FILE`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArchiverConfig {
+    pub listen: String,
+    /// Directory members (`a:1,b:2`): producers are discovered there and the archiver registers.
+    pub directory: Option<String>,
+    /// Where the store lives (created if missing).
+    pub data_dir: PathBuf,
+    /// Record id (default `archiver@<address>`). Also the consumer id producers see.
+    pub id: Option<String>,
+    /// Address advertised in the record (default: the bound address).
+    pub advertise: Option<String>,
+    /// Event-name patterns archived.
+    pub patterns: Vec<String>,
+    /// Source patterns (empty = every source).
+    pub sources: Vec<String>,
+    pub lease_ttl_ms: u64,
+    pub site: String,
+    pub org: String,
+    /// How far behind a producer may let the archiver fall before it stops its writers' ring
+    /// from overwriting (block policy reserve; 0 = producer default).
+    pub queue_events: u32,
+    pub retention: Vec<RetentionRule>,
+    /// How often retention runs.
+    pub retention_interval_s: u64,
+    pub keep: Vec<KeepRule>,
+    pub store: StoreTuning,
+    pub tls: gma_core::tls::ServerTls,
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    pub limits: Limits,
+}
+
+impl Default for ArchiverConfig {
+    fn default() -> Self {
+        ArchiverConfig {
+            listen: "127.0.0.1:7300".into(),
+            directory: None,
+            data_dir: PathBuf::new(),
+            id: None,
+            advertise: None,
+            patterns: vec!["*".into()],
+            sources: Vec::new(),
+            lease_ttl_ms: 10_000,
+            site: String::new(),
+            org: String::new(),
+            queue_events: 0,
+            retention: Vec::new(),
+            retention_interval_s: 60,
+            keep: Vec::new(),
+            store: StoreTuning::default(),
+            tls: Default::default(),
+            policy: None,
+            limits: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiverError {
+    #[error("invalid archiver config: {0}")]
+    Config(String),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("server error: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("io error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A validated configuration.
+struct Checked {
+    retention: Vec<(Pattern, i64)>,
+    keeper: Keeper,
+    gate: Gate,
+    store: StoreOptions,
+}
+
+impl ArchiverConfig {
+    fn check(&self) -> Result<Checked, ArchiverError> {
+        let bad = |m: String| ArchiverError::Config(m);
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(bad("data_dir is required (--data DIR)".into()));
+        }
+        gma_core::pattern::event_patterns(&self.patterns).map_err(|e| bad(e.to_string()))?;
+        gma_core::pattern::source_patterns(&self.sources).map_err(|e| bad(e.to_string()))?;
+        let mut retention = Vec::new();
+        for (i, r) in self.retention.iter().enumerate() {
+            let p = Pattern::event(&r.pattern).map_err(|e| bad(format!("retention rule {}: {e}", i + 1)))?;
+            let age = gma_core::time::parse_duration(&r.max_age)
+                .map_err(|e| bad(format!("retention rule {}: max_age: {e}", i + 1)))?;
+            if age <= 0 {
+                return Err(bad(format!("retention rule {}: max_age must be positive", i + 1)));
+            }
+            retention.push((p, age));
+        }
+        if self.retention_interval_s == 0 {
+            return Err(bad("retention_interval_s must be at least 1".into()));
+        }
+        if self.store.chunk_rows < 2 || self.store.chunk_rows > 1 << 20 {
+            return Err(bad("store.chunk_rows must lie in 2..=1048576".into()));
+        }
+        if self.store.checkpoint_wal_mib == 0 || self.store.checkpoint_interval_s == 0 {
+            return Err(bad(
+                "store.checkpoint_wal_mib and store.checkpoint_interval_s must be at least 1".into(),
+            ));
+        }
+        let keeper = Keeper::new(&self.keep).map_err(bad)?;
+        self.limits.validate().map_err(bad)?;
+        let policy = load_policy(self.policy.as_ref()).map_err(bad)?;
+        Ok(Checked {
+            retention,
+            keeper,
+            gate: Gate::new(policy, self.limits.clone()),
+            store: StoreOptions {
+                chunk_rows: self.store.chunk_rows,
+                checkpoint_wal_bytes: self.store.checkpoint_wal_mib << 20,
+                checkpoint_interval: Duration::from_secs(self.store.checkpoint_interval_s),
+            },
+        })
+    }
+
+    /// Checks the configuration without starting anything (for `gma archiver` to fail early).
+    pub fn validate(&self) -> Result<(), ArchiverError> {
+        self.check().map(|_| ())
+    }
+}
+
+/// The archiver's consumer record.
+struct Record {
+    id: String,
+    address: String,
+    cfg: ArchiverConfig,
+}
+
+impl Catalog for Record {
+    fn version(&self) -> u64 {
+        1
+    }
+
+    fn record(&self) -> (pb::Record, Vec<pb::EventSchema>, u64) {
+        let mut attributes = BTreeMap::new();
+        attributes.insert(ARCHIVE_ADDRESS_ATTR.to_string(), self.address.clone());
+        // The archiver subscribes itself: producers must not also push to it.
+        attributes.insert(gma_consumer::PULL_ATTRIBUTE.to_string(), "true".to_string());
+        let rec = pb::ConsumerRecord {
+            id: self.id.clone(),
+            address: self.address.clone(),
+            accepts: self.cfg.patterns.clone(),
+            manner: MANNER.into(),
+            site: self.cfg.site.clone(),
+            org: self.cfg.org.clone(),
+            attributes: attributes.into_iter().collect(),
+        };
+        (
+            pb::Record {
+                record: Some(pb::record::Record::Consumer(rec)),
+            },
+            Vec::new(),
+            1,
+        )
+    }
+}
+
+/// Most deliveries written per group commit.
+const GROUP_DELIVERIES: usize = 256;
+
+/// Runs the archiver on `listener` until `shutdown`; then stops ingest, makes everything
+/// durable (flush + checkpoint) and returns.
+pub async fn run(
+    config: ArchiverConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ArchiverError> {
+    let Checked {
+        retention,
+        keeper,
+        gate,
+        store: store_opts,
+    } = config.check()?;
+    let bound = listener.local_addr()?;
+    let tls = config
+        .tls
+        .server_config(bound)
+        .map_err(|e| ArchiverError::Config(e.to_string()))?;
+    let address = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| gma_core::addr::advertised(bound));
+    let id = config.id.clone().unwrap_or_else(|| {
+        format!(
+            "archiver@{}",
+            address
+                .trim_start_matches("http://")
+                .trim_start_matches("https://")
+        )
+    });
+    let dir = config.data_dir.clone();
+    let store = Arc::new(
+        tokio::task::spawn_blocking(move || Store::open(&dir, store_opts))
+            .await
+            .map_err(|e| ArchiverError::Config(format!("store open task failed: {e}")))??,
+    );
+    let counters = Arc::new(Counters::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let ingest = config.directory.clone().map(|directory| {
+        let sub = Subscriber::start(
+            SubscriberOptions {
+                directory: directory.clone(),
+                stream: StreamOptions {
+                    patterns: config.patterns.clone(),
+                    sources: config.sources.clone(),
+                    consumer_id: id.clone(),
+                    max_batch: 4096,
+                    // The archiver must never lose: producers keep its backlog pinned (within
+                    // their reserve) instead of overwriting it.
+                    policy: pb::SlowPolicy::Block,
+                    queue_events: config.queue_events,
+                    ..StreamOptions::default()
+                },
+                capacity: 1024,
+                // A producer never seen before is archived from the oldest event it holds.
+                default_resume: Some(gma_consumer::stream::ResumePoint {
+                    epoch: 0,
+                    next_seq: 1,
+                }),
+            },
+            store.resume_points(),
+        );
+        tokio::spawn(ingest_loop(
+            sub,
+            store.clone(),
+            keeper,
+            counters.clone(),
+            stop_rx.clone(),
+        ))
+    });
+    let registrar = config.directory.clone().map(|directory| {
+        let reg = Registration {
+            directory,
+            kind: pb::RecordKind::Consumer,
+            id: id.clone(),
+            ttl_ms: config.lease_ttl_ms,
+        };
+        let catalog: Arc<dyn Catalog> = Arc::new(Record {
+            id: id.clone(),
+            address: address.clone(),
+            cfg: config.clone(),
+        });
+        tokio::spawn(registrar::run(reg, catalog, stop_rx.clone()))
+    });
+    let retention_task = (!retention.is_empty()).then(|| {
+        tokio::spawn(retention_loop(
+            store.clone(),
+            retention,
+            Duration::from_secs(config.retention_interval_s),
+            counters.clone(),
+            stop_rx.clone(),
+        ))
+    });
+
+    let service = ArchiveServer::new(ArchiveService {
+        store: store.clone(),
+        gate: Arc::new(gate),
+        counters: counters.clone(),
+    })
+    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let incoming = TcpListenerStream::new(listener);
+    tracing::info!(%address, %id, "archiver serving");
+    let mut stop_serving = stop_rx.clone();
+    let signal = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = stop_serving.wait_for(|s| *s) => {}
+        }
+    };
+    let served = builder
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await;
+    let _ = stop_tx.send(true);
+    if let Some(t) = ingest {
+        let _ = t.await;
+    }
+    for t in [registrar, retention_task].into_iter().flatten() {
+        let _ = t.await;
+    }
+    // Everything received is made durable and the log folded into chunks.
+    store.flush().await?;
+    store.checkpoint().await?;
+    tracing::info!("archiver stopped");
+    served.map_err(ArchiverError::from)
+}
+
+/// Receives deliveries, applies the keep-policy, appends them to the store and makes each
+/// group durable before the next: a resume point is on disk only with its events.
+async fn ingest_loop(
+    mut sub: Subscriber,
+    store: Arc<Store>,
+    mut keeper: Keeper,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let first = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            d = sub.recv() => d,
+        };
+        let Some(first) = first else { return };
+        let mut group = vec![first];
+        while group.len() < GROUP_DELIVERIES {
+            match sub.recv().now_or_never() {
+                Some(Some(d)) => group.push(d),
+                _ => break,
+            }
+        }
+        let mut samples = 0u64;
+        let mut failed = false;
+        for d in group {
+            match d {
+                Delivery::Events {
+                    producer,
+                    mut events,
+                    resume,
+                } => {
+                    let kept = keeper.filter(&mut events);
+                    counters.add(&counters.kept_abnormal, kept.abnormal);
+                    counters.add(&counters.sampled_out, kept.sampled_out);
+                    samples += events
+                        .iter()
+                        .map(|e| (e.numbers.len() + e.strings.len()) as u64)
+                        .sum::<u64>();
+                    if let Err(e) = store.append(&producer, resume, &events) {
+                        tracing::error!(error = %e, %producer, "cannot store events; stopping ingest");
+                        failed = true;
+                        break;
+                    }
+                }
+                Delivery::Gap { producer, gap } => {
+                    tracing::warn!(%producer, ?gap, "events lost before reaching the archiver");
+                    metrics::counter!("gma_archiver_gap_events_total").increment(gap.dropped);
+                }
+                Delivery::Discovered { producer, .. } => counters.follow(&producer, true),
+                Delivery::Gone { producer, .. } => counters.follow(&producer, false),
+                Delivery::Refused { producer, error } => {
+                    tracing::warn!(%producer, %error, "producer refused the archiver's subscription")
+                }
+                _ => {}
+            }
+        }
+        if failed {
+            return;
+        }
+        if let Err(e) = store.flush().await {
+            tracing::error!(error = %e, "cannot flush the store; stopping ingest");
+            return;
+        }
+        counters.ingested(samples);
+        metrics::counter!("gma_archiver_samples_total").increment(samples);
+        if store.needs_checkpoint() {
+            if let Err(e) = store.checkpoint().await {
+                tracing::error!(error = %e, "checkpoint failed; stopping ingest");
+                return;
+            }
+        }
+    }
+}
+
+async fn retention_loop(
+    store: Arc<Store>,
+    rules: Vec<(Pattern, i64)>,
+    every: Duration,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tick.tick() => {}
+        }
+        let now = gma_core::time::now_ns();
+        for (pattern, age) in &rules {
+            let started = Instant::now();
+            let s = store.clone();
+            let p = pattern.clone();
+            let cutoff = now.saturating_sub(*age);
+            match tokio::task::spawn_blocking(move || s.delete_older_than(&p, cutoff)).await {
+                Ok(Ok(n)) => {
+                    counters.add(&counters.retention_deleted, n);
+                    if n > 0 {
+                        tracing::info!(pattern = pattern.as_str(), deleted = n, took = ?started.elapsed(), "retention");
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
+                Err(e) => tracing::warn!(error = %e, "retention task failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! `gma bench archive`: the archiver's store, in process — sustained ingest with group commit,
+//! bytes per sample on disk, query time over one series of 1,000,000 samples (raw and
+//! downsampled with p99), and the process's RSS.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::anyhow;
+use gma_archiver::store::{Agg, QuerySpec, Store, StoreOptions};
+use gma_consumer::stream::ResumePoint;
+use gma_core::codec::{Mark, OwnedEvent, SeriesInfo};
+use gma_core::pattern::Pattern;
+use gma_proto::v1 as pb;
+
+use crate::bench::{cores, proc_usage};
+use crate::cli::Output;
+
+/// 1 s gauges: `hosts` streams of 3 doubles (load-like, 2 decimals), ns jitter up to 1 ms.
+fn streams(hosts: usize) -> Vec<Arc<SeriesInfo>> {
+    let schema = pb::EventSchema {
+        name: "host.load".into(),
+        version: 1,
+        fields: vec![
+            gma_core::event::dbl("load1", "", ""),
+            gma_core::event::dbl("load5", "", ""),
+            gma_core::event::dbl("free_cpus", "", ""),
+        ],
+        description: String::new(),
+    };
+    (0..hosts)
+        .map(|h| {
+            Arc::new(SeriesInfo::new(
+                h as u32 + 1,
+                "host.load",
+                &format!("h{h:04}"),
+                &schema,
+            ))
+        })
+        .collect()
+}
+
+fn event(series: &Arc<SeriesInfo>, seq: u64, tick: i64, rng: &mut u64) -> OwnedEvent {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    let jitter = (*rng % 1_000_000) as i64;
+    let base = 1_700_000_000_000_000_000i64;
+    let load = (tick % 600) as f64 / 100.0 + ((*rng >> 20) % 4) as f64 / 100.0;
+    OwnedEvent {
+        series: series.clone(),
+        seq,
+        timestamp_ns: base + tick * 1_000_000_000 + jitter,
+        numbers: vec![load, (load * 0.9 * 100.0).round() / 100.0, (tick % 8) as f64],
+        strings: Vec::new(),
+        mark: Mark::None,
+    }
+}
+
+pub async fn run(samples: u64, output: Output) -> anyhow::Result<()> {
+    if samples < 3_000 {
+        anyhow::bail!("--samples must be at least 3000");
+    }
+    let me = std::process::id().to_string();
+    let tmp = tempfile::Builder::new().prefix("gma-bench-archive-").tempdir()?;
+    let store = Arc::new(Store::open(tmp.path(), StoreOptions::default()).map_err(|e| anyhow!("{e}"))?);
+
+    // Ingest: 1,000 hosts, one batch of 1,000 events per group commit (what a producer sends).
+    let hosts = 1000usize;
+    let all = streams(hosts);
+    let rows = samples / 3;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let (cpu0, _) = proc_usage(&me)?;
+    let t0 = Instant::now();
+    let mut seq = 0u64;
+    let mut batch = Vec::with_capacity(1000);
+    while seq < rows {
+        batch.clear();
+        for _ in 0..1000.min(rows - seq) {
+            seq += 1;
+            let s = &all[(seq as usize - 1) % hosts];
+            let tick = ((seq - 1) / hosts as u64) as i64;
+            batch.push(event(s, seq, tick, &mut rng));
+        }
+        store
+            .append(
+                "bench",
+                ResumePoint {
+                    epoch: 1,
+                    next_seq: seq + 1,
+                },
+                &batch,
+            )
+            .map_err(|e| anyhow!("{e}"))?;
+        store.flush().await.map_err(|e| anyhow!("{e}"))?;
+    }
+    let ingest_s = t0.elapsed().as_secs_f64();
+    let (cpu1, _) = proc_usage(&me)?;
+    store.checkpoint().await.map_err(|e| anyhow!("{e}"))?;
+    let stats = store.stats();
+    let ingest_rate = (rows * 3) as f64 / ingest_s;
+    let ingest_cpu = cpu1 - cpu0;
+
+    // One series of 1,000,000 samples: a host sampled every second for 11.6 days.
+    let one = streams(1).pop().ok_or_else(|| anyhow!("no stream"))?;
+    let one = Arc::new(SeriesInfo::new(
+        999_999,
+        "bench.one",
+        "h",
+        &pb::EventSchema {
+            name: "bench.one".into(),
+            version: 1,
+            fields: one.fields.to_vec(),
+            description: String::new(),
+        },
+    ));
+    let n = 1_000_000u64;
+    let mut s = 0u64;
+    while s < n {
+        batch.clear();
+        for _ in 0..10_000.min(n - s) {
+            s += 1;
+            batch.push(event(&one, s, s as i64, &mut rng));
+        }
+        store
+            .append(
+                "one",
+                ResumePoint {
+                    epoch: 1,
+                    next_seq: s + 1,
+                },
+                &batch,
+            )
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    store.flush().await.map_err(|e| anyhow!("{e}"))?;
+    store.checkpoint().await.map_err(|e| anyhow!("{e}"))?;
+    let spec = |agg: Agg, step: Option<i64>| QuerySpec {
+        name: Pattern::event("bench.one").unwrap_or_else(|_| Pattern::any()),
+        source: None,
+        field: Some("load1".into()),
+        from_ns: 1_700_000_000_000_000_000,
+        to_ns: 1_700_000_000_000_000_000 + (n as i64 + 2) * 1_000_000_000,
+        step_ns: step,
+        agg,
+        max_points: 10_000,
+    };
+    let timed = |q: QuerySpec| -> anyhow::Result<(f64, u64)> {
+        let t = Instant::now();
+        let mut points = 0u64;
+        store
+            .query(&q, &mut |p| {
+                points += p.timestamps.len() as u64;
+                true
+            })
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok((t.elapsed().as_secs_f64() * 1000.0, points))
+    };
+    let (raw_ms, raw_points) = timed(spec(Agg::Raw, None))?;
+    let (p99_ms, p99_points) = timed(spec(Agg::P99, Some(60_000_000_000)))?;
+    let (mean_ms, _) = timed(spec(Agg::Mean, Some(60_000_000_000)))?;
+    let (_, rss_mib) = proc_usage(&me)?;
+    drop(store);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+
+    let j = serde_json::json!({
+        "scenario": "archive",
+        "machine_cores": cores(),
+        "ingest_samples": rows * 3,
+        "ingest_seconds": ingest_s,
+        "ingest_samples_per_s": ingest_rate,
+        "ingest_samples_per_cpu_s": (rows * 3) as f64 / ingest_cpu.max(1e-9),
+        "group_commit": "one flush per batch of 1000 events (3000 samples)",
+        "bytes_on_disk": stats.bytes_on_disk,
+        "sealed_bytes": stats.sealed_bytes,
+        "bytes_per_sample_on_disk": stats.bytes_per_sample,
+        "bytes_per_sample_chunks": stats.sealed_bytes as f64 / stats.samples.max(1) as f64,
+        "query_raw_1m_ms": raw_ms,
+        "query_raw_points": raw_points,
+        "query_step_1m_p99_ms": p99_ms,
+        "query_step_1m_p99_points": p99_points,
+        "query_step_1m_mean_ms": mean_ms,
+        "rss_mib": rss_mib,
+    });
+    match output {
+        Output::Json => println!("{j}"),
+        Output::Table => {
+            println!("archive: the archiver's store (sled), in process");
+            println!("  machine cores            {}", cores());
+            println!(
+                "  ingest                   {} samples in {:.2} s: {:.0} samples/s ({:.0} per CPU-second), a flush per 3000 samples",
+                rows * 3,
+                ingest_s,
+                ingest_rate,
+                (rows * 3) as f64 / ingest_cpu.max(1e-9)
+            );
+            println!(
+                "  on disk                  {} bytes = {:.2} bytes/sample (sled files); chunks alone {:.2} bytes/sample",
+                stats.bytes_on_disk,
+                stats.bytes_per_sample,
+                stats.sealed_bytes as f64 / stats.samples.max(1) as f64
+            );
+            println!("  query 1M samples raw     {raw_ms:.1} ms ({raw_points} points)");
+            println!("  query 1M, 1m p99         {p99_ms:.1} ms ({p99_points} buckets)");
+            println!("  query 1M, 1m mean        {mean_ms:.1} ms");
+            println!("  RSS                      {rss_mib:.0} MiB");
+        }
+    }
+    Ok(())
+}
