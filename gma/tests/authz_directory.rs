@@ -22,26 +22,6 @@ fn free_addr() -> String {
     l.local_addr().unwrap().to_string()
 }
 
-fn issue(dir: &Path, ca: &str, name: &str, org: &str) {
-    let d = dir.to_str().unwrap();
-    let r = gma(
-        &[
-            "certs",
-            "issue",
-            "--ca",
-            &format!("{d}/{ca}"),
-            "--name",
-            name,
-            "--org",
-            org,
-            "--out",
-            &format!("{d}/certs"),
-        ],
-        Duration::from_secs(20),
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-}
-
 /// A TLS channel trusting `ca`, presenting `who`'s certificate when given.
 async fn channel(dir: &Path, addr: &str, ca: &str, who: Option<&str>) -> Result<Channel, String> {
     let pem = |p: String| std::fs::read(dir.join(p)).unwrap();
@@ -118,19 +98,18 @@ fn a_secured_cluster_authenticates_members_and_enforces_the_policy() {
     let tmp = tempdir();
     let dir = tmp.path();
     let d = dir.to_str().unwrap().to_string();
-    for ca in ["ca", "other-ca"] {
-        let r = gma(
-            &["certs", "init", "--out", &format!("{d}/{ca}")],
-            Duration::from_secs(20),
-        );
-        assert_eq!(r.code, 0, "{}", r.stderr);
-    }
-    for n in ["dir-1", "dir-2", "dir-3"] {
-        issue(dir, "ca", n, "grid");
-    }
-    issue(dir, "ca", "alice", "site1");
-    issue(dir, "ca", "carol", "site1");
-    issue(dir, "other-ca", "mallory", "site1");
+    make_certs(
+        dir,
+        &["ca", "other-ca"],
+        &[
+            ("ca", "dir-1", "grid"),
+            ("ca", "dir-2", "grid"),
+            ("ca", "dir-3", "grid"),
+            ("ca", "alice", "site1"),
+            ("ca", "carol", "site1"),
+            ("other-ca", "mallory", "site1"),
+        ],
+    );
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,
@@ -309,12 +288,7 @@ effect = "allow"
 fn a_tls_cluster_without_a_client_ca_is_refused() {
     let tmp = tempdir();
     let d = tmp.path().to_str().unwrap().to_string();
-    let r = gma(
-        &["certs", "init", "--out", &format!("{d}/ca")],
-        Duration::from_secs(20),
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    issue(tmp.path(), "ca", "dir-1", "grid");
+    make_certs(tmp.path(), &["ca"], &[("ca", "dir-1", "grid")]);
     let r = gma(
         &[
             "directory",

@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -20,26 +19,6 @@ use tonic::Code;
 
 /// Bob's rate class: at most one event per series every 2 s.
 const BOB_INTERVAL_MS: i64 = 2000;
-
-fn issue(dir: &Path, name: &str, org: &str) {
-    let d = dir.to_str().unwrap();
-    let r = gma(
-        &[
-            "certs",
-            "issue",
-            "--ca",
-            &format!("{d}/ca"),
-            "--name",
-            name,
-            "--org",
-            org,
-            "--out",
-            &format!("{d}/certs"),
-        ],
-        Duration::from_secs(20),
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-}
 
 const POLICY: &str = r#"default = "deny"
 
@@ -117,15 +96,16 @@ fn site() -> Site {
     let tmp = tempdir();
     let dir = tmp.path().to_path_buf();
     let d = dir.to_str().unwrap().to_string();
-    let r = gma(
-        &["certs", "init", "--out", &format!("{d}/ca")],
-        Duration::from_secs(20),
+    make_certs(
+        &dir,
+        &["ca"],
+        &[
+            ("ca", "node1", "site1"),
+            ("ca", "alice", "site1"),
+            ("ca", "carol", "site1"),
+            ("ca", "bob", "outside"),
+        ],
     );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    issue(&dir, "node1", "site1");
-    issue(&dir, "alice", "site1");
-    issue(&dir, "carol", "site1");
-    issue(&dir, "bob", "outside");
     std::fs::write(dir.join("policy.toml"), POLICY).unwrap();
     // A short period: the 1m summaries are published once a second of event time.
     let sim = dir.join("sim.toml");

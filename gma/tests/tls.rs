@@ -12,32 +12,15 @@ use std::time::Duration;
 use common::*;
 
 fn certs(dir: &Path) {
-    let d = dir.to_str().unwrap();
-    for args in [
-        vec!["certs", "init", "--out", &format!("{d}/ca")],
-        vec!["certs", "init", "--out", &format!("{d}/other-ca")],
-    ] {
-        let r = gma(&args, Duration::from_secs(20));
-        assert_eq!(r.code, 0, "{}", r.stderr);
-    }
-    for (ca, name) in [("ca", "node1"), ("ca", "alice"), ("other-ca", "mallory")] {
-        let r = gma(
-            &[
-                "certs",
-                "issue",
-                "--ca",
-                &format!("{d}/{ca}"),
-                "--name",
-                name,
-                "--org",
-                "site1",
-                "--out",
-                &format!("{d}/certs"),
-            ],
-            Duration::from_secs(20),
-        );
-        assert_eq!(r.code, 0, "{}", r.stderr);
-    }
+    make_certs(
+        dir,
+        &["ca", "other-ca"],
+        &[
+            ("ca", "node1", "site1"),
+            ("ca", "alice", "site1"),
+            ("other-ca", "mallory", "site1"),
+        ],
+    );
 }
 
 #[test]

@@ -21,30 +21,11 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 /// `DIR/ca` and certificates `node1` (the roles) and `alice` (a client) in `DIR/certs`.
 fn certs(dir: &Path) {
-    let d = dir.to_str().unwrap();
-    let r = gma(
-        &["certs", "init", "--out", &format!("{d}/ca")],
-        Duration::from_secs(20),
+    make_certs(
+        dir,
+        &["ca"],
+        &[("ca", "node1", "site1"), ("ca", "alice", "site1")],
     );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    for name in ["node1", "alice"] {
-        let r = gma(
-            &[
-                "certs",
-                "issue",
-                "--ca",
-                &format!("{d}/ca"),
-                "--name",
-                name,
-                "--org",
-                "site1",
-                "--out",
-                &format!("{d}/certs"),
-            ],
-            Duration::from_secs(20),
-        );
-        assert_eq!(r.code, 0, "{}", r.stderr);
-    }
 }
 
 /// The flags every role of these tests runs with: mTLS served, TLS for its own connections.

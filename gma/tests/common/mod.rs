@@ -210,3 +210,24 @@ pub fn search_ids(dir: &str, pattern: &str) -> Option<Vec<(String, String)>> {
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("gma-test-").tempdir().unwrap()
 }
+
+/// A development PKI made with the real `gma certs`: one CA per name in `cas`
+/// (DIR/<ca>/ca.pem, ca.key) and one leaf per `(ca, name, org)` (DIR/certs/<name>.pem, .key).
+pub fn make_certs(dir: &Path, cas: &[&str], leaves: &[(&str, &str, &str)]) {
+    let d = dir.to_str().expect("utf-8 temp dir");
+    for ca in cas {
+        let r = gma(
+            &["certs", "init", "--out", &format!("{d}/{ca}")],
+            Duration::from_secs(20),
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    for (ca, name, org) in leaves {
+        let (ca_dir, out) = (format!("{d}/{ca}"), format!("{d}/certs"));
+        let args = [
+            "certs", "issue", "--ca", &ca_dir, "--name", name, "--org", org, "--out", &out,
+        ];
+        let r = gma(&args, Duration::from_secs(20));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+}
