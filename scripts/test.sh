@@ -10,5 +10,13 @@ cargo fmt --all -- --check
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== cargo test"
-cargo test --workspace --locked
+if cargo nextest --version >/dev/null 2>&1; then
+    # One process per test, a hung test killed after 5 min (.config/nextest.toml).
+    echo "== cargo nextest run"
+    cargo nextest run --workspace --locked --no-fail-fast
+    echo "== cargo test --doc"
+    cargo test --workspace --locked --doc
+else
+    echo "== cargo test (cargo-nextest not found)"
+    cargo test --workspace --locked
+fi

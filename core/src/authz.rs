@@ -600,6 +600,11 @@ impl Policy {
         &self.origin
     }
 
+    /// True for a policy that allows every action to everyone (no rules, default allow).
+    pub fn allows_everything(&self) -> bool {
+        self.rules.is_empty() && self.default == Decision::Allow
+    }
+
     /// Number of rules.
     pub fn len(&self) -> usize {
         self.rules.len()

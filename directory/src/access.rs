@@ -50,6 +50,12 @@ impl Access {
         Ok(who)
     }
 
+    /// True when the policy may refuse `who` something (a policy is configured and `who` is
+    /// not a member).
+    pub fn restricts(&self, who: &Identity) -> bool {
+        !self.is_member(who) && !self.gate.policy().allows_everything()
+    }
+
     /// Authorizes without charging (messages of an open stream).
     pub fn authorize(&self, who: &Identity, action: Action, resource: &str) -> Result<(), Status> {
         if !self.is_member(who) {

@@ -91,9 +91,12 @@ pub(crate) fn restamp(cmd: Command, now: u64) -> Command {
             ttl_ms,
             now_ms: now,
         },
-        Command::KeepAlive { lease_id, .. } => Command::KeepAlive {
+        Command::KeepAlive {
+            lease_id, checked, ..
+        } => Command::KeepAlive {
             lease_id,
             now_ms: now,
+            checked,
         },
         Command::Expire { .. } => Command::Expire { now_ms: now },
         Command::ExtendAll { .. } => Command::ExtendAll { now_ms: now },
@@ -476,10 +479,16 @@ impl Directory for DirectoryService {
                 let allowed = held
                     .iter()
                     .try_for_each(|id| access.authorize(&who, Action::DirectoryRegister, id));
+                // The leader re-checks against its own state: this member may lag behind it.
+                let checked = access.restricts(&who).then_some(held);
                 let reply = match allowed {
                     Err(status) => Err(status),
                     Ok(()) => shared
-                        .write(|now_ms| Command::KeepAlive { lease_id, now_ms })
+                        .write(|now_ms| Command::KeepAlive {
+                            lease_id,
+                            now_ms,
+                            checked,
+                        })
                         .await
                         .map_err(Status::from),
                 };

@@ -199,10 +199,15 @@ pub enum Command {
         kind: Kind,
         id: String,
     },
-    /// Renew a live lease to `now + ttl`. Unknown or expired leases answer ttl 0.
+    /// Renew a live lease to `now + ttl`. Unknown or expired leases answer ttl 0. With
+    /// `checked` (a policy is enforced), the renewal happens only if every record the lease
+    /// holds is among the ids the renewer was authorized for; a member whose state lagged
+    /// behind the leader's when it authorized gets UNAVAILABLE (retry) instead.
     KeepAlive {
         lease_id: u64,
         now_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checked: Option<Vec<String>>,
     },
     /// Remove every lease with `expires_at_ms <= now_ms` and its records.
     Expire {
@@ -423,7 +428,24 @@ impl DirectoryState {
                 now_ms,
             } => self.update(record, schemas, ttl_ms, now_ms),
             Command::Remove { kind, id } => self.remove(kind, id),
-            Command::KeepAlive { lease_id, now_ms } => Ok(self.keep_alive(lease_id, now_ms)),
+            Command::KeepAlive {
+                lease_id,
+                now_ms,
+                checked,
+            } => {
+                if let Some(ok) = checked {
+                    let unchecked = self
+                        .lease_record_ids(lease_id)
+                        .into_iter()
+                        .find(|id| !ok.contains(id));
+                    if let Some(id) = unchecked {
+                        return Err(DirError::Unavailable(format!(
+                            "lease {lease_id} holds {id:?}, which the member that took this renewal had not seen when it authorized it: retry"
+                        )));
+                    }
+                }
+                Ok(self.keep_alive(lease_id, now_ms))
+            }
             Command::Expire { now_ms } => Ok(self.expire(now_ms)),
             Command::ExtendAll { now_ms } => Ok(self.extend_all(now_ms)),
         }

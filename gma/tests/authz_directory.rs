@@ -39,6 +39,8 @@ async fn channel(dir: &Path, addr: &str, ca: &str, who: Option<&str>) -> Result<
         .tls_config(tls)
         .unwrap()
         .connect_timeout(Duration::from_secs(3))
+        // Every call is bounded: a stuck server fails the test with a message, never hangs it.
+        .timeout(Duration::from_secs(10))
         .connect()
         .await
         .map_err(|e| format!("{e:?}"))
@@ -173,19 +175,21 @@ effect = "allow"
             nodes[i].stderr_text()
         );
     }
-    for a in &addrs {
-        assert!(wait_until(Duration::from_secs(15), || {
+    let sees = |a: &str, n: usize| {
+        wait_until(Duration::from_secs(15), || {
             rt.block_on(async {
-                let ch = channel(dir, a, "ca", Some("alice")).await.unwrap();
-                search(ch, "job.*", true)
-                    .await
-                    .map(|ids| ids.len() == 3)
-                    .unwrap_or(false)
+                match channel(dir, a, "ca", Some("alice")).await {
+                    Ok(ch) => search(ch, "job.*", true).await.is_ok_and(|ids| ids.len() == n),
+                    Err(_) => false,
+                }
             })
-        }));
+        })
+    };
+    for a in &addrs {
+        assert!(sees(a, 3), "member {a} does not list the 3 records");
     }
 
-    rt.block_on(async {
+    let lease = rt.block_on(async {
         // Carol is authenticated but not authorized: search of job.*, watch and register are
         // refused with PERMISSION_DENIED naming her and the rule; host.* she may search.
         let ch = channel(dir, &addrs[0], "ca", Some("carol")).await.unwrap();
@@ -216,6 +220,13 @@ effect = "allow"
         )
         .await
         .unwrap();
+        lease
+    });
+    // The member carol asks must have applied alice's record (it authorizes against its own
+    // state; the leader re-checks against its own, see the state tests).
+    assert!(sees(&addrs[0], 4), "member 1 does not list alices");
+    rt.block_on(async {
+        let ch = channel(dir, &addrs[0], "ca", Some("carol")).await.unwrap();
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         tx.send(pb::KeepAliveRequest { lease_id: lease }).await.unwrap();
         let mut replies = DirectoryClient::new(ch.clone())
@@ -223,7 +234,10 @@ effect = "allow"
             .await
             .unwrap()
             .into_inner();
-        let e = replies.message().await.unwrap_err();
+        let e = tokio::time::timeout(Duration::from_secs(10), replies.message())
+            .await
+            .expect("a KeepAlive answer within 10 s")
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         assert!(
             e.message().contains("may not directory.register \"alices\""),
@@ -271,15 +285,7 @@ effect = "allow"
         register(ch, "after").await.unwrap();
     });
     for a in &addrs {
-        assert!(wait_until(Duration::from_secs(15), || {
-            rt.block_on(async {
-                let ch = channel(dir, a, "ca", Some("alice")).await.unwrap();
-                search(ch, "job.*", true)
-                    .await
-                    .map(|ids| ids.len() == 5)
-                    .unwrap_or(false)
-            })
-        }));
+        assert!(sees(a, 5), "member {a} does not list the 5 records");
     }
     drop(nodes);
 }

@@ -442,12 +442,38 @@ fn remove_needs_exactly_one_match() {
 }
 
 #[test]
+fn a_checked_keepalive_renews_only_when_every_held_record_was_authorized() {
+    let mut s = seeded();
+    let held = s.lease_record_ids(1);
+    assert!(!held.is_empty());
+    let e = s
+        .apply(Command::KeepAlive {
+            lease_id: 1,
+            now_ms: T0 + 900,
+            checked: Some(Vec::new()),
+        })
+        .unwrap_err();
+    assert!(matches!(e, DirError::Unavailable(_)), "{e:?}");
+    assert!(e.to_string().contains("lease 1 holds"), "{e}");
+    assert_eq!(s.lease(1).unwrap().expires_at_ms, T0 + 1000);
+    let a = s
+        .apply(Command::KeepAlive {
+            lease_id: 1,
+            now_ms: T0 + 900,
+            checked: Some(held),
+        })
+        .unwrap();
+    assert_eq!(a.ttl_ms, 1000);
+}
+
+#[test]
 fn keepalive_renews_live_leases_only() {
     let mut s = seeded();
     let a = s
         .apply(Command::KeepAlive {
             lease_id: 1,
             now_ms: T0 + 900,
+            checked: None,
         })
         .unwrap();
     assert_eq!((a.lease_id, a.ttl_ms), (1, 1000));
@@ -458,7 +484,8 @@ fn keepalive_renews_live_leases_only() {
     assert_eq!(
         s.apply(Command::KeepAlive {
             lease_id: 7,
-            now_ms: T0
+            now_ms: T0,
+            checked: None
         })
         .unwrap()
         .ttl_ms,
@@ -469,6 +496,7 @@ fn keepalive_renews_live_leases_only() {
         .apply(Command::KeepAlive {
             lease_id: 1,
             now_ms: T0 + 1900,
+            checked: None,
         })
         .unwrap();
     assert_eq!(a.ttl_ms, 0);
@@ -821,6 +849,7 @@ fn commands_round_trip_through_serde_and_replay_deterministically() {
         Command::KeepAlive {
             lease_id: 2,
             now_ms: T0 + 3,
+            checked: None,
         },
         Command::Remove {
             kind: Kind::Consumer,
@@ -906,6 +935,7 @@ fn export_is_the_inverse_of_restore() {
     s.apply(Command::KeepAlive {
         lease_id: 2,
         now_ms: T0 + 500,
+        checked: None,
     })
     .unwrap();
     s.apply(Command::Remove {
@@ -930,6 +960,7 @@ fn export_is_the_inverse_of_restore() {
         Command::KeepAlive {
             lease_id: 1,
             now_ms: T0 + 800,
+            checked: None,
         },
         Command::Expire { now_ms: T0 + 1500 },
     ];
