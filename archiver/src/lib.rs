@@ -3,8 +3,9 @@
 //!
 //! - [`chunk`]: the columnar compressed chunk (delta-of-delta timestamps, XOR-coded doubles,
 //!   run-coded strings) one stream of events is stored in.
-//! - [`store`]: the sled store: stream dictionary, sealed chunks, write-ahead log with group
+//! - [`store`]: the store: stream dictionary and sealed chunks in sled, write-ahead log with group
 //!   commit, resume points, queries with in-scan downsampling, retention, stats.
+//! - [`wal`]: the write-ahead log's segment files.
 //! - [`keep`]: the keep-policy (every abnormal event, a sampling of normal ones).
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
@@ -21,6 +22,7 @@ pub mod keep;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod wal;
 
 pub use server::{run, ArchiverConfig, ArchiverError, ARCHIVE_ADDRESS_ATTR, MANNER};
 

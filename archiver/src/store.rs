@@ -1,10 +1,10 @@
-//! The archive store: one sled tree holding the stream dictionary, sealed chunks, a write-ahead
-//! log and the producers' resume points, with queries that aggregate during the scan.
+//! The archive store: a sled tree holding the stream dictionary, sealed chunks and the
+//! producers' resume points, a write-ahead log in plain segment files ([`crate::wal`]), and
+//! queries that aggregate during the scan.
 //!
 //! # Layout
 //!
-//! Everything lives in ONE sled tree, so a [`sled::Batch`] is atomic across every kind of key.
-//! Keys start with a kind byte:
+//! `DIR/sled` is one sled tree; keys start with a kind byte:
 //!
 //! - `S` + name + `\0` + source + `\0` + schema version (be u32) → the stream's dictionary entry
 //!   (JSON): its id, name, source, version, fields (name, type, unit) and its *sealed position*
@@ -13,43 +13,46 @@
 //!   the first `sealed_rows` rows of the stream (a record can fill a chunk half-way through).
 //!   A *stream* is (event name, source, schema version); a *series*, what users query, is
 //!   (name, source, field) and may span several schema versions.
-//! - `C` + stream id (be u32) + first timestamp (order-preserving be u64: the i64 with its sign
-//!   bit flipped) + a counter (be u32, unique per stream and first timestamp) → a chunk
-//!   ([`crate::chunk`]).
-//! - `W` + record seq (be u64) → one write-ahead record: the events of one [`Store::append`]
-//!   call in a compact binary form (a format byte, the event count, then per event: stream id
-//!   varint, timestamp as a zigzag varint delta from the previous event's, the doubles as raw
-//!   little-endian 8 bytes, the strings as varint length + bytes; field counts come from the
-//!   dictionary).
+//! - `C` + a counter (be u32, increasing as chunks are sealed, so new chunks land at the end of
+//!   the tree) + stream id (be u32) + first timestamp (order-preserving be u64: the i64 with
+//!   its sign bit flipped) → a chunk ([`crate::chunk`]). The per-stream time index is kept in
+//!   memory, rebuilt from the chunk headers at open.
 //! - `R` + producer id → resume point: epoch (be u64) + next seq (be u64).
 //! - `M` meta: `Mformat` (format version) and `Mnext_wal` (the next record seq, written by
-//!   checkpoints, which delete every `W` key).
+//!   checkpoints).
+//!
+//! `DIR/wal/*.wal` holds the write-ahead records, numbered by a sequence that never restarts.
+//! One record per [`Store::append`]: the producer and its resume point, the dictionary entries
+//! of streams created by this append, then the events in a compact binary form (per event:
+//! stream id varint, timestamp as a zigzag varint delta from the previous event's, the doubles
+//! as raw little-endian 8 bytes, the strings as varint length + bytes).
 //!
 //! Each stream's newest rows sit in memory in an open [`ChunkWriter`]. Invariant: the open rows
-//! of a stream are exactly its rows in the `W` records after its sealed position.
+//! of a stream are exactly its rows in the write-ahead records after its sealed position.
 //!
 //! # Durability
 //!
-//! [`Store::append`] writes ONE sled batch holding the `W` record of its events, the producer's
-//! `R` resume point, the `S` entries of streams seen for the first time and the `C` keys of the
-//! chunks this record filled, together with their streams' new sealed positions. A checkpoint is
-//! likewise one batch (every open chunk sealed + every `W` key deleted + `Mnext_wal`), and so is
-//! each stream's retention step. sled applies a batch atomically, also across a crash, and
-//! recovers after a crash to a state that holds every batch applied before the last completed
-//! `flush` (possibly some later ones too, since sled also flushes in the background, but never
-//! part of a batch). Hence:
+//! [`Store::append`] buffers its write-ahead record and queues the sled writes it implies (new
+//! dictionary entries, the chunks it filled with their streams' new sealed positions, the
+//! resume point) in a *pending* batch; queries read pending chunks from memory.
+//! [`Store::flush`] writes the buffered records to the current segment, `fsync`s it, and only
+//! then applies the pending batch to sled (atomically). So sled never holds a chunk, sealed
+//! position or resume point whose write-ahead records are not durable, whatever sled flushes
+//! in the background. Hence:
 //!
 //! - after [`Store::flush`] returns, everything appended before it — rows and resume points —
-//!   survives `kill -9`;
-//! - whatever batch the store reopens at, it is self-consistent: a resume point is on disk only
-//!   with the events before it (same batch), and a chunk only with the sealed position covering
-//!   its rows (same batch);
-//! - [`Store::open`] replays the `W` records in order and pushes a row into its stream's open
-//!   chunk only when its position (record seq, row number of the stream within the record) lies
-//!   after the stream's sealed position, which rebuilds exactly the rows that are not in sealed
-//!   chunks: no duplicate, no loss.
+//!   survives `kill -9` (it is in fsynced write-ahead records);
+//! - [`Store::open`] reads sled (some prefix of the applied batches), then replays the records
+//!   in order: a stream unknown to sled is created from its entry in the record, the resume
+//!   points are those of the newest records, and a row goes into its stream's open chunk only
+//!   when its position (record seq, row number of the stream within the record) lies after the
+//!   stream's sealed position — which rebuilds exactly the rows that are not in sealed chunks:
+//!   no duplicate, no loss. A torn record at the end of a segment (a crash mid-write, never
+//!   acknowledged) ends that segment.
+//! - [`Store::checkpoint`] seals every open chunk, starts a new segment, fsyncs the old one,
+//!   applies the batch, flushes sled (write + fsync) and only then deletes the old segments.
 //!
-//! If a sled write fails after the in-memory state was changed, the store refuses further writes
+//! If a write fails after the in-memory state was changed, the store refuses further writes
 //! (reopen it: the disk is the truth). Queries keep working.
 //!
 //! # Queries
@@ -66,9 +69,10 @@
 //! bucket, at the bucket start; without a step one bucket covers `[from, to)`. NaN ("not
 //! available") values are skipped by every aggregate (also `count`), returned by raw queries.
 //! Percentiles use the nearest rank (`ceil(q·n)`-th smallest value) computed with hdrhistogram:
-//! values are recorded as `(v - min)·scale` with `scale = 1e9 / (max - min)` of the bucket at 3
-//! significant digits, and the median of the matching histogram bucket is mapped back, so a
-//! percentile is within 0.1% of the bucket's value range (`max - min`) of the exact value.
+//! values are recorded as `round((v - min)·scale)` with `scale = 2000 / (max - min)` of the
+//! bucket. Below 2048 a 3-digit histogram counts every integer exactly, so the histogram is
+//! 2048 counters (8 KiB, cheap to reset for every bucket of a step query) and a percentile is
+//! within 0.025% of the bucket's value range (`max - min`) of the exact value.
 //!
 //! # Retention
 //!
@@ -78,8 +82,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gma_consumer::stream::ResumePoint;
@@ -91,21 +96,23 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::chunk::{ChunkError, ChunkReader, ChunkWriter};
+use crate::wal::{self, Wal};
 
 const K_STREAM: u8 = b'S';
 const K_CHUNK: u8 = b'C';
-const K_WAL: u8 = b'W';
 const K_RESUME: u8 = b'R';
 const META_FORMAT: &[u8] = b"Mformat";
 const META_NEXT_WAL: &[u8] = b"Mnext_wal";
+/// sled's log segment size.
+const SLED_SEGMENT_BYTES: usize = 64 << 10;
 /// Store format version (`Mformat`).
-const FORMAT: u64 = 1;
+const FORMAT: u64 = 2;
 /// Format byte of a write-ahead record.
-const WAL_FORMAT: u8 = 1;
+const WAL_FORMAT: u8 = 2;
 /// Most buckets one query may ask for.
 pub const MAX_BUCKETS: i128 = 10_000_000;
-/// Percentiles: a bucket's value range is scaled onto `0..=HDR_RANGE`.
-const HDR_RANGE: u64 = 1_000_000_000;
+/// Percentiles: a bucket's value range is scaled onto `0..=HDR_RANGE`, recorded exactly.
+const HDR_RANGE: u64 = 2000;
 const HDR_DIGITS: u8 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -176,7 +183,7 @@ pub struct AppendStats {
     pub new_streams: u64,
     /// Chunks sealed by this append.
     pub sealed_chunks: u64,
-    /// Bytes of the write-ahead record (key + value; 0 without events).
+    /// Bytes of the write-ahead record.
     pub wal_bytes: u64,
 }
 
@@ -324,9 +331,9 @@ pub struct StoreStats {
     pub open_rows: u64,
     /// Bytes of the sealed chunks.
     pub sealed_bytes: u64,
-    /// Bytes of the write-ahead log (keys + values).
+    /// Bytes of the write-ahead records since the last checkpoint.
     pub wal_bytes: u64,
-    /// sled's `size_on_disk`.
+    /// sled's `size_on_disk` plus the write-ahead segment files.
     pub bytes_on_disk: u64,
     /// `bytes_on_disk / samples` (0 without samples).
     pub bytes_per_sample: f64,
@@ -468,6 +475,8 @@ struct Inner {
     next_ctr: u32,
     wal_bytes: u64,
     resume: HashMap<String, ResumePoint>,
+    wal: Wal,
+    pending: Pending,
     last_checkpoint: Instant,
     /// Set when a write failed after the in-memory state changed.
     poisoned: Option<String>,
@@ -489,12 +498,13 @@ impl Inner {
         e
     }
 
-    /// The stream of `s`, created (and its `S` entry put into `batch`) when new; `None` when
-    /// the stored stream of that (name, source, version) has other fields.
+    /// The stream of `s`, created when new (its `S` entry pending, and also pushed to `defs`
+    /// for the write-ahead record); `None` when the stored stream of that (name, source,
+    /// version) has other fields.
     fn resolve(
         &mut self,
         s: &SeriesInfo,
-        batch: &mut sled::Batch,
+        defs: &mut Vec<Vec<u8>>,
         stats: &mut AppendStats,
     ) -> Result<Option<u32>, StoreError> {
         let fields: Vec<FieldMeta> = s
@@ -543,7 +553,9 @@ impl Inner {
             sealed_rows: 0,
         };
         let st = Stream::new(meta);
-        batch.insert(st.key.clone(), encode_meta(&st.meta)?);
+        let def = encode_meta(&st.meta)?;
+        self.pending.put(&st.key, def.clone());
+        defs.push(def);
         self.streams.insert(sid, st);
         self.by_key.insert(key, sid);
         stats.new_streams += 1;
@@ -551,12 +563,77 @@ impl Inner {
     }
 }
 
+type ChunkKey = [u8; 17];
+/// A pending chunk's bytes; `None` when it is pending deletion.
+type PendingChunk = Option<Arc<[u8]>>;
+
+/// sled writes waiting for the write-ahead records they cover to be durable (see Durability).
+/// Its chunks are readable meanwhile; `gen` tells which entries a flush has applied.
+#[derive(Default)]
+struct Pending {
+    batch: sled::Batch,
+    chunks: HashMap<ChunkKey, (u64, PendingChunk)>,
+    gen: u64,
+}
+
+impl Pending {
+    fn put(&mut self, k: &[u8], v: Vec<u8>) {
+        self.batch.insert(k, v);
+    }
+
+    fn put_chunk(&mut self, k: [u8; 17], v: Vec<u8>) {
+        self.gen += 1;
+        self.batch.insert(&k[..], &v[..]);
+        self.chunks.insert(k, (self.gen, Some(v.into())));
+    }
+
+    fn remove_chunk(&mut self, k: [u8; 17]) {
+        self.gen += 1;
+        self.batch.remove(&k[..]);
+        self.chunks.insert(k, (self.gen, None));
+    }
+
+    /// The batch to apply, and the generation it covers.
+    fn take(&mut self) -> (sled::Batch, u64) {
+        (std::mem::take(&mut self.batch), self.gen)
+    }
+
+    /// After the batch of generation `gen` is in sled: forget the chunks it carried.
+    fn applied(&mut self, gen: u64) {
+        self.chunks.retain(|_, (g, _)| *g > gen);
+    }
+}
+
+/// A chunk's bytes: pending (`Some(None)` when deleted) or else from sled.
+fn read_chunk(db: &sled::Db, pending: &Pending, k: &[u8; 17]) -> Result<Option<sled::IVec>, StoreError> {
+    match pending.chunks.get(k) {
+        Some((_, Some(b))) => Ok(Some(sled::IVec::from(&b[..]))),
+        Some((_, None)) => Ok(None),
+        None => Ok(db.get(k)?),
+    }
+}
+
+fn io_error(what: &str, e: std::io::Error) -> StoreError {
+    StoreError::Storage(format!("{what}: {e}"))
+}
+
+/// `fsync` off the async runtime's threads.
+async fn sync_file(file: std::fs::File) -> Result<(), StoreError> {
+    tokio::task::spawn_blocking(move || file.sync_data())
+        .await
+        .map_err(|e| StoreError::Storage(format!("fsync task: {e}")))?
+        .map_err(|e| io_error("fsync of the write-ahead log", e))
+}
+
 /// The archive store. `Send + Sync`; writes are serialized by an internal lock, queries read
 /// sled without holding it.
 pub struct Store {
     db: sled::Db,
+    wal_dir: PathBuf,
     opts: StoreOptions,
     inner: Mutex<Inner>,
+    /// Orders flushes and checkpoints (fsync before sled, sled before deleting segments).
+    flushing: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for Store {
@@ -578,7 +655,12 @@ impl Store {
         };
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Storage(format!("cannot create {}: {e}", dir.display())))?;
-        let db = sled::Config::new().path(dir).open()?;
+        // Small log segments: sled keeps superseded page versions until its cleaner frees
+        // their segment, and smaller segments are freed sooner (~20% less disk measured).
+        let db = sled::Config::new()
+            .path(dir.join("sled"))
+            .segment_size(SLED_SEGMENT_BYTES)
+            .open()?;
         match db.get(META_FORMAT)? {
             Some(v) => {
                 let f = be_u64(&v).ok_or_else(|| corrupt("bad format marker"))?;
@@ -606,8 +688,6 @@ impl Store {
             );
             streams.insert(meta.id, Stream::new(meta));
         }
-        let next_sid = streams.keys().next_back().map_or(0, |s| s + 1);
-
         let mut next_ctr = 0u32;
         for item in db.scan_prefix([K_CHUNK]) {
             let (k, v) = item?;
@@ -660,21 +740,36 @@ impl Store {
             .fold(next_wal.max(1), u64::max);
 
         // Replay the write-ahead log into the open chunks.
-        let mut wal_bytes = 0u64;
-        let mut records = 0u64;
+        let wal_dir = dir.join("wal");
+        let found = wal::read_all(&wal_dir).map_err(|e| io_error("reading the write-ahead log", e))?;
+        for t in &found.torn {
+            tracing::warn!(segment = %t.display(), "write-ahead segment ends in a torn record (a crash mid-write); its tail was never acknowledged and is ignored");
+        }
+        let mut pending = Pending::default();
         let mut replayed = 0u64;
         let mut pos: HashMap<u32, (u64, u32)> = HashMap::new();
-        for item in db.scan_prefix([K_WAL]) {
-            let (k, v) = item?;
-            let seq = be_u64(&k[1..]).ok_or_else(|| corrupt("malformed write-ahead key"))?;
-            wal_bytes += (k.len() + v.len()) as u64;
-            records += 1;
-            next_wal = next_wal.max(seq + 1);
-            replayed += replay_record(seq, &v, &mut streams, &mut pos)?;
+        let records = found.records.len();
+        for r in found.records {
+            next_wal = next_wal.max(r.seq + 1);
+            let out = replay_record(r.seq, &r.payload, &mut streams, &mut pos)?;
+            for m in out.created {
+                by_key.insert((m.name.clone(), m.source.clone(), m.schema_version), m.id);
+                pending.put(
+                    &stream_key(&m.name, &m.source, m.schema_version),
+                    encode_meta(&m)?,
+                );
+            }
+            pending.put(&resume_key(&out.producer), resume_value(out.resume).to_vec());
+            resume.insert(out.producer, out.resume);
+            replayed += out.pushed;
         }
+        let next_sid = streams.keys().next_back().map_or(0, |s| s + 1);
+        let wal = Wal::start(&wal_dir, next_wal, found.segments)
+            .map_err(|e| io_error("starting a write-ahead segment", e))?;
         tracing::info!(streams = streams.len(), records, replayed, "archive store opened");
         Ok(Store {
             db,
+            wal_dir,
             opts,
             inner: Mutex::new(Inner {
                 streams,
@@ -682,11 +777,14 @@ impl Store {
                 next_sid,
                 next_wal,
                 next_ctr,
-                wal_bytes,
+                wal_bytes: found.bytes,
                 resume,
+                wal,
+                pending,
                 last_checkpoint: Instant::now(),
                 poisoned: None,
             }),
+            flushing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -699,9 +797,9 @@ impl Store {
         self.inner.lock().resume.clone()
     }
 
-    /// Appends one producer batch: its rows go to the open chunks, and ONE sled batch is
-    /// written with the write-ahead record, the resume point, new dictionary entries and the
-    /// chunks that became full. Not durable until [`Store::flush`].
+    /// Appends one producer batch: its rows go to the open chunks, its write-ahead record
+    /// (with the resume point and new dictionary entries) is buffered, and the chunks that
+    /// became full wait in the pending batch. Not durable until [`Store::flush`].
     pub fn append(
         &self,
         producer: &str,
@@ -711,7 +809,7 @@ impl Store {
         let mut g = self.inner.lock();
         let inner = &mut *g;
         inner.check()?;
-        let mut batch = sled::Batch::default();
+        let mut defs = Vec::new();
         let mut stats = AppendStats::default();
 
         // Resolve (and create) the streams, refuse events that do not fit them.
@@ -722,7 +820,7 @@ impl Store {
             let sid = match cache.get(&ptr) {
                 Some(s) => *s,
                 None => {
-                    let s = match inner.resolve(&e.series, &mut batch, &mut stats) {
+                    let s = match inner.resolve(&e.series, &mut defs, &mut stats) {
                         Ok(s) => s,
                         Err(err) => return Err(inner.poison(err)),
                     };
@@ -747,53 +845,48 @@ impl Store {
         }
 
         let seq = inner.next_wal;
-        if !accepted.is_empty() {
-            let rec = encode_record(&accepted);
-            stats.wal_bytes = (rec.len() + 9) as u64;
-            batch.insert(&wal_key(seq)[..], rec);
-            let chunk_rows = self.opts.chunk_rows;
-            let Inner {
-                streams, next_ctr, ..
-            } = inner;
-            let mut strs: Vec<&str> = Vec::new();
-            let mut failed = None;
-            for (sid, e) in &accepted {
-                let Some(st) = streams.get_mut(sid) else {
-                    failed = Some(corrupt(format!("stream {sid} vanished")));
-                    break;
-                };
-                let j = if st.head.0 == seq { st.head.1 + 1 } else { 1 };
-                st.head = (seq, j);
-                strs.clear();
-                strs.extend(e.strings.iter().map(String::as_str));
-                if let Err(err) = st.open.push(e.timestamp_ns, &e.numbers, &strs) {
-                    failed = Some(err.into());
-                    break;
-                }
-                stats.events += 1;
-                stats.samples += st.values();
-                if st.open.rows() >= chunk_rows {
-                    match seal(st, &mut batch, next_ctr) {
-                        Ok(_) => stats.sealed_chunks += 1,
-                        Err(err) => {
-                            failed = Some(err);
-                            break;
-                        }
+        let rec = encode_record(producer, resume, &defs, &accepted);
+        stats.wal_bytes = inner.wal.push(seq, &rec);
+        inner.next_wal += 1;
+        inner.wal_bytes += stats.wal_bytes;
+        let chunk_rows = self.opts.chunk_rows;
+        let Inner {
+            streams,
+            next_ctr,
+            pending,
+            ..
+        } = inner;
+        let mut strs: Vec<&str> = Vec::new();
+        let mut failed = None;
+        for (sid, e) in &accepted {
+            let Some(st) = streams.get_mut(sid) else {
+                failed = Some(corrupt(format!("stream {sid} vanished")));
+                break;
+            };
+            let j = if st.head.0 == seq { st.head.1 + 1 } else { 1 };
+            st.head = (seq, j);
+            strs.clear();
+            strs.extend(e.strings.iter().map(String::as_str));
+            if let Err(err) = st.open.push(e.timestamp_ns, &e.numbers, &strs) {
+                failed = Some(err.into());
+                break;
+            }
+            stats.events += 1;
+            stats.samples += st.values();
+            if st.open.rows() >= chunk_rows {
+                match seal(st, pending, next_ctr) {
+                    Ok(_) => stats.sealed_chunks += 1,
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
                     }
                 }
             }
-            if let Some(err) = failed {
-                return Err(inner.poison(err));
-            }
         }
-        batch.insert(resume_key(producer), resume_value(resume).to_vec());
-        if let Err(e) = self.db.apply_batch(batch) {
-            return Err(inner.poison(e.into()));
+        if let Some(err) = failed {
+            return Err(inner.poison(err));
         }
-        if !accepted.is_empty() {
-            inner.next_wal += 1;
-            inner.wal_bytes += stats.wal_bytes;
-        }
+        pending.put(&resume_key(producer), resume_value(resume).to_vec());
         inner.resume.insert(producer.to_string(), resume);
         if stats.sealed_chunks > 0 {
             metrics::counter!("gma_archiver_chunks_sealed_total").increment(stats.sealed_chunks);
@@ -801,11 +894,38 @@ impl Store {
         Ok(stats)
     }
 
-    /// Makes everything appended so far durable (sled flush: write + fsync). Group commit:
-    /// append several batches, then flush once.
+    /// Makes everything appended so far durable: writes the buffered write-ahead records,
+    /// fsyncs them, then applies the pending sled batch. Group commit: append several
+    /// batches, then flush once.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush_async().await?;
-        Ok(())
+        let _turn = self.flushing.lock().await;
+        let (file, batch, gen) = {
+            let mut g = self.inner.lock();
+            g.check()?;
+            let file = match g.wal.write_out() {
+                Ok(f) => f,
+                Err(e) => return Err(g.poison(io_error("writing the write-ahead log", e))),
+            };
+            let (batch, gen) = g.pending.take();
+            (file, batch, gen)
+        };
+        self.durable(file, batch, gen).await
+    }
+
+    /// fsyncs `file`, then applies `batch` (pending generation `gen`).
+    async fn durable(&self, file: std::fs::File, batch: sled::Batch, gen: u64) -> Result<(), StoreError> {
+        let applied = match sync_file(file).await {
+            Ok(()) => self.db.apply_batch(batch).map_err(StoreError::from),
+            Err(e) => Err(e),
+        };
+        let mut g = self.inner.lock();
+        match applied {
+            Ok(()) => {
+                g.pending.applied(gen);
+                Ok(())
+            }
+            Err(e) => Err(g.poison(e)),
+        }
     }
 
     /// True when the write-ahead log passed `checkpoint_wal_bytes`, or is not empty and
@@ -816,53 +936,61 @@ impl Store {
             || (g.wal_bytes > 0 && g.last_checkpoint.elapsed() >= self.opts.checkpoint_interval)
     }
 
-    /// Seals every open chunk and deletes the whole write-ahead log in one atomic batch, then
-    /// flushes.
+    /// Seals every open chunk, starts a new write-ahead segment, makes the sealed state durable
+    /// in sled (apply + flush) and then deletes the older segments.
     pub async fn checkpoint(&self) -> Result<(), StoreError> {
-        self.checkpoint_batch()?;
-        self.flush().await
-    }
-
-    fn checkpoint_batch(&self) -> Result<(), StoreError> {
-        let mut g = self.inner.lock();
-        let inner = &mut *g;
-        inner.check()?;
-        let mut wal_keys = Vec::new();
-        for k in self.db.scan_prefix([K_WAL]).keys() {
-            wal_keys.push(k?);
-        }
-        let mut batch = sled::Batch::default();
-        let mut sealed = 0u64;
-        let Inner {
-            streams, next_ctr, ..
-        } = inner;
-        let mut failed = None;
-        for st in streams.values_mut() {
-            match seal(st, &mut batch, next_ctr) {
-                Ok(true) => sealed += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    failed = Some(e);
-                    break;
+        let _turn = self.flushing.lock().await;
+        let (old, obsolete, batch, gen) = {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            inner.check()?;
+            let Inner {
+                streams,
+                next_ctr,
+                pending,
+                ..
+            } = inner;
+            let mut sealed = 0u64;
+            let mut failed = None;
+            for st in streams.values_mut() {
+                match seal(st, pending, next_ctr) {
+                    Ok(true) => sealed += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
                 }
             }
-        }
-        if let Some(e) = failed {
-            return Err(inner.poison(e));
-        }
-        let removed = wal_keys.len();
-        for k in wal_keys {
-            batch.remove(k);
-        }
-        batch.insert(META_NEXT_WAL, &inner.next_wal.to_be_bytes()[..]);
-        if let Err(e) = self.db.apply_batch(batch) {
-            return Err(inner.poison(e.into()));
-        }
-        tracing::debug!(sealed, removed, wal_bytes = inner.wal_bytes, "checkpoint");
-        metrics::counter!("gma_archiver_chunks_sealed_total").increment(sealed);
-        inner.wal_bytes = 0;
-        inner.last_checkpoint = Instant::now();
-        Ok(())
+            if let Some(e) = failed {
+                return Err(inner.poison(e));
+            }
+            inner
+                .pending
+                .put(META_NEXT_WAL, inner.next_wal.to_be_bytes().to_vec());
+            let (old, obsolete) = match inner.wal.rotate(inner.next_wal) {
+                Ok(r) => r,
+                Err(e) => return Err(inner.poison(io_error("starting a write-ahead segment", e))),
+            };
+            let (batch, gen) = inner.pending.take();
+            tracing::debug!(
+                sealed,
+                segments = obsolete.len(),
+                wal_bytes = inner.wal_bytes,
+                "checkpoint"
+            );
+            metrics::counter!("gma_archiver_chunks_sealed_total").increment(sealed);
+            inner.wal_bytes = 0;
+            inner.last_checkpoint = Instant::now();
+            (old, obsolete, batch, gen)
+        };
+        self.durable(old, batch, gen).await?;
+        let done = match self.db.flush_async().await {
+            Ok(_) => wal::remove(&self.wal_dir, &obsolete)
+                .map_err(|e| io_error("removing write-ahead segments", e)),
+            Err(e) => Err(e.into()),
+        };
+        done.map_err(|e| self.inner.lock().poison(e))
     }
 
     /// The series whose event name matches `name` (and source `source`), in (name, source,
@@ -1083,6 +1211,12 @@ impl Store {
         out
     }
 
+    /// A chunk's bytes (pending or stored); `None` once deleted.
+    fn chunk(&self, k: &[u8; 17]) -> Result<Option<sled::IVec>, StoreError> {
+        let g = self.inner.lock();
+        read_chunk(&self.db, &g.pending, k)
+    }
+
     /// Feeds the samples of `srcs` in `[from, to)` to `f` in timestamp order. Sources whose
     /// time ranges overlap are read together and sorted (stable: storage order among equal
     /// timestamps). Returns false when `f` asked to stop.
@@ -1110,7 +1244,7 @@ impl Store {
             for s in group.iter() {
                 let stored;
                 let bytes: &[u8] = match &s.data {
-                    SrcData::Key(k) => match self.db.get(k)? {
+                    SrcData::Key(k) => match self.chunk(k)? {
                         Some(v) => {
                             stored = v;
                             &stored
@@ -1169,16 +1303,17 @@ impl Store {
         let inner = &mut *g;
         inner.check()?;
         let Inner {
-            streams, next_ctr, ..
+            streams,
+            next_ctr,
+            pending,
+            ..
         } = inner;
         let Some(st) = streams.get_mut(&sid) else {
             return Ok(0);
         };
-        // Open rows older than the cutoff: seal them first (their own batch) to cut them below.
+        // Open rows older than the cutoff: seal them first to cut them below.
         if st.open.min_ts().is_some_and(|m| m < cutoff) {
-            let mut batch = sled::Batch::default();
-            let sealed = seal(st, &mut batch, next_ctr).and_then(|_| Ok(self.db.apply_batch(batch)?));
-            if let Err(e) = sealed {
+            if let Err(e) = seal(st, pending, next_ctr) {
                 return Err(inner.poison(e));
             }
         }
@@ -1193,19 +1328,17 @@ impl Store {
         }
         let values = st.values();
         let (nd, ns) = (st.n_doubles, st.n_strings);
-        let mut batch = sled::Batch::default();
         let mut removed_keys = Vec::new();
         let mut added = Vec::new();
         let mut deleted_rows = 0u64;
         for (k, m) in victims {
             let key = chunk_key(sid, k.0, k.1);
             removed_keys.push(k);
-            batch.remove(&key[..]);
             if m.max_ts < cutoff {
                 deleted_rows += m.rows as u64;
                 continue;
             }
-            let Some(bytes) = self.db.get(key)? else {
+            let Some(bytes) = read_chunk(&self.db, pending, &key)? else {
                 continue;
             };
             let r = ChunkReader::new(&bytes)
@@ -1226,7 +1359,11 @@ impl Store {
             deleted_rows += (r.rows() - w.rows()) as u64;
             if let (Some(first), Some(lo), Some(hi)) = (w.first_ts(), w.min_ts(), w.max_ts()) {
                 let tk = ts_key(first);
-                let ctr = free_counter(st, tk, next_ctr, &added);
+                let taken: Vec<(u64, u32)> = added
+                    .iter()
+                    .map(|a: &((u64, u32), ChunkMeta, Vec<u8>)| a.0)
+                    .collect();
+                let ctr = free_counter(st, tk, next_ctr, &taken);
                 let enc = w.encode();
                 let nm = ChunkMeta {
                     min_ts: lo,
@@ -1234,17 +1371,15 @@ impl Store {
                     rows: w.rows() as u32,
                     bytes: enc.len() as u32,
                 };
-                batch.insert(&chunk_key(sid, tk, ctr)[..], enc);
-                added.push(((tk, ctr), nm));
+                added.push(((tk, ctr), nm, enc));
             }
         }
-        if let Err(e) = self.db.apply_batch(batch) {
-            return Err(inner.poison(e.into()));
-        }
         for k in removed_keys {
+            pending.remove_chunk(chunk_key(sid, k.0, k.1));
             st.remove_chunk(k);
         }
-        for (k, m) in added {
+        for (k, m, enc) in added {
+            pending.put_chunk(chunk_key(sid, k.0, k.1), enc);
             st.add_chunk(k, m);
         }
         Ok(deleted_rows * values)
@@ -1272,7 +1407,7 @@ impl Store {
             s.series = series.len() as u64;
             s
         };
-        s.bytes_on_disk = self.db.size_on_disk().unwrap_or(0);
+        s.bytes_on_disk = self.db.size_on_disk().unwrap_or(0) + self.inner.lock().wal.bytes_on_disk();
         if s.samples > 0 {
             s.bytes_per_sample = s.bytes_on_disk as f64 / s.samples as f64;
         }
@@ -1284,20 +1419,20 @@ fn matches(st: &Stream, name: &Pattern, source: Option<&Pattern>) -> bool {
     name.matches(&st.meta.name) && source.is_none_or(|p| p.matches(&st.meta.source))
 }
 
-/// A counter for a new chunk of `st` starting at `tk`, unused by its chunks and by `pending`.
-fn free_counter(st: &Stream, tk: u64, next: &mut u32, pending: &[((u64, u32), ChunkMeta)]) -> u32 {
+/// A counter for a new chunk of `st` starting at `tk`, unused by its chunks and by `taken`.
+fn free_counter(st: &Stream, tk: u64, next: &mut u32, taken: &[(u64, u32)]) -> u32 {
     loop {
         let c = *next;
         *next = next.wrapping_add(1);
-        if !st.chunks.contains_key(&(tk, c)) && !pending.iter().any(|(k, _)| *k == (tk, c)) {
+        if !st.chunks.contains_key(&(tk, c)) && !taken.contains(&(tk, c)) {
             return c;
         }
     }
 }
 
-/// Seals the open chunk of `st` into `batch` (its `C` key and its `S` entry with the new
-/// sealed position). Returns false when there was nothing to seal.
-fn seal(st: &mut Stream, batch: &mut sled::Batch, next_ctr: &mut u32) -> Result<bool, StoreError> {
+/// Seals the open chunk of `st` into the pending batch (its `C` key and its `S` entry with the
+/// new sealed position). Returns false when there was nothing to seal.
+fn seal(st: &mut Stream, pending: &mut Pending, next_ctr: &mut u32) -> Result<bool, StoreError> {
     if st.open.is_empty() {
         return Ok(false);
     }
@@ -1313,10 +1448,10 @@ fn seal(st: &mut Stream, batch: &mut sled::Batch, next_ctr: &mut u32) -> Result<
         rows: st.open.rows() as u32,
         bytes: bytes.len() as u32,
     };
-    batch.insert(&chunk_key(st.meta.id, tk, ctr)[..], bytes);
+    pending.put_chunk(chunk_key(st.meta.id, tk, ctr), bytes);
     st.meta.sealed_wal = st.head.0;
     st.meta.sealed_rows = st.head.1;
-    batch.insert(st.key.clone(), encode_meta(&st.meta)?);
+    pending.put(&st.key, encode_meta(&st.meta)?);
     st.add_chunk((tk, ctr), m);
     st.open = ChunkWriter::new(st.n_doubles, st.n_strings);
     Ok(true)
@@ -1350,9 +1485,9 @@ fn stream_key(name: &str, source: &str, version: u32) -> Vec<u8> {
 fn chunk_key(sid: u32, tk: u64, ctr: u32) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = K_CHUNK;
-    k[1..5].copy_from_slice(&sid.to_be_bytes());
-    k[5..13].copy_from_slice(&tk.to_be_bytes());
-    k[13..17].copy_from_slice(&ctr.to_be_bytes());
+    k[1..5].copy_from_slice(&ctr.to_be_bytes());
+    k[5..9].copy_from_slice(&sid.to_be_bytes());
+    k[9..17].copy_from_slice(&tk.to_be_bytes());
     k
 }
 
@@ -1361,9 +1496,9 @@ fn parse_chunk_key(k: &[u8]) -> Option<(u32, u64, u32)> {
         return None;
     }
     Some((
+        u32::from_be_bytes(k[5..9].try_into().ok()?),
+        u64::from_be_bytes(k[9..17].try_into().ok()?),
         u32::from_be_bytes(k[1..5].try_into().ok()?),
-        u64::from_be_bytes(k[5..13].try_into().ok()?),
-        u32::from_be_bytes(k[13..17].try_into().ok()?),
     ))
 }
 
@@ -1372,13 +1507,6 @@ fn describe_chunk_key(k: &[u8]) -> String {
         Some((sid, tk, ctr)) => format!("stream {sid} first_ts {} #{ctr}", ts_of_key(tk)),
         None => "(malformed key)".into(),
     }
-}
-
-fn wal_key(seq: u64) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[0] = K_WAL;
-    k[1..].copy_from_slice(&seq.to_be_bytes());
-    k
 }
 
 fn resume_key(producer: &str) -> Vec<u8> {
@@ -1417,9 +1545,26 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-fn encode_record(events: &[(u32, &OwnedEvent)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + events.len() * 24);
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn encode_record(
+    producer: &str,
+    resume: ResumePoint,
+    defs: &[Vec<u8>],
+    events: &[(u32, &OwnedEvent)],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + producer.len() + events.len() * 24);
     out.push(WAL_FORMAT);
+    put_bytes(&mut out, producer.as_bytes());
+    out.extend_from_slice(&resume.epoch.to_le_bytes());
+    out.extend_from_slice(&resume.next_seq.to_le_bytes());
+    put_varint(&mut out, defs.len() as u64);
+    for d in defs {
+        put_bytes(&mut out, d);
+    }
     put_varint(&mut out, events.len() as u64);
     let mut prev = 0i64;
     for (sid, e) in events {
@@ -1430,8 +1575,7 @@ fn encode_record(events: &[(u32, &OwnedEvent)]) -> Vec<u8> {
             out.extend_from_slice(&v.to_le_bytes());
         }
         for s in &e.strings {
-            put_varint(&mut out, s.len() as u64);
-            out.extend_from_slice(s.as_bytes());
+            put_bytes(&mut out, s.as_bytes());
         }
     }
     out
@@ -1467,19 +1611,56 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Pushes the rows of record `seq` that lie after their stream's sealed position into the open
-/// chunks. `pos` counts, per stream, its rows within the current record. Returns rows pushed.
+/// What one write-ahead record held besides its rows.
+#[derive(Debug)]
+struct Replayed {
+    producer: String,
+    resume: ResumePoint,
+    /// Streams the record defined that were not known yet.
+    created: Vec<StreamMeta>,
+    /// Rows pushed into open chunks.
+    pushed: u64,
+}
+
+/// Replays record `seq`: creates the streams it defines that `streams` lacks, and pushes its
+/// rows that lie after their stream's sealed position into the open chunks. `pos` counts, per
+/// stream, its rows within the current record.
 fn replay_record(
     seq: u64,
     bytes: &[u8],
     streams: &mut BTreeMap<u32, Stream>,
     pos: &mut HashMap<u32, (u64, u32)>,
-) -> Result<u64, StoreError> {
+) -> Result<Replayed, StoreError> {
     let bad = |m: String| corrupt(format!("write-ahead record {seq}: {m}"));
     let mut c = Cursor { b: bytes, at: 0 };
     let format = c.take(1)?[0];
     if format != WAL_FORMAT {
         return Err(bad(format!("unknown format {format}")));
+    }
+    let plen = usize::try_from(c.varint()?).map_err(|_| bad("producer length".into()))?;
+    let producer = std::str::from_utf8(c.take(plen)?)
+        .map_err(|_| bad("producer id not UTF-8".into()))?
+        .to_string();
+    let mut le = || -> Result<u64, StoreError> {
+        let b: [u8; 8] = c
+            .take(8)?
+            .try_into()
+            .map_err(|_| bad("short resume point".into()))?;
+        Ok(u64::from_le_bytes(b))
+    };
+    let resume = ResumePoint {
+        epoch: le()?,
+        next_seq: le()?,
+    };
+    let mut created = Vec::new();
+    for _ in 0..c.varint()? {
+        let len = usize::try_from(c.varint()?).map_err(|_| bad("definition length".into()))?;
+        let meta: StreamMeta =
+            serde_json::from_slice(c.take(len)?).map_err(|e| bad(format!("stream definition: {e}")))?;
+        if let std::collections::btree_map::Entry::Vacant(v) = streams.entry(meta.id) {
+            v.insert(Stream::new(meta.clone()));
+            created.push(meta);
+        }
     }
     let n = c.varint()?;
     if n > bytes.len() as u64 {
@@ -1522,7 +1703,12 @@ fn replay_record(
     if c.at != bytes.len() {
         return Err(bad(format!("{} trailing bytes", bytes.len() - c.at)));
     }
-    Ok(pushed)
+    Ok(Replayed {
+        producer,
+        resume,
+        created,
+        pushed,
+    })
 }
 
 // ---- queries ----
@@ -1764,7 +1950,7 @@ impl Acc {
 }
 
 /// The nearest-rank `q` percentile (the `ceil(q·n)`-th smallest value) of `vals` (not empty,
-/// no NaN), through hdrhistogram: within 0.1% of `max - min` (see the module documentation).
+/// no NaN), through hdrhistogram: within 0.025% of `max - min` (see the module documentation).
 /// Falls back to exact selection when the range is not finite.
 fn percentile(vals: &mut [f64], q: f64, hist: &mut Option<Histogram<u32>>) -> f64 {
     let n = vals.len();
@@ -2141,7 +2327,7 @@ mod tests {
                     let tol = match agg {
                         Agg::Min | Agg::Max | Agg::Count => 0.0,
                         Agg::Mean | Agg::Sum => 1e-9 * want.abs().max(1.0),
-                        _ => 1e-3 * range + 1e-9,
+                        _ => 2.5e-4 * range + 1e-9,
                     };
                     assert!(
                         (g.values[i] - want).abs() <= tol,
@@ -2187,7 +2373,7 @@ mod tests {
         assert_eq!(percentile(&mut [1.0, 2.0, 3.0, 4.0], 0.5, &mut None), 2.0);
         let mut v: Vec<f64> = (0..1000).map(|i| i as f64 * 1e-6 + 1e6).collect();
         let p = percentile(&mut v, 0.9, &mut h);
-        assert!((p - (1e6 + 899e-6)).abs() <= 1e-3 * 999e-6, "{p}");
+        assert!((p - (1e6 + 899e-6)).abs() <= 2.5e-4 * 999e-6, "{p}");
     }
 
     #[test]
@@ -2246,6 +2432,44 @@ mod tests {
         check_raw(&store, &reference, i64::MIN, i64::MAX);
         check_raw(&store, &reference, 30 * SEC, 41 * SEC);
         assert_eq!(store.resume_points().get("p1"), Some(&rp(7, 54)));
+    }
+
+    /// A crash after the write-ahead records were fsynced but before the pending sled batch
+    /// (new streams, sealed chunks, resume points) was applied.
+    #[tokio::test]
+    async fn a_crash_between_the_log_and_sled_loses_and_duplicates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reference;
+        {
+            let store = Store::open(dir.path(), opts(10)).unwrap();
+            reference = fill(&store, 12, 5, 0);
+            store.flush().await.unwrap();
+            // Sealed chunks and a stream the sled tree has never seen, then the crash.
+            reference.extend(fill(&store, 15, 4, 12));
+            let extra = series("other.ev", "h", 1, vec![dbl("x", "", "")]);
+            store
+                .append("p2", rp(1, 2), &[ev(&extra, 1, 5, &[42.0], &[])])
+                .unwrap();
+            let g = store.inner.lock();
+            assert!(g.pending.chunks.values().any(|(_, c)| c.is_some()));
+            g.wal.write_out_for_test();
+        }
+        let store = Store::open(dir.path(), opts(10)).unwrap();
+        check_raw(&store, &reference, i64::MIN, i64::MAX);
+        let s = store.stats();
+        assert_eq!(s.samples, 2 * 27 * 3 + 1);
+        assert_eq!(store.resume_points().get("p1"), Some(&rp(7, 28)));
+        assert_eq!(store.resume_points().get("p2"), Some(&rp(1, 2)));
+        let got = run(&store, &spec("other.ev", None, 0, 10, None, Agg::Raw));
+        assert_eq!(got[0].values, vec![42.0]);
+        // The replayed state goes on: more rows, a checkpoint, a reopen.
+        reference.extend(fill(&store, 9, 4, 27));
+        store.flush().await.unwrap();
+        store.checkpoint().await.unwrap();
+        drop(store);
+        let store = Store::open(dir.path(), opts(10)).unwrap();
+        check_raw(&store, &reference, i64::MIN, i64::MAX);
+        assert_eq!(store.stats().wal_bytes, 0);
     }
 
     #[tokio::test]
@@ -2431,7 +2655,6 @@ mod tests {
             ev(&s, 2, i64::MAX, &[-0.0, f64::INFINITY], &[""]),
             ev(&s, 3, i64::MIN, &[2.0, 3.0], &["x"]),
         ];
-        let rec = encode_record(&events.iter().map(|e| (0u32, e)).collect::<Vec<_>>());
         let meta = StreamMeta {
             id: 0,
             name: "a.b".into(),
@@ -2457,9 +2680,28 @@ mod tests {
             sealed_wal: 0,
             sealed_rows: 0,
         };
-        let mut streams = BTreeMap::from([(0, Stream::new(meta))]);
+        let rec = encode_record(
+            "prod-1",
+            rp(3, 10),
+            &[encode_meta(&meta).unwrap()],
+            &events.iter().map(|e| (0u32, e)).collect::<Vec<_>>(),
+        );
+        // The stream is defined by the record itself (its dictionary entry may not have
+        // reached sled before a crash).
+        let mut streams = BTreeMap::new();
         let mut pos = HashMap::new();
-        assert_eq!(replay_record(1, &rec, &mut streams, &mut pos).unwrap(), 3);
+        let out = replay_record(1, &rec, &mut streams, &mut pos).unwrap();
+        assert_eq!(
+            (out.producer.as_str(), out.resume, out.pushed),
+            ("prod-1", rp(3, 10), 3)
+        );
+        assert_eq!(out.created, vec![meta.clone()]);
+        // Known streams are not redefined.
+        let mut again = BTreeMap::from([(0, Stream::new(meta.clone()))]);
+        assert!(replay_record(1, &rec, &mut again, &mut HashMap::new())
+            .unwrap()
+            .created
+            .is_empty());
         let bytes = streams[&0].open.encode();
         let r = ChunkReader::new(&bytes).unwrap();
         let mut rows = Vec::new();
@@ -2473,12 +2715,12 @@ mod tests {
         assert_eq!(rows[1].1[1], f64::INFINITY);
         // Truncated or padded records are corrupt, never a panic.
         for cut in 0..rec.len() {
-            let mut streams = BTreeMap::from([(0, Stream::new(streams[&0].meta.clone()))]);
+            let mut streams = BTreeMap::from([(0, Stream::new(meta.clone()))]);
             assert!(replay_record(1, &rec[..cut], &mut streams, &mut HashMap::new()).is_err());
         }
         let mut padded = rec.clone();
         padded.push(0);
-        let mut streams = BTreeMap::from([(0, Stream::new(streams[&0].meta.clone()))]);
+        let mut streams = BTreeMap::from([(0, Stream::new(meta.clone()))]);
         assert!(replay_record(1, &padded, &mut streams, &mut HashMap::new()).is_err());
         assert_eq!(ts_of_key(ts_key(-3)), -3);
         assert!(ts_key(-1) < ts_key(0) && ts_key(i64::MIN) < ts_key(i64::MAX));
