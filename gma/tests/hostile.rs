@@ -1375,14 +1375,6 @@ fn hostile_input_gets_precise_statuses_and_the_data_survives() {
             .unwrap()
             .into_inner();
         assert_eq!(ok.accepted, 1);
-        let mut dc = gma_consumer::directory::client(&dir.addr).await.unwrap();
-        dc.register(pb::RegisterRequest {
-            record: Some(producer_record("extra-record")),
-            schemas: vec![],
-            lease_ttl_ms: 3_600_000,
-        })
-        .await
-        .unwrap();
     });
     let settled = wait_until(Duration::from_secs(30), || {
         rt.block_on(records(&dir.addr)).iter().any(|(r, _, _)| {
@@ -1397,6 +1389,17 @@ fn hostile_input_gets_precise_statuses_and_the_data_survives() {
         "the producer's record never listed hostA and app.progress: {:#?}",
         rt.block_on(records(&dir.addr))
     );
+    // The extra record's events have schemas in the directory once the producer registered.
+    rt.block_on(async {
+        let mut dc = gma_consumer::directory::client(&dir.addr).await.unwrap();
+        dc.register(pb::RegisterRequest {
+            record: Some(producer_record("extra-record")),
+            schemas: vec![],
+            lease_ttl_ms: 3_600_000,
+        })
+        .await
+        .unwrap();
+    });
     let records_before = rt.block_on(records(&dir.addr));
     assert_eq!(records_before.len(), 2, "{records_before:#?}");
     let mut ids_before = search_ids(&dir.addr, "*").unwrap();

@@ -281,6 +281,32 @@ fn a_completed_application_frees_hosts_for_an_opportunistic_migration() {
         ],
         "gma app-sim listening on",
     );
+    // The rescheduler must know app2 runs before app1 completes (the completion is what makes
+    // it look again): wait until app2 has published a finished phase.
+    let app2_phase = || {
+        let r = gma(
+            &[
+                "query",
+                "app.state",
+                "--source",
+                "app2",
+                "--producer",
+                &l.prod.addr,
+                "--output",
+                "json",
+            ],
+            Duration::from_secs(10),
+        );
+        json_lines(&r.stdout)
+            .first()
+            .and_then(|e| e["values"]["phase"].as_f64())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || app2_phase() >= 1.0),
+        "app2 never reported a phase: {}",
+        app2.stderr_text()
+    );
     let r = gma(
         &[
             "app-sim",
