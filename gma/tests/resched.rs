@@ -87,11 +87,14 @@ fn app(l: &Loop, phases: &str) -> Proc {
     )
 }
 
-fn phases_done(l: &Loop) -> u64 {
+/// Phases `app_id` has finished, from its latest `app.state`.
+fn phases_of(l: &Loop, app_id: &str) -> u64 {
     let r = gma(
         &[
             "query",
             "app.state",
+            "--source",
+            app_id,
             "--producer",
             &l.prod.addr,
             "--output",
@@ -103,6 +106,10 @@ fn phases_done(l: &Loop) -> u64 {
         .first()
         .and_then(|e| e["values"]["phase"].as_f64())
         .unwrap_or(0.0) as u64
+}
+
+fn phases_done(l: &Loop) -> u64 {
+    phases_of(l, "app1")
 }
 
 fn decisions(l: &Loop) -> Vec<serde_json::Value> {
@@ -283,27 +290,8 @@ fn a_completed_application_frees_hosts_for_an_opportunistic_migration() {
     );
     // The rescheduler must know app2 runs before app1 completes (the completion is what makes
     // it look again): wait until app2 has published a finished phase.
-    let app2_phase = || {
-        let r = gma(
-            &[
-                "query",
-                "app.state",
-                "--source",
-                "app2",
-                "--producer",
-                &l.prod.addr,
-                "--output",
-                "json",
-            ],
-            Duration::from_secs(10),
-        );
-        json_lines(&r.stdout)
-            .first()
-            .and_then(|e| e["values"]["phase"].as_f64())
-            .unwrap_or(0.0)
-    };
     assert!(
-        wait_until(Duration::from_secs(30), || app2_phase() >= 1.0),
+        wait_until(Duration::from_secs(30), || phases_of(&l, "app2") >= 1),
         "app2 never reported a phase: {}",
         app2.stderr_text()
     );
