@@ -334,7 +334,9 @@ impl Pusher {
                     Some(batch) => {
                         let msg = wire::DeliverRequest { msg: Some(wire::deliver_request::Msg::Batch(batch)) };
                         if req_tx.send(msg).await.is_err() {
-                            return Ended::Broken("request stream closed".into());
+                            // The call is over: if the consumer ended it, its last answer says so
+                            // (a batch may be ready before that answer is read).
+                            return ended_by(&mut responses).await;
                         }
                     }
                     // The subscription ended: cancelled (Unsubscribe by the consumer, or shutdown).
@@ -348,6 +350,24 @@ impl Pusher {
                 },
             }
         }
+    }
+}
+
+/// Why a call whose request side closed ended: the consumer's `end` answer if it sent one
+/// (read within a second), else a broken stream.
+async fn ended_by(responses: &mut tonic::Streaming<pb::DeliverResponse>) -> Ended {
+    let end = async {
+        loop {
+            match responses.message().await {
+                Ok(Some(r)) if r.end => return Some(r.reason),
+                Ok(Some(_ack)) => {}
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(1), end).await {
+        Ok(Some(reason)) => Ended::ByConsumer(reason),
+        _ => Ended::Broken("request stream closed".into()),
     }
 }
 
