@@ -4,7 +4,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure().compile_protos(
-        &["proto/gma.proto", "proto/services.proto", "proto/broker.proto", "proto/raft.proto"],
+        &[
+            "proto/gma.proto",
+            "proto/services.proto",
+            "proto/broker.proto",
+            "proto/raft.proto",
+        ],
         &["proto"],
     )?;
     // The producer's pre-encoded twins of the streaming services (proto/wire/messages.proto):

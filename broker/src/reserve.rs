@@ -38,7 +38,10 @@ pub enum Answer {
     /// Can never be granted (more CPUs than the resource has, past its horizon, policy).
     Never(String),
     /// Not in the requested window; a request starting at `from_s` or later may be granted.
-    Retry { from_s: i64, reason: String },
+    Retry {
+        from_s: i64,
+        reason: String,
+    },
 }
 
 impl Answer {

@@ -206,11 +206,13 @@ pub enum Action {
     Ingest,
     ArchiveQuery,
     BrokerSelect,
+    /// Create, modify, release and list advance reservations at a resource manager.
+    Reserve,
     Admin,
 }
 
 impl Action {
-    pub const ALL: [Action; 9] = [
+    pub const ALL: [Action; 10] = [
         Action::DirectorySearch,
         Action::DirectoryRegister,
         Action::DirectoryWatch,
@@ -219,6 +221,7 @@ impl Action {
         Action::Ingest,
         Action::ArchiveQuery,
         Action::BrokerSelect,
+        Action::Reserve,
         Action::Admin,
     ];
 
@@ -232,6 +235,7 @@ impl Action {
             Action::Ingest => "ingest",
             Action::ArchiveQuery => "archive.query",
             Action::BrokerSelect => "broker.select",
+            Action::Reserve => "reservation",
             Action::Admin => "admin",
         }
     }

@@ -257,6 +257,17 @@ impl Producer {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ProducerError> {
+        self.run_with(listener, shutdown, |routes| routes).await
+    }
+
+    /// Like [`Producer::run`], with the role's own gRPC services added to the same endpoint by
+    /// `extra` (a broker serves `Broker` beside the producer of its decision events).
+    pub async fn run_with(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        extra: impl FnOnce(tonic::service::Routes) -> tonic::service::Routes,
+    ) -> Result<(), ProducerError> {
         let Producer {
             config,
             hub,
@@ -346,25 +357,25 @@ impl Producer {
         if let Some(tls) = tls {
             builder = builder.tls_config(tls)?;
         }
+        let routes = tonic::service::Routes::new(
+            gma_proto::wire::producer_server::ProducerServer::new(producer).max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::ingest_server::IngestServer::new(service::IngestService {
+                hub: hub.clone(),
+                gate: gate.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
+                .max_decoding_message_size(max),
+        );
         let result = builder
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-            .add_service(
-                gma_proto::wire::producer_server::ProducerServer::new(producer)
-                    .max_decoding_message_size(max),
-            )
-            .add_service(
-                pb::ingest_server::IngestServer::new(service::IngestService {
-                    hub: hub.clone(),
-                    gate: gate.clone(),
-                })
-                .max_decoding_message_size(max),
-            )
-            .add_service(
-                pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
-                    .max_decoding_message_size(max),
-            )
+            .add_routes(extra(routes))
             .serve_with_incoming_shutdown(
                 // Accepted sockets get TCP_NODELAY: a small batch must not wait for Nagle.
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

@@ -1,0 +1,680 @@
+//! The broker as a running GMA consumer (and producer of its decisions).
+//!
+//! It discovers every producer of `host.load`, `host.info`, `host.cpu` and `site.load` through
+//! the directory, subscribes with the `latest` policy (a slow broker gets the newest value of
+//! each series, never a backlog), and keeps the [`LiveView`]. `Select` ranks the view's current
+//! snapshot with the pure [`rank()`](crate::rank::rank) — a decision never waits on a
+//! producer — and `Coallocate` runs the coallocation algorithm against the resource managers
+//! that publish `reservation.state` (found through the directory) or are configured. Every
+//! decision is published as a `broker.decision` event from the broker's own producer, served on
+//! the same endpoint as the `Broker` service.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use gma_consumer::stream::StreamOptions;
+use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_core::authz::Action;
+use gma_core::event::{dbl, text, EventData};
+use gma_core::guard::Gate;
+use gma_core::time::now_ns;
+use gma_producer::{Hub, Producer, ProducerConfig};
+use gma_proto::v1::{self as pb, broker_server::Broker};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use crate::coalloc::{coallocate, CoJob, CoOutcome, CoRequest, CoStats};
+use crate::job::{Job, JobError, DEFAULT_EPSILON_S, DEFAULT_WINDOW_S, MAX_COALLOC_JOBS};
+use crate::rank::{rank, Limits, Policy, RankConfig, Ranked, Resource, Snapshot};
+use crate::remote::{reservation_to_proto, RemoteReserver};
+use crate::view::{Annotation, LiveView};
+
+/// The event a resource manager publishes for every reservation change; its producers are the
+/// managers the broker coallocates with.
+pub const RESERVATION_EVENT: &str = "reservation.state";
+/// The broker's decision events.
+pub const DECISION_EVENT: &str = "broker.decision";
+
+/// `gma broker --config FILE`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    pub listen: String,
+    pub directory: Option<String>,
+    /// Source name of the decision events (and the broker's record).
+    pub source: String,
+    /// Event names followed into the view.
+    pub follow: Vec<String>,
+    pub rank: RankConfig,
+    /// Static facts per host-name pattern (`[[resources]]`): price, software, site, bandwidth.
+    pub resources: Vec<Annotation>,
+    /// Resource-manager addresses for coallocation, in addition to the producers of
+    /// `reservation.state` found in the directory.
+    pub reservations: Vec<String>,
+    pub lease_ttl_ms: u64,
+    /// TLS (`[tls]`) of the endpoint and of the connections the broker makes.
+    pub tls: gma_core::tls::ServerTls,
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    pub limits: gma_core::guard::Limits,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            listen: "127.0.0.1:0".into(),
+            directory: None,
+            source: "broker".into(),
+            follow: ["host.load", "host.info", "host.cpu", "site.load"]
+                .map(String::from)
+                .to_vec(),
+            rank: RankConfig::default(),
+            resources: Vec::new(),
+            reservations: Vec::new(),
+            lease_ttl_ms: 10_000,
+            tls: Default::default(),
+            policy: None,
+            limits: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("invalid broker config: {0}")]
+    Config(String),
+    #[error("producer: {0}")]
+    Producer(String),
+}
+
+/// `broker.decision`: every Select and Coallocate, with what decided it.
+pub fn decision_schema() -> pb::EventSchema {
+    pb::EventSchema {
+        name: DECISION_EVENT.into(),
+        version: 1,
+        fields: vec![
+            dbl(
+                "decision_id",
+                "",
+                "sequence number of the decision in this broker",
+            ),
+            dbl("ranked", "resources", "resources that passed the filters"),
+            dbl("rejected", "resources", "resources filtered out"),
+            dbl(
+                "stale",
+                "resources",
+                "resources whose data was older than the bound",
+            ),
+            dbl(
+                "predicted_start_s",
+                "s",
+                "the chosen resource's predicted start (from now)",
+            ),
+            dbl(
+                "predicted_completion_s",
+                "s",
+                "the chosen resource's predicted completion",
+            ),
+            dbl("decide_us", "us", "time spent deciding"),
+            text("kind", "select or coallocate"),
+            text("job", "job name(s)"),
+            text("policy", "ttd, tts, utility or cost"),
+            text(
+                "chosen",
+                "the best resource (select) or job=resource pairs (coallocate)",
+            ),
+            text(
+                "ranking",
+                "the first resources in order, with predicted completion",
+            ),
+            text("outcome", "ok, none, success or failed"),
+            text("reason", "why, when nothing was chosen"),
+        ],
+        description: "a resource broker decision".into(),
+    }
+}
+
+fn policy_of(p: i32) -> Result<Policy, Status> {
+    Ok(match pb::BrokerPolicy::try_from(p) {
+        Ok(pb::BrokerPolicy::Unspecified) | Ok(pb::BrokerPolicy::Ttd) => Policy::Ttd,
+        Ok(pb::BrokerPolicy::Tts) => Policy::Tts,
+        Ok(pb::BrokerPolicy::Utility) => Policy::Utility,
+        Ok(pb::BrokerPolicy::Cost) => Policy::Cost,
+        Err(_) => return Err(Status::invalid_argument(format!("policy: unknown policy {p}"))),
+    })
+}
+
+pub fn policy_to_proto(p: Policy) -> pb::BrokerPolicy {
+    match p {
+        Policy::Ttd => pb::BrokerPolicy::Ttd,
+        Policy::Tts => pb::BrokerPolicy::Tts,
+        Policy::Utility => pb::BrokerPolicy::Utility,
+        Policy::Cost => pb::BrokerPolicy::Cost,
+    }
+}
+
+fn job_status(e: JobError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn ranked_to_proto(r: &Ranked) -> pb::RankedResource {
+    pb::RankedResource {
+        resource: r.resource.clone(),
+        rank: r.rank,
+        predicted_start_s: r.start_s,
+        predicted_completion_s: r.completion_s,
+        exec_s: r.exec_s,
+        wait_s: r.wait_s,
+        stage_in_s: r.stage_in_s,
+        stage_out_s: r.stage_out_s,
+        utility: r.utility,
+        cost: r.cost,
+        score: r.score,
+        stale: r.stale,
+        age_ms: r.age_ms,
+        site: r.site.clone(),
+    }
+}
+
+/// The shared state of the broker's RPCs.
+pub struct BrokerCore {
+    pub view: Arc<LiveView>,
+    pub rank: RankConfig,
+    hub: Arc<Hub>,
+    source: String,
+    next_id: AtomicU64,
+    directory: Option<String>,
+    reservations: Vec<String>,
+}
+
+impl BrokerCore {
+    fn publish(&self, e: EventData) {
+        if let (_, Err(err)) = self.hub.publish(&[e]) {
+            tracing::warn!(error = %err, "cannot publish a broker decision");
+        }
+    }
+
+    fn event(&self, numbers: Vec<f64>, strings: Vec<String>) -> EventData {
+        EventData {
+            name: DECISION_EVENT.into(),
+            source: self.source.clone(),
+            timestamp_ns: now_ns(),
+            numbers,
+            strings,
+        }
+    }
+
+    /// Ranks `job` on the current view and publishes the decision.
+    pub fn select(&self, job: &Job, policy: Policy, limits: Limits) -> Result<pb::SelectResponse, JobError> {
+        let t0 = Instant::now();
+        let snap = self.view.snapshot(now_ns());
+        let ranking = rank(&snap, job, policy, &self.rank, limits)?;
+        let decide_us = t0.elapsed().as_secs_f64() * 1e6;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics::counter!("gma_broker_decisions_total", "kind" => "select").increment(1);
+        metrics::histogram!("gma_broker_decide_seconds").record(decide_us / 1e6);
+        let best = ranking.ranked.first();
+        let top: Vec<String> = ranking
+            .ranked
+            .iter()
+            .take(5)
+            .map(|r| format!("{}:{:.0}", r.resource, r.completion_s))
+            .collect();
+        let rejected = if limits.rejected {
+            ranking.rejected.len()
+        } else {
+            snap.resources.len().saturating_sub(ranking.ranked.len())
+        };
+        self.publish(self.event(
+            vec![
+                id as f64,
+                ranking.ranked.len() as f64,
+                rejected as f64,
+                f64::from(ranking.stale),
+                best.map_or(f64::NAN, |b| b.start_s),
+                best.map_or(f64::NAN, |b| b.completion_s),
+                decide_us,
+            ],
+            vec![
+                "select".into(),
+                job.name.clone(),
+                policy.as_str().into(),
+                best.map(|b| b.resource.clone()).unwrap_or_default(),
+                top.join(","),
+                if best.is_some() { "ok" } else { "none" }.into(),
+                if best.is_some() {
+                    String::new()
+                } else {
+                    "no resource passed the filters".into()
+                },
+            ],
+        ));
+        Ok(pb::SelectResponse {
+            ranked: ranking.ranked.iter().map(ranked_to_proto).collect(),
+            rejected: ranking
+                .rejected
+                .into_iter()
+                .map(|r| pb::RejectedResource {
+                    resource: r.resource,
+                    reason: r.reason,
+                })
+                .collect(),
+            policy: policy.as_str().into(),
+            decision_id: id,
+            view_resources: snap.resources.len() as u32,
+            view_stale: ranking.stale,
+            decide_us,
+        })
+    }
+
+    /// The resource managers to coallocate with: configured ones plus the producers of
+    /// `reservation.state` in the directory.
+    async fn managers(&self) -> Result<Vec<String>, Status> {
+        let mut out = self.reservations.clone();
+        if let Some(dir) = &self.directory {
+            let unreachable = |e: gma_consumer::ConsumerError| {
+                Status::unavailable(format!("cannot search the directory for resource managers: {e}"))
+            };
+            let mut client = gma_consumer::directory::client(dir).await.map_err(unreachable)?;
+            let found = gma_consumer::directory::producers(&mut client, RESERVATION_EVENT, "")
+                .await
+                .map_err(unreachable)?;
+            for p in found {
+                if !out.contains(&p.address) {
+                    out.push(p.address);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Coallocates `jobs` in the window and publishes the decision.
+    pub async fn coallocate(
+        &self,
+        req: &pb::CoallocateRequest,
+        owner: &str,
+    ) -> Result<pb::CoallocateResponse, Status> {
+        let t0 = Instant::now();
+        if req.jobs.is_empty() {
+            return Err(Status::invalid_argument("jobs: give at least one job"));
+        }
+        if req.jobs.len() > MAX_COALLOC_JOBS {
+            return Err(Status::invalid_argument(format!(
+                "jobs: at most {MAX_COALLOC_JOBS} jobs"
+            )));
+        }
+        let policy = policy_of(req.policy)?;
+        let jobs = req
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| Job::from_proto(j, &format!("jobs[{i}].")))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(job_status)?;
+        let mut names = std::collections::HashSet::new();
+        for (i, j) in jobs.iter().enumerate() {
+            if !names.insert(j.name.as_str()) {
+                return Err(Status::invalid_argument(format!(
+                    "jobs[{i}].name: {:?} is used twice",
+                    j.name
+                )));
+            }
+        }
+        let now_s = now_ns() / 1_000_000_000;
+        let start = if req.window_start_s == 0 {
+            now_s
+        } else {
+            req.window_start_s
+        };
+        let end = if req.window_end_s == 0 {
+            start + DEFAULT_WINDOW_S
+        } else {
+            req.window_end_s
+        };
+        let eps = if req.epsilon_s == 0 {
+            DEFAULT_EPSILON_S
+        } else {
+            req.epsilon_s
+        };
+        if end < start {
+            return Err(Status::invalid_argument(
+                "window_end_s: must not be before window_start_s",
+            ));
+        }
+        if !(1..=86_400).contains(&eps) {
+            return Err(Status::invalid_argument(
+                "epsilon_s: must be within 1..=86400 seconds",
+            ));
+        }
+        let managers = self.managers().await?;
+        if managers.is_empty() {
+            return Err(Status::failed_precondition(
+                "no resource manager: none publishes reservation.state in the directory and none is configured (reservations = [...])",
+            ));
+        }
+        let reserver = RemoteReserver::connect(&managers)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        // Candidates of each job: the reservable resources that pass its requirements, in the
+        // order the policy ranks them on the live view; reservable resources the view does not
+        // know (no load stream) follow, by name.
+        let snap = self.view.snapshot(now_ns());
+        let known: HashMap<&str, &Arc<Resource>> =
+            snap.resources.iter().map(|r| (r.name.as_str(), r)).collect();
+        let mut co_jobs = Vec::with_capacity(jobs.len());
+        for (i, j) in jobs.iter().enumerate() {
+            let reservable: Vec<Resource> = reserver
+                .offered()
+                .iter()
+                .map(|o| match known.get(o.name.as_str()) {
+                    Some(r) => {
+                        let mut r = Resource::clone(r);
+                        r.total_cpus = f64::from(o.cpus);
+                        r
+                    }
+                    None => {
+                        let mut r = Resource::unknown(&o.name);
+                        r.total_cpus = f64::from(o.cpus);
+                        r.memory_mb = if o.memory_mb > 0.0 { o.memory_mb } else { f64::NAN };
+                        r.arch.clone_from(&o.arch);
+                        r.updated_ns = i64::MIN / 2; // no load data: ranks as stale
+                        r
+                    }
+                })
+                .collect();
+            let sub = Snapshot::new(snap.now_ns, reservable);
+            let cfg = RankConfig {
+                stale: crate::rank::StaleMode::Conservative,
+                ..self.rank.clone()
+            };
+            let ranking = rank(&sub, j, policy, &cfg, Limits::default()).map_err(job_status)?;
+            let candidates: Vec<String> = ranking.ranked.into_iter().map(|r| r.resource).collect();
+            if candidates.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "jobs[{i}] ({}): no reservable resource meets its requirements",
+                    j.name
+                )));
+            }
+            co_jobs.push(CoJob {
+                name: j.name.clone(),
+                cpus: j.cpus,
+                memory_mb: j.memory_mb,
+                duration_s: j.walltime(),
+                offset_s: j.offset_s,
+                candidates,
+            });
+        }
+        let owner = if req.owner.is_empty() {
+            owner.to_string()
+        } else {
+            req.owner.clone()
+        };
+        let co = CoRequest {
+            jobs: co_jobs,
+            window_start_s: start,
+            window_end_s: end,
+            epsilon_s: eps,
+            owner,
+        };
+        let outcome = coallocate(&co, &reserver).await.map_err(|e| {
+            Status::unavailable(format!("coallocation aborted (every reservation released): {e}"))
+        })?;
+        let elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics::counter!("gma_broker_decisions_total", "kind" => "coallocate").increment(1);
+        let job_names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        let (success, reservations, reason, stats) = match outcome {
+            CoOutcome::Success { reservations, stats } => (true, reservations, String::new(), stats),
+            CoOutcome::Failed { reason, stats } => (false, Vec::new(), reason, stats),
+        };
+        let chosen: Vec<String> = reservations
+            .iter()
+            .map(|(j, r)| format!("{j}={}", r.resource))
+            .collect();
+        let first_start = reservations.iter().map(|(_, r)| r.start_s).min();
+        self.publish(self.event(
+            vec![
+                id as f64,
+                reservations.len() as f64,
+                0.0,
+                0.0,
+                first_start.map_or(f64::NAN, |s| (s - now_s) as f64),
+                f64::NAN,
+                elapsed_ms * 1e3,
+            ],
+            vec![
+                "coallocate".into(),
+                job_names.join(","),
+                policy.as_str().into(),
+                chosen.join(","),
+                format!("iterations={}", stats.iterations),
+                if success { "success" } else { "failed" }.into(),
+                reason.clone(),
+            ],
+        ));
+        Ok(pb::CoallocateResponse {
+            success,
+            reservations: reservations
+                .iter()
+                .map(|(j, r)| pb::CoallocatedJob {
+                    job: j.clone(),
+                    reservation: Some(reservation_to_proto(r)),
+                    manager: reserver.manager_of(&r.resource).unwrap_or("").to_string(),
+                })
+                .collect(),
+            reason,
+            stats: Some(stats_to_proto(&stats)),
+            elapsed_ms,
+            decision_id: id,
+        })
+    }
+}
+
+pub fn stats_to_proto(s: &CoStats) -> pb::CoallocateStats {
+    pb::CoallocateStats {
+        iterations: s.iterations,
+        creates: s.creates,
+        failed_creates: s.failed_creates,
+        modifies: s.modifies,
+        failed_modifies: s.failed_modifies,
+        augmentations: s.augmentations,
+        failed_augmentations: s.failed_augmentations,
+        releases: s.releases,
+    }
+}
+
+/// The `Broker` gRPC service.
+pub struct BrokerService {
+    pub core: Arc<BrokerCore>,
+    pub gate: Arc<Gate>,
+}
+
+#[tonic::async_trait]
+impl Broker for BrokerService {
+    async fn select(&self, req: Request<pb::SelectRequest>) -> Result<Response<pb::SelectResponse>, Status> {
+        self.gate.check(&req, Action::BrokerSelect, &[DECISION_EVENT])?;
+        let r = req.get_ref();
+        let policy = policy_of(r.policy)?;
+        let spec = r
+            .job
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("job: give the job to place"))?;
+        let job = Job::from_proto(spec, "job.").map_err(job_status)?;
+        let limits = Limits {
+            limit: r.limit as usize,
+            rejected: r.include_rejected,
+        };
+        self.core
+            .select(&job, policy, limits)
+            .map(Response::new)
+            .map_err(job_status)
+    }
+
+    async fn coallocate(
+        &self,
+        req: Request<pb::CoallocateRequest>,
+    ) -> Result<Response<pb::CoallocateResponse>, Status> {
+        let (who, _) = self.gate.check(&req, Action::BrokerSelect, &[DECISION_EVENT])?;
+        let owner = if who.cn.is_empty() {
+            "broker".to_string()
+        } else {
+            who.cn.clone()
+        };
+        self.core
+            .coallocate(req.get_ref(), &owner)
+            .await
+            .map(Response::new)
+    }
+
+    async fn view(
+        &self,
+        req: Request<pb::BrokerViewRequest>,
+    ) -> Result<Response<pb::BrokerViewResponse>, Status> {
+        self.gate.check(&req, Action::BrokerSelect, &[DECISION_EVENT])?;
+        let now = now_ns();
+        let snap = self.core.view.snapshot(now);
+        let max_age = self.core.rank.max_age_ms;
+        Ok(Response::new(pb::BrokerViewResponse {
+            resources: snap
+                .resources
+                .iter()
+                .map(|r| {
+                    let age_ms = r.age_ms(now);
+                    pb::ViewedResource {
+                        resource: r.name.clone(),
+                        producer: r.producer.clone(),
+                        total_cpus: r.total_cpus,
+                        free_cpus: r.free_cpus,
+                        load1: r.load1,
+                        queue_waiting: r.queue_waiting,
+                        memory_mb: r.memory_mb,
+                        arch: r.arch.clone(),
+                        os: r.os.clone(),
+                        benchmarks: r.benchmarks.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                        bandwidth_mbps: r.bandwidth_mbps,
+                        cost_per_cpu_hour: r.cost_per_cpu_hour,
+                        age_ms,
+                        stale: age_ms > max_age,
+                        site: r.site.clone(),
+                    }
+                })
+                .collect(),
+            max_age_ms: max_age,
+        }))
+    }
+
+    async fn version(
+        &self,
+        _req: Request<pb::VersionRequest>,
+    ) -> Result<Response<pb::VersionResponse>, Status> {
+        Ok(Response::new(pb::VersionResponse {
+            interface: gma_proto::INTERFACE_VERSION.into(),
+            server: gma_core::SERVER_VERSION.into(),
+            role: "broker".into(),
+        }))
+    }
+}
+
+/// Runs the broker until `shutdown`.
+pub async fn run(
+    config: BrokerConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), BrokerError> {
+    config.rank.validate().map_err(BrokerError::Config)?;
+    let Some(directory) = config.directory.clone() else {
+        return Err(BrokerError::Config("a directory address is required".into()));
+    };
+    if config.follow.is_empty() {
+        return Err(BrokerError::Config("follow: give at least one event name".into()));
+    }
+    gma_core::pattern::event_patterns(&config.follow)
+        .map_err(|e| BrokerError::Config(format!("follow: {e}")))?;
+    let view = Arc::new(LiveView::new(config.resources.clone()).map_err(BrokerError::Config)?);
+    let producer = Producer::new(ProducerConfig {
+        directory: Some(directory.clone()),
+        host_sensors: false,
+        source: Some(config.source.clone()),
+        lease_ttl_ms: config.lease_ttl_ms,
+        buffer_events: 100_000,
+        tls: config.tls.clone(),
+        policy: config.policy.clone(),
+        limits: config.limits.clone(),
+        ..ProducerConfig::default()
+    })
+    .map_err(|e| BrokerError::Producer(e.to_string()))?;
+    producer
+        .hub
+        .add_schemas(&[decision_schema()])
+        .map_err(|e| BrokerError::Producer(e.to_string()))?;
+    let core = Arc::new(BrokerCore {
+        view: view.clone(),
+        rank: config.rank.clone(),
+        hub: producer.hub.clone(),
+        source: config.source.clone(),
+        next_id: AtomicU64::new(0),
+        directory: Some(directory.clone()),
+        reservations: config.reservations.clone(),
+    });
+    let follow = tokio::spawn(follow(
+        view,
+        directory,
+        config.follow.clone(),
+        config.source.clone(),
+    ));
+    let service = BrokerService {
+        core,
+        gate: producer.gate.clone(),
+    };
+    let r = producer
+        .run_with(listener, shutdown, move |routes| {
+            routes.add_service(
+                pb::broker_server::BrokerServer::new(service)
+                    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
+            )
+        })
+        .await;
+    follow.abort();
+    r.map_err(|e| BrokerError::Producer(e.to_string()))
+}
+
+/// Follows the load streams into the view until aborted.
+async fn follow(view: Arc<LiveView>, directory: String, patterns: Vec<String>, source: String) {
+    let mut sub = Subscriber::start(
+        SubscriberOptions {
+            directory,
+            stream: StreamOptions {
+                patterns,
+                consumer_id: format!("{source}-{}", std::process::id()),
+                policy: pb::SlowPolicy::Latest,
+                ..StreamOptions::default()
+            },
+            capacity: 256,
+            default_resume: None,
+        },
+        HashMap::new(),
+    );
+    while let Some(d) = sub.recv().await {
+        match d {
+            Delivery::Events { producer, events, .. } => {
+                for e in &events {
+                    view.apply(&producer, e);
+                }
+                metrics::counter!("gma_broker_events_total").increment(events.len() as u64);
+            }
+            Delivery::Gone { producer, reason } => {
+                let n = view.remove_producer(&producer);
+                tracing::info!(%producer, %reason, resources = n, "producer left; its resources are no longer ranked");
+            }
+            Delivery::Refused { producer, error } => {
+                tracing::warn!(%producer, %error, "a producer refused the broker's subscription");
+            }
+            _ => {}
+        }
+    }
+}

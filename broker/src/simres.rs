@@ -1,0 +1,838 @@
+//! `gma simres`: a simulated resource manager with per-resource reservation calendars, serving
+//! the `Reservations` interface (create / modify / release / list, with the three-way answer
+//! granted / never / retry-from) so the broker's reservations and coallocation run for real.
+//!
+//! It is also a producer: every change is published as a `reservation.state` event (state
+//! `granted`, `modified`, `released`, `expired`, with the reservation), so what a coallocation
+//! held at any moment can be checked on the stream, and the broker finds resource managers in
+//! the directory as the producers of `reservation.state`.
+//!
+//! ```toml
+//! listen = "127.0.0.1:7400"     # optional (flag --listen wins)
+//! directory = "127.0.0.1:7000"  # optional: register (as a producer of reservation.state)
+//! source = "simres"             # source of the events (default simres)
+//! horizon_s = 0                 # reservations must end within this many seconds of now (0: none)
+//! non_atomic_modify = false     # modify = release + create (Maui): a refused one loses the original
+//! [[resource]]
+//! name = "hostA"                # unique
+//! cpus = 8                      # >= 1
+//! memory_mb = 16384             # optional
+//! arch = "x86_64"               # optional
+//! [[resource.background]]       # held by owner "background" from startup
+//! start_in_s = 600              # from startup
+//! duration_s = 1200
+//! cpus = 8                      # default: the whole resource
+//! [random_background]           # optional: `count` blocks per resource, placed uniformly
+//! count = 1                     # within [now, now + within_s - duration_s]
+//! duration_s = 1200
+//! within_s = 14400
+//! seed = 1
+//! ```
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gma_core::authz::Action;
+use gma_core::event::{dbl, text, EventData};
+use gma_core::guard::Gate;
+use gma_core::time::now_ns;
+use gma_producer::{Hub, Producer, ProducerConfig};
+use gma_proto::v1::{self as pb, reservations_server::Reservations};
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use crate::calendar::{Calendar, Calendars};
+use crate::remote::{answer_to_proto, reservation_to_proto};
+use crate::reserve::{Answer, Reservation, ReserveError, ReserveRequest};
+use crate::service::RESERVATION_EVENT;
+
+/// Owner of the reservations a simulation starts with.
+pub const BACKGROUND_OWNER: &str = "background";
+/// Longest reservation accepted, and farthest start.
+const MAX_SPAN_S: i64 = 366 * 86_400;
+/// Reservations that ended this long ago are dropped (and published as `expired`).
+const EXPIRE_AFTER_S: i64 = 60;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Background {
+    pub start_in_s: i64,
+    pub duration_s: i64,
+    pub cpus: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceSpec {
+    pub name: String,
+    pub cpus: u32,
+    #[serde(default)]
+    pub memory_mb: f64,
+    #[serde(default)]
+    pub arch: String,
+    #[serde(default)]
+    pub background: Vec<Background>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RandomBackground {
+    pub count: u32,
+    pub duration_s: i64,
+    pub within_s: i64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimresConfig {
+    pub listen: Option<String>,
+    pub directory: Option<String>,
+    pub source: String,
+    pub horizon_s: i64,
+    pub non_atomic_modify: bool,
+    #[serde(rename = "resource")]
+    pub resources: Vec<ResourceSpec>,
+    pub random_background: Option<RandomBackground>,
+    pub lease_ttl_ms: u64,
+    pub tls: gma_core::tls::ServerTls,
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    pub limits: gma_core::guard::Limits,
+}
+
+impl Default for SimresConfig {
+    fn default() -> Self {
+        SimresConfig {
+            listen: None,
+            directory: None,
+            source: "simres".into(),
+            horizon_s: 0,
+            non_atomic_modify: false,
+            resources: Vec::new(),
+            random_background: None,
+            lease_ttl_ms: 10_000,
+            tls: Default::default(),
+            policy: None,
+            limits: Default::default(),
+        }
+    }
+}
+
+impl SimresConfig {
+    /// Checks every field; the message names the first bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.resources.is_empty() {
+            return Err("resource: give at least one [[resource]] table".into());
+        }
+        if self.resources.len() > 100_000 {
+            return Err("resource: at most 100000 resources".into());
+        }
+        if !(0..=MAX_SPAN_S).contains(&self.horizon_s) {
+            return Err(format!(
+                "horizon_s: must be within 0..={MAX_SPAN_S} (0 = no horizon)"
+            ));
+        }
+        gma_core::pattern::validate_source(&self.source).map_err(|e| format!("source: {e}"))?;
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in self.resources.iter().enumerate() {
+            let at = format!("resource[{i}]");
+            gma_core::pattern::validate_source(&r.name).map_err(|e| format!("{at}.name: {e}"))?;
+            if !names.insert(r.name.as_str()) {
+                return Err(format!("{at}.name: {:?} is used twice", r.name));
+            }
+            if r.cpus == 0 {
+                return Err(format!("{at}.cpus: must be at least 1"));
+            }
+            if !r.memory_mb.is_finite() || r.memory_mb < 0.0 {
+                return Err(format!("{at}.memory_mb: must be a finite number >= 0"));
+            }
+            for (k, b) in r.background.iter().enumerate() {
+                let at = format!("{at}.background[{k}]");
+                if !(0..=MAX_SPAN_S).contains(&b.start_in_s) {
+                    return Err(format!("{at}.start_in_s: must be within 0..={MAX_SPAN_S}"));
+                }
+                if !(1..=MAX_SPAN_S).contains(&b.duration_s) {
+                    return Err(format!("{at}.duration_s: must be within 1..={MAX_SPAN_S}"));
+                }
+                if b.cpus.is_some_and(|c| c == 0 || c > r.cpus) {
+                    return Err(format!("{at}.cpus: must be within 1..={}", r.cpus));
+                }
+            }
+        }
+        if let Some(rb) = &self.random_background {
+            if rb.count > 1000 {
+                return Err("random_background.count: at most 1000".into());
+            }
+            if !(1..=MAX_SPAN_S).contains(&rb.duration_s) {
+                return Err(format!(
+                    "random_background.duration_s: must be within 1..={MAX_SPAN_S}"
+                ));
+            }
+            if rb.within_s < rb.duration_s || rb.within_s > MAX_SPAN_S {
+                return Err("random_background.within_s: must be at least duration_s".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `reservation.state`: every change of a reservation.
+pub fn reservation_schema() -> pb::EventSchema {
+    pb::EventSchema {
+        name: RESERVATION_EVENT.into(),
+        version: 1,
+        fields: vec![
+            dbl("start_s", "s", "reserved start, Unix seconds"),
+            dbl("end_s", "s", "reserved end (exclusive), Unix seconds"),
+            dbl("cpus", "cpus", "reserved CPUs"),
+            text("id", "reservation id"),
+            text("resource", "the resource reserved"),
+            text("owner", "who holds it"),
+            text("state", "granted, modified, released or expired"),
+        ],
+        description: "an advance reservation at a resource manager changed".into(),
+    }
+}
+
+/// The manager's state behind the gRPC service.
+pub struct Manager {
+    calendars: Mutex<Calendars>,
+    resources: Vec<pb::ReservableResource>,
+    horizon_s: i64,
+    /// Prepended to calendar ids on the wire, so ids of two managers (or of two runs of one)
+    /// never collide.
+    prefix: String,
+    hub: Option<Arc<Hub>>,
+    source: String,
+}
+
+fn invalid(m: impl Into<String>) -> Status {
+    Status::invalid_argument(m.into())
+}
+
+fn reserve_status(e: ReserveError) -> Status {
+    match e {
+        ReserveError::NotFound { id } => Status::not_found(format!("reservation {id:?} not found")),
+        ReserveError::Invalid(m) => Status::permission_denied(m),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+impl Manager {
+    /// Builds the calendars (with the background reservations placed relative to `now_s`).
+    pub fn new(config: &SimresConfig, now_s: i64, hub: Option<Arc<Hub>>) -> Result<Manager, String> {
+        config.validate()?;
+        let mut cals = Calendars::new();
+        for r in &config.resources {
+            cals.insert(
+                Calendar::new(r.name.clone(), r.cpus).with_non_atomic_modify(config.non_atomic_modify),
+            );
+        }
+        let mut rng =
+            rand_chacha::ChaCha8Rng::seed_from_u64(config.random_background.as_ref().map_or(0, |b| b.seed));
+        for r in &config.resources {
+            let mut blocks: Vec<(i64, i64, u32)> = r
+                .background
+                .iter()
+                .map(|b| (now_s + b.start_in_s, b.duration_s, b.cpus.unwrap_or(r.cpus)))
+                .collect();
+            if let Some(rb) = &config.random_background {
+                for _ in 0..rb.count {
+                    let start = now_s + rng.random_range(0..=rb.within_s - rb.duration_s);
+                    blocks.push((start, rb.duration_s, r.cpus));
+                }
+            }
+            for (start, duration_s, cpus) in blocks {
+                let a = cals.reserve(&ReserveRequest {
+                    resource: r.name.clone(),
+                    cpus,
+                    duration_s,
+                    earliest_s: start,
+                    latest_s: start,
+                    flexible: false,
+                    owner: BACKGROUND_OWNER.into(),
+                });
+                if a.granted().is_none() {
+                    // Overlapping background blocks: the later one waits for room, never lost.
+                    let a = cals.reserve(&ReserveRequest {
+                        resource: r.name.clone(),
+                        cpus,
+                        duration_s,
+                        earliest_s: start,
+                        latest_s: start + MAX_SPAN_S,
+                        flexible: false,
+                        owner: BACKGROUND_OWNER.into(),
+                    });
+                    if a.granted().is_none() {
+                        return Err(format!(
+                            "resource {:?}: cannot place its background reservations",
+                            r.name
+                        ));
+                    }
+                }
+            }
+        }
+        let prefix = format!("{:08x}-", rng.random::<u32>() ^ (now_ns() as u32));
+        Ok(Manager {
+            calendars: Mutex::new(cals),
+            resources: config
+                .resources
+                .iter()
+                .map(|r| pb::ReservableResource {
+                    name: r.name.clone(),
+                    cpus: r.cpus,
+                    memory_mb: r.memory_mb,
+                    arch: r.arch.clone(),
+                    horizon_s: config.horizon_s,
+                })
+                .collect(),
+            horizon_s: config.horizon_s,
+            prefix,
+            hub,
+            source: config.source.clone(),
+        })
+    }
+
+    fn wire(&self, mut r: Reservation) -> Reservation {
+        r.id = format!("{}{}", self.prefix, r.id);
+        r
+    }
+
+    fn local_id<'a>(&self, id: &'a str) -> Result<&'a str, Status> {
+        id.strip_prefix(&self.prefix)
+            .ok_or_else(|| Status::not_found(format!("reservation {:?} not found", gma_core::clip(id, 64))))
+    }
+
+    fn publish(&self, r: &Reservation, state: &str) {
+        let Some(hub) = &self.hub else { return };
+        let e = EventData {
+            name: RESERVATION_EVENT.into(),
+            source: self.source.clone(),
+            timestamp_ns: now_ns(),
+            numbers: vec![r.start_s as f64, r.end_s as f64, f64::from(r.cpus)],
+            strings: vec![r.id.clone(), r.resource.clone(), r.owner.clone(), state.into()],
+        };
+        if let (_, Err(err)) = hub.publish(&[e]) {
+            tracing::warn!(error = %err, "cannot publish reservation.state");
+        }
+    }
+
+    /// Checks a window request and applies the clock (no start in the past) and the horizon.
+    fn checked(
+        &self,
+        resource: &str,
+        cpus: u32,
+        duration_s: i64,
+        earliest: i64,
+        latest: i64,
+        now_s: i64,
+    ) -> Result<Result<(i64, i64), Answer>, Status> {
+        if cpus == 0 {
+            return Err(invalid("cpus: must be at least 1"));
+        }
+        if !(1..=MAX_SPAN_S).contains(&duration_s) {
+            return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
+        }
+        if earliest > latest {
+            return Err(invalid("earliest_start_s: must not be after latest_start_s"));
+        }
+        if latest > now_s + MAX_SPAN_S {
+            return Err(invalid("latest_start_s: at most a year ahead"));
+        }
+        if !self.resources.iter().any(|r| r.name == resource) {
+            return Ok(Err(Answer::Never(format!(
+                "unknown resource {:?}",
+                gma_core::clip(resource, 64)
+            ))));
+        }
+        if latest < now_s {
+            return Ok(Err(Answer::Never("the start window is in the past".into())));
+        }
+        let earliest = earliest.max(now_s);
+        if self.horizon_s > 0 && earliest + duration_s > now_s + self.horizon_s {
+            return Ok(Err(Answer::Never(format!(
+                "would end past the manager's horizon ({} s from now)",
+                self.horizon_s
+            ))));
+        }
+        Ok(Ok((earliest, latest)))
+    }
+
+    /// Turns an answer that reaches past the horizon into NEVER (and drops such a grant).
+    fn within_horizon(
+        &self,
+        cals: &mut Calendars,
+        a: Answer,
+        duration_s: i64,
+        owner: &str,
+        now_s: i64,
+    ) -> Answer {
+        if self.horizon_s == 0 {
+            return a;
+        }
+        let limit = now_s + self.horizon_s;
+        match a {
+            Answer::Granted(r) if r.end_s > limit => {
+                let _ = cals.release(&r.id, owner);
+                Answer::Never("no room before the manager's horizon".into())
+            }
+            Answer::Retry { from_s, .. } if from_s + duration_s > limit => {
+                Answer::Never("no room before the manager's horizon".into())
+            }
+            other => other,
+        }
+    }
+
+    pub fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Status> {
+        let now_s = now_ns() / 1_000_000_000;
+        let (earliest, latest) = match self.checked(
+            &req.resource,
+            req.cpus,
+            req.duration_s,
+            req.earliest_start_s,
+            req.latest_start_s,
+            now_s,
+        )? {
+            Ok(w) => w,
+            Err(a) => return Ok(answer_to_proto(&a, false)),
+        };
+        let r = ReserveRequest {
+            resource: req.resource.clone(),
+            cpus: req.cpus,
+            duration_s: req.duration_s,
+            earliest_s: earliest,
+            latest_s: latest,
+            flexible: req.flexible,
+            owner: owner.to_string(),
+        };
+        let answer = {
+            let mut cals = self.calendars.lock();
+            let a = cals.reserve(&r);
+            self.within_horizon(&mut cals, a, req.duration_s, owner, now_s)
+        };
+        let answer = match answer {
+            Answer::Granted(g) => {
+                let g = self.wire(g);
+                self.publish(&g, "granted");
+                metrics::counter!("gma_simres_reservations_total", "answer" => "granted").increment(1);
+                Answer::Granted(g)
+            }
+            other => {
+                metrics::counter!("gma_simres_reservations_total", "answer" => "refused").increment(1);
+                other
+            }
+        };
+        Ok(answer_to_proto(&answer, false))
+    }
+
+    pub fn modify(
+        &self,
+        req: &pb::ModifyReservationRequest,
+        owner: &str,
+    ) -> Result<pb::ReserveResponse, Status> {
+        let now_s = now_ns() / 1_000_000_000;
+        let local = self.local_id(&req.id)?;
+        let holder = {
+            let cals = self.calendars.lock();
+            let found = cals.iter().find(|c| c.holds(local)).map(|c| c.name().to_string());
+            found
+        };
+        let resource = holder.ok_or_else(|| {
+            Status::not_found(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
+        })?;
+        let (earliest, latest) = match self.checked(
+            &resource,
+            req.cpus,
+            req.duration_s,
+            req.earliest_start_s,
+            req.latest_start_s,
+            now_s,
+        )? {
+            Ok(w) => w,
+            Err(a) => return Ok(answer_to_proto(&a, false)),
+        };
+        let r = ReserveRequest {
+            resource: resource.clone(),
+            cpus: req.cpus,
+            duration_s: req.duration_s,
+            earliest_s: earliest,
+            latest_s: latest,
+            flexible: false,
+            owner: owner.to_string(),
+        };
+        let (out, released) = {
+            let mut cals = self.calendars.lock();
+            let before = cals.list(&resource, "").into_iter().find(|x| x.id == local);
+            let m = cals.modify(local, &r).map_err(reserve_status)?;
+            match m.answer {
+                Answer::Granted(g) if self.horizon_s > 0 && g.end_s > now_s + self.horizon_s => {
+                    // Past the horizon: put the original back (atomic) or drop it (non-atomic).
+                    let restored = before.and_then(|b| {
+                        cals.modify(
+                            local,
+                            &ReserveRequest {
+                                resource: resource.clone(),
+                                cpus: b.cpus,
+                                duration_s: b.end_s - b.start_s,
+                                earliest_s: b.start_s,
+                                latest_s: b.start_s,
+                                flexible: false,
+                                owner: owner.to_string(),
+                            },
+                        )
+                        .ok()
+                        .and_then(|m| m.answer.granted().cloned())
+                    });
+                    if restored.is_none() {
+                        let _ = cals.release(local, owner);
+                    }
+                    (
+                        Answer::Never("no room before the manager's horizon".into()),
+                        restored.is_none(),
+                    )
+                }
+                a => (a, m.original_released),
+            }
+        };
+        let out = match out {
+            Answer::Granted(g) => {
+                let g = self.wire(g);
+                self.publish(&g, "modified");
+                Answer::Granted(g)
+            }
+            other => other,
+        };
+        if released {
+            self.publish(
+                &Reservation {
+                    id: req.id.clone(),
+                    resource,
+                    cpus: 0,
+                    start_s: 0,
+                    end_s: 0,
+                    owner: owner.to_string(),
+                },
+                "released",
+            );
+        }
+        Ok(answer_to_proto(&out, released))
+    }
+
+    pub fn release(&self, id: &str, owner: &str) -> Result<(), Status> {
+        let local = self.local_id(id)?;
+        let r = self
+            .calendars
+            .lock()
+            .release(local, owner)
+            .map_err(reserve_status)?;
+        self.publish(&self.wire(r), "released");
+        Ok(())
+    }
+
+    pub fn list(&self, req: &pb::ListReservationsRequest) -> Vec<pb::Reservation> {
+        let cals = self.calendars.lock();
+        cals.list(&req.resource, &req.owner)
+            .into_iter()
+            .filter(|r| req.from_s == 0 || r.end_s > req.from_s)
+            .filter(|r| req.to_s == 0 || r.start_s < req.to_s)
+            .map(|r| reservation_to_proto(&self.wire(r)))
+            .collect()
+    }
+
+    /// Drops reservations that ended a while ago (published as `expired`).
+    pub fn expire(&self, now_s: i64) -> usize {
+        let gone: Vec<Reservation> = {
+            let mut cals = self.calendars.lock();
+            let old: Vec<Reservation> = cals
+                .list("", "")
+                .into_iter()
+                .filter(|r| r.end_s + EXPIRE_AFTER_S < now_s)
+                .collect();
+            old.into_iter()
+                .filter_map(|r| cals.release(&r.id, &r.owner).ok())
+                .collect()
+        };
+        for r in &gone {
+            self.publish(&self.wire(r.clone()), "expired");
+        }
+        gone.len()
+    }
+}
+
+/// The `Reservations` gRPC service.
+pub struct ReservationService {
+    pub manager: Arc<Manager>,
+    pub gate: Arc<Gate>,
+}
+
+impl ReservationService {
+    /// The owner of a request: the certificate's CN when the peer has one (a different `owner`
+    /// is refused), else the `owner` field (or "anonymous").
+    fn owner<T>(&self, req: &Request<T>, claimed: &str) -> Result<String, Status> {
+        let (who, _) = self.gate.check(req, Action::Reserve, &[RESERVATION_EVENT])?;
+        if claimed.len() > 256 {
+            return Err(invalid("owner: at most 256 bytes"));
+        }
+        if !who.cn.is_empty() {
+            if !claimed.is_empty() && claimed != who.cn {
+                return Err(Status::permission_denied(format!(
+                    "owner {:?} is not the caller ({:?})",
+                    gma_core::clip(claimed, 64),
+                    who.cn
+                )));
+            }
+            return Ok(who.cn);
+        }
+        Ok(if claimed.is_empty() {
+            "anonymous".into()
+        } else {
+            claimed.to_string()
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Reservations for ReservationService {
+    async fn resources(
+        &self,
+        req: Request<pb::ResourcesRequest>,
+    ) -> Result<Response<pb::ResourcesResponse>, Status> {
+        self.gate.check(&req, Action::Reserve, &[RESERVATION_EVENT])?;
+        Ok(Response::new(pb::ResourcesResponse {
+            resources: self.manager.resources.clone(),
+        }))
+    }
+
+    async fn reserve(
+        &self,
+        req: Request<pb::ReserveRequest>,
+    ) -> Result<Response<pb::ReserveResponse>, Status> {
+        let owner = self.owner(&req, &req.get_ref().owner)?;
+        self.manager.reserve(req.get_ref(), &owner).map(Response::new)
+    }
+
+    async fn modify(
+        &self,
+        req: Request<pb::ModifyReservationRequest>,
+    ) -> Result<Response<pb::ReserveResponse>, Status> {
+        let owner = self.owner(&req, &req.get_ref().owner)?;
+        self.manager.modify(req.get_ref(), &owner).map(Response::new)
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseReservationRequest>,
+    ) -> Result<Response<pb::ReleaseReservationResponse>, Status> {
+        let owner = self.owner(&req, &req.get_ref().owner)?;
+        self.manager.release(&req.get_ref().id, &owner)?;
+        Ok(Response::new(pb::ReleaseReservationResponse { released: true }))
+    }
+
+    async fn list(
+        &self,
+        req: Request<pb::ListReservationsRequest>,
+    ) -> Result<Response<pb::ListReservationsResponse>, Status> {
+        self.gate.check(&req, Action::Reserve, &[RESERVATION_EVENT])?;
+        if req.get_ref().resource.len() > 256 || req.get_ref().owner.len() > 256 {
+            return Err(invalid("resource and owner: at most 256 bytes"));
+        }
+        Ok(Response::new(pb::ListReservationsResponse {
+            reservations: self.manager.list(req.get_ref()),
+        }))
+    }
+}
+
+/// Runs the simulated resource manager until `shutdown`.
+pub async fn run(
+    config: SimresConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let producer = Producer::new(ProducerConfig {
+        directory: config.directory.clone(),
+        host_sensors: false,
+        source: Some(config.source.clone()),
+        lease_ttl_ms: config.lease_ttl_ms,
+        tls: config.tls.clone(),
+        policy: config.policy.clone(),
+        limits: config.limits.clone(),
+        // Nobody's archive: reservation events are pulled by who wants them.
+        push: false,
+        ..ProducerConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    producer
+        .hub
+        .add_schemas(&[reservation_schema()])
+        .map_err(|e| e.to_string())?;
+    let manager = Arc::new(Manager::new(
+        &config,
+        now_ns() / 1_000_000_000,
+        Some(producer.hub.clone()),
+    )?);
+    for r in manager.list(&pb::ListReservationsRequest::default()) {
+        let r = crate::remote::reservation_of(r);
+        manager.publish(&r, "granted");
+    }
+    let expirer = {
+        let m = manager.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                m.expire(now_ns() / 1_000_000_000);
+            }
+        })
+    };
+    let service = ReservationService {
+        manager,
+        gate: producer.gate.clone(),
+    };
+    let r = producer
+        .run_with(listener, shutdown, move |routes| {
+            routes.add_service(
+                pb::reservations_server::ReservationsServer::new(service)
+                    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
+            )
+        })
+        .await;
+    expirer.abort();
+    r.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> SimresConfig {
+        gma_core::config::parse_toml(text, "simres.toml").unwrap()
+    }
+
+    const NOW: i64 = 1_800_000_000;
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        for (text, want) in [
+            ("", "resource: give at least one"),
+            ("[[resource]]\nname = \"a\"\ncpus = 0\n", "resource[0].cpus"),
+            ("[[resource]]\nname = \"a\"\ncpus = 1\n[[resource]]\nname = \"a\"\ncpus = 1\n", "resource[1].name"),
+            ("[[resource]]\nname = \"a\"\ncpus = 1\n[[resource.background]]\nstart_in_s = 0\nduration_s = 0\n", "resource[0].background[0].duration_s"),
+            ("horizon_s = -1\n[[resource]]\nname = \"a\"\ncpus = 1\n", "horizon_s"),
+        ] {
+            let e = config(text).validate().unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let e = gma_core::config::parse_toml::<SimresConfig>("[[resource]]\nname = \"a\"\ncpu = 1\n", "s")
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown field `cpu`"), "{e}");
+    }
+
+    #[test]
+    fn background_blocks_windows_and_the_three_answers() {
+        let cfg = config(
+            "[[resource]]\nname = \"m\"\ncpus = 4\n[[resource.background]]\nstart_in_s = 100\nduration_s = 50\n",
+        );
+        let m = Manager::new(&cfg, NOW, None).unwrap();
+        let req = |cpus, dur, e, l| pb::ReserveRequest {
+            resource: "m".into(),
+            cpus,
+            duration_s: dur,
+            earliest_start_s: e,
+            latest_start_s: l,
+            ..Default::default()
+        };
+        // A real clock is used for "now": test against far-future windows.
+        let base = now_ns() / 1_000_000_000 + 1_000_000;
+        let a = m.reserve(&req(5, 10, base, base), "u").unwrap();
+        assert_eq!(
+            a.answer,
+            pb::ReserveAnswer::Never as i32,
+            "more CPUs than the resource has"
+        );
+        let a = m.reserve(&req(4, 10, base, base + 5), "u").unwrap();
+        assert_eq!(a.answer, pb::ReserveAnswer::Granted as i32);
+        let g = a.reservation.unwrap();
+        assert!(g.id.starts_with(&m.prefix));
+        let b = m.reserve(&req(1, 10, base, base + 5), "v").unwrap();
+        assert_eq!(b.answer, pb::ReserveAnswer::Retry as i32);
+        assert_eq!(b.retry_from_s, base + 10);
+        // Only the holder may release.
+        assert_eq!(
+            m.release(&g.id, "v").unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        m.release(&g.id, "u").unwrap();
+        assert_eq!(m.release(&g.id, "u").unwrap_err().code(), tonic::Code::NotFound);
+        assert_eq!(
+            m.release("nonsense", "u").unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+        // In the past: never.
+        let p = m.reserve(&req(1, 10, 10, 20), "u").unwrap();
+        assert_eq!(p.answer, pb::ReserveAnswer::Never as i32);
+        // Bad input is INVALID_ARGUMENT, not an answer.
+        assert_eq!(
+            m.reserve(&req(1, 0, base, base), "u").unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            m.reserve(&req(1, 5, base + 1, base), "u").unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let l = m.list(&pb::ListReservationsRequest::default());
+        assert_eq!(l.len(), 1, "the background block only: {l:?}");
+        assert_eq!(l[0].owner, BACKGROUND_OWNER);
+    }
+
+    #[test]
+    fn the_horizon_turns_late_answers_into_never() {
+        let now = now_ns() / 1_000_000_000;
+        let cfg = config("horizon_s = 3600\n[[resource]]\nname = \"m\"\ncpus = 1\n[[resource.background]]\nstart_in_s = 1000\nduration_s = 2000\n");
+        let m = Manager::new(&cfg, now, None).unwrap();
+        let req = |dur, e, l| pb::ReserveRequest {
+            resource: "m".into(),
+            cpus: 1,
+            duration_s: dur,
+            earliest_start_s: e,
+            latest_start_s: l,
+            ..Default::default()
+        };
+        // Fits before the block.
+        assert_eq!(
+            m.reserve(&req(600, now + 10, now + 20), "u").unwrap().answer,
+            pb::ReserveAnswer::Granted as i32
+        );
+        // After the block it would end past the horizon.
+        assert_eq!(
+            m.reserve(&req(600, now + 900, now + 950), "u").unwrap().answer,
+            pb::ReserveAnswer::Never as i32
+        );
+        assert_eq!(
+            m.reserve(&req(7200, now + 10, now + 20), "u").unwrap().answer,
+            pb::ReserveAnswer::Never as i32
+        );
+    }
+
+    #[test]
+    fn random_background_is_deterministic_per_seed() {
+        let text = "[random_background]\ncount = 2\nduration_s = 1200\nwithin_s = 14400\nseed = 5\n[[resource]]\nname = \"a\"\ncpus = 1\n[[resource]]\nname = \"b\"\ncpus = 1\n";
+        let starts = |m: &Manager| {
+            m.list(&pb::ListReservationsRequest::default())
+                .into_iter()
+                .map(|r| (r.resource, r.start_s))
+                .collect::<Vec<_>>()
+        };
+        let a = Manager::new(&config(text), NOW, None).unwrap();
+        let b = Manager::new(&config(text), NOW, None).unwrap();
+        assert_eq!(starts(&a), starts(&b));
+        assert_eq!(starts(&a).len(), 4);
+        assert!(starts(&a).iter().all(|(_, s)| *s >= NOW && *s <= NOW + 14400));
+    }
+}
