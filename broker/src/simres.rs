@@ -809,10 +809,15 @@ mod tests {
             m.reserve(&req(600, now + 10, now + 20), "u").unwrap().answer,
             pb::ReserveAnswer::Granted as i32
         );
-        // After the block it would end past the horizon.
+        // After the block it would end past the horizon ...
+        assert_eq!(
+            m.reserve(&req(700, now + 900, now + 950), "u").unwrap().answer,
+            pb::ReserveAnswer::Never as i32
+        );
+        // ... while one that would end exactly at the horizon may retry.
         assert_eq!(
             m.reserve(&req(600, now + 900, now + 950), "u").unwrap().answer,
-            pb::ReserveAnswer::Never as i32
+            pb::ReserveAnswer::Retry as i32
         );
         assert_eq!(
             m.reserve(&req(7200, now + 10, now + 20), "u").unwrap().answer,

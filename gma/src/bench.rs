@@ -65,6 +65,34 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         } => crate::bench_fanout::stall(duration, rate, output).await,
         BenchScenario::Filter { events, output } => crate::bench_fanout::filter(events, output),
         BenchScenario::Forecast { trace, output } => crate::bench_fanout::forecast(trace, output),
+        BenchScenario::Broker {
+            resources,
+            duration,
+            clients,
+            output,
+        } => crate::bench_broker::broker(resources, duration, clients, output).await,
+        BenchScenario::Coalloc {
+            trials,
+            scenario,
+            simres,
+            seed,
+            output,
+        } => {
+            use gma_broker::replay::Scenario;
+            let scenarios = match scenario {
+                crate::cli::CoallocScenario::Homogeneous => vec![Scenario::Homogeneous],
+                crate::cli::CoallocScenario::Heterogeneous => vec![Scenario::Heterogeneous],
+                crate::cli::CoallocScenario::Both => vec![Scenario::Homogeneous, Scenario::Heterogeneous],
+            };
+            crate::bench_broker::coalloc(trials, scenarios, simres, seed, output).await
+        }
+        BenchScenario::Placement {
+            hosts,
+            jobs,
+            utilization,
+            seeds,
+            output,
+        } => crate::bench_broker::placement(hosts, jobs, utilization, seeds, output),
     }
 }
 

@@ -119,6 +119,22 @@ pub enum Command {
     Relay(crate::relay::RelayArgs),
     /// Development certificates: a CA and node/user certificates (rcgen).
     Certs(crate::certs::CertsArgs),
+    /// The resource broker (ranks resources for jobs from the live load streams, coallocates
+    /// with advance reservations), or `select` / `coallocate` / `view` against a running one.
+    Broker(crate::broker::BrokerArgs),
+    /// A simulated resource manager: per-resource reservation calendars behind the
+    /// Reservations interface (create / modify / release with granted / never / retry-from).
+    Simres(crate::broker::SimresArgs),
+}
+
+/// Coallocation replay scenarios (the paper's Tables I and II).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CoallocScenario {
+    /// Every job can use every machine.
+    Homogeneous,
+    /// The last job can use only one machine.
+    Heterogeneous,
+    Both,
 }
 
 #[derive(Args, Debug)]
@@ -445,6 +461,49 @@ pub enum BenchScenario {
         /// Events in the hub (1,000 sources, 3 fields).
         #[arg(long, default_value_t = 1_000_000)]
         events: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The broker: Select decisions/s and latency through gRPC with N live resources.
+    Broker {
+        #[arg(long, default_value_t = 1000)]
+        resources: u32,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Concurrent clients (one connection each).
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The paper's randomized coallocation experiment against a gma simres over gRPC (one is
+    /// started in this process unless --simres is given): success rates and iteration counts.
+    Coalloc {
+        #[arg(long, default_value_t = 1000)]
+        trials: u32,
+        #[arg(long, value_enum, default_value = "both")]
+        scenario: CoallocScenario,
+        /// Use this running gma simres (it must offer machines m0..m3 with 1 CPU each).
+        #[arg(long)]
+        simres: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Placement quality: mean job completion time under ttd vs random and round-robin in a
+    /// discrete-event simulation of heterogeneous hosts.
+    Placement {
+        #[arg(long, default_value_t = 50)]
+        hosts: usize,
+        #[arg(long, default_value_t = 5000)]
+        jobs: usize,
+        /// Offered load (fraction of all CPUs at reference speed).
+        #[arg(long, default_value_t = 0.7)]
+        utilization: f64,
+        #[arg(long, default_value_t = 5)]
+        seeds: u64,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -4,9 +4,11 @@ mod appsim;
 mod archive;
 mod bench;
 mod bench_archive;
+mod bench_broker;
 mod bench_dir;
 mod bench_fanout;
 mod bench_resched;
+mod broker;
 mod certs;
 mod cli;
 mod cluster;
@@ -78,5 +80,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Archive(a) => archive::run(a).await,
         Relay(a) => relay::run(a).await,
         Certs(a) => certs::run(a).await,
+        Broker(a) => broker::run(a).await,
+        Simres(a) => broker::simres(a).await,
     }
 }

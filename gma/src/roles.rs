@@ -239,12 +239,46 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
         stop(),
     ));
 
+    let broker_listener = bind("127.0.0.1:0").await?;
+    let broker_addr = broker_listener.local_addr()?;
+    let broker_task = tokio::spawn(gma_broker::service::run(
+        gma_broker::service::BrokerConfig {
+            directory: Some(dir_addr.to_string()),
+            ..Default::default()
+        },
+        broker_listener,
+        stop(),
+    ));
+
+    // A simulated resource manager for the named hosts and the first generated ones.
+    let mut simres_cfg: gma_broker::simres::SimresConfig =
+        gma_core::config::parse_toml(include_str!("../../config/demo-simres.toml"), "demo-simres.toml")?;
+    for i in 0..a.sim_hosts.min(4) {
+        simres_cfg.resources.push(gma_broker::simres::ResourceSpec {
+            name: format!("sim-{i:04}"),
+            cpus: 8,
+            memory_mb: 16384.0,
+            arch: "x86_64".into(),
+            background: Vec::new(),
+        });
+    }
+    simres_cfg.directory = Some(dir_addr.to_string());
+    let simres_listener = bind("127.0.0.1:0").await?;
+    let simres_addr = simres_listener.local_addr()?;
+    let simres_task = tokio::spawn(gma_broker::simres::run(simres_cfg, simres_listener, stop()));
+    let job_file = tmp.path().join("broker-job.toml");
+    std::fs::write(&job_file, include_str!("../../config/broker-job.toml"))?;
+    let jobs_file = tmp.path().join("coalloc-jobs.toml");
+    std::fs::write(&jobs_file, include_str!("../../config/coalloc-jobs.toml"))?;
+
     println!("GMA demo is running (data in {}).", tmp.path().display());
     println!();
     println!("  directory            {dir_addr}");
     println!("  producer (this host) {host_addr}   source {host_name}");
     println!("  producer (simulated) {sim_addr}   hosts hostA, hostB, sim-0000..");
     println!("  rescheduler          {resched_addr}   decisions as resched.decision events");
+    println!("  broker               {broker_addr}   decisions as broker.decision events");
+    println!("  resource manager     {simres_addr}   (gma simres) reservations as reservation.state events");
     println!();
     println!("Try, in another terminal:");
     println!("  gma search 'host.*' --directory {dir_addr}");
@@ -257,6 +291,15 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
         "    then: gma sim set hostA load=40 --producer {sim_addr}   (watch it migrate to a faster host)"
     );
     println!("  gma subscribe resched.decision --directory {dir_addr} --output json");
+    println!(
+        "  gma broker select --job {} --broker {broker_addr}",
+        job_file.display()
+    );
+    println!(
+        "  gma broker coallocate --jobs {} --broker {broker_addr}",
+        jobs_file.display()
+    );
+    println!("  gma simres list --manager {simres_addr}");
     println!("(with cargo: cargo run --release -p gma -- <command>)");
     println!();
     println!("Press Ctrl-C to stop.");
@@ -281,6 +324,16 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     match resched_task.await {
         Ok(Err(e)) => eprintln!("rescheduler stopped with an error: {e}"),
         Err(e) => eprintln!("rescheduler task failed: {e}"),
+        Ok(Ok(())) => {}
+    }
+    match broker_task.await {
+        Ok(Err(e)) => eprintln!("broker stopped with an error: {e}"),
+        Err(e) => eprintln!("broker task failed: {e}"),
+        Ok(Ok(())) => {}
+    }
+    match simres_task.await {
+        Ok(Err(e)) => eprintln!("resource manager stopped with an error: {e}"),
+        Err(e) => eprintln!("resource manager task failed: {e}"),
         Ok(Ok(())) => {}
     }
     match dir_task.await {

@@ -324,6 +324,35 @@ fn demo_runs_and_prints_next_commands() {
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(json_lines(&r.stdout)[0]["source"], "hostA");
+    // The broker commands it prints work as printed: a ranking, then a coallocation.
+    let printed = |prefix: &str| -> Vec<String> {
+        let line = lines
+            .iter()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("{prefix:?} printed: {lines:#?}"));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    let select = printed("gma broker select");
+    let mut args: Vec<&str> = vec!["broker", "select"];
+    args.extend(select.iter().map(String::as_str));
+    args.extend(["--output", "json"]);
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let r = gma(&args, Duration::from_secs(20));
+            r.code == 0
+                && serde_json::from_str::<serde_json::Value>(&r.stdout)
+                    .ok()
+                    .and_then(|v| v.as_array().map(|a| a.iter().any(|x| x["resource"] == "hostB")))
+                    .unwrap_or(false)
+        }),
+        "the demo's broker never ranked hostB"
+    );
+    let co = printed("gma broker coallocate");
+    let mut args: Vec<&str> = vec!["broker", "coallocate"];
+    args.extend(co.iter().map(String::as_str));
+    let r = gma(&args, Duration::from_secs(60));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("coallocated 3 jobs"), "{}", r.stdout);
 }
 
 #[test]

@@ -1,0 +1,409 @@
+//! Broker benchmarks (figures, never thresholds):
+//!
+//! - `broker`: decisions/s and decision latency through the gRPC `Broker.Select` API with
+//!   `--resources` live simulated hosts (a directory, a producer of simulated hosts and the
+//!   broker, all real servers on loopback in this process; clients in this process too).
+//! - `coalloc`: the paper's randomized coallocation experiment (§5.2.2) against a `gma simres`
+//!   resource manager over gRPC: success rates, iterations and reservation operations next to
+//!   Tables I/II.
+//! - `placement`: mean job completion time of `ttd` against random and round-robin placement
+//!   in a discrete-event simulation of heterogeneous hosts.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use gma_broker::placement::{simulate, Placement, SimConfig};
+use gma_broker::remote::RemoteReserver;
+use gma_broker::replay::{machine_names, run_replay, ReplayConfig, Scenario, Summary};
+use gma_broker::service::BrokerConfig;
+use gma_broker::simres::{ResourceSpec, SimresConfig};
+use gma_core::time::now_ns;
+use gma_producer::ProducerConfig;
+use gma_proto::v1 as pb;
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+use crate::bench::{cores, proc_usage};
+use crate::cli::Output;
+use crate::roles::bind;
+
+type Stop = tokio::sync::watch::Receiver<bool>;
+
+fn stopper(rx: &Stop) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+/// The paper's figures for the coallocation experiment (Tables I and II).
+const PAPER_HOMOGENEOUS: (f64, f64, f64) = (86.0, 3.02, 7.0);
+const PAPER_HETEROGENEOUS: (f64, f64, f64) = (66.3, 1.97, 4.0);
+
+pub async fn broker(resources: u32, duration: u64, clients: usize, output: Output) -> anyhow::Result<()> {
+    if resources == 0 || clients == 0 {
+        bail!("--resources and --clients must be at least 1");
+    }
+    let tmp = tempfile::Builder::new().prefix("gma-bench-broker-").tempdir()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let dir_l = bind("127.0.0.1:0").await?;
+    let dir_addr = dir_l.local_addr()?.to_string();
+    let dir_task = tokio::spawn(gma_directory::run(
+        gma_directory::DirectoryConfig::new(tmp.path().join("dir")),
+        dir_l,
+        stopper(&stop_rx),
+    ));
+    let sim = tmp.path().join("sim.toml");
+    std::fs::write(
+        &sim,
+        format!(
+            "[[generate]]\ncount = {resources}\nprefix = \"h\"\nseed = 3\ncpus = 16\nmemory_mb = 65536\n\
+             benchmarks = {{ specint = 1500, specfp = 1400 }}\n"
+        ),
+    )?;
+    let prod_l = bind("127.0.0.1:0").await?;
+    let producer = gma_producer::Producer::new(ProducerConfig {
+        directory: Some(dir_addr.clone()),
+        host_sensors: false,
+        source: Some("bench-sim".into()),
+        simulate: Some(sim),
+        buffer_events: 200_000,
+        ..ProducerConfig::default()
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let prod_task = tokio::spawn(producer.run(prod_l, stopper(&stop_rx)));
+    let broker_l = bind("127.0.0.1:0").await?;
+    let broker_addr = broker_l.local_addr()?.to_string();
+    let broker_task = tokio::spawn(gma_broker::service::run(
+        BrokerConfig {
+            directory: Some(dir_addr.clone()),
+            // The default per-identity rate limit (5,000 requests/s) would be the figure.
+            limits: gma_core::guard::Limits {
+                requests_per_s: 1e9,
+                burst: 1e9,
+                ..Default::default()
+            },
+            ..BrokerConfig::default()
+        },
+        broker_l,
+        stopper(&stop_rx),
+    ));
+    // Wait until the broker's view holds every host.
+    let mut c = crate::broker::client(&broker_addr).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = c
+            .view(pb::BrokerViewRequest {})
+            .await
+            .map(|r| r.into_inner().resources.iter().filter(|r| !r.stale).count())
+            .unwrap_or(0);
+        if n >= resources as usize {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the broker saw {n} of {resources} hosts after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let job = gma_broker::job::Job {
+        name: "bench".into(),
+        cpus: 4,
+        memory_mb: 4096.0,
+        reference_time_s: 3600.0,
+        reference: [("specint".to_string(), 1000.0)].into_iter().collect(),
+        stage_in_s: Some(30.0),
+        ..Default::default()
+    }
+    .to_proto();
+    let me = std::process::id().to_string();
+    let (cpu0, _) = proc_usage(&me)?;
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(duration.max(1));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let addr = broker_addr.clone();
+        let job = job.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = crate::broker::client(&addr).await?;
+            let mut lat = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let mut server = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let mut n = 0u64;
+            while Instant::now() < end {
+                let s = Instant::now();
+                let r = c
+                    .select(pb::SelectRequest {
+                        job: Some(job.clone()),
+                        policy: pb::BrokerPolicy::Ttd as i32,
+                        limit: 10,
+                        include_rejected: false,
+                    })
+                    .await
+                    .map_err(|e| anyhow!("select: {e}"))?
+                    .into_inner();
+                lat.record(s.elapsed().as_micros().max(1) as u64)?;
+                server.record(r.decide_us.max(1.0) as u64)?;
+                if r.ranked.is_empty() {
+                    bail!("an empty ranking: the benchmark job fits every host");
+                }
+                n += 1;
+            }
+            anyhow::Ok((n, lat, server))
+        }));
+    }
+    let mut total = 0u64;
+    let mut lat = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut server = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for t in tasks {
+        let (n, l, s) = t.await??;
+        total += n;
+        lat.add(&l)?;
+        server.add(&s)?;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let (cpu1, rss) = proc_usage(&me)?;
+    let cpu = cpu1 - cpu0;
+    let _ = stop_tx.send(true);
+    for t in [prod_task] {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), broker_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), dir_task).await;
+    let rate = total as f64 / wall;
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    match output {
+        Output::Json => println!(
+            "{}",
+            json!({
+                "scenario": "broker", "resources": resources, "clients": clients, "duration_s": wall,
+                "decisions": total, "decisions_per_s": rate,
+                "cpu_cores_used": cpu / wall, "decisions_per_cpu_s": total as f64 / cpu.max(1e-9),
+                "latency_ms": { "p50": ms(&lat, 0.5), "p99": ms(&lat, 0.99), "p999": ms(&lat, 0.999), "max": lat.max() as f64 / 1000.0 },
+                "rank_us": { "p50": server.value_at_quantile(0.5), "p99": server.value_at_quantile(0.99) },
+                "rss_mib": rss, "cores": cores(),
+                "paper": { "jobs_per_minute": 250, "response_s": 1.0 },
+            })
+        ),
+        Output::Table => {
+            println!(
+                "broker Select over gRPC, {resources} live resources, {clients} clients, {wall:.1} s ({} cores):",
+                cores()
+            );
+            println!(
+                "  {total} decisions: {rate:.0} decisions/s ({:.0} per CPU-second of this process; {:.2} cores used by clients, broker, directory and simulated hosts)",
+                total as f64 / cpu.max(1e-9),
+                cpu / wall
+            );
+            println!(
+                "  latency (client) p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  max {:.3} ms",
+                ms(&lat, 0.5),
+                ms(&lat, 0.99),
+                ms(&lat, 0.999),
+                lat.max() as f64 / 1000.0
+            );
+            println!(
+                "  ranking inside the broker p50 {} us  p99 {} us;  RSS {rss:.1} MiB",
+                server.value_at_quantile(0.5),
+                server.value_at_quantile(0.99)
+            );
+            println!(
+                "  paper (Elmroth & Tordsson): \"just over 250 jobs per minute\" (~4.2/s), response \"under one second\" at best"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn summary_json(s: &Summary) -> serde_json::Value {
+    let g = |g: &gma_broker::replay::GroupSummary| {
+        let m = |m: &gma_broker::replay::Metric| json!({"avg": m.avg, "min": m.min, "max": m.max});
+        json!({
+            "count": g.count, "elapsed_ms": m(&g.elapsed_ms), "iterations": m(&g.iterations),
+            "creates": m(&g.creates), "failed_creates": m(&g.failed_creates), "modifies": m(&g.modifies),
+            "failed_modifies": m(&g.failed_modifies), "augmentations": m(&g.augmentations),
+            "failed_augmentations": m(&g.failed_augmentations),
+        })
+    };
+    json!({
+        "trials": s.trials, "successes": s.successes, "success_rate": s.success_rate,
+        "feasible": s.feasible, "feasible_rate": s.feasible_rate, "leaked": s.leaked, "errors": s.errors,
+        "success": g(&s.success), "failure": g(&s.failure),
+    })
+}
+
+pub async fn coalloc(
+    trials: u32,
+    scenarios: Vec<Scenario>,
+    simres: Option<String>,
+    seed: u64,
+    output: Output,
+) -> anyhow::Result<()> {
+    let base = ReplayConfig::default();
+    let names = machine_names(&base);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (addr, server) = match simres {
+        Some(a) => (a, None),
+        None => {
+            // A simres with the paper's machines (one job each at a time), over real gRPC.
+            let cfg = SimresConfig {
+                resources: names
+                    .iter()
+                    .map(|n| ResourceSpec {
+                        name: n.clone(),
+                        cpus: 1,
+                        memory_mb: 2048.0,
+                        arch: "x86_64".into(),
+                        background: Vec::new(),
+                    })
+                    .collect(),
+                ..SimresConfig::default()
+            };
+            let l = bind("127.0.0.1:0").await?;
+            let a = l.local_addr()?.to_string();
+            let task = tokio::spawn(gma_broker::simres::run(cfg, l, stopper(&stop_rx)));
+            (a, Some(task))
+        }
+    };
+    let reserver = RemoteReserver::connect(std::slice::from_ref(&addr))
+        .await
+        .with_context(|| format!("resource manager {addr}"))?;
+    for n in &names {
+        if reserver.manager_of(n).is_none() {
+            bail!("the resource manager at {addr} does not offer machine {n:?} (the replay needs {names:?}, 1 CPU each)");
+        }
+    }
+    // Trials run a day ahead (the manager refuses windows in the past).
+    let base0 = now_ns() / 1_000_000_000 + 86_400;
+    let mut results = Vec::new();
+    for scenario in scenarios {
+        let cfg = ReplayConfig {
+            trials,
+            seed,
+            scenario,
+            ..ReplayConfig::default()
+        };
+        let t0 = Instant::now();
+        let (_, summary) = run_replay(&cfg, &reserver, base0).await;
+        results.push((scenario, summary, t0.elapsed()));
+    }
+    let _ = stop_tx.send(true);
+    if let Some(t) = server {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    match output {
+        Output::Json => {
+            let v: Vec<serde_json::Value> = results
+                .iter()
+                .map(|(sc, s, wall)| {
+                    let paper = if *sc == Scenario::Homogeneous {
+                        PAPER_HOMOGENEOUS
+                    } else {
+                        PAPER_HETEROGENEOUS
+                    };
+                    let mut j = summary_json(s);
+                    j["scenario"] = json!(format!("{sc:?}").to_lowercase());
+                    j["wall_s"] = json!(wall.as_secs_f64());
+                    j["paper"] =
+                        json!({"success_pct": paper.0, "iterations_avg": paper.1, "iterations_max": paper.2});
+                    j
+                })
+                .collect();
+            println!("{}", json!({"scenario": "coalloc", "simres": addr, "results": v}));
+        }
+        Output::Table => {
+            println!(
+                "coallocation replay against gma simres at {addr} (4 jobs x 4 machines, 4 h window, epsilon 5 min, 1 h jobs, one 20-min background reservation per machine):"
+            );
+            for (sc, s, wall) in &results {
+                let paper = if *sc == Scenario::Homogeneous {
+                    PAPER_HOMOGENEOUS
+                } else {
+                    PAPER_HETEROGENEOUS
+                };
+                println!();
+                println!(
+                    "{sc:?}: success {:.1}% (paper {:.1}%), feasible {:.1}%, iterations of successes avg {:.2} max {} (paper avg {:.2} max {}), {} leaked, {} errors, {:.1} s",
+                    100.0 * s.success_rate,
+                    paper.0,
+                    100.0 * s.feasible_rate,
+                    s.success.iterations.avg,
+                    s.success.iterations.max,
+                    paper.1,
+                    paper.2,
+                    s.leaked,
+                    s.errors,
+                    wall.as_secs_f64()
+                );
+                print!("{s}");
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn placement(
+    hosts: usize,
+    jobs: usize,
+    utilization: f64,
+    seeds: u64,
+    output: Output,
+) -> anyhow::Result<()> {
+    if hosts == 0 || jobs == 0 || seeds == 0 || !(utilization > 0.0 && utilization < 1.5) {
+        bail!("--hosts, --jobs and --seeds must be at least 1 and --utilization within (0, 1.5)");
+    }
+    let mut rows = Vec::new();
+    for p in [Placement::Ttd, Placement::Random, Placement::RoundRobin] {
+        let mut mean = 0.0;
+        let mut p95 = 0.0;
+        let mut wait = 0.0;
+        for seed in 1..=seeds {
+            let r = simulate(
+                &SimConfig {
+                    hosts,
+                    jobs,
+                    utilization,
+                    seed,
+                    ..SimConfig::default()
+                },
+                p,
+            );
+            mean += r.mean_completion_s / seeds as f64;
+            p95 += r.p95_completion_s / seeds as f64;
+            wait += r.mean_wait_s / seeds as f64;
+        }
+        rows.push((p, mean, p95, wait));
+    }
+    let ttd = rows[0].1;
+    match output {
+        Output::Json => println!(
+            "{}",
+            json!({
+                "scenario": "placement", "hosts": hosts, "jobs": jobs, "utilization": utilization, "seeds": seeds,
+                "results": rows.iter().map(|(p, m, p95, w)| json!({
+                    "placement": p.as_str(), "mean_completion_s": m, "p95_completion_s": p95, "mean_wait_s": w,
+                    "vs_ttd": m / ttd,
+                })).collect::<Vec<_>>(),
+            })
+        ),
+        Output::Table => {
+            println!(
+                "placement quality: {hosts} heterogeneous hosts (4/8/16 CPUs, benchmark 500..3000), {jobs} jobs, offered load {:.0}%, mean of {seeds} seeds",
+                utilization * 100.0
+            );
+            println!(
+                "{:<12} {:>18} {:>16} {:>14} {:>8}",
+                "placement", "mean completion s", "p95 completion s", "mean wait s", "vs ttd"
+            );
+            for (p, m, p95, w) in &rows {
+                println!(
+                    "{:<12} {:>18.1} {:>16.1} {:>14.1} {:>7.2}x",
+                    p.as_str(),
+                    m,
+                    p95,
+                    w,
+                    m / ttd
+                );
+            }
+        }
+    }
+    Ok(())
+}

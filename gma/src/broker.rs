@@ -1,0 +1,538 @@
+//! `gma broker` (run the broker; `select`, `coallocate`, `view` against a running one) and
+//! `gma simres` (a simulated resource manager).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use gma_broker::job::{CoallocFile, Job};
+use gma_broker::rank::Policy;
+use gma_broker::service::{policy_to_proto, BrokerConfig};
+use gma_broker::simres::SimresConfig;
+use gma_core::time::{format_rfc3339, now_ns};
+use gma_proto::v1::{self as pb, broker_client::BrokerClient, reservations_client::ReservationsClient};
+use serde_json::json;
+
+use crate::cli::Output;
+use crate::roles::{apply_security, bind, shutdown_signal};
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BrokerArgs {
+    #[command(subcommand)]
+    pub command: Option<BrokerCommand>,
+    /// Listen address of the broker (its Broker service and its decision events).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Directory address(es).
+    #[arg(long)]
+    pub directory: Option<String>,
+    /// TOML config (rank, resources annotations, reservations, follow, ...; docs/broker.md).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// Earliest completion (total time to delivery).
+    Ttd,
+    /// Earliest start (total time to start).
+    Tts,
+    /// Highest partial utility for the job's user class.
+    Utility,
+    /// Cheapest meeting the deadline, with the job's trade-off factor.
+    Cost,
+}
+
+impl PolicyArg {
+    fn policy(self) -> Policy {
+        match self {
+            PolicyArg::Ttd => Policy::Ttd,
+            PolicyArg::Tts => Policy::Tts,
+            PolicyArg::Utility => Policy::Utility,
+            PolicyArg::Cost => Policy::Cost,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BrokerCommand {
+    /// Rank the resources for a job: best first, with the predicted times that ordered them.
+    Select {
+        /// Job file (TOML; docs/broker.md).
+        #[arg(long)]
+        job: PathBuf,
+        #[arg(long)]
+        broker: String,
+        #[arg(long, value_enum, default_value = "ttd")]
+        policy: PolicyArg,
+        /// Most resources listed (0 = all).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+        /// Also list (on stderr) the resources filtered out, with the reason.
+        #[arg(long)]
+        rejected: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Reserve resources for jobs that must start together (exit status 2 when no common start
+    /// exists in the window).
+    Coallocate {
+        /// Coallocation file (TOML: window and [[job]] tables; docs/broker.md).
+        #[arg(long)]
+        jobs: PathBuf,
+        #[arg(long)]
+        broker: String,
+        /// Orders each job's candidate resources.
+        #[arg(long, value_enum, default_value = "ttd")]
+        policy: PolicyArg,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The broker's live resource table.
+    View {
+        #[arg(long)]
+        broker: String,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SimresArgs {
+    #[command(subcommand)]
+    pub command: Option<SimresCommand>,
+    /// TOML config: resources, background reservations, horizon (docs/broker.md).
+    #[arg(long, required = false)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Register in this directory (as a producer of reservation.state).
+    #[arg(long)]
+    pub directory: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SimresCommand {
+    /// The reservations a resource manager holds.
+    List {
+        /// The manager's address (gma simres).
+        #[arg(long)]
+        manager: String,
+        /// Only this resource.
+        #[arg(long, default_value = "")]
+        resource: String,
+        /// Only this owner's.
+        #[arg(long, default_value = "")]
+        owner: String,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Release a reservation (as its owner).
+    Release {
+        #[arg(long)]
+        manager: String,
+        id: String,
+        #[arg(long, default_value = "")]
+        owner: String,
+    },
+}
+
+pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
+    match a.command {
+        Some(BrokerCommand::Select {
+            job,
+            broker,
+            policy,
+            limit,
+            rejected,
+            output,
+        }) => select(&job, &broker, policy, limit, rejected, output).await,
+        Some(BrokerCommand::Coallocate {
+            jobs,
+            broker,
+            policy,
+            output,
+        }) => coallocate(&jobs, &broker, policy, output).await,
+        Some(BrokerCommand::View { broker, output }) => view(&broker, output).await,
+        None => serve(a.listen, a.directory, a.config).await,
+    }
+}
+
+async fn serve(
+    listen: Option<String>,
+    directory: Option<String>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let mut cfg: BrokerConfig = match &config {
+        Some(p) => gma_core::config::load_toml(p)?,
+        None => BrokerConfig::default(),
+    };
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    if directory.is_some() {
+        cfg.directory = directory;
+    }
+    if cfg.directory.is_none() {
+        bail!("give the directory with --directory ADDR (or directory in --config)");
+    }
+    apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    let listener = bind(&cfg.listen).await?;
+    eprintln!("gma broker listening on {}", listener.local_addr()?);
+    gma_broker::service::run(cfg, listener, shutdown_signal())
+        .await
+        .map_err(|e| anyhow!("{e}"))
+}
+
+async fn manager(addr: &str) -> anyhow::Result<ReservationsClient<tonic::transport::Channel>> {
+    let ch = gma_consumer::connect(addr).await?;
+    Ok(ReservationsClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
+}
+
+pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
+    match a.command {
+        Some(SimresCommand::List {
+            manager: addr,
+            resource,
+            owner,
+            output,
+        }) => {
+            let mut c = manager(&addr).await?;
+            let req = pb::ListReservationsRequest {
+                resource,
+                owner,
+                ..Default::default()
+            };
+            let r = call(&addr, c.list(req), Duration::from_secs(30)).await?;
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::Value::Array(
+                        r.reservations
+                            .iter()
+                            .map(|x| json!({
+                                "id": x.id, "resource": x.resource, "cpus": x.cpus, "start_s": x.start_s,
+                                "end_s": x.end_s, "owner": x.owner,
+                            }))
+                            .collect()
+                    )
+                ),
+                Output::Table => {
+                    for x in &r.reservations {
+                        println!(
+                            "{:<20} {:<16} cpus {:<4} {} .. {}  {}",
+                            x.id,
+                            x.resource,
+                            x.cpus,
+                            format_rfc3339(x.start_s * 1_000_000_000),
+                            format_rfc3339(x.end_s * 1_000_000_000),
+                            x.owner
+                        );
+                    }
+                    println!("{} reservations", r.reservations.len());
+                }
+            }
+            return Ok(());
+        }
+        Some(SimresCommand::Release {
+            manager: addr,
+            id,
+            owner,
+        }) => {
+            let mut c = manager(&addr).await?;
+            call(
+                &addr,
+                c.release(pb::ReleaseReservationRequest {
+                    id: id.clone(),
+                    owner,
+                }),
+                Duration::from_secs(30),
+            )
+            .await?;
+            println!("released {id}");
+            return Ok(());
+        }
+        None => {}
+    }
+    let Some(path) = a.config else {
+        bail!("give the resources with --config FILE (docs/broker.md)");
+    };
+    let mut cfg: SimresConfig = gma_core::config::load_toml(&path)?;
+    if let Some(l) = a.listen {
+        cfg.listen = Some(l);
+    }
+    if a.directory.is_some() {
+        cfg.directory = a.directory;
+    }
+    cfg.validate()
+        .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
+    apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    let listener = bind(cfg.listen.as_deref().unwrap_or("127.0.0.1:7400")).await?;
+    eprintln!("gma simres listening on {}", listener.local_addr()?);
+    gma_broker::simres::run(cfg, listener, shutdown_signal())
+        .await
+        .map_err(|e| anyhow!("simres failed: {e}"))
+}
+
+pub async fn client(addr: &str) -> anyhow::Result<BrokerClient<tonic::transport::Channel>> {
+    let ch = gma_consumer::connect(addr).await?;
+    Ok(BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
+}
+
+/// Bounds one RPC and names the broker in the error.
+async fn call<T>(
+    addr: &str,
+    f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    timeout: Duration,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(timeout, f).await {
+        Err(_) => bail!("broker {addr} did not answer within {timeout:?}"),
+        Ok(Err(s)) => bail!("broker {addr}: {} ({:?})", s.message(), s.code()),
+        Ok(Ok(r)) => Ok(r.into_inner()),
+    }
+}
+
+/// A number for JSON: `null` when not finite.
+fn num(v: f64) -> serde_json::Value {
+    if v.is_finite() {
+        json!(v)
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+fn ranked_json(r: &pb::RankedResource) -> serde_json::Value {
+    json!({
+        "resource": r.resource,
+        "rank": r.rank,
+        "predicted_start_s": num(r.predicted_start_s),
+        "predicted_completion_s": num(r.predicted_completion_s),
+        "exec_s": num(r.exec_s),
+        "wait_s": num(r.wait_s),
+        "stage_in_s": num(r.stage_in_s),
+        "stage_out_s": num(r.stage_out_s),
+        "utility": num(r.utility),
+        "cost": num(r.cost),
+        "score": num(r.score),
+        "stale": r.stale,
+        "age_ms": r.age_ms,
+        "site": r.site,
+    })
+}
+
+async fn select(
+    job: &std::path::Path,
+    broker: &str,
+    policy: PolicyArg,
+    limit: u32,
+    rejected: bool,
+    output: Output,
+) -> anyhow::Result<()> {
+    let job = Job::load(job).map_err(|e| anyhow!("{e}"))?;
+    let mut c = client(broker).await?;
+    let req = pb::SelectRequest {
+        job: Some(job.to_proto()),
+        policy: policy_to_proto(policy.policy()) as i32,
+        limit,
+        include_rejected: rejected,
+    };
+    let r = call(broker, c.select(req), Duration::from_secs(30)).await?;
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::Value::Array(r.ranked.iter().map(ranked_json).collect())
+        ),
+        Output::Table => {
+            let cost = policy == PolicyArg::Cost;
+            let util = policy == PolicyArg::Utility;
+            println!(
+                "{:>4}  {:<24} {:>10} {:>13} {:>10} {:>10} {:>9} {:>9}{}{} {:>7}",
+                "rank",
+                "resource",
+                "start_s",
+                "completion_s",
+                "exec_s",
+                "wait_s",
+                "stage_in",
+                "stage_out",
+                if util { "   utility" } else { "" },
+                if cost { "       cost" } else { "" },
+                "age_ms"
+            );
+            for x in &r.ranked {
+                println!(
+                    "{:>4}  {:<24} {:>10.1} {:>13.1} {:>10.1} {:>10.1} {:>9.1} {:>9.1}{}{} {:>7}{}",
+                    x.rank,
+                    x.resource,
+                    x.predicted_start_s,
+                    x.predicted_completion_s,
+                    x.exec_s,
+                    x.wait_s,
+                    x.stage_in_s,
+                    x.stage_out_s,
+                    if util {
+                        format!(" {:>9.3}", x.utility)
+                    } else {
+                        String::new()
+                    },
+                    if cost {
+                        format!(" {:>10.4}", x.cost)
+                    } else {
+                        String::new()
+                    },
+                    x.age_ms,
+                    if x.stale { "  (stale: conservative)" } else { "" },
+                );
+            }
+            println!(
+                "policy {}, decision {}, {} ranked of {} resources in view ({} stale), {:.0} us",
+                r.policy,
+                r.decision_id,
+                r.ranked.len(),
+                r.view_resources,
+                r.view_stale,
+                r.decide_us
+            );
+        }
+    }
+    if rejected {
+        for x in &r.rejected {
+            eprintln!("rejected {}: {}", x.resource, x.reason);
+        }
+    }
+    Ok(())
+}
+
+async fn coallocate(
+    path: &std::path::Path,
+    broker: &str,
+    policy: PolicyArg,
+    output: Output,
+) -> anyhow::Result<()> {
+    let file = CoallocFile::load(path).map_err(|e| anyhow!("{e}"))?;
+    let now_s = now_ns() / 1_000_000_000;
+    let req = file.to_request(now_s, policy_to_proto(policy.policy()));
+    let (start, end, eps) = (req.window_start_s, req.window_end_s, req.epsilon_s);
+    let mut c = client(broker).await?;
+    // Each reservation operation is bounded by the broker; a long window takes many.
+    let r = call(broker, c.coallocate(req), Duration::from_secs(600)).await?;
+    let stats = r.stats.unwrap_or_default();
+    match output {
+        Output::Json => println!(
+            "{}",
+            json!({
+                "success": r.success,
+                "reason": r.reason,
+                "window_start_s": start,
+                "window_end_s": end,
+                "epsilon_s": eps,
+                "reservations": r.reservations.iter().map(|j| {
+                    let res = j.reservation.clone().unwrap_or_default();
+                    json!({
+                        "job": j.job, "resource": res.resource, "id": res.id, "cpus": res.cpus,
+                        "start_s": res.start_s, "end_s": res.end_s, "owner": res.owner, "manager": j.manager,
+                    })
+                }).collect::<Vec<_>>(),
+                "stats": {
+                    "iterations": stats.iterations, "creates": stats.creates,
+                    "failed_creates": stats.failed_creates, "modifies": stats.modifies,
+                    "failed_modifies": stats.failed_modifies, "augmentations": stats.augmentations,
+                    "failed_augmentations": stats.failed_augmentations, "releases": stats.releases,
+                },
+                "elapsed_ms": r.elapsed_ms,
+                "decision_id": r.decision_id,
+            })
+        ),
+        Output::Table => {
+            if r.success {
+                println!(
+                    "coallocated {} jobs (window {} .. {}, epsilon {} s):",
+                    r.reservations.len(),
+                    format_rfc3339(start * 1_000_000_000),
+                    format_rfc3339(end * 1_000_000_000),
+                    eps
+                );
+                for j in &r.reservations {
+                    let res = j.reservation.clone().unwrap_or_default();
+                    println!(
+                        "  {:<16} -> {:<16} {} .. {}  cpus {:<4} id {}  at {}",
+                        j.job,
+                        res.resource,
+                        format_rfc3339(res.start_s * 1_000_000_000),
+                        format_rfc3339(res.end_s * 1_000_000_000),
+                        res.cpus,
+                        res.id,
+                        j.manager
+                    );
+                }
+            } else {
+                println!("no coallocation: {}", r.reason);
+            }
+            println!(
+                "{} iterations, {} reservations created ({} refused), {} modified ({} refused), {} augmenting paths ({} failed), {} released, {:.1} ms",
+                stats.iterations,
+                stats.creates,
+                stats.failed_creates,
+                stats.modifies,
+                stats.failed_modifies,
+                stats.augmentations,
+                stats.failed_augmentations,
+                stats.releases,
+                r.elapsed_ms
+            );
+        }
+    }
+    if !r.success {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+async fn view(broker: &str, output: Output) -> anyhow::Result<()> {
+    let mut c = client(broker).await?;
+    let r = call(broker, c.view(pb::BrokerViewRequest {}), Duration::from_secs(30)).await?;
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::Value::Array(
+                r.resources
+                    .iter()
+                    .map(|x| json!({
+                        "resource": x.resource, "producer": x.producer, "total_cpus": num(x.total_cpus),
+                        "free_cpus": num(x.free_cpus), "load1": num(x.load1), "queue_waiting": num(x.queue_waiting),
+                        "memory_mb": num(x.memory_mb), "arch": x.arch, "os": x.os,
+                        "benchmarks": x.benchmarks, "bandwidth_mbps": num(x.bandwidth_mbps),
+                        "cost_per_cpu_hour": num(x.cost_per_cpu_hour), "age_ms": x.age_ms, "stale": x.stale,
+                        "site": x.site,
+                    }))
+                    .collect()
+            )
+        ),
+        Output::Table => {
+            println!(
+                "{:<24} {:>6} {:>6} {:>6} {:>6} {:>9} {:<8} {:>8} {:>7}",
+                "resource", "cpus", "free", "load1", "queue", "memory", "arch", "specint", "age_ms"
+            );
+            for x in &r.resources {
+                println!(
+                    "{:<24} {:>6} {:>6} {:>6.2} {:>6} {:>9} {:<8} {:>8} {:>7}{}",
+                    x.resource,
+                    x.total_cpus,
+                    x.free_cpus,
+                    x.load1,
+                    x.queue_waiting,
+                    x.memory_mb,
+                    x.arch,
+                    x.benchmarks.get("specint").map_or("-".into(), |v| format!("{v:.0}")),
+                    x.age_ms,
+                    if x.stale { "  stale" } else { "" }
+                );
+            }
+            println!("{} resources (stale after {} ms)", r.resources.len(), r.max_age_ms);
+        }
+    }
+    Ok(())
+}
