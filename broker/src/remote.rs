@@ -126,13 +126,12 @@ impl RemoteReserver {
             let ch = gma_consumer::connect(addr)
                 .await
                 .map_err(|e| unavailable(addr, e))?;
-            let mut client =
-                ReservationsClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
-            let list = tokio::time::timeout(CALL_TIMEOUT, client.resources(pb::ResourcesRequest {}))
-                .await
-                .map_err(|_| unavailable(addr, "timed out"))?
-                .map_err(|s| status_error(addr, s))?
-                .into_inner();
+            let client = ReservationsClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+            let list = bounded(addr, || {
+                let mut c = client.clone();
+                async move { c.resources(pb::ResourcesRequest {}).await }
+            })
+            .await?;
             let idx = managers.len();
             for r in list.resources {
                 if by_resource.contains_key(&r.name) {
@@ -190,32 +189,48 @@ impl RemoteReserver {
     }
 }
 
-async fn bounded<T>(
-    resource: &str,
-    f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, ReserveError> {
-    tokio::time::timeout(CALL_TIMEOUT, f)
-        .await
-        .map_err(|_| unavailable(resource, "timed out"))?
-        .map(|r| r.into_inner())
-        .map_err(|s| status_error(resource, s))
+/// One call, bounded by [`CALL_TIMEOUT`]; a manager that rate-limits us (`RESOURCE_EXHAUSTED`)
+/// is asked again after a growing pause, within the same bound.
+async fn bounded<T, F, Fut>(resource: &str, mut call: F) -> Result<T, ReserveError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match tokio::time::timeout_at(deadline, call()).await {
+            Err(_) => return Err(unavailable(resource, "timed out")),
+            Ok(Ok(r)) => return Ok(r.into_inner()),
+            Ok(Err(s))
+                if s.code() == tonic::Code::ResourceExhausted
+                    && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Ok(Err(s)) => return Err(status_error(resource, s)),
+        }
+    }
 }
 
 impl Reserver for RemoteReserver {
     async fn reserve(&self, req: &ReserveRequest) -> Result<Answer, ReserveError> {
-        let (i, mut c) = self.client_for(&req.resource)?;
-        let r = bounded(
-            &req.resource,
-            c.reserve(pb::ReserveRequest {
-                resource: req.resource.clone(),
-                cpus: req.cpus,
-                duration_s: req.duration_s,
-                earliest_start_s: req.earliest_s,
-                latest_start_s: req.latest_s,
-                flexible: req.flexible,
-                owner: req.owner.clone(),
-            }),
-        )
+        let (i, c) = self.client_for(&req.resource)?;
+        let msg = pb::ReserveRequest {
+            resource: req.resource.clone(),
+            cpus: req.cpus,
+            duration_s: req.duration_s,
+            earliest_start_s: req.earliest_s,
+            latest_start_s: req.latest_s,
+            flexible: req.flexible,
+            owner: req.owner.clone(),
+        };
+        let r = bounded(&req.resource, || {
+            let mut c = c.clone();
+            let m = msg.clone();
+            async move { c.reserve(m).await }
+        })
         .await?;
         let a = answer_of(&req.resource, r)?;
         if let Answer::Granted(g) = &a {
@@ -225,18 +240,20 @@ impl Reserver for RemoteReserver {
     }
 
     async fn modify(&self, id: &str, req: &ReserveRequest) -> Result<ModifyAnswer, ReserveError> {
-        let mut c = self.client_of_id(id)?;
-        let r = bounded(
-            &req.resource,
-            c.modify(pb::ModifyReservationRequest {
-                id: id.to_string(),
-                cpus: req.cpus,
-                duration_s: req.duration_s,
-                earliest_start_s: req.earliest_s,
-                latest_start_s: req.latest_s,
-                owner: req.owner.clone(),
-            }),
-        )
+        let c = self.client_of_id(id)?;
+        let msg = pb::ModifyReservationRequest {
+            id: id.to_string(),
+            cpus: req.cpus,
+            duration_s: req.duration_s,
+            earliest_start_s: req.earliest_s,
+            latest_start_s: req.latest_s,
+            owner: req.owner.clone(),
+        };
+        let r = bounded(&req.resource, || {
+            let mut c = c.clone();
+            let m = msg.clone();
+            async move { c.modify(m).await }
+        })
         .await?;
         let released = r.original_released;
         let answer = answer_of(&req.resource, r)?;
@@ -250,14 +267,16 @@ impl Reserver for RemoteReserver {
     }
 
     async fn release(&self, id: &str, owner: &str) -> Result<(), ReserveError> {
-        let mut c = self.client_of_id(id)?;
-        bounded(
-            id,
-            c.release(pb::ReleaseReservationRequest {
-                id: id.to_string(),
-                owner: owner.to_string(),
-            }),
-        )
+        let c = self.client_of_id(id)?;
+        let msg = pb::ReleaseReservationRequest {
+            id: id.to_string(),
+            owner: owner.to_string(),
+        };
+        bounded(id, || {
+            let mut c = c.clone();
+            let m = msg.clone();
+            async move { c.release(m).await }
+        })
         .await?;
         self.by_id.lock().remove(id);
         Ok(())
@@ -269,16 +288,17 @@ impl Reserver for RemoteReserver {
             if !resource.is_empty() && self.by_resource.get(resource) != Some(&i) {
                 continue;
             }
-            let mut c = c.clone();
-            let r = bounded(
-                addr,
-                c.list(pb::ListReservationsRequest {
-                    resource: resource.to_string(),
-                    owner: owner.to_string(),
-                    from_s: 0,
-                    to_s: 0,
-                }),
-            )
+            let msg = pb::ListReservationsRequest {
+                resource: resource.to_string(),
+                owner: owner.to_string(),
+                from_s: 0,
+                to_s: 0,
+            };
+            let r = bounded(addr, || {
+                let mut c = c.clone();
+                let m = msg.clone();
+                async move { c.list(m).await }
+            })
             .await?;
             out.extend(r.reservations.into_iter().map(reservation_of));
         }

@@ -255,6 +255,12 @@ pub async fn coalloc(
                         background: Vec::new(),
                     })
                     .collect(),
+                // The replay is far faster than the default per-identity rate limit.
+                limits: gma_core::guard::Limits {
+                    requests_per_s: 1e9,
+                    burst: 1e9,
+                    ..Default::default()
+                },
                 ..SimresConfig::default()
             };
             let l = bind("127.0.0.1:0").await?;
