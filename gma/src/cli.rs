@@ -119,6 +119,9 @@ pub enum Command {
     Relay(crate::relay::RelayArgs),
     /// Development certificates: a CA and node/user certificates (rcgen).
     Certs(crate::certs::CertsArgs),
+    /// The live web dashboard: producers and consumers, per-host charts, cluster, decisions,
+    /// gma.rpc, archived history (a real-time consumer; docs/dashboard.md).
+    Dashboard(crate::dashboard::DashboardArgs),
 }
 
 #[derive(Args, Debug)]
@@ -141,6 +144,21 @@ pub struct DirectoryArgs {
     /// TOML config file (keys: listen, data_dir, node_id, peers, init, default_ttl_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    /// Period of the gma.rpc events about this member's RPCs, published by a companion
+    /// producer (0 = none; default 10000).
+    #[arg(long)]
+    pub rpc_events_ms: Option<u64>,
+}
+
+/// Prometheus exposition of a role's own metrics.
+#[derive(Args, Debug, Clone, Default)]
+pub struct MetricsArgs {
+    /// Serve Prometheus /metrics (the role's counters and latency histograms) on this address,
+    /// e.g. 127.0.0.1:9100 (overrides `metrics_listen` in --config).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -218,6 +236,15 @@ pub struct ProducerArgs {
     /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    /// Serve the latest sensor values as Prometheus gauges at /metrics on this address
+    /// (gma_host_cpu_user{source="hostA"}, ...; see docs/dashboard.md).
+    #[arg(long)]
+    pub prometheus: Option<String>,
+    /// Period of the gma.rpc events about this producer's RPCs (0 = none; default 10000).
+    #[arg(long)]
+    pub rpc_events_ms: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -345,6 +372,9 @@ pub struct DemoArgs {
     /// Number of simulated hosts.
     #[arg(long, default_value_t = 8)]
     pub sim_hosts: u32,
+    /// Where the demo's dashboard listens (any free port if this one is taken).
+    #[arg(long, default_value = "127.0.0.1:7500")]
+    pub dashboard_listen: String,
 }
 
 #[derive(Args, Debug)]
@@ -474,6 +504,8 @@ pub struct ReschedulerArgs {
     /// TOML config (cost_s, threshold, max_age_ms, opportunistic, action, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 #[derive(Subcommand, Debug)]

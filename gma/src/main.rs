@@ -10,12 +10,14 @@ mod bench_resched;
 mod certs;
 mod cli;
 mod cluster;
+mod dashboard;
 mod emit;
 mod monitor;
 mod relay;
 mod resched;
 mod roles;
 mod sink;
+mod telemetry;
 mod tools;
 
 use clap::Parser;
@@ -78,5 +80,6 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Archive(a) => archive::run(a).await,
         Relay(a) => relay::run(a).await,
         Certs(a) => certs::run(a).await,
+        Dashboard(a) => dashboard::run(a).await,
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! - every numeric field of event `NAME` becomes the gauge `gma_<NAME>_<FIELD>`, with every
 //!   character other than `[a-zA-Z0-9_]` replaced by `_` (`host.cpu` field `user` ->
-//!   `gma_host_cpu_user`), and the label `source` = the event's source
+//!   `gma_host_cpu_user`; events named `gma.*` are not prefixed twice: `gma.agent` field
+//!   `rss_mb` -> `gma_agent_rss_mb`), and the label `source` = the event's source
 //!   (`gma_host_net_rx_bytes_per_s{source="hostA/eth0"}`);
 //! - string fields are not exported (they are labels of a different kind; `host.info` is the
 //!   place to read them);
@@ -23,7 +24,10 @@ use crate::hub::Hub;
 /// `host.cpu` + `user` -> `gma_host_cpu_user`.
 pub fn metric_name(event: &str, field: &str) -> String {
     let mut out = String::with_capacity(5 + event.len() + field.len());
-    out.push_str("gma_");
+    // The fabric's own events (`gma.rpc`, `gma.agent`) already carry the prefix.
+    if !event.starts_with("gma.") {
+        out.push_str("gma_");
+    }
     push_sanitized(&mut out, event);
     out.push('_');
     push_sanitized(&mut out, field);
@@ -180,5 +184,6 @@ mod tests {
         assert!(text.contains("gma_event_timestamp_seconds{name=\"host.cpu\",source=\"hostA\"} 3\n"), "{text}");
         assert!(!text.contains("note"), "{text}");
         assert_eq!(metric_name("app.x-y", "a.b"), "gma_app_x_y_a_b");
+        assert_eq!(metric_name("gma.agent", "rss_mb"), "gma_agent_rss_mb");
     }
 }
