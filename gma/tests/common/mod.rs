@@ -2,6 +2,8 @@
 //! deadlines (never fixed sleeps as synchronization), run CLI commands.
 #![allow(dead_code)]
 
+pub mod cdp;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
