@@ -13,8 +13,14 @@ pub const SINK_STREAMS: &str = "gma_sink_streams";
 pub fn describe() {
     use metrics::describe_counter;
     describe_counter!(EVENTS_RECEIVED, "events received on subscriptions");
-    describe_counter!(REGISTRATIONS, "records registered (or re-registered) in the directory");
-    describe_counter!(REGISTRATION_RETRIES, "directory registration attempts that failed and are retried");
+    describe_counter!(
+        REGISTRATIONS,
+        "records registered (or re-registered) in the directory"
+    );
+    describe_counter!(
+        REGISTRATION_RETRIES,
+        "directory registration attempts that failed and are retried"
+    );
     describe_counter!(SINK_EVENTS, "events received on pushed streams");
     metrics::describe_gauge!(SINK_STREAMS, "pushed streams open");
 }

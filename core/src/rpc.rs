@@ -49,12 +49,19 @@ pub fn rpc_schema() -> pb::EventSchema {
         fields: vec![
             dbl("requests", "calls", "calls answered during the period"),
             dbl("errors", "calls", "calls answered with a status other than OK"),
-            dbl("p50_ms", "ms", "median latency to the response head (NaN without calls)"),
+            dbl(
+                "p50_ms",
+                "ms",
+                "median latency to the response head (NaN without calls)",
+            ),
             dbl("p99_ms", "ms", "99th percentile latency (NaN without calls)"),
             dbl("max_ms", "ms", "largest latency (NaN without calls)"),
             dbl("period_s", "s", "length of the period"),
             dbl("total_requests", "calls", "calls since the role started"),
-            text("role", "the role serving the calls: directory, producer, archiver, ..."),
+            text(
+                "role",
+                "the role serving the calls: directory, producer, archiver, ...",
+            ),
             text("method", "Service.Method"),
         ],
         description: "the fabric's own RPC figures per method and period (middleware sensor)".into(),
@@ -100,7 +107,9 @@ pub struct RpcStats {
 
 impl std::fmt::Debug for RpcStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RpcStats").field("role", &self.role).finish_non_exhaustive()
+        f.debug_struct("RpcStats")
+            .field("role", &self.role)
+            .finish_non_exhaustive()
     }
 }
 
@@ -119,7 +128,10 @@ impl RpcStats {
     pub fn new(role: &str) -> Arc<RpcStats> {
         let [requests_name, errors_name, duration_name] = metric_names(role);
         metrics::describe_counter!(requests_name.clone(), "gRPC calls answered, by method");
-        metrics::describe_counter!(errors_name.clone(), "gRPC calls answered with a status other than OK");
+        metrics::describe_counter!(
+            errors_name.clone(),
+            "gRPC calls answered with a status other than OK"
+        );
         metrics::describe_histogram!(
             duration_name.clone(),
             metrics::Unit::Seconds,
@@ -247,7 +259,8 @@ impl RpcStats {
         let method = method_key(path);
         // An unknown path is answered UNIMPLEMENTED by the router: count it as `other` unless
         // it names a method already known (a real method may answer UNIMPLEMENTED too).
-        if status == Some(tonic::Code::Unimplemented as i32) && !self.inner.lock().methods.contains_key(&method)
+        if status == Some(tonic::Code::Unimplemented as i32)
+            && !self.inner.lock().methods.contains_key(&method)
         {
             self.record(OTHER, false, latency);
             return;
@@ -262,7 +275,8 @@ pub fn method_key(path: &str) -> String {
         return OTHER.into();
     };
     let service = service.rsplit('.').next().unwrap_or(service);
-    let ok = |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    let ok =
+        |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     if ok(service) && ok(method) {
         format!("{service}.{method}")
     } else {
@@ -373,7 +387,10 @@ mod tests {
         assert_eq!(a.numbers[6], 100.0);
         crate::event::validate_schema(&rpc_schema()).unwrap();
         let layout = crate::event::Layout::of(&rpc_schema().fields);
-        assert_eq!((layout.doubles, layout.strings), (a.numbers.len(), a.strings.len()));
+        assert_eq!(
+            (layout.doubles, layout.strings),
+            (a.numbers.len(), a.strings.len())
+        );
         // The next period: nothing happened, every known method reports zero.
         let ev = s.events("node1", 43);
         assert_eq!(ev.len(), 2);

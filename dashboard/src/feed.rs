@@ -69,7 +69,11 @@ async fn watch_once(
         Ok(s) => s.into_inner(),
         Err(s) if s.code() == tonic::Code::OutOfRange => {
             *from = 0;
-            client.watch(req(0)).await.map_err(|s| s.message().to_string())?.into_inner()
+            client
+                .watch(req(0))
+                .await
+                .map_err(|s| s.message().to_string())?
+                .into_inner()
         }
         Err(s) => return Err(s.message().to_string()),
     };
@@ -107,7 +111,11 @@ async fn watch_once(
             }
             pb::WatchEventType::Delete => {
                 if let Some(entry) = &ev.entry {
-                    let reason = if ev.reason.is_empty() { "removed" } else { ev.reason.as_str() };
+                    let reason = if ev.reason.is_empty() {
+                        "removed"
+                    } else {
+                        ev.reason.as_str()
+                    };
                     shared.update(|m| m.delete_record(entry, reason).into_iter().collect());
                 }
             }
@@ -145,7 +153,12 @@ async fn member_status(
 }
 
 /// Polls the cluster's membership and leader every `period` until `stop`.
-pub async fn cluster(shared: Arc<Shared>, directory: String, period: Duration, mut stop: watch::Receiver<bool>) {
+pub async fn cluster(
+    shared: Arc<Shared>,
+    directory: String,
+    period: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut clients: HashMap<String, DirectoryClient<Channel>> = HashMap::new();
     let addrs: Vec<String> = directory
         .split(',')
@@ -235,7 +248,9 @@ pub async fn events(
             Some(Delivery::Refused { producer, error }) => {
                 tracing::warn!(%producer, %error, "a producer refused the dashboard's subscription");
             }
-            Some(Delivery::Discovered { .. } | Delivery::Subscribed { .. } | Delivery::Reconnecting { .. }) => {}
+            Some(
+                Delivery::Discovered { .. } | Delivery::Subscribed { .. } | Delivery::Reconnecting { .. },
+            ) => {}
         }
     }
 }

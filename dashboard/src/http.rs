@@ -67,13 +67,17 @@ async fn track(req: Request, next: Next) -> Response {
     if resp.status().is_client_error() || resp.status().is_server_error() {
         metrics::counter!(crate::telemetry::HTTP_ERRORS, "route" => route.clone()).increment(1);
     }
-    metrics::histogram!(crate::telemetry::HTTP_SECONDS, "route" => route).record(start.elapsed().as_secs_f64());
+    metrics::histogram!(crate::telemetry::HTTP_SECONDS, "route" => route)
+        .record(start.elapsed().as_secs_f64());
     resp
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
-        [(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")],
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
         body,
     )
         .into_response()
@@ -185,7 +189,9 @@ pub struct HistoryQuery {
     pub range_s: Option<i64>,
 }
 
-async fn archive_client(s: &Shared) -> Result<pb::archive_client::ArchiveClient<tonic::transport::Channel>, Response> {
+async fn archive_client(
+    s: &Shared,
+) -> Result<pb::archive_client::ArchiveClient<tonic::transport::Channel>, Response> {
     let Some(addr) = &s.archiver else {
         return Err(error(
             StatusCode::NOT_FOUND,
@@ -201,7 +207,10 @@ async fn archive_client(s: &Shared) -> Result<pb::archive_client::ArchiveClient<
 async fn history(State(s): State<Arc<Shared>>, Query(q): Query<HistoryQuery>) -> Response {
     let range_s = q.range_s.unwrap_or(900);
     if !(10..=366 * 86_400).contains(&range_s) {
-        return error(StatusCode::BAD_REQUEST, "range_s must lie in 10..=31622400 seconds");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "range_s must lie in 10..=31622400 seconds",
+        );
     }
     if let Err(e) = gma_core::pattern::Pattern::event(&q.name) {
         return error(StatusCode::BAD_REQUEST, format!("name: {e}"));
@@ -239,7 +248,10 @@ async fn history(State(s): State<Arc<Shared>>, Query(q): Query<HistoryQuery>) ->
             Ok(Some(m)) => {
                 for p in m.series {
                     let key = (p.name, p.source, p.field);
-                    let i = match series.iter().position(|x| (&x.0, &x.1, &x.2) == (&key.0, &key.1, &key.2)) {
+                    let i = match series
+                        .iter()
+                        .position(|x| (&x.0, &x.1, &x.2) == (&key.0, &key.1, &key.2))
+                    {
                         Some(i) => i,
                         None if series.len() < HISTORY_SERIES => {
                             series.push((key.0, key.1, key.2, Vec::new(), Vec::new()));
@@ -249,7 +261,11 @@ async fn history(State(s): State<Arc<Shared>>, Query(q): Query<HistoryQuery>) ->
                     };
                     let e = &mut series[i];
                     e.3.extend(p.timestamps_ns.iter().map(|t| *t as f64 / 1e6));
-                    e.4.extend(p.values.iter().map(|v| if v.is_finite() { json!(v) } else { Value::Null }));
+                    e.4.extend(
+                        p.values
+                            .iter()
+                            .map(|v| if v.is_finite() { json!(v) } else { Value::Null }),
+                    );
                 }
             }
             Ok(None) => break,

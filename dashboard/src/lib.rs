@@ -103,7 +103,8 @@ impl DashboardConfig {
         if self.directory.as_deref().is_none_or(|d| d.trim().is_empty()) {
             return bad("give the directory with --directory ADDR (or directory in --config)");
         }
-        gma_core::pattern::event_patterns(&self.patterns).map_err(|e| DashboardError::Config(e.to_string()))?;
+        gma_core::pattern::event_patterns(&self.patterns)
+            .map_err(|e| DashboardError::Config(e.to_string()))?;
         if self.cluster_poll_ms == 0 {
             return bad("cluster_poll_ms must be at least 1");
         }

@@ -257,7 +257,12 @@ impl Model {
 
     /// After a re-list: records not seen in it are gone.
     pub fn retain_records(&mut self, seen: &HashSet<(&'static str, String)>) -> Vec<Value> {
-        let gone: Vec<_> = self.records.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+        let gone: Vec<_> = self
+            .records
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
         gone.into_iter()
             .map(|(kind, id)| {
                 self.records.remove(&(kind, id.clone()));
@@ -426,7 +431,13 @@ mod tests {
     use gma_core::event::{dbl, text};
     use std::sync::Arc;
 
-    fn ev(name: &str, source: &str, fields: Vec<pb::FieldSpec>, numbers: Vec<f64>, strings: Vec<&str>) -> OwnedEvent {
+    fn ev(
+        name: &str,
+        source: &str,
+        fields: Vec<pb::FieldSpec>,
+        numbers: Vec<f64>,
+        strings: Vec<&str>,
+    ) -> OwnedEvent {
         let schema = pb::EventSchema {
             name: name.into(),
             version: 1,
@@ -479,17 +490,28 @@ mod tests {
                 vec![],
             )
         };
-        let msgs = m.events("p1", &[cpu.clone(), net("eth0", 100.0), net("lo", 5.0), net("eth1", 10.0)]);
+        let msgs = m.events(
+            "p1",
+            &[cpu.clone(), net("eth0", 100.0), net("lo", 5.0), net("eth1", 10.0)],
+        );
         assert_eq!(msgs.len(), 1);
         let pts = msgs[0]["points"].as_array().unwrap();
         assert_eq!(pts[0], json!(["hostA", "cpu", 2000.0, 25.0]));
         assert_eq!(pts[1], json!(["hostA", "net", 2000.0, 101.0]));
-        assert_eq!(pts[2], json!(["hostA", "net", 2000.0, 112.0]), "interfaces summed, lo skipped");
+        assert_eq!(
+            pts[2],
+            json!(["hostA", "net", 2000.0, 112.0]),
+            "interfaces summed, lo skipped"
+        );
         for _ in 0..5 {
             m.events("p1", std::slice::from_ref(&cpu));
         }
         let snap = m.snapshot(0);
-        assert_eq!(snap["hosts"][0]["series"]["cpu"].as_array().unwrap().len(), 3, "bounded history");
+        assert_eq!(
+            snap["hosts"][0]["series"]["cpu"].as_array().unwrap().len(),
+            3,
+            "bounded history"
+        );
         assert!(m.producer_gone("p2").is_none());
         let gone = m.producer_gone("p1").unwrap();
         assert_eq!(gone["hosts"], json!(["hostA"]));
@@ -536,7 +558,9 @@ mod tests {
         assert_eq!(put["record"]["updated_ms_ago"], 0);
         let put = m.put_record(&producer_entry("p1", 9), 5000, false).unwrap();
         assert_eq!(put["record"]["age_ms"], 0, "a new lease is a new registration");
-        let del = m.delete_record(&producer_entry("p1", 9), "lease expired").unwrap();
+        let del = m
+            .delete_record(&producer_entry("p1", 9), "lease expired")
+            .unwrap();
         assert_eq!(del["op"], "delete");
         assert!(m.delete_record(&producer_entry("p1", 9), "again").is_none());
         m.put_record(&producer_entry("p2", 1), 0, true);

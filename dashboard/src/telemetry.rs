@@ -13,11 +13,24 @@ pub const HTTP_SECONDS: &str = "gma_dashboard_http_duration_seconds";
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_gauge!(CLIENTS, "browsers connected to the live stream (/api/events)");
-    describe_counter!(MESSAGES, "messages broadcast to browsers (each framed once, shared by all)");
+    describe_counter!(
+        MESSAGES,
+        "messages broadcast to browsers (each framed once, shared by all)"
+    );
     describe_counter!(EVENTS, "fabric events received by the dashboard's one subscriber");
-    describe_counter!(LAGGED, "times a browser fell behind and was sent a fresh snapshot instead");
+    describe_counter!(
+        LAGGED,
+        "times a browser fell behind and was sent a fresh snapshot instead"
+    );
     describe_gauge!(HOSTS, "hosts charted");
     describe_counter!(HTTP_REQUESTS, "HTTP requests, by route");
-    describe_counter!(HTTP_ERRORS, "HTTP requests answered with a 4xx or 5xx status, by route");
-    describe_histogram!(HTTP_SECONDS, Unit::Seconds, "HTTP latency to the response head, by route");
+    describe_counter!(
+        HTTP_ERRORS,
+        "HTTP requests answered with a 4xx or 5xx status, by route"
+    );
+    describe_histogram!(
+        HTTP_SECONDS,
+        Unit::Seconds,
+        "HTTP latency to the response head, by route"
+    );
 }

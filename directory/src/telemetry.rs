@@ -10,7 +10,10 @@ pub const LAST_APPLIED: &str = "gma_directory_last_applied";
 /// Registers the descriptions (HELP lines) of this crate's metrics with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge};
-    describe_counter!(LEASES_EXPIRED, "leases expired by this member while it led (their records removed)");
+    describe_counter!(
+        LEASES_EXPIRED,
+        "leases expired by this member while it led (their records removed)"
+    );
     describe_gauge!(WATCHERS, "open Watch streams on this member");
     describe_gauge!(IS_LEADER, "1 while this member is the raft leader");
     describe_gauge!(TERM, "current raft term");

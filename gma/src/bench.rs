@@ -65,6 +65,13 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         } => crate::bench_fanout::stall(duration, rate, output).await,
         BenchScenario::Filter { events, output } => crate::bench_fanout::filter(events, output),
         BenchScenario::Forecast { trace, output } => crate::bench_fanout::forecast(trace, output),
+        BenchScenario::Dashboard {
+            duration,
+            hosts,
+            clients,
+            period_ms,
+            output,
+        } => crate::bench_dashboard::run(duration, hosts, clients, period_ms, output).await,
     }
 }
 

@@ -478,6 +478,25 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The dashboard (real processes): its CPU% and RSS with no browser and with N SSE clients
+    /// over H simulated hosts (3 live series each), and the fan-out latency of chart points
+    /// (event timestamp -> client receipt).
+    Dashboard {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 30)]
+        duration: u64,
+        /// Simulated hosts (3 live series each: host.load, host.cpu, host.mem).
+        #[arg(long, default_value_t = 34)]
+        hosts: usize,
+        /// SSE clients ("browsers") in the second phase.
+        #[arg(long, default_value_t = 10)]
+        clients: usize,
+        /// Sample period of the simulated hosts.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Forecast accuracy: MAE of the served forecast next to every fixed predictor on
     /// synthetic load traces and, optionally, a recorded trace.
     Forecast {

@@ -4,6 +4,7 @@ mod appsim;
 mod archive;
 mod bench;
 mod bench_archive;
+mod bench_dashboard;
 mod bench_dir;
 mod bench_fanout;
 mod bench_resched;

@@ -83,7 +83,12 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
     }
     config.validate().map_err(|e| anyhow!("{e}"))?;
     gma_core::guard::load_policy(config.policy.as_ref()).map_err(|e| anyhow!("{e}"))?;
-    if let Some(m) = a.metrics.metrics_listen.as_ref().or(config.metrics_listen.as_ref()) {
+    if let Some(m) = a
+        .metrics
+        .metrics_listen
+        .as_ref()
+        .or(config.metrics_listen.as_ref())
+    {
         crate::telemetry::serve_metrics("directory", m, config.tls.allow_plaintext).await?;
     }
     let listener = bind(&listen).await?;
@@ -105,10 +110,12 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
             limits: config.limits.clone(),
         };
         let mut rx = companion_rx.clone();
-        Some(crate::telemetry::companion(c, async move {
-            let _ = rx.wait_for(|v| *v).await;
-        })
-        .await?)
+        Some(
+            crate::telemetry::companion(c, async move {
+                let _ = rx.wait_for(|v| *v).await;
+            })
+            .await?,
+        )
     } else {
         None
     };
@@ -262,7 +269,12 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let dir_addr = dir_listener.local_addr()?;
     let dir_cfg = DirectoryConfig::new(tmp.path().join("directory"));
     let dir_rpc = gma_core::rpc::RpcStats::new("directory"); // issue 9: gma.rpc
-    let dir_task = tokio::spawn(gma_directory::run_with_rpc(dir_cfg, dir_listener, stop(), dir_rpc.clone()));
+    let dir_task = tokio::spawn(gma_directory::run_with_rpc(
+        dir_cfg,
+        dir_listener,
+        stop(),
+        dir_rpc.clone(),
+    ));
 
     let host_listener = bind("127.0.0.1:0").await?;
     let host_addr = host_listener.local_addr()?;
@@ -315,7 +327,10 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
         archive_rpc.clone(),
     ));
     // gma.rpc of the directory and the archiver, through companion producers.
-    for (role, rpc, near) in [("directory", dir_rpc, dir_addr), ("archiver", archive_rpc, archive_addr)] {
+    for (role, rpc, near) in [
+        ("directory", dir_rpc, dir_addr),
+        ("archiver", archive_rpc, archive_addr),
+    ] {
         let c = crate::telemetry::Companion {
             role,
             rpc,
@@ -389,9 +404,13 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
             Ok(Ok(())) => {}
         }
     }
-    for (what, t) in [("archiver", archive_task.await.map(|r| r.map_err(|e| e.to_string()))),
-        ("dashboard", dash_task.await.map(|r| r.map_err(|e| e.to_string())))]
-    {
+    for (what, t) in [
+        (
+            "archiver",
+            archive_task.await.map(|r| r.map_err(|e| e.to_string())),
+        ),
+        ("dashboard", dash_task.await.map(|r| r.map_err(|e| e.to_string()))),
+    ] {
         match t {
             Ok(Err(e)) => eprintln!("{what} stopped with an error: {e}"),
             Err(e) => eprintln!("{what} task failed: {e}"),

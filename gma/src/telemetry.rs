@@ -26,8 +26,15 @@ fn describe() {
     use metrics::{describe_counter, describe_histogram, Unit};
     describe_counter!(RELAY_EVENTS, "events republished unchanged by the relay");
     describe_counter!(RELAY_SITE_LOAD, "site.load summaries published");
-    describe_counter!(MONITOR_FIRINGS, "rule firings whose command ran, by outcome (ok, failed)");
-    describe_histogram!(MONITOR_COMMAND_SECONDS, Unit::Seconds, "run time of firing commands");
+    describe_counter!(
+        MONITOR_FIRINGS,
+        "rule firings whose command ran, by outcome (ok, failed)"
+    );
+    describe_histogram!(
+        MONITOR_COMMAND_SECONDS,
+        Unit::Seconds,
+        "run time of firing commands"
+    );
 }
 
 /// Histogram buckets, seconds: 100 µs to 10 s.

@@ -15,7 +15,8 @@ use common::cdp::Chrome;
 use common::*;
 use serde_json::Value;
 
-const PRODUCER_IDS: &str = "JSON.stringify([...document.querySelectorAll('#producers tbody tr')].map(r => r.dataset.id))";
+const PRODUCER_IDS: &str =
+    "JSON.stringify([...document.querySelectorAll('#producers tbody tr')].map(r => r.dataset.id))";
 
 fn producer_ids(c: &mut Chrome) -> Vec<String> {
     c.eval(PRODUCER_IDS)
@@ -62,8 +63,15 @@ fn the_dashboard_lists_producers_moves_charts_and_drops_a_killed_producer_in_a_r
     let beta = sim_file(tmp.path(), "beta", 2, 250);
     let sim_args = |file: &PathBuf, id: &'static str| -> Vec<String> {
         [
-            "--directory", &dir.addr, "--no-host-sensors", "--simulate", file.to_str().unwrap(),
-            "--lease-ttl-ms", "1000", "--id", id,
+            "--directory",
+            &dir.addr,
+            "--no-host-sensors",
+            "--simulate",
+            file.to_str().unwrap(),
+            "--lease-ttl-ms",
+            "1000",
+            "--id",
+            id,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -87,7 +95,11 @@ fn the_dashboard_lists_producers_moves_charts_and_drops_a_killed_producer_in_a_r
         ids = producer_ids(&mut c);
         ids.iter().any(|i| i == "alpha-producer") && ids.iter().any(|i| i == "beta-producer")
     });
-    assert!(listed, "producers on the page: {ids:?}; dashboard: {}", dash.stderr_text());
+    assert!(
+        listed,
+        "producers on the page: {ids:?}; dashboard: {}",
+        dash.stderr_text()
+    );
     // Nothing below reloads the page: this marker must survive to the end.
     c.eval("window.__sameDocument = 42").unwrap();
 
@@ -106,12 +118,18 @@ fn the_dashboard_lists_producers_moves_charts_and_drops_a_killed_producer_in_a_r
         now = chart(&mut c, "alpha00", "load");
         now.as_ref().is_some_and(|(v, t)| *v != v0 && *t != t0)
     });
-    assert!(moved, "the load chart of alpha00 stayed at {v0} (t {t0}); now {now:?}");
+    assert!(
+        moved,
+        "the load chart of alpha00 stayed at {v0} (t {t0}); now {now:?}"
+    );
     assert!(wait_until(Duration::from_secs(30), || host_cards(&mut c, "beta") == 2));
 
     // Latency samples accumulate while the page runs (no timing threshold: reported only).
     assert!(wait_until(Duration::from_secs(30), || {
-        c.eval("window.gmaLatency.length").and_then(|v| v.as_u64()).unwrap_or(0) >= 100
+        c.eval("window.gmaLatency.length")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0)
+            >= 100
     }));
 
     // 3. A killed producer leaves the page when its lease expires, without a reload.
@@ -126,7 +144,11 @@ fn the_dashboard_lists_producers_moves_charts_and_drops_a_killed_producer_in_a_r
         wait_until(Duration::from_secs(30), || host_cards(&mut c, "beta") == 0),
         "the killed producer's hosts are still charted"
     );
-    assert_eq!(c.eval("window.__sameDocument").unwrap(), Value::from(42), "the page was reloaded");
+    assert_eq!(
+        c.eval("window.__sameDocument").unwrap(),
+        Value::from(42),
+        "the page was reloaded"
+    );
 
     // Browser update latency: event timestamp (producer clock) to the DOM and canvas updated.
     let lat: Vec<f64> = c

@@ -46,11 +46,18 @@ fn scrape_until(role: &str, addr: &str, path: &str, want: &[&str]) -> String {
             Ok(n) => n,
             Err(e) => panic!("{role}: the scrape of {addr}{path} does not parse: {e}\n{body}"),
         };
-        missing = want.iter().filter(|w| !names.contains(**w)).map(|w| w.to_string()).collect();
+        missing = want
+            .iter()
+            .filter(|w| !names.contains(**w))
+            .map(|w| w.to_string())
+            .collect();
         last = body;
         missing.is_empty()
     });
-    assert!(ok, "{role}: missing {missing:?} in the scrape of {addr}{path}:\n{last}");
+    assert!(
+        ok,
+        "{role}: missing {missing:?} in the scrape of {addr}{path}:\n{last}"
+    );
     last
 }
 
@@ -65,25 +72,70 @@ fn every_role_serves_parseable_prometheus_metrics() {
     let m = "--metrics-listen";
     let any = "127.0.0.1:0";
     let dir = start(
-        &["directory", "--listen", any, "--data", &d("dir"), m, any, "--rpc-events-ms", "300"],
+        &[
+            "directory",
+            "--listen",
+            any,
+            "--data",
+            &d("dir"),
+            m,
+            any,
+            "--rpc-events-ms",
+            "300",
+        ],
         "directory",
     );
     let sim = sim_file(tmp.path(), "mhost", 2, 200);
     let prod = start(
         &[
-            "producer", "--listen", any, "--directory", &dir.addr, "--no-host-sensors", "--simulate",
-            sim.to_str().unwrap(), m, any, "--prometheus", any, "--rpc-events-ms", "300",
+            "producer",
+            "--listen",
+            any,
+            "--directory",
+            &dir.addr,
+            "--no-host-sensors",
+            "--simulate",
+            sim.to_str().unwrap(),
+            m,
+            any,
+            "--prometheus",
+            any,
+            "--rpc-events-ms",
+            "300",
         ],
         "producer",
     );
     let arch = start(
-        &["archiver", "--listen", any, "--directory", &dir.addr, "--data", &d("arch"), m, any],
+        &[
+            "archiver",
+            "--listen",
+            any,
+            "--directory",
+            &dir.addr,
+            "--data",
+            &d("arch"),
+            m,
+            any,
+        ],
         "archiver",
     );
-    let resched = start(&["rescheduler", "--listen", any, "--directory", &dir.addr, m, any], "rescheduler");
+    let resched = start(
+        &["rescheduler", "--listen", any, "--directory", &dir.addr, m, any],
+        "rescheduler",
+    );
     std::fs::write(tmp.path().join("relay.toml"), "site = \"s1\"\nperiod_ms = 200\n").unwrap();
     let relay = start(
-        &["relay", "--listen", any, "--directory", &dir.addr, "--config", &d("relay.toml"), m, any],
+        &[
+            "relay",
+            "--listen",
+            any,
+            "--directory",
+            &dir.addr,
+            "--config",
+            &d("relay.toml"),
+            m,
+            any,
+        ],
         "relay",
     );
     std::fs::write(
@@ -92,12 +144,35 @@ fn every_role_serves_parseable_prometheus_metrics() {
     )
     .unwrap();
     let monitor = start(
-        &["monitor", "--listen", any, "--directory", &dir.addr, "--config", &d("monitor.toml"), m, any],
+        &[
+            "monitor",
+            "--listen",
+            any,
+            "--directory",
+            &dir.addr,
+            "--config",
+            &d("monitor.toml"),
+            m,
+            any,
+        ],
         "monitor",
     );
-    let sink = start(&["sink", "--directory", &dir.addr, "--accept", "host.load", m, any], "sink");
+    let sink = start(
+        &["sink", "--directory", &dir.addr, "--accept", "host.load", m, any],
+        "sink",
+    );
     let dash = start(
-        &["dashboard", "--listen", any, "--directory", &dir.addr, "--archiver", &arch.addr, m, any],
+        &[
+            "dashboard",
+            "--listen",
+            any,
+            "--directory",
+            &dir.addr,
+            "--archiver",
+            &arch.addr,
+            m,
+            any,
+        ],
         "dashboard",
     );
 
@@ -108,23 +183,104 @@ fn every_role_serves_parseable_prometheus_metrics() {
         assert!(r.code == 0 || r.stderr.contains("no event"), "{}", r.stderr);
     }
     assert!(wait_until(Duration::from_secs(30), || {
-        gma(&["archive", "stats", "--archiver", &arch.addr], Duration::from_secs(20)).code == 0
+        gma(
+            &["archive", "stats", "--archiver", &arch.addr],
+            Duration::from_secs(20),
+        )
+        .code
+            == 0
     }));
-    assert!(wait_until(Duration::from_secs(20), || http_get(&dash.addr, "/api/snapshot")
-        .is_ok_and(|(s, _)| s == 200)));
+    assert!(wait_until(Duration::from_secs(20), || http_get(
+        &dash.addr,
+        "/api/snapshot"
+    )
+    .is_ok_and(|(s, _)| s == 200)));
 
     let rpc = |role: &str| -> [String; 2] {
-        [format!("gma_{role}_rpc_requests_total"), format!("gma_{role}_rpc_duration_seconds")]
+        [
+            format!("gma_{role}_rpc_requests_total"),
+            format!("gma_{role}_rpc_duration_seconds"),
+        ]
     };
     let cases: Vec<(&str, &Proc, Vec<String>)> = vec![
-        ("directory", &dir, [rpc("directory").to_vec(), vec!["gma_directory_is_leader".into(), "gma_directory_watchers".into()]].concat()),
-        ("producer", &prod, [rpc("producer").to_vec(), vec!["gma_producer_events_published_total".into(), "gma_producer_series".into()]].concat()),
-        ("archiver", &arch, [rpc("archiver").to_vec(), vec!["gma_archiver_samples_total".into(), "gma_consumer_events_received_total".into()]].concat()),
-        ("rescheduler", &resched, [rpc("rescheduler").to_vec(), vec!["gma_consumer_events_received_total".into()]].concat()),
-        ("relay", &relay, [rpc("relay").to_vec(), vec!["gma_relay_site_load_published_total".into(), "gma_consumer_events_received_total".into()]].concat()),
-        ("monitor", &monitor, [rpc("monitor").to_vec(), vec!["gma_consumer_registrations_total".into()]].concat()),
-        ("sink", &sink, [rpc("sink").to_vec(), vec!["gma_sink_events_total".into()]].concat()),
-        ("dashboard", &dash, vec!["gma_dashboard_events_total".into(), "gma_dashboard_messages_total".into(), "gma_dashboard_http_requests_total".into(), "gma_dashboard_hosts".into()]),
+        (
+            "directory",
+            &dir,
+            [
+                rpc("directory").to_vec(),
+                vec!["gma_directory_is_leader".into(), "gma_directory_watchers".into()],
+            ]
+            .concat(),
+        ),
+        (
+            "producer",
+            &prod,
+            [
+                rpc("producer").to_vec(),
+                vec![
+                    "gma_producer_events_published_total".into(),
+                    "gma_producer_series".into(),
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "archiver",
+            &arch,
+            [
+                rpc("archiver").to_vec(),
+                vec![
+                    "gma_archiver_samples_total".into(),
+                    "gma_consumer_events_received_total".into(),
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "rescheduler",
+            &resched,
+            [
+                rpc("rescheduler").to_vec(),
+                vec!["gma_consumer_events_received_total".into()],
+            ]
+            .concat(),
+        ),
+        (
+            "relay",
+            &relay,
+            [
+                rpc("relay").to_vec(),
+                vec![
+                    "gma_relay_site_load_published_total".into(),
+                    "gma_consumer_events_received_total".into(),
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "monitor",
+            &monitor,
+            [
+                rpc("monitor").to_vec(),
+                vec!["gma_consumer_registrations_total".into()],
+            ]
+            .concat(),
+        ),
+        (
+            "sink",
+            &sink,
+            [rpc("sink").to_vec(), vec!["gma_sink_events_total".into()]].concat(),
+        ),
+        (
+            "dashboard",
+            &dash,
+            vec![
+                "gma_dashboard_events_total".into(),
+                "gma_dashboard_messages_total".into(),
+                "gma_dashboard_http_requests_total".into(),
+                "gma_dashboard_hosts".into(),
+            ],
+        ),
     ];
     for (role, p, want) in &cases {
         let addr = printed_addr(p, role, "metrics");
@@ -132,7 +288,12 @@ fn every_role_serves_parseable_prometheus_metrics() {
         scrape_until(role, &addr, "/metrics", &want);
     }
     // The dashboard also serves /metrics on its own port.
-    scrape_until("dashboard", &dash.addr, "/metrics", &["gma_dashboard_http_requests_total"]);
+    scrape_until(
+        "dashboard",
+        &dash.addr,
+        "/metrics",
+        &["gma_dashboard_http_requests_total"],
+    );
 
     // The producer's sensor values, as Prometheus gauges.
     let values = printed_addr(&prod, "producer", "prometheus");
@@ -140,8 +301,17 @@ fn every_role_serves_parseable_prometheus_metrics() {
         "producer --prometheus",
         &values,
         "/metrics",
-        &["gma_host_cpu_user", "gma_host_load_load1", "gma_host_mem_used_pct", "gma_event_timestamp_seconds", "gma_rpc_requests"],
+        &[
+            "gma_host_cpu_user",
+            "gma_host_load_load1",
+            "gma_host_mem_used_pct",
+            "gma_event_timestamp_seconds",
+            "gma_rpc_requests",
+        ],
     );
-    assert!(text.contains("gma_host_load_load1{source=\"mhost00\"} "), "{text}");
+    assert!(
+        text.contains("gma_host_load_load1{source=\"mhost00\"} "),
+        "{text}"
+    );
     assert!(text.contains("# TYPE gma_host_cpu_user gauge"), "{text}");
 }

@@ -22,10 +22,10 @@
 
 pub mod derive;
 pub mod hub;
+pub mod prometheus;
 pub mod push;
 pub mod registrar;
 pub mod service;
-pub mod prometheus;
 pub mod subscription;
 pub mod telemetry;
 

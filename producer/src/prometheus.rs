@@ -35,10 +35,13 @@ pub fn metric_name(event: &str, field: &str) -> String {
 }
 
 fn push_sanitized(out: &mut String, s: &str) {
-    out.extend(
-        s.chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }),
-    );
+    out.extend(s.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            c
+        } else {
+            '_'
+        }
+    }));
 }
 
 /// A label value with `\`, `"` and newlines escaped.
@@ -173,15 +176,31 @@ mod tests {
             numbers: vec![user, f64::NAN],
             strings: vec!["x".into()],
         };
-        let (_, r) = hub.publish(&[ev("hostA", 1.0, 1_000_000_000), ev("h\"B", 2.5, 2_000_000_000), ev("hostA", 3.0, 3_000_000_000)]);
+        let (_, r) = hub.publish(&[
+            ev("hostA", 1.0, 1_000_000_000),
+            ev("h\"B", 2.5, 2_000_000_000),
+            ev("hostA", 3.0, 3_000_000_000),
+        ]);
         r.unwrap();
         let text = render(&hub);
         assert!(text.contains("# TYPE gma_host_cpu_user gauge\n"), "{text}");
         assert!(text.contains("gma_host_cpu_user{source=\"hostA\"} 3\n"), "{text}");
-        assert!(text.contains("gma_host_cpu_user{source=\"h\\\"B\"} 2.5\n"), "{text}");
-        assert!(text.contains("gma_host_cpu_idle{source=\"hostA\"} NaN\n"), "{text}");
-        assert!(text.contains("# HELP gma_host_cpu_idle host.cpu idle \"time\"\\nsecond line (%)\n"), "{text}");
-        assert!(text.contains("gma_event_timestamp_seconds{name=\"host.cpu\",source=\"hostA\"} 3\n"), "{text}");
+        assert!(
+            text.contains("gma_host_cpu_user{source=\"h\\\"B\"} 2.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gma_host_cpu_idle{source=\"hostA\"} NaN\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP gma_host_cpu_idle host.cpu idle \"time\"\\nsecond line (%)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gma_event_timestamp_seconds{name=\"host.cpu\",source=\"hostA\"} 3\n"),
+            "{text}"
+        );
         assert!(!text.contains("note"), "{text}");
         assert_eq!(metric_name("app.x-y", "a.b"), "gma_app_x_y_a_b");
         assert_eq!(metric_name("gma.agent", "rss_mb"), "gma_agent_rss_mb");

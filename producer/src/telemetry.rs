@@ -19,16 +19,31 @@ pub const SERIES: &str = "gma_producer_series";
 /// Registers the descriptions (HELP lines) of this crate's metrics with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge};
-    describe_counter!(EVENTS_PUBLISHED, "events accepted into the hub (sensors, ingest, derived)");
-    describe_counter!(PUBLISH_REJECTED, "events refused by the hub (unknown schema, wrong layout)");
+    describe_counter!(
+        EVENTS_PUBLISHED,
+        "events accepted into the hub (sensors, ingest, derived)"
+    );
+    describe_counter!(
+        PUBLISH_REJECTED,
+        "events refused by the hub (unknown schema, wrong layout)"
+    );
     describe_counter!(SENSOR_ERRORS, "sensor samples that failed");
     describe_counter!(DERIVED_EVENTS, "summary and forecast events derived");
-    describe_counter!(CONFLATED_EVENTS, "events replaced by a newer value before delivery (latest policy)");
+    describe_counter!(
+        CONFLATED_EVENTS,
+        "events replaced by a newer value before delivery (latest policy)"
+    );
     describe_counter!(GAP_EVENTS, "events a subscriber missed, reported as gaps");
-    describe_counter!(CHUNKS_ENCODED, "stream batches encoded (shared by every subscriber of one selection)");
+    describe_counter!(
+        CHUNKS_ENCODED,
+        "stream batches encoded (shared by every subscriber of one selection)"
+    );
     describe_gauge!(SUBSCRIPTIONS, "open subscriptions");
     describe_counter!(EVENTS_SENT, "events sent to subscribers");
-    describe_counter!(PUSH_RETRIES, "producer-initiated streams restarted after an error");
+    describe_counter!(
+        PUSH_RETRIES,
+        "producer-initiated streams restarted after an error"
+    );
     describe_counter!(PUSH_SESSIONS, "producer-initiated streams opened");
     describe_gauge!(SERIES, "distinct (name, source) series held");
 }

@@ -10,6 +10,13 @@ pub const MIGRATIONS_FAILED: &str = "gma_rescheduler_migration_failures_total";
 pub fn describe() {
     use metrics::{describe_counter, describe_histogram, Unit};
     describe_counter!(DECISIONS, "decisions published, by decision (MIGRATE, STAY)");
-    describe_histogram!(DECIDE_SECONDS, Unit::Seconds, "trigger event to published decision");
-    describe_counter!(MIGRATIONS_FAILED, "stop or resume actions that failed (retried or abandoned)");
+    describe_histogram!(
+        DECIDE_SECONDS,
+        Unit::Seconds,
+        "trigger event to published decision"
+    );
+    describe_counter!(
+        MIGRATIONS_FAILED,
+        "stop or resume actions that failed (retried or abandoned)"
+    );
 }

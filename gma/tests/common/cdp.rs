@@ -35,7 +35,10 @@ impl Chrome {
             "Chromium is not installed at {bin}: run ./scripts/test.sh (it installs Debian's chromium \
              package when missing), or `apt-get install chromium`, or set GMA_CHROMIUM"
         );
-        let profile = tempfile::Builder::new().prefix("gma-chromium-").tempdir().unwrap();
+        let profile = tempfile::Builder::new()
+            .prefix("gma-chromium-")
+            .tempdir()
+            .unwrap();
         let mut child = Command::new(&bin)
             .args([
                 "--headless",
@@ -108,7 +111,9 @@ impl Chrome {
         if session {
             msg["sessionId"] = json!(self.session);
         }
-        self.ws.send(Message::text(msg.to_string())).expect("devtools send");
+        self.ws
+            .send(Message::text(msg.to_string()))
+            .expect("devtools send");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             assert!(Instant::now() < deadline, "no answer to {method} within 60 s");
