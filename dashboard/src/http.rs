@@ -175,6 +175,9 @@ fn error(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(json!({ "error": msg.into() }))).into_response()
 }
 
+/// (name, source, field, times in ms, values) of one series of a history answer.
+type HistorySeries = (String, String, String, Vec<f64>, Vec<Value>);
+
 #[derive(Debug, Deserialize)]
 pub struct HistoryQuery {
     /// Event name (or pattern).
@@ -242,7 +245,7 @@ async fn history(State(s): State<Arc<Shared>>, Query(q): Query<HistoryQuery>) ->
         Ok(r) => r.into_inner(),
         Err(st) => return error(StatusCode::BAD_GATEWAY, format!("archiver: {}", st.message())),
     };
-    let mut series: Vec<(String, String, String, Vec<f64>, Vec<Value>)> = Vec::new();
+    let mut series: Vec<HistorySeries> = Vec::new();
     loop {
         match stream.message().await {
             Ok(Some(m)) => {
