@@ -14,6 +14,7 @@
 //! - [`http`]: the page (embedded assets), `/api/events` (SSE), `/api/snapshot`,
 //!   `/api/history` (archiver queries), `/metrics`.
 //! - [`telemetry`]: the names of the Prometheus metrics this crate records.
+//! - [`tls`]: HTTPS (rustls) when the config has a certificate and key.
 //!
 //! [`run`] serves on a listener the caller bound (tests use port 0).
 
@@ -21,6 +22,7 @@ pub mod feed;
 pub mod http;
 pub mod model;
 pub mod telemetry;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -68,8 +70,9 @@ pub struct DashboardConfig {
     /// Where the binary also serves Prometheus `/metrics` (the dashboard serves it on its own
     /// port too).
     pub metrics_listen: Option<String>,
-    /// Client TLS for the directory, producers and archiver (`ca`, `cert`, `key`);
-    /// `allow_plaintext` lets the dashboard's HTTP listen off loopback (it has no TLS).
+    /// `cert` and `key`: serve HTTPS. `ca` (with `cert`/`key` as the client identity): TLS
+    /// for the connections to the directory, producers and archiver. `allow_plaintext`: plain
+    /// HTTP off loopback.
     pub tls: gma_core::tls::ServerTls,
 }
 
@@ -113,6 +116,12 @@ impl DashboardConfig {
         }
         if self.broadcast_capacity == 0 || self.broadcast_capacity > 1 << 20 {
             return bad("broadcast_capacity must lie in 1..=1048576");
+        }
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return bad("give both a certificate and its key (--tls-cert and --tls-key)");
+        }
+        if self.tls.client_ca.is_some() {
+            return bad("the dashboard does not verify browser certificates: leave out --tls-client-ca / tls.client_ca");
         }
         Ok(())
     }
@@ -232,7 +241,13 @@ pub async fn run(
         // Ends every SSE stream, so the graceful shutdown does not wait on browsers.
         let _ = stop_tx.send(true);
     };
-    let served = axum::serve(listener, app).with_graceful_shutdown(signal).await;
+    let served = match (&config.tls.cert, &config.tls.key) {
+        (Some(cert), Some(key)) => {
+            let tls = tls::TlsListener::new(listener, tls::server_config(cert, key)?)?;
+            axum::serve(tls, app).with_graceful_shutdown(signal).await
+        }
+        _ => axum::serve(listener, app).with_graceful_shutdown(signal).await,
+    };
     for t in tasks {
         t.abort();
     }

@@ -54,9 +54,12 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     }
     let listener = bind(&cfg.listen).await?;
     let bound = listener.local_addr()?;
-    crate::telemetry::check_plain_http("the dashboard", bound, cfg.tls.allow_plaintext)?;
+    let scheme = if cfg.tls.cert.is_some() { "https" } else { "http" };
+    if scheme == "http" {
+        crate::telemetry::check_plain_http("the dashboard", bound, cfg.tls.allow_plaintext)?;
+    }
     eprintln!("gma dashboard listening on {bound}");
-    eprintln!("gma dashboard url http://{bound}/");
+    eprintln!("gma dashboard url {scheme}://{bound}/");
     gma_dashboard::run(cfg, listener, shutdown_signal(), Some(handle))
         .await
         .map_err(|e| anyhow!("dashboard failed: {e}"))
