@@ -129,7 +129,7 @@ fn the_dashboard_lists_producers_moves_charts_and_drops_a_killed_producer_in_a_r
         c.eval("window.gmaLatency.length")
             .and_then(|v| v.as_u64())
             .unwrap_or(0)
-            >= 100
+            >= 300
     }));
 
     // 3. A killed producer leaves the page when its lease expires, without a reload.
