@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and end-to-end tests (real processes on
-# 127.0.0.1). Installs nothing by hand: protoc comes from the protoc-bin-vendored crate.
+# 127.0.0.1). protoc comes from the protoc-bin-vendored crate; the browser test's Chromium is
+# Debian's `chromium` package, installed here when missing (idempotent, quiet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ ! -x "${GMA_CHROMIUM:-/usr/bin/chromium}" ]; then
+    echo "== installing chromium (Debian package) for the dashboard's browser test"
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -10,6 +10,7 @@
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
 //! - [`service`]: the `Archive` gRPC service.
+//! - [`telemetry`]: the names of the Prometheus metrics this crate records.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,9 +23,10 @@ pub mod keep;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod telemetry;
 pub mod wal;
 
-pub use server::{run, ArchiverConfig, ArchiverError, ARCHIVE_ADDRESS_ATTR, MANNER};
+pub use server::{run, run_with_rpc, ArchiverConfig, ArchiverError, ARCHIVE_ADDRESS_ATTR, MANNER};
 
 /// Live figures of a running archiver (for `Stats`).
 #[derive(Default)]

@@ -13,6 +13,7 @@ use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
 use gma_core::guard::{load_policy, Gate, Limits};
 use gma_core::pattern::Pattern;
+use gma_core::rpc::{RpcLayer, RpcStats};
 use gma_proto::v1::{self as pb, archive_server::ArchiveServer};
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -94,6 +95,11 @@ pub struct ArchiverConfig {
     #[serde(rename = "access_policy")]
     pub policy: Option<PathBuf>,
     pub limits: Limits,
+    /// Where `gma archiver` serves Prometheus `/metrics`; none = not served (binary only).
+    pub metrics_listen: Option<String>,
+    /// Period of the `gma.rpc` events about this archiver's RPCs, published by the companion
+    /// producer `gma archiver` runs beside it (0 = none; binary only).
+    pub rpc_events_ms: u64,
 }
 
 impl Default for ArchiverConfig {
@@ -117,6 +123,8 @@ impl Default for ArchiverConfig {
             tls: Default::default(),
             policy: None,
             limits: Default::default(),
+            metrics_listen: None,
+            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
         }
     }
 }
@@ -237,6 +245,16 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ArchiverError> {
+    run_with_rpc(config, listener, shutdown, RpcStats::new("archiver")).await
+}
+
+/// [`run`], recording every RPC served into `rpc` (published as `gma.rpc` by the caller).
+pub async fn run_with_rpc(
+    config: ArchiverConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    rpc: Arc<RpcStats>,
+) -> Result<(), ArchiverError> {
     let Checked {
         retention,
         keeper,
@@ -345,6 +363,7 @@ pub async fn run(
         }
     };
     let served = builder
+        .layer(RpcLayer::new(rpc))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, signal)
         .await;
@@ -408,7 +427,7 @@ async fn ingest_loop(
                 }
                 Delivery::Gap { producer, gap } => {
                     tracing::warn!(%producer, ?gap, "events lost before reaching the archiver");
-                    metrics::counter!("gma_archiver_gap_events_total").increment(gap.dropped);
+                    metrics::counter!(crate::telemetry::GAP_EVENTS).increment(gap.dropped);
                 }
                 Delivery::Discovered { producer, .. } => counters.follow(&producer, true),
                 Delivery::Gone { producer, .. } => counters.follow(&producer, false),
@@ -426,7 +445,7 @@ async fn ingest_loop(
             return;
         }
         counters.ingested(samples);
-        metrics::counter!("gma_archiver_samples_total").increment(samples);
+        metrics::counter!(crate::telemetry::SAMPLES).increment(samples);
         if store.needs_checkpoint() {
             if let Err(e) = store.checkpoint().await {
                 tracing::error!(error = %e, "checkpoint failed; stopping ingest");

@@ -889,7 +889,7 @@ impl Store {
         pending.put(&resume_key(producer), resume_value(resume).to_vec());
         inner.resume.insert(producer.to_string(), resume);
         if stats.sealed_chunks > 0 {
-            metrics::counter!("gma_archiver_chunks_sealed_total").increment(stats.sealed_chunks);
+            metrics::counter!(crate::telemetry::CHUNKS_SEALED).increment(stats.sealed_chunks);
         }
         Ok(stats)
     }
@@ -979,7 +979,7 @@ impl Store {
                 wal_bytes = inner.wal_bytes,
                 "checkpoint"
             );
-            metrics::counter!("gma_archiver_chunks_sealed_total").increment(sealed);
+            metrics::counter!(crate::telemetry::CHUNKS_SEALED).increment(sealed);
             inner.wal_bytes = 0;
             inner.last_checkpoint = Instant::now();
             (old, obsolete, batch, gen)

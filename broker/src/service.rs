@@ -62,6 +62,10 @@ pub struct BrokerConfig {
     #[serde(rename = "access_policy")]
     pub policy: Option<PathBuf>,
     pub limits: gma_core::guard::Limits,
+    /// Where `gma broker` serves Prometheus `/metrics`; none = not served (binary only).
+    pub metrics_listen: Option<String>,
+    /// Period of the `gma.rpc` events about the broker's RPCs (0 = none).
+    pub rpc_events_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -80,6 +84,8 @@ impl Default for BrokerConfig {
             tls: Default::default(),
             policy: None,
             limits: Default::default(),
+            metrics_listen: None,
+            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
         }
     }
 }
@@ -605,6 +611,8 @@ pub async fn run(
         tls: config.tls.clone(),
         policy: config.policy.clone(),
         limits: config.limits.clone(),
+        rpc_events_ms: config.rpc_events_ms,
+        role: "broker".into(),
         ..ProducerConfig::default()
     })
     .map_err(|e| BrokerError::Producer(e.to_string()))?;

@@ -105,6 +105,10 @@ pub struct SimresConfig {
     #[serde(rename = "access_policy")]
     pub policy: Option<PathBuf>,
     pub limits: gma_core::guard::Limits,
+    /// Where `gma simres` serves Prometheus `/metrics`; none = not served (binary only).
+    pub metrics_listen: Option<String>,
+    /// Period of the `gma.rpc` events about the manager's RPCs (0 = none).
+    pub rpc_events_ms: u64,
 }
 
 impl Default for SimresConfig {
@@ -121,6 +125,8 @@ impl Default for SimresConfig {
             tls: Default::default(),
             policy: None,
             limits: Default::default(),
+            metrics_listen: None,
+            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
         }
     }
 }
@@ -665,6 +671,8 @@ pub async fn run(
         limits: config.limits.clone(),
         // Nobody's archive: reservation events are pulled by who wants them.
         push: false,
+        rpc_events_ms: config.rpc_events_ms,
+        role: "simres".into(),
         ..ProducerConfig::default()
     })
     .map_err(|e| e.to_string())?;

@@ -8,6 +8,7 @@
 //! - [`sink`]: accept producer-initiated (pushed) streams: the `Consumer` service.
 //! - [`stream`]: [`stream::ProducerStream`], one subscription to one producer that reconnects
 //!   with backoff and resumes from its last seq, surfacing gaps the producer reports.
+//! - [`telemetry`]: the names of the Prometheus metrics this crate records.
 //! - [`subscriber`]: discover every producer of a pattern through Search + Watch, subscribe to
 //!   each, and merge their streams into one channel of [`subscriber::Delivery`].
 
@@ -21,6 +22,7 @@ pub mod registrar;
 pub mod sink;
 pub mod stream;
 pub mod subscriber;
+pub mod telemetry;
 
 use tonic::transport::Channel;
 

@@ -47,7 +47,7 @@ pub async fn run(reg: Registration, catalog: Arc<dyn Catalog>, mut stop: watch::
         match session(&reg, &*catalog, &mut stop, &mut registered_once).await {
             Outcome::Stop => break,
             Outcome::Retry(why) => {
-                metrics::counter!("gma_registrar_retries_total").increment(1);
+                metrics::counter!(crate::telemetry::REGISTRATION_RETRIES).increment(1);
                 tracing::debug!(error = %why, "directory session ended; retrying");
             }
         }
@@ -158,7 +158,7 @@ async fn session(
         tracing::info!(id = %reg.id, lease, "re-registered in the directory");
     }
     *registered_once = true;
-    metrics::counter!("gma_registrar_registrations_total").increment(1);
+    metrics::counter!(crate::telemetry::REGISTRATIONS).increment(1);
     let (tx, rx) = mpsc::channel(4);
     let mut responses = match client.keep_alive(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),

@@ -177,6 +177,7 @@ impl Sink {
             let _ = stop_tx.send(true);
         };
         let result = builder
+            .layer(gma_core::rpc::RpcLayer::new(gma_core::rpc::RpcStats::new("sink")))
             .tcp_nodelay(true)
             .add_service(
                 pb::consumer_server::ConsumerServer::new(Service { sink: self.clone() })
@@ -276,6 +277,7 @@ impl pb::consumer_server::Consumer for Service {
             }
         }
         sink.handler.opened(&hello);
+        metrics::gauge!(crate::telemetry::SINK_STREAMS).increment(1.0);
         let (tx, rx) = mpsc::channel(16);
         let first = pb::DeliverResponse {
             patterns: sink.config.accepts.clone(),
@@ -305,6 +307,7 @@ impl pb::consumer_server::Consumer for Service {
                                 Err(e) => break format!("malformed batch: {e}"),
                             };
                             let last = events.last().map(|e| e.seq);
+                            metrics::counter!(crate::telemetry::SINK_EVENTS).increment(events.len() as u64);
                             if let Err(e) = sink.handler.events(&producer, events, &b.gaps) {
                                 let _ = tx.send(Ok(pb::DeliverResponse { end: true, reason: e.clone(), ..Default::default() })).await;
                                 break e;
@@ -331,6 +334,7 @@ impl pb::consumer_server::Consumer for Service {
                 }
             }
             sink.handler.closed(&producer, &reason);
+            metrics::gauge!(crate::telemetry::SINK_STREAMS).decrement(1.0);
         });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(stream)))

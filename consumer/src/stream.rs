@@ -244,7 +244,7 @@ impl ProducerStream {
                                 next_seq: 1,
                             });
                         }
-                        metrics::counter!("gma_consumer_events_received_total").increment(n as u64);
+                        metrics::counter!(crate::telemetry::EVENTS_RECEIVED).increment(n as u64);
                         Ok(Some(Progress::Batch {
                             events: n,
                             gaps: batch.gaps,

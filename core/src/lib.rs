@@ -17,6 +17,8 @@
 //! - [`authz`]: identities from X.509 subjects (CN, O) and the one authorization policy
 //!   (TOML rules, first match wins; allow / summary-only / deny, rate classes).
 //! - [`guard`]: the gate in front of every RPC: authorization plus per-identity limits.
+//! - [`rpc`]: the middleware sensor: a tower layer counting every RPC (requests, errors,
+//!   latency histogram) for Prometheus and the `gma.rpc` events.
 
 pub mod addr;
 pub mod authz;
@@ -28,6 +30,7 @@ pub mod forecast;
 pub mod guard;
 pub mod pattern;
 pub mod rolling;
+pub mod rpc;
 pub mod time;
 pub mod tls;
 

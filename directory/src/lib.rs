@@ -15,6 +15,7 @@
 //! - `server`: [`DirectoryConfig`] and [`run`] (start raft, lease upkeep on the leader, serve,
 //!   graceful stop).
 //! - `validate`: syntax checks of records and schemas (limits, addresses, names).
+//! - [`telemetry`]: the names of the Prometheus metrics this crate records.
 //! - [`error`]: [`DirError`] and its one mapping to gRPC status codes.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -25,10 +26,11 @@ pub mod raft;
 mod server;
 mod service;
 pub mod state;
+pub mod telemetry;
 mod validate;
 
 pub use error::DirError;
-pub use server::{run, DirectoryConfig};
+pub use server::{run, run_with_rpc, DirectoryConfig};
 pub use validate::{
     MAX_ACCEPTS, MAX_ATTRIBUTES, MAX_EVENTS, MAX_FIELD_LEN, MAX_SCHEMAS, MAX_SERVICES, MAX_SOURCES,
 };

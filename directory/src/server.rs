@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gma_core::rpc::{RpcLayer, RpcStats};
 use gma_core::MAX_MESSAGE_BYTES;
 use gma_proto::v1::directory_server::DirectoryServer;
 use tokio::net::TcpListener;
@@ -91,6 +92,14 @@ pub struct DirectoryConfig {
     /// (Watch streams per connection)).
     #[serde(default)]
     pub limits: gma_core::guard::Limits,
+    /// Where `gma directory` serves Prometheus `/metrics` (`--metrics-listen`); none = not
+    /// served. Read by the binary, not by [`run`].
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// Period of the `gma.rpc` events about this member's RPCs, published by the companion
+    /// producer `gma directory` runs beside it (0 = no companion). Read by the binary.
+    #[serde(default = "defaults::rpc_events_ms")]
+    pub rpc_events_ms: u64,
 }
 
 mod defaults {
@@ -132,6 +141,9 @@ mod defaults {
     pub fn write_timeout_ms() -> u64 {
         5_000
     }
+    pub fn rpc_events_ms() -> u64 {
+        gma_core::rpc::DEFAULT_PERIOD_MS
+    }
 }
 
 impl Default for DirectoryConfig {
@@ -157,6 +169,8 @@ impl Default for DirectoryConfig {
             member_cn: None,
             policy: None,
             limits: Default::default(),
+            metrics_listen: None,
+            rpc_events_ms: defaults::rpc_events_ms(),
         }
     }
 }
@@ -297,6 +311,17 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DirError> {
+    run_with_rpc(config, listener, shutdown, RpcStats::new("directory")).await
+}
+
+/// [`run`], recording every RPC served into `rpc` (which the caller may publish as `gma.rpc`
+/// events, e.g. through a companion producer).
+pub async fn run_with_rpc(
+    config: DirectoryConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    rpc: Arc<RpcStats>,
+) -> Result<(), DirError> {
     let bound = listener
         .local_addr()
         .map_err(|e| DirError::Transport(format!("listener has no address: {e}")))?;
@@ -367,6 +392,7 @@ pub async fn run(
     }
     let served = tokio::select! {
         r = builder
+            .layer(RpcLayer::new(rpc))
             .add_service(service)
             .add_service(raft_service)
             .serve_with_incoming_shutdown(incoming, signal) => {
@@ -399,9 +425,13 @@ async fn expiry_loop(shared: Arc<Shared>, tick: Duration) {
             _ = stop.wait_for(|s| *s) => return,
             _ = interval.tick() => {}
         }
+        crate::telemetry::raft_state(&shared.raft.metrics().borrow());
         match shared.expire_due().await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(removed = n, "expired leases"),
+            Ok(n) => {
+                metrics::counter!(crate::telemetry::LEASES_EXPIRED).increment(n as u64);
+                tracing::info!(removed = n, "expired leases")
+            }
             Err(e) => tracing::warn!(error = %e, "cannot expire leases"),
         }
     }

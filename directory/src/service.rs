@@ -647,6 +647,14 @@ impl Watcher {
         synced_at: u64,
         mut changes: broadcast::Receiver<Arc<pb::WatchEvent>>,
     ) {
+        metrics::gauge!(crate::telemetry::WATCHERS).increment(1.0);
+        struct Open;
+        impl Drop for Open {
+            fn drop(&mut self) {
+                metrics::gauge!(crate::telemetry::WATCHERS).decrement(1.0);
+            }
+        }
+        let _open = Open;
         for ev in initial {
             if !self.send(Ok(ev)).await {
                 return;

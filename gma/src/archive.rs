@@ -29,6 +29,8 @@ pub struct ArchiverArgs {
     /// TOML config (docs/archiver.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: crate::cli::MetricsArgs,
 }
 
 /// `gma archiver`.
@@ -49,13 +51,50 @@ pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     if !a.patterns.is_empty() {
         cfg.patterns = a.patterns;
     }
+    if a.metrics.metrics_listen.is_some() {
+        cfg.metrics_listen = a.metrics.metrics_listen;
+    }
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
+    if let Some(m) = &cfg.metrics_listen {
+        crate::telemetry::serve_metrics("archiver", m, cfg.tls.allow_plaintext).await?;
+    }
     let listener = bind(&cfg.listen).await?;
-    eprintln!("gma archiver listening on {}", listener.local_addr()?);
-    gma_archiver::run(cfg, listener, shutdown_signal())
+    let bound = listener.local_addr()?;
+    eprintln!("gma archiver listening on {bound}");
+    // gma.rpc through a companion producer (the archiver has no hub of its own).
+    let rpc = gma_core::rpc::RpcStats::new("archiver");
+    let (companion_tx, companion_rx) = tokio::sync::watch::channel(false);
+    let companion = match (&cfg.directory, cfg.rpc_events_ms) {
+        (Some(directory), ms) if ms > 0 => {
+            let c = crate::telemetry::Companion {
+                role: "archiver",
+                rpc: rpc.clone(),
+                directory: directory.clone(),
+                near: bound,
+                period_ms: ms,
+                tls: cfg.tls.clone(),
+                policy: cfg.policy.clone(),
+                limits: cfg.limits.clone(),
+            };
+            let mut rx = companion_rx;
+            Some(
+                crate::telemetry::companion(c, async move {
+                    let _ = rx.wait_for(|v| *v).await;
+                })
+                .await?,
+            )
+        }
+        _ => None,
+    };
+    let r = gma_archiver::run_with_rpc(cfg, listener, shutdown_signal(), rpc)
         .await
-        .map_err(|e| anyhow!("archiver failed: {e}"))
+        .map_err(|e| anyhow!("archiver failed: {e}"));
+    let _ = companion_tx.send(true);
+    if let Some(c) = companion {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(4), c).await;
+    }
+    r
 }
 
 #[derive(Args, Debug)]

@@ -93,6 +93,13 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             seeds,
             output,
         } => crate::bench_broker::placement(hosts, jobs, utilization, seeds, output),
+        BenchScenario::Dashboard {
+            duration,
+            hosts,
+            clients,
+            period_ms,
+            output,
+        } => crate::bench_dashboard::run(duration, hosts, clients, period_ms, output).await,
     }
 }
 

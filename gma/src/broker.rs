@@ -31,6 +31,8 @@ pub struct BrokerArgs {
     /// TOML config (rank, resources annotations, reservations, follow, ...; docs/broker.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: crate::cli::MetricsArgs,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -112,6 +114,8 @@ pub struct SimresArgs {
     /// Register in this directory (as a producer of reservation.state).
     #[arg(long)]
     pub directory: Option<String>,
+    #[command(flatten)]
+    pub metrics: crate::cli::MetricsArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -157,7 +161,7 @@ pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
             output,
         }) => coallocate(&jobs, &broker, policy, output).await,
         Some(BrokerCommand::View { broker, output }) => view(&broker, output).await,
-        None => serve(a.listen, a.directory, a.config).await,
+        None => serve(a.listen, a.directory, a.config, a.metrics.metrics_listen).await,
     }
 }
 
@@ -165,6 +169,7 @@ async fn serve(
     listen: Option<String>,
     directory: Option<String>,
     config: Option<PathBuf>,
+    metrics_listen: Option<String>,
 ) -> anyhow::Result<()> {
     let mut cfg: BrokerConfig = match &config {
         Some(p) => gma_core::config::load_toml(p)?,
@@ -179,7 +184,13 @@ async fn serve(
     if cfg.directory.is_none() {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     }
+    if metrics_listen.is_some() {
+        cfg.metrics_listen = metrics_listen;
+    }
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    if let Some(m) = &cfg.metrics_listen {
+        crate::telemetry::serve_metrics("broker", m, cfg.tls.allow_plaintext).await?;
+    }
     let listener = bind(&cfg.listen).await?;
     eprintln!("gma broker listening on {}", listener.local_addr()?);
     gma_broker::service::run(cfg, listener, shutdown_signal())
@@ -269,7 +280,13 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
     }
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
+    if a.metrics.metrics_listen.is_some() {
+        cfg.metrics_listen = a.metrics.metrics_listen;
+    }
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    if let Some(m) = &cfg.metrics_listen {
+        crate::telemetry::serve_metrics("simres", m, cfg.tls.allow_plaintext).await?;
+    }
     let listener = bind(cfg.listen.as_deref().unwrap_or("127.0.0.1:7400")).await?;
     eprintln!("gma simres listening on {}", listener.local_addr()?);
     gma_broker::simres::run(cfg, listener, shutdown_signal())

@@ -125,6 +125,9 @@ pub enum Command {
     /// A simulated resource manager: per-resource reservation calendars behind the
     /// Reservations interface (create / modify / release with granted / never / retry-from).
     Simres(crate::broker::SimresArgs),
+    /// The live web dashboard: producers and consumers, per-host charts, cluster, decisions,
+    /// gma.rpc, archived history (a real-time consumer; docs/dashboard.md).
+    Dashboard(crate::dashboard::DashboardArgs),
 }
 
 /// Coallocation replay scenarios (the paper's Tables I and II).
@@ -157,6 +160,21 @@ pub struct DirectoryArgs {
     /// TOML config file (keys: listen, data_dir, node_id, peers, init, default_ttl_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    /// Period of the gma.rpc events about this member's RPCs, published by a companion
+    /// producer (0 = none; default 10000).
+    #[arg(long)]
+    pub rpc_events_ms: Option<u64>,
+}
+
+/// Prometheus exposition of a role's own metrics.
+#[derive(Args, Debug, Clone, Default)]
+pub struct MetricsArgs {
+    /// Serve Prometheus /metrics (the role's counters and latency histograms) on this address,
+    /// e.g. 127.0.0.1:9100 (overrides `metrics_listen` in --config).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -234,6 +252,15 @@ pub struct ProducerArgs {
     /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    /// Serve the latest sensor values as Prometheus gauges at /metrics on this address
+    /// (gma_host_cpu_user{source="hostA"}, ...; see docs/dashboard.md).
+    #[arg(long)]
+    pub prometheus: Option<String>,
+    /// Period of the gma.rpc events about this producer's RPCs (0 = none; default 10000).
+    #[arg(long)]
+    pub rpc_events_ms: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -361,6 +388,9 @@ pub struct DemoArgs {
     /// Number of simulated hosts.
     #[arg(long, default_value_t = 8)]
     pub sim_hosts: u32,
+    /// Where the demo's dashboard listens (any free port if this one is taken).
+    #[arg(long, default_value = "127.0.0.1:7500")]
+    pub dashboard_listen: String,
 }
 
 #[derive(Args, Debug)]
@@ -507,6 +537,25 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The dashboard (real processes): its CPU% and RSS with no browser and with N SSE clients
+    /// over H simulated hosts (3 live series each), and the fan-out latency of chart points
+    /// (event timestamp -> client receipt).
+    Dashboard {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 30)]
+        duration: u64,
+        /// Simulated hosts (3 live series each: host.load, host.cpu, host.mem).
+        #[arg(long, default_value_t = 34)]
+        hosts: usize,
+        /// SSE clients ("browsers") in the second phase.
+        #[arg(long, default_value_t = 10)]
+        clients: usize,
+        /// Sample period of the simulated hosts.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Forecast accuracy: MAE of the served forecast next to every fixed predictor on
     /// synthetic load traces and, optionally, a recorded trace.
     Forecast {
@@ -533,6 +582,8 @@ pub struct ReschedulerArgs {
     /// TOML config (cost_s, threshold, max_age_ms, opportunistic, action, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 #[derive(Subcommand, Debug)]

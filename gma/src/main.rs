@@ -5,6 +5,7 @@ mod archive;
 mod bench;
 mod bench_archive;
 mod bench_broker;
+mod bench_dashboard;
 mod bench_dir;
 mod bench_fanout;
 mod bench_resched;
@@ -12,12 +13,14 @@ mod broker;
 mod certs;
 mod cli;
 mod cluster;
+mod dashboard;
 mod emit;
 mod monitor;
 mod relay;
 mod resched;
 mod roles;
 mod sink;
+mod telemetry;
 mod tools;
 
 use clap::Parser;
@@ -82,5 +85,6 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Certs(a) => certs::run(a).await,
         Broker(a) => broker::run(a).await,
         Simres(a) => broker::simres(a).await,
+        Dashboard(a) => dashboard::run(a).await,
     }
 }

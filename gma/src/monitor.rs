@@ -69,6 +69,8 @@ pub struct MonitorArgs {
     /// (overrides `listen`; default 127.0.0.1:0).
     #[arg(long)]
     pub listen: Option<String>,
+    #[command(flatten)]
+    pub metrics: crate::cli::MetricsArgs,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -105,6 +107,12 @@ pub struct MonitorConfig {
     /// Per-identity limits of the monitor's endpoint (`[limits]`).
     #[serde(default)]
     pub limits: gma_core::guard::Limits,
+    /// Serve Prometheus `/metrics` here; `--metrics-listen` overrides.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// Period of the monitor's `gma.rpc` events (0 = none; default 10000).
+    #[serde(default)]
+    pub rpc_events_ms: Option<u64>,
 }
 
 /// One `[[rule]]` table, as written.
@@ -745,6 +753,9 @@ async fn worker(rule: Rule, mut rx: mpsc::Receiver<Job>, hub: Arc<Hub>, source: 
                 stderr.trim_end()
             );
         }
+        metrics::counter!(crate::telemetry::MONITOR_FIRINGS, "outcome" => if o.outcome == "ok" { "ok" } else { "failed" })
+            .increment(1);
+        metrics::histogram!(crate::telemetry::MONITOR_COMMAND_SECONDS).record(o.duration_ms / 1000.0);
         publish(&hub, firing_event(&source, &rule.name, &f.key, &o, f.suppressed));
     }
 }
@@ -768,6 +779,12 @@ pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     };
     let source = cfg.source.clone().unwrap_or_else(gma_producer::host_name);
+    if a.metrics.metrics_listen.is_some() {
+        cfg.metrics_listen = a.metrics.metrics_listen.clone();
+    }
+    if let Some(m) = &cfg.metrics_listen {
+        crate::telemetry::serve_metrics("monitor", m, cfg.tls.allow_plaintext).await?;
+    }
     let listener = bind(cfg.listen.as_deref().unwrap_or("127.0.0.1:0")).await?;
     let bound = listener.local_addr()?;
     let advertised = gma_core::addr::advertised(bound);
@@ -787,6 +804,8 @@ pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
         tls: cfg.tls.clone(),
         policy: cfg.policy.clone(),
         limits: cfg.limits.clone(),
+        rpc_events_ms: cfg.rpc_events_ms.unwrap_or(gma_core::rpc::DEFAULT_PERIOD_MS),
+        role: "monitor".into(),
         ..ProducerConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;

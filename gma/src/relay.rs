@@ -60,6 +60,8 @@ pub struct RelayArgs {
     /// lease_ttl_ms, listen, directory, policy, [tls], [limits] (see config/relay.toml).
     #[arg(long)]
     pub config: PathBuf,
+    #[command(flatten)]
+    pub metrics: crate::cli::MetricsArgs,
 }
 
 /// `gma relay --config FILE`; flags override `listen` and `directory`.
@@ -106,6 +108,16 @@ pub struct RelayConfig {
     /// Per-identity limits of the relay's endpoint (`[limits]`).
     #[serde(default)]
     pub limits: gma_core::guard::Limits,
+    /// Serve Prometheus `/metrics` here; `--metrics-listen` overrides.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// Period of the relay's `gma.rpc` events (0 = none).
+    #[serde(default = "default_rpc_events_ms")]
+    pub rpc_events_ms: u64,
+}
+
+fn default_rpc_events_ms() -> u64 {
+    gma_core::rpc::DEFAULT_PERIOD_MS
 }
 
 fn default_period_ms() -> u64 {
@@ -385,6 +397,7 @@ impl Relayer {
         if out.is_empty() {
             return 0;
         }
+        metrics::counter!(crate::telemetry::RELAY_EVENTS).increment(out.len() as u64);
         if let (_, Err(err)) = hub.publish(&out) {
             self.errors += 1;
             if self.errors == 1 || self.errors.is_multiple_of(100) {
@@ -414,6 +427,12 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
     let Some(directory) = cfg.directory.clone() else {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     };
+    if a.metrics.metrics_listen.is_some() {
+        cfg.metrics_listen = a.metrics.metrics_listen.clone();
+    }
+    if let Some(m) = &cfg.metrics_listen {
+        crate::telemetry::serve_metrics("relay", m, cfg.tls.allow_plaintext).await?;
+    }
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let listener = bind(&listen).await?;
     let bound = listener.local_addr()?;
@@ -442,6 +461,8 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
         tls: cfg.tls.clone(),
         policy: cfg.policy.clone(),
         limits: cfg.limits.clone(),
+        rpc_events_ms: cfg.rpc_events_ms,
+        role: "relay".into(),
         ..ProducerConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;
@@ -501,6 +522,7 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
                     numbers: summary.values(now),
                     strings: Vec::new(),
                 };
+                metrics::counter!(crate::telemetry::RELAY_SITE_LOAD).increment(1);
                 if let (_, Err(e)) = hub.publish(&[ev]) {
                     tracing::warn!(error = %e, "cannot publish {SITE_LOAD}");
                 }

@@ -56,9 +56,15 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if cfg.directory.is_none() {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     }
+    if a.metrics.metrics_listen.is_some() {
+        cfg.metrics_listen = a.metrics.metrics_listen;
+    }
     // --tls-*/--access-policy override [tls]/access_policy; [tls] ca turns on TLS for the directory, the
     // producers followed and the applications' AppControl.
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    if let Some(m) = &cfg.metrics_listen {
+        crate::telemetry::serve_metrics("rescheduler", m, cfg.tls.allow_plaintext).await?;
+    }
     let listener = bind(&cfg.listen).await?;
     eprintln!("gma rescheduler listening on {}", listener.local_addr()?);
     gma_rescheduler::service::run(cfg, listener, shutdown_signal())

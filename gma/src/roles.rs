@@ -78,13 +78,62 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .listen
         .or(file_listen)
         .unwrap_or_else(|| "127.0.0.1:7000".into());
+    if let Some(ms) = a.rpc_events_ms {
+        config.rpc_events_ms = ms;
+    }
     config.validate().map_err(|e| anyhow!("{e}"))?;
     gma_core::guard::load_policy(config.policy.as_ref()).map_err(|e| anyhow!("{e}"))?;
+    if let Some(m) = a
+        .metrics
+        .metrics_listen
+        .as_ref()
+        .or(config.metrics_listen.as_ref())
+    {
+        crate::telemetry::serve_metrics("directory", m, config.tls.allow_plaintext).await?;
+    }
     let listener = bind(&listen).await?;
-    eprintln!("gma directory listening on {}", listener.local_addr()?);
-    gma_directory::run(config, listener, shutdown_signal())
+    let bound = listener.local_addr()?;
+    eprintln!("gma directory listening on {bound}");
+    // gma.rpc: a companion producer publishes this member's RPC figures. On shutdown it stops
+    // first (removing its record) while the directory still serves.
+    let rpc = gma_core::rpc::RpcStats::new("directory");
+    let (companion_tx, companion_rx) = tokio::sync::watch::channel(false);
+    let companion = if config.rpc_events_ms > 0 {
+        let c = crate::telemetry::Companion {
+            role: "directory",
+            rpc: rpc.clone(),
+            directory: gma_core::addr::advertised(bound),
+            near: bound,
+            period_ms: config.rpc_events_ms,
+            tls: config.tls.clone(),
+            policy: config.policy.clone(),
+            limits: config.limits.clone(),
+        };
+        let mut rx = companion_rx.clone();
+        Some(
+            crate::telemetry::companion(c, async move {
+                let _ = rx.wait_for(|v| *v).await;
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = companion_tx.send(true);
+        if let Some(c) = companion {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(4), c).await;
+        }
+    };
+    gma_directory::run_with_rpc(config, listener, shutdown, rpc)
         .await
         .map_err(|e| anyhow!("directory failed: {e}"))
+}
+
+/// `--allow-plaintext` was given.
+pub fn allow_plaintext_flag() -> bool {
+    server_tls_flags().is_some_and(|t| t.allow_plaintext)
 }
 
 type Security = (Option<gma_core::tls::ServerTls>, Option<PathBuf>);
@@ -156,14 +205,31 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.id.is_some() {
         cfg.id = a.id.clone();
     }
+    if a.metrics.metrics_listen.is_some() {
+        cfg.metrics_listen = a.metrics.metrics_listen.clone();
+    }
+    if a.prometheus.is_some() {
+        cfg.prometheus = a.prometheus.clone();
+    }
+    if let Some(ms) = a.rpc_events_ms {
+        cfg.rpc_events_ms = ms;
+    }
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
     Ok(cfg)
 }
 
 pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     let cfg = producer_config(&a)?;
+    if let Some(m) = &cfg.metrics_listen {
+        crate::telemetry::serve_metrics("producer", m, cfg.tls.allow_plaintext).await?;
+    }
     let listener = bind(&cfg.listen).await?;
+    let plain = cfg.tls.allow_plaintext;
+    let prometheus = cfg.prometheus.clone();
     let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
+    if let Some(addr) = &prometheus {
+        crate::telemetry::serve_producer_values(addr, p.hub.clone(), plain).await?;
+    }
     eprintln!("gma producer listening on {}", listener.local_addr()?);
     p.run(listener, shutdown_signal())
         .await
@@ -202,7 +268,13 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let dir_listener = bind("127.0.0.1:0").await?;
     let dir_addr = dir_listener.local_addr()?;
     let dir_cfg = DirectoryConfig::new(tmp.path().join("directory"));
-    let dir_task = tokio::spawn(gma_directory::run(dir_cfg, dir_listener, stop()));
+    let dir_rpc = gma_core::rpc::RpcStats::new("directory"); // issue 9: gma.rpc
+    let dir_task = tokio::spawn(gma_directory::run_with_rpc(
+        dir_cfg,
+        dir_listener,
+        stop(),
+        dir_rpc.clone(),
+    ));
 
     let host_listener = bind("127.0.0.1:0").await?;
     let host_addr = host_listener.local_addr()?;
@@ -270,6 +342,57 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     std::fs::write(&job_file, include_str!("../../config/broker-job.toml"))?;
     let jobs_file = tmp.path().join("coalloc-jobs.toml");
     std::fs::write(&jobs_file, include_str!("../../config/coalloc-jobs.toml"))?;
+    // ---- issue 9: archiver and live dashboard (kept in one block for easy merging) ----
+    let metrics = crate::telemetry::recorder()?;
+    let archive_listener = bind("127.0.0.1:0").await?;
+    let archive_addr = archive_listener.local_addr()?;
+    let archive_rpc = gma_core::rpc::RpcStats::new("archiver");
+    let archive_task = tokio::spawn(gma_archiver::run_with_rpc(
+        gma_archiver::ArchiverConfig {
+            directory: Some(dir_addr.to_string()),
+            data_dir: tmp.path().join("archive"),
+            ..Default::default()
+        },
+        archive_listener,
+        stop(),
+        archive_rpc.clone(),
+    ));
+    // gma.rpc of the directory and the archiver, through companion producers.
+    for (role, rpc, near) in [
+        ("directory", dir_rpc, dir_addr),
+        ("archiver", archive_rpc, archive_addr),
+    ] {
+        let c = crate::telemetry::Companion {
+            role,
+            rpc,
+            directory: dir_addr.to_string(),
+            near,
+            period_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
+            tls: Default::default(),
+            policy: None,
+            limits: Default::default(),
+        };
+        crate::telemetry::companion(c, stop()).await?;
+    }
+    let dash_listener = match bind(&a.dashboard_listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("note: {e:#}; the dashboard takes any free port instead");
+            bind("127.0.0.1:0").await?
+        }
+    };
+    let dash_addr = dash_listener.local_addr()?;
+    let dash_task = tokio::spawn(gma_dashboard::run(
+        gma_dashboard::DashboardConfig {
+            directory: Some(dir_addr.to_string()),
+            archiver: Some(archive_addr.to_string()),
+            ..Default::default()
+        },
+        dash_listener,
+        stop(),
+        Some(metrics),
+    ));
+    // ---- end issue 9 ----
 
     println!("GMA demo is running (data in {}).", tmp.path().display());
     println!();
@@ -279,6 +402,8 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     println!("  rescheduler          {resched_addr}   decisions as resched.decision events");
     println!("  broker               {broker_addr}   decisions as broker.decision events");
     println!("  resource manager     {simres_addr}   (gma simres) reservations as reservation.state events");
+    println!("  archiver             {archive_addr}   history of every event");
+    println!("  dashboard            http://{dash_addr}/   (live page; Prometheus text at /metrics)");
     println!();
     println!("Try, in another terminal:");
     println!("  gma search 'host.*' --directory {dir_addr}");
@@ -318,6 +443,19 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
         match t.await {
             Ok(Err(e)) => eprintln!("producer stopped with an error: {e}"),
             Err(e) => eprintln!("producer task failed: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
+    for (what, t) in [
+        (
+            "archiver",
+            archive_task.await.map(|r| r.map_err(|e| e.to_string())),
+        ),
+        ("dashboard", dash_task.await.map(|r| r.map_err(|e| e.to_string()))),
+    ] {
+        match t {
+            Ok(Err(e)) => eprintln!("{what} stopped with an error: {e}"),
+            Err(e) => eprintln!("{what} task failed: {e}"),
             Ok(Ok(())) => {}
         }
     }

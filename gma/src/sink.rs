@@ -47,6 +47,8 @@ pub struct SinkArgs {
     /// End each producer's stream after this many events from it.
     #[arg(long)]
     pub end_after: Option<u64>,
+    #[command(flatten)]
+    pub metrics: crate::cli::MetricsArgs,
 }
 
 struct Printer {
@@ -102,6 +104,9 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     }
     for p in &a.sources {
         gma_core::pattern::Pattern::source(p).map_err(|e| anyhow!("--source {p}: {e}"))?;
+    }
+    if let Some(m) = &a.metrics.metrics_listen {
+        crate::telemetry::serve_metrics("sink", m, false).await?;
     }
     let listener = bind(&a.listen).await?;
     let addr = listener.local_addr()?;

@@ -303,7 +303,10 @@ async fn directory_rejects_bad_records_and_keeps_its_data() {
     let mut c = gma_consumer::directory::client(&dir.addr).await.unwrap();
     let listed = || async {
         let mut c = gma_consumer::directory::client(&dir.addr).await.unwrap();
-        gma_consumer::directory::producers(&mut c, "*", "").await.unwrap()
+        // host.*: the producer's record, not the directory's gma.rpc companion.
+        gma_consumer::directory::producers(&mut c, "host.*", "")
+            .await
+            .unwrap()
     };
     let mut existing = Vec::new();
     for _ in 0..500 {

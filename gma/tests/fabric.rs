@@ -249,7 +249,7 @@ fn producer_streams_while_the_directory_is_down_and_re_registers() {
         "1500",
     ]);
     assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(
-        &dir_addr, "*"
+        &dir_addr, "host.*"
     ))
     .len()
         == 1));
@@ -369,7 +369,7 @@ fn sigterm_ends_streams_and_removes_the_record_at_once() {
         "600000",
     ]);
     assert!(wait_until(Duration::from_secs(20), || ids(&search_ids(
-        &dir.addr, "*"
+        &dir.addr, "host.*"
     ))
     .len()
         == 1));
@@ -392,7 +392,7 @@ fn sigterm_ends_streams_and_removes_the_record_at_once() {
         .expect("producer did not exit on SIGTERM with a subscriber attached");
     assert!(status.success(), "{status:?}: {}", prod.stderr_text());
     assert!(
-        ids(&search_ids(&dir.addr, "*")).is_empty(),
+        ids(&search_ids(&dir.addr, "host.*")).is_empty(),
         "record still listed after a clean stop"
     );
 }

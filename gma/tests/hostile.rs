@@ -1319,7 +1319,10 @@ fn hostile_input_gets_precise_statuses_and_the_data_survives() {
     std::fs::write(
         &dcfg,
         format!(
-            "data_dir = {:?}\n[limits]\nsubscriptions_per_connection = {DIRECTORY_WATCHES}\n",
+            // rpc_events_ms = 0: no gma.rpc companion and no gma.rpc sources: this test
+            // compares the directory's records byte for byte before and after the attack, and
+            // self-monitoring legitimately adds a source per newly called method.
+            "data_dir = {:?}\nrpc_events_ms = 0\n[limits]\nsubscriptions_per_connection = {DIRECTORY_WATCHES}\n",
             tmp.path().join("d").to_str().unwrap()
         ),
     )
@@ -1343,7 +1346,7 @@ fn hostile_input_gets_precise_statuses_and_the_data_survives() {
     let pcfg = tmp.path().join("producer.toml");
     std::fs::write(
         &pcfg,
-        format!("[limits]\nsubscriptions_per_connection = {PRODUCER_SUBS}\n"),
+        format!("rpc_events_ms = 0\n[limits]\nsubscriptions_per_connection = {PRODUCER_SUBS}\n"),
     )
     .unwrap();
     let mut prod = Proc::producer(&[

@@ -403,7 +403,7 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
             }
         }
         if !out.is_empty() {
-            metrics::counter!("gma_producer_derived_events_total").increment(out.len() as u64);
+            metrics::counter!(crate::telemetry::DERIVED_EVENTS).increment(out.len() as u64);
             if let (_, Err(e)) = hub.publish(&out) {
                 tracing::warn!(error = %e, "derived event refused");
             }

@@ -132,6 +132,7 @@ impl HubInner {
             .or_default()
             .insert(source.to_string(), id);
         self.catalog_version += 1;
+        metrics::gauge!(crate::telemetry::SERIES).set(self.series.len() as f64);
         Ok(id)
     }
 }
@@ -226,11 +227,14 @@ impl Hub {
     /// error is returned after the valid ones are published. Returns the last seq assigned.
     pub fn publish(&self, events: &[EventData]) -> (u64, Result<(), PublishError>) {
         let mut first_err = None;
+        let mut rejected = 0u64;
         let mut inner = self.inner.lock();
+        let start = inner.next_seq;
         for e in events {
             match publish_one(&mut inner, e) {
                 Ok(()) => {}
                 Err(err) => {
+                    rejected += 1;
                     if first_err.is_none() {
                         first_err = Some(err);
                     }
@@ -239,6 +243,10 @@ impl Hub {
         }
         let head = inner.next_seq;
         drop(inner);
+        metrics::counter!(crate::telemetry::EVENTS_PUBLISHED).increment(head - start);
+        if rejected > 0 {
+            metrics::counter!(crate::telemetry::PUBLISH_REJECTED).increment(rejected);
+        }
         self.head_tx.send_replace(head);
         (head - 1, first_err.map_or(Ok(()), Err))
     }

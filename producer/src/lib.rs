@@ -13,13 +13,21 @@
 //! - [`registrar`]: directory registration and lease keeping.
 //! - [`derive`]: rolling summaries and forecasts as derived series.
 //! - [`push`]: producer-initiated streams to consumers that accept them (`Consumer.Deliver`).
+//! - [`prometheus`]: the latest sensor values in Prometheus text format (`gma producer
+//!   --prometheus ADDR`).
+//! - [`telemetry`]: the names of the Prometheus metrics this crate records.
+//!
+//! Every producer also monitors itself: its gRPC server runs behind a [`gma_core::rpc::RpcLayer`]
+//! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
 
 pub mod derive;
 pub mod hub;
+pub mod prometheus;
 pub mod push;
 pub mod registrar;
 pub mod service;
 pub mod subscription;
+pub mod telemetry;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -27,6 +35,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gma_core::rpc::RpcStats;
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
 use gma_sensors::sim::{SimConfig, SimHandle};
@@ -84,6 +93,16 @@ pub struct ProducerConfig {
     pub policy: Option<PathBuf>,
     /// Per-identity limits (`[limits]`: requests_per_s, burst, subscriptions_per_connection).
     pub limits: gma_core::guard::Limits,
+    /// Period of the `gma.rpc` events this producer publishes about its own RPCs (0 = none).
+    pub rpc_events_ms: u64,
+    /// Where the binary serves Prometheus `/metrics` (`--metrics-listen`); none = not served.
+    pub metrics_listen: Option<String>,
+    /// Where the binary serves the latest sensor values as Prometheus gauges (`--prometheus`).
+    pub prometheus: Option<String>,
+    /// The role this producer serves (`producer`, or the role embedding it: `rescheduler`,
+    /// `relay`, ...): the `gma_<role>_rpc_*` metric prefix and the `role` of `gma.rpc` events.
+    #[serde(skip)]
+    pub role: String,
 }
 
 impl Default for ProducerConfig {
@@ -110,6 +129,10 @@ impl Default for ProducerConfig {
             tls: Default::default(),
             policy: None,
             limits: Default::default(),
+            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
+            metrics_listen: None,
+            prometheus: None,
+            role: "producer".into(),
         }
     }
 }
@@ -147,6 +170,9 @@ pub struct Producer {
     pub deriver: Arc<derive::Deriver>,
     /// Authorization policy and per-identity limits in front of every RPC (built once).
     pub gate: Arc<gma_core::guard::Gate>,
+    /// The RPC figures of this producer's server (and, for a companion producer, of the role
+    /// it publishes for: see [`Producer::with_rpc_stats`]).
+    pub rpc: Arc<RpcStats>,
     sensors: Vec<Box<dyn Sensor>>,
 }
 
@@ -214,6 +240,17 @@ impl Producer {
                 )));
             }
         }
+        if config.rpc_events_ms > 0 {
+            hub.add_schemas(&[gma_core::rpc::rpc_schema()])
+                .map_err(|e| ProducerError::Config(format!("gma.rpc: {e}")))?;
+        }
+        if config.role.is_empty() || !config.role.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            return Err(ProducerError::Config(format!(
+                "role {:?} must be lowercase letters and '_'",
+                config.role
+            )));
+        }
+        let rpc = RpcStats::new(&config.role);
         for s in &sensors {
             hub.add_schemas(&s.schemas())
                 .map_err(|e| ProducerError::Config(format!("sensor {}: {e}", s.name())))?;
@@ -246,8 +283,17 @@ impl Producer {
             counters,
             deriver,
             gate,
+            rpc,
             sensors,
         })
+    }
+
+    /// Records this producer's RPCs into `stats` (and publishes `stats` as `gma.rpc`) instead
+    /// of its own: a role without a hub of its own (the directory, the archiver) runs a
+    /// companion producer that shares the role's figures.
+    pub fn with_rpc_stats(mut self, stats: Arc<RpcStats>) -> Producer {
+        self.rpc = stats;
+        self
     }
 
     /// Serves on `listener` until `shutdown` resolves: sensors sample, the registrar keeps the
@@ -276,6 +322,7 @@ impl Producer {
             counters,
             deriver,
             gate,
+            rpc,
             sensors,
         } = self;
         let bound = listener.local_addr()?;
@@ -301,6 +348,15 @@ impl Producer {
             ));
         }
         tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
+        if config.rpc_events_ms > 0 {
+            tokio::spawn(publish_rpc(
+                rpc.clone(),
+                hub.clone(),
+                config.source.clone().unwrap_or_default(),
+                Duration::from_millis(config.rpc_events_ms),
+                stop_rx.clone(),
+            ));
+        }
         let mut registrar_task = None;
         if let Some(dir) = &config.directory {
             let source = config.source.clone().unwrap_or_default();
@@ -372,6 +428,7 @@ impl Producer {
                 .max_decoding_message_size(max),
         );
         let result = builder
+            .layer(gma_core::rpc::RpcLayer::new(rpc))
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -430,12 +487,38 @@ async fn sensor_loop(
             }
             Err(e) => {
                 errors += 1;
-                metrics::counter!("gma_producer_sensor_errors_total").increment(1);
+                metrics::counter!(crate::telemetry::SENSOR_ERRORS).increment(1);
                 // Log the first error and then one in a hundred: a broken probe must not flood.
                 if errors == 1 || errors.is_multiple_of(100) {
                     tracing::warn!(sensor = sensor.name(), errors, error = %e, "sensor sample failed");
                 }
             }
+        }
+    }
+}
+
+/// Publishes the RPC figures of `stats` as `gma.rpc` events (source `<source>/<method>`) every
+/// `period` until `stop`. A period in which no method was ever called publishes nothing.
+async fn publish_rpc(
+    stats: Arc<RpcStats>,
+    hub: Arc<Hub>,
+    source: String,
+    period: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let events = stats.events(&source, now_ns());
+        if events.is_empty() {
+            continue;
+        }
+        if let (_, Err(e)) = hub.publish(&events) {
+            tracing::warn!(error = %e, "cannot publish gma.rpc");
         }
     }
 }

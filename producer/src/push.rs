@@ -243,7 +243,7 @@ impl Pusher {
                 }
                 Ended::Stopped => return,
                 Ended::Broken(why) => {
-                    metrics::counter!("gma_producer_push_retries_total").increment(1);
+                    metrics::counter!(crate::telemetry::PUSH_RETRIES).increment(1);
                     tracing::debug!(consumer = %c.id, error = %why, "pushed stream broke; retrying");
                 }
             }
@@ -316,7 +316,7 @@ impl Pusher {
             Err(s) => return Ended::ByConsumer(format!("its subscription is invalid: {}", s.message())),
         };
         tracing::info!(consumer = %c.id, address = %c.address, "pushing events to consumer");
-        metrics::counter!("gma_producer_push_sessions_total").increment(1);
+        metrics::counter!(crate::telemetry::PUSH_SESSIONS).increment(1);
         let start = start_of(self.hub.epoch(), req.resume_from_seq, req.epoch);
         let (btx, mut brx) = mpsc::channel::<Bytes>(2);
         let task = tokio::spawn(subscription::run(

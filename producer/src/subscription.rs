@@ -295,14 +295,14 @@ impl Cursor {
             }
             let sent = self.latest_values(inner, self.next);
             let conflated = (overwritten + selected).saturating_sub(sent);
-            metrics::counter!("gma_producer_conflated_events_total").increment(conflated);
+            metrics::counter!(crate::telemetry::CONFLATED_EVENTS).increment(conflated);
             self.encoder.conflated(conflated);
             self.next = head;
             return true;
         }
         if self.next < oldest {
             let lost = oldest - self.next;
-            metrics::counter!("gma_producer_gap_events_total").increment(lost);
+            metrics::counter!(crate::telemetry::GAP_EVENTS).increment(lost);
             let reason = match self.spec.policy {
                 Policy::Block => {
                     "block policy: the consumer fell behind by more than the log and its block reserve"
@@ -317,7 +317,7 @@ impl Cursor {
             return false;
         }
         let to = head - self.spec.queue_events;
-        metrics::counter!("gma_producer_gap_events_total").increment(to - self.next);
+        metrics::counter!(crate::telemetry::GAP_EVENTS).increment(to - self.next);
         self.encoder.gap(
             self.next,
             to - 1,
@@ -480,7 +480,7 @@ impl Group {
                 self.bytes -= old.bytes.len();
             }
         }
-        metrics::counter!("gma_producer_chunks_encoded_total").increment(1);
+        metrics::counter!(crate::telemetry::CHUNKS_ENCODED).increment(1);
         SHARED_ENCODED.fetch_add(1, Ordering::Relaxed);
         Ok(Some(chunk))
     }
@@ -562,7 +562,7 @@ impl Registry {
                 cancel: cancel.clone(),
             },
         );
-        metrics::gauge!("gma_producer_subscriptions").increment(1.0);
+        metrics::gauge!(crate::telemetry::SUBSCRIPTIONS).increment(1.0);
         SubHandle {
             id,
             cancel,
@@ -647,7 +647,7 @@ pub struct RegistryGuard {
 impl Drop for RegistryGuard {
     fn drop(&mut self) {
         self.registry.subs.lock().remove(&self.id);
-        metrics::gauge!("gma_producer_subscriptions").decrement(1.0);
+        metrics::gauge!(crate::telemetry::SUBSCRIPTIONS).decrement(1.0);
     }
 }
 
@@ -696,7 +696,7 @@ fn next_messages(
                         }));
                     }
                     if chunk.events > 0 {
-                        metrics::counter!("gma_producer_events_sent_total").increment(chunk.events as u64);
+                        metrics::counter!(crate::telemetry::EVENTS_SENT).increment(chunk.events as u64);
                         out.push(chunk.bytes.clone());
                     }
                     cursor.next = chunk.to;
@@ -710,7 +710,7 @@ fn next_messages(
     let inner = hub.lock();
     cursor.fill(&inner, limit);
     if !cursor.encoder.is_empty() {
-        metrics::counter!("gma_producer_events_sent_total").increment(cursor.encoder.len() as u64);
+        metrics::counter!(crate::telemetry::EVENTS_SENT).increment(cursor.encoder.len() as u64);
         out.push(encode(&cursor.encoder.finish(epoch)));
         PRIVATE_ENCODED.fetch_add(1, Ordering::Relaxed);
     }

@@ -14,6 +14,7 @@
 //! - [`service`]: the async shell: follows `host.load`, `app.state` and `app.contract`,
 //!   evaluates, publishes `resched.decision`, applies the plan through an [`action`].
 //! - [`action`]: how a plan is applied: the application's `AppControl` service, or commands.
+//! - [`telemetry`]: the names of the Prometheus metrics this crate records.
 //!
 //! The contract monitor that raises the requests lives in `gma_sensors::contract`.
 
@@ -23,6 +24,7 @@
 pub mod action;
 pub mod plan;
 pub mod service;
+pub mod telemetry;
 
 pub use plan::{
     decide, gain, plan, slowdown, AppState, Decision, Force, HostLoad, Mode, Plan, PlanError, Policy,

@@ -60,6 +60,10 @@ pub struct ReschedulerConfig {
     pub policy: Option<PathBuf>,
     /// Per-identity limits of the endpoint (`[limits]`).
     pub limits: gma_core::guard::Limits,
+    /// Where `gma rescheduler` serves Prometheus `/metrics`; none = not served (binary only).
+    pub metrics_listen: Option<String>,
+    /// Period of the `gma.rpc` events about the rescheduler's RPCs (0 = none).
+    pub rpc_events_ms: u64,
 }
 
 impl Default for ReschedulerConfig {
@@ -78,6 +82,8 @@ impl Default for ReschedulerConfig {
             tls: Default::default(),
             policy: None,
             limits: Default::default(),
+            metrics_listen: None,
+            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
         }
     }
 }
@@ -170,6 +176,8 @@ pub async fn run(
         tls: config.tls.clone(),
         policy: config.policy.clone(),
         limits: config.limits.clone(),
+        rpc_events_ms: config.rpc_events_ms,
+        role: "rescheduler".into(),
         ..ProducerConfig::default()
     })
     .map_err(|e| ReschedulerError::Producer(e.to_string()))?;
@@ -343,6 +351,8 @@ async fn evaluate(ctx: &Ctx, app_id: &str, mode: Mode, trigger_ns: i64) {
     let p = plan(&app, &view, mode, &ctx.policy);
     let decide_ms = (now_ns() - trigger_ns).max(0) as f64 / 1e6;
     publish(ctx, &p, app.fraction_completed, decide_ms);
+    metrics::counter!(crate::telemetry::DECISIONS, "decision" => decision_str(p.decision)).increment(1);
+    metrics::histogram!(crate::telemetry::DECIDE_SECONDS).record(decide_ms / 1000.0);
     tracing::info!(app_id, decision = ?p.decision, gain = p.gain, targets = ?p.target_hosts, "rescheduler decision");
     let target = Target {
         app_id: app_id.to_string(),
@@ -361,6 +371,7 @@ async fn evaluate(ctx: &Ctx, app_id: &str, mode: Mode, trigger_ns: i64) {
 
 async fn migrate(ctx: &Ctx, t: &Target, p: &Plan) {
     if let Err(e) = ctx.action.stop(t).await {
+        metrics::counter!(crate::telemetry::MIGRATIONS_FAILED).increment(1);
         tracing::warn!(app_id = %t.app_id, error = %e, "stop failed; the application keeps running where it is");
         return;
     }
@@ -369,6 +380,7 @@ async fn migrate(ctx: &Ctx, t: &Target, p: &Plan) {
         match ctx.action.resume(t, &p.target_hosts).await {
             Ok(()) => return,
             Err(e) => {
+                metrics::counter!(crate::telemetry::MIGRATIONS_FAILED).increment(1);
                 tracing::warn!(app_id = %t.app_id, attempt, error = %e, "resume on the targets failed");
                 tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
             }

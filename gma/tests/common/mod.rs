@@ -2,6 +2,8 @@
 //! deadlines (never fixed sleeps as synchronization), run CLI commands.
 #![allow(dead_code)]
 
+pub mod cdp;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -230,4 +232,76 @@ pub fn make_certs(dir: &Path, cas: &[&str], leaves: &[(&str, &str, &str)]) {
         let r = gma(&args, Duration::from_secs(20));
         assert_eq!(r.code, 0, "{}", r.stderr);
     }
+}
+
+/// The address a role printed as `gma <role> <what> on ADDR` on stderr (e.g. `metrics`,
+/// `prometheus`), waiting for it.
+pub fn printed_addr(p: &Proc, role: &str, what: &str) -> String {
+    let prefix = format!("gma {role} {what} on ");
+    let mut found = None;
+    let ok = wait_until(Duration::from_secs(30), || {
+        found = p
+            .stderr
+            .lock()
+            .unwrap()
+            .iter()
+            .find_map(|l| l.strip_prefix(&prefix).map(|a| a.trim().to_string()));
+        found.is_some()
+    });
+    assert!(ok, "{role} did not print {prefix:?}; stderr: {}", p.stderr_text());
+    found.unwrap()
+}
+
+/// `GET path` over HTTP/1.1 on `addr` (one connection, `Connection: close`): (status, body).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP header end"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no HTTP status"))?;
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Ok((status, dechunk(body)));
+    }
+    Ok((status, body.to_string()))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A simulation file for `gma producer --simulate`: `hosts` hosts named `<prefix>NN` whose
+/// load walks (so their charts move), sampled every `period_ms`.
+pub fn sim_file(dir: &Path, prefix: &str, hosts: usize, period_ms: u64) -> PathBuf {
+    let mut text = format!("period_ms = {period_ms}\n");
+    for i in 0..hosts {
+        text.push_str(&format!(
+            "[[host]]\nname = \"{prefix}{i:02}\"\ncpus = 8\nmemory_mb = 4096\nwalk = {{ min = 0.5, max = 7.0, step = 0.5, seed = {} }}\n",
+            i + 1
+        ));
+    }
+    let path = dir.join(format!("{prefix}sim.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
 }

@@ -1,0 +1,255 @@
+//! gma-dashboard: the live web dashboard, a GMA "real-time monitor".
+//!
+//! The dashboard is one consumer of the fabric however many browsers watch: it follows the
+//! directory (Watch: producers and consumers appearing and leaving; ClusterStatus: members and
+//! leader), subscribes once to the events it shows (host load, CPU, memory and network,
+//! `*.decision`, `gma.rpc`), reduces them to small JSON messages ([`model`]), and fans each
+//! message out to every browser over server-sent events. Each message is framed once and
+//! shared (`Bytes` through a bounded `tokio::sync::broadcast`); a browser that falls
+//! behind the channel is sent a fresh snapshot instead of the messages it missed, so a slow
+//! browser never grows the dashboard's memory.
+//!
+//! - [`model`]: the live state and the pure reductions to messages.
+//! - [`feed`]: the tasks that read the fabric (Watch, ClusterStatus, one Subscriber).
+//! - [`http`]: the page (embedded assets), `/api/events` (SSE), `/api/snapshot`,
+//!   `/api/history` (archiver queries), `/metrics`.
+//! - [`telemetry`]: the names of the Prometheus metrics this crate records.
+//! - [`tls`]: HTTPS (rustls) when the config has a certificate and key.
+//!
+//! [`run`] serves on a listener the caller bound (tests use port 0).
+
+pub mod feed;
+pub mod http;
+pub mod model;
+pub mod telemetry;
+pub mod tls;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use metrics_exporter_prometheus::PrometheusHandle;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch};
+
+use crate::model::Model;
+
+/// The events the dashboard subscribes to by default.
+pub const DEFAULT_PATTERNS: &[&str] = &[
+    "host.cpu",
+    "host.mem",
+    "host.net",
+    "host.load",
+    "broker.decision",
+    "resched.decision",
+    "gma.rpc",
+];
+
+/// `gma dashboard --config FILE` (flags override).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DashboardConfig {
+    /// HTTP listen address (used by the binary).
+    pub listen: String,
+    /// Directory member(s), `a:1,b:2`.
+    pub directory: Option<String>,
+    /// An archiver's `Archive` address: enables the history panel.
+    pub archiver: Option<String>,
+    /// Event-name patterns subscribed to.
+    pub patterns: Vec<String>,
+    /// ClusterStatus polling period.
+    pub cluster_poll_ms: u64,
+    /// Chart points kept per host and metric (what a browser that connects starts with).
+    pub history_points: usize,
+    /// Messages buffered per browser before it is considered lagging (then sent a snapshot).
+    pub broadcast_capacity: usize,
+    /// Where the binary also serves Prometheus `/metrics` (the dashboard serves it on its own
+    /// port too).
+    pub metrics_listen: Option<String>,
+    /// `cert` and `key`: serve HTTPS. `ca` (with `cert`/`key` as the client identity): TLS
+    /// for the connections to the directory, producers and archiver. `allow_plaintext`: plain
+    /// HTTP off loopback.
+    pub tls: gma_core::tls::ServerTls,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig {
+            listen: "127.0.0.1:7500".into(),
+            directory: None,
+            archiver: None,
+            patterns: DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect(),
+            cluster_poll_ms: 1000,
+            history_points: 120,
+            broadcast_capacity: 1024,
+            metrics_listen: None,
+            tls: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DashboardError {
+    #[error("invalid dashboard config: {0}")]
+    Config(String),
+    #[error("io error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl DashboardConfig {
+    pub fn validate(&self) -> Result<(), DashboardError> {
+        let bad = |m: &str| Err(DashboardError::Config(m.into()));
+        if self.directory.as_deref().is_none_or(|d| d.trim().is_empty()) {
+            return bad("give the directory with --directory ADDR (or directory in --config)");
+        }
+        gma_core::pattern::event_patterns(&self.patterns)
+            .map_err(|e| DashboardError::Config(e.to_string()))?;
+        if self.cluster_poll_ms == 0 {
+            return bad("cluster_poll_ms must be at least 1");
+        }
+        if self.history_points == 0 || self.history_points > 100_000 {
+            return bad("history_points must lie in 1..=100000");
+        }
+        if self.broadcast_capacity == 0 || self.broadcast_capacity > 1 << 20 {
+            return bad("broadcast_capacity must lie in 1..=1048576");
+        }
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return bad("give both a certificate and its key (--tls-cert and --tls-key)");
+        }
+        if self.tls.client_ca.is_some() {
+            return bad("the dashboard does not verify browser certificates: leave out --tls-client-ca / tls.client_ca");
+        }
+        Ok(())
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    gma_core::time::now_ns() / 1_000_000
+}
+
+/// What the feeds and the HTTP handlers share.
+pub struct Shared {
+    model: Mutex<Model>,
+    tx: broadcast::Sender<Bytes>,
+    archiver: Option<String>,
+    metrics: Option<PrometheusHandle>,
+    stop: watch::Receiver<bool>,
+    status: Mutex<Value>,
+}
+
+/// One server-sent event carrying `v` (`data: <json>\n\n`; JSON has no raw newlines).
+pub fn sse_frame(v: &Value) -> Bytes {
+    let mut s = String::with_capacity(256);
+    s.push_str("data: ");
+    s.push_str(&v.to_string());
+    s.push_str("\n\n");
+    Bytes::from(s)
+}
+
+impl Shared {
+    /// Applies `f` to the model and broadcasts the messages it returns, under the model's lock
+    /// (so a browser's snapshot and the messages after it never overlap or miss).
+    pub fn update(&self, f: impl FnOnce(&mut Model) -> Vec<Value>) {
+        let mut m = self.model.lock();
+        for msg in f(&mut m) {
+            metrics::counter!(telemetry::MESSAGES).increment(1);
+            // No receiver is fine: nobody watches right now.
+            let _ = self.tx.send(sse_frame(&msg));
+        }
+        metrics::gauge!(telemetry::HOSTS).set(m.host_count() as f64);
+    }
+
+    /// A subscription to the messages and the snapshot they follow, taken atomically.
+    pub fn subscribe(&self) -> (broadcast::Receiver<Bytes>, Bytes) {
+        let m = self.model.lock();
+        let rx = self.tx.subscribe();
+        let mut snap = m.snapshot(now_ms());
+        snap["status"] = self.status.lock().clone();
+        (rx, sse_frame(&snap))
+    }
+
+    pub fn snapshot(&self) -> Value {
+        let mut snap = self.model.lock().snapshot(now_ms());
+        snap["status"] = self.status.lock().clone();
+        snap
+    }
+
+    /// The state of an input (`directory`): `error` = None when it works.
+    pub fn send_status(&self, input: &str, error: Option<&str>) {
+        let v = {
+            let mut st = self.status.lock();
+            let new = match error {
+                Some(e) => Value::String(e.to_string()),
+                None => Value::Null,
+            };
+            if st.get(input) == Some(&new) {
+                return;
+            }
+            st[input] = new;
+            st.clone()
+        };
+        self.update(|_| vec![serde_json::json!({"type": "status", "status": v})]);
+    }
+}
+
+/// Serves the dashboard on `listener` until `shutdown` resolves. `metrics` (the process's
+/// Prometheus recorder) is served at `/metrics` when given.
+pub async fn run(
+    config: DashboardConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    metrics: Option<PrometheusHandle>,
+) -> Result<(), DashboardError> {
+    config.validate()?;
+    let directory = config.directory.clone().unwrap_or_default();
+    let bound = listener.local_addr()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (tx, _) = broadcast::channel(config.broadcast_capacity);
+    let shared = Arc::new(Shared {
+        model: Mutex::new(Model::new(config.history_points, config.archiver.is_some())),
+        tx,
+        archiver: config.archiver.clone(),
+        metrics,
+        stop: stop_rx.clone(),
+        status: Mutex::new(serde_json::json!({})),
+    });
+    let tasks = vec![
+        tokio::spawn(feed::records(shared.clone(), directory.clone(), stop_rx.clone())),
+        tokio::spawn(feed::cluster(
+            shared.clone(),
+            directory.clone(),
+            Duration::from_millis(config.cluster_poll_ms),
+            stop_rx.clone(),
+        )),
+        tokio::spawn(feed::events(
+            shared.clone(),
+            directory,
+            config.patterns.clone(),
+            format!("dashboard@{bound}"),
+            stop_rx.clone(),
+        )),
+    ];
+    tracing::info!(%bound, "dashboard serving");
+    let app = http::router(shared.clone());
+    let signal = async move {
+        shutdown.await;
+        // Ends every SSE stream, so the graceful shutdown does not wait on browsers.
+        let _ = stop_tx.send(true);
+    };
+    let served = match (&config.tls.cert, &config.tls.key) {
+        (Some(cert), Some(key)) => {
+            let tls = tls::TlsListener::new(listener, tls::server_config(cert, key)?)?;
+            axum::serve(tls, app).with_graceful_shutdown(signal).await
+        }
+        _ => axum::serve(listener, app).with_graceful_shutdown(signal).await,
+    };
+    for t in tasks {
+        t.abort();
+    }
+    served.map_err(DashboardError::from)
+}

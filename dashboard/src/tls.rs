@@ -1,0 +1,188 @@
+//! HTTPS for the dashboard: rustls (the ring provider tonic uses too) in front of axum. The
+//! certificate and key are the role's `[tls]` `cert` and `key` (or `--tls-cert`/`--tls-key`).
+//! Handshakes run in their own tasks, bounded in time, so a slow or broken client never holds
+//! up the others; a failed handshake is dropped (and logged at debug).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::DashboardError;
+
+/// How long a TLS handshake may take.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// The rustls server config of `cert` (PEM chain) and `key` (PEM private key).
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+) -> Result<Arc<tokio_rustls::rustls::ServerConfig>, DashboardError> {
+    let bad = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
+        DashboardError::Config(format!("tls {what} {}: {e}", p.display()))
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad("cert", cert, &e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad("cert", cert, &e))?;
+    if certs.is_empty() {
+        return Err(DashboardError::Config(format!(
+            "tls cert {}: no certificate in it",
+            cert.display()
+        )));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("key", key, &e))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut cfg = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| DashboardError::Config(format!("tls: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| DashboardError::Config(format!("tls: {e}")))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// A listener of TLS connections for `axum::serve`.
+pub struct TlsListener {
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TlsListener {
+    pub fn new(
+        listener: TcpListener,
+        config: Arc<tokio_rustls::rustls::ServerConfig>,
+    ) -> std::io::Result<TlsListener> {
+        let local = listener.local_addr()?;
+        let acceptor = TlsAcceptor::from(config);
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => {
+                            let _ = tx.send((s, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { rx, local, task })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept task ended (it does not, but for its abort): no more connections.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The dashboard answers over HTTPS with the configured certificate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serves_https_with_the_configured_certificate() {
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = crate::DashboardConfig {
+            // Nothing listens there: the feeds retry in the background, the page still serves.
+            directory: Some("127.0.0.1:1".into()),
+            tls: gma_core::tls::ServerTls {
+                cert: Some(cert),
+                key: Some(key),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let server = tokio::spawn(crate::run(
+            config,
+            listener,
+            async move {
+                let _ = stop_rx.wait_for(|v| *v).await;
+            },
+            None,
+        ));
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        roots.add(ck.cert.der().clone()).unwrap();
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let client = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tls.read_to_end(&mut out).await;
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.ends_with("ok"), "{text}");
+        // A plaintext client gets no page.
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        plain
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut buf)).await;
+        assert!(!String::from_utf8_lossy(&buf).contains("200"));
+        let _ = stop_tx.send(true);
+        server.await.unwrap().unwrap();
+    }
+}
