@@ -37,12 +37,40 @@ pub struct Counters {
     /// (when, samples made durable then), the last 10 s.
     recent: Mutex<VecDeque<(Instant, u64)>>,
     producers: Mutex<HashSet<String>>,
+    /// Events producers reported lost before they reached the archiver.
+    pub gap_events: AtomicU64,
+    /// (producer, epoch) -> (highest seq received, events received); the newest
+    /// [`MAX_RUNS_TRACKED`] runs.
+    received: Mutex<std::collections::BTreeMap<(String, u64), (u64, u64)>>,
 }
+
+/// Producer runs whose reception [`Counters::received`] keeps.
+pub const MAX_RUNS_TRACKED: usize = 4096;
 
 /// The window of [`Counters::ingest_rate`].
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 
 impl Counters {
+    /// Notes events of one producer run up to `last_seq`.
+    pub fn note_received(&self, producer: &str, epoch: u64, last_seq: u64, events: u64) {
+        let mut g = self.received.lock();
+        let e = g.entry((producer.to_string(), epoch)).or_insert((0, 0));
+        e.0 = e.0.max(last_seq);
+        e.1 += events;
+        if g.len() > MAX_RUNS_TRACKED {
+            // Forget the oldest run (smallest epoch).
+            if let Some(k) = g.keys().min_by_key(|k| k.1).cloned() {
+                g.remove(&k);
+            }
+        }
+    }
+
+    /// Every tracked run: (producer, epoch, highest seq, events).
+    pub fn received(&self) -> Vec<(String, u64, u64, u64)> {
+        let g = self.received.lock();
+        g.iter().map(|((p, e), (s, n))| (p.clone(), *e, *s, *n)).collect()
+    }
+
     pub fn add(&self, c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }

@@ -412,6 +412,12 @@ async fn ingest_loop(
                     mut events,
                     resume,
                 } => {
+                    counters.note_received(
+                        &producer,
+                        resume.epoch,
+                        resume.next_seq.saturating_sub(1),
+                        events.len() as u64,
+                    );
                     let kept = keeper.filter(&mut events);
                     counters.add(&counters.kept_abnormal, kept.abnormal);
                     counters.add(&counters.sampled_out, kept.sampled_out);
@@ -428,6 +434,7 @@ async fn ingest_loop(
                 Delivery::Gap { producer, gap } => {
                     tracing::warn!(%producer, ?gap, "events lost before reaching the archiver");
                     metrics::counter!(crate::telemetry::GAP_EVENTS).increment(gap.dropped);
+                    counters.add(&counters.gap_events, gap.dropped);
                 }
                 Delivery::Discovered { producer, .. } => counters.follow(&producer, true),
                 Delivery::Gone { producer, .. } => counters.follow(&producer, false),

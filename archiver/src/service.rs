@@ -210,6 +210,17 @@ impl Archive for ArchiveService {
             kept_abnormal: c.get(&c.kept_abnormal),
             sampled_out: c.get(&c.sampled_out),
             retention_deleted: c.get(&c.retention_deleted),
+            gap_events: c.get(&c.gap_events),
+            received: c
+                .received()
+                .into_iter()
+                .map(|(producer, epoch, last_seq, events)| pb::ArchiveReceived {
+                    producer,
+                    epoch,
+                    last_seq,
+                    events,
+                })
+                .collect(),
         }))
     }
 

@@ -65,6 +65,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         } => crate::bench_fanout::stall(duration, rate, output).await,
         BenchScenario::Filter { events, output } => crate::bench_fanout::filter(events, output),
         BenchScenario::Forecast { trace, output } => crate::bench_fanout::forecast(trace, output),
+        BenchScenario::All { duration, output } => all(duration, output).await,
+        BenchScenario::Scale {
+            hosts,
+            producers,
+            consumers,
+            duration,
+            no_churn,
+            output,
+        } => crate::bench_scale::scale(hosts, producers, consumers, duration, !no_churn, output).await,
         BenchScenario::Broker {
             resources,
             duration,
@@ -101,6 +110,73 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             output,
         } => crate::bench_dashboard::run(duration, hosts, clients, period_ms, output).await,
     }
+}
+
+/// Prints one scenario's JSON object (one line) with the fields every scenario has:
+/// `machine_cores`, and `processes` — the scenario's own list when it runs several processes,
+/// else this process (the scenario ran in it): CPU seconds, peak and final RSS.
+pub(crate) fn emit(mut v: serde_json::Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.entry("machine_cores").or_insert(serde_json::json!(cores()));
+        o.entry("processes").or_insert_with(|| {
+            let me = std::process::id().to_string();
+            let (cpu, rss) = proc_usage(&me).unwrap_or((f64::NAN, f64::NAN));
+            serde_json::json!([{
+                "name": "gma bench (every role of the scenario, in process)",
+                "cpu_seconds": cpu,
+                "rss_mib_peak": peak_rss_mib(&me),
+                "rss_mib_end": rss,
+            }])
+        });
+    }
+    println!("{v}");
+}
+
+/// Peak RSS (VmHWM) of a process, MiB.
+pub(crate) fn peak_rss_mib(pid: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// `gma bench all`: every scenario of the suite in turn, each in its own process, one JSON
+/// object per line (or its table).
+async fn all(duration: u64, output: Output) -> anyhow::Result<()> {
+    let d = duration.max(1).to_string();
+    let out = match output {
+        Output::Json => "json",
+        Output::Table => "table",
+    };
+    let scale_d = (duration * 6).max(10).to_string();
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["stream", "--duration", &d],
+        vec!["fanout", "--duration", &d],
+        vec!["directory", "--duration", &d, "--trials", "3"],
+        vec!["archive"],
+        vec!["broker", "--duration", &d],
+        vec!["agent", "--duration", &scale_d],
+        vec!["scale", "--duration", &scale_d],
+    ];
+    let exe = std::env::current_exe().context("cannot find the gma binary")?;
+    for r in runs {
+        let status = tokio::process::Command::new(&exe)
+            .arg("bench")
+            .args(&r)
+            .args(["--output", out])
+            .status()
+            .await
+            .with_context(|| format!("gma bench {}", r[0]))?;
+        if !status.success() {
+            bail!("gma bench {} failed ({status})", r[0]);
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn cores() -> usize {
@@ -441,24 +517,21 @@ fn print_stream(f: &StreamFigures, output: Output) {
     let cores_used = (f.cpu_seconds / f.seconds).max(0.01);
     let q = |p: f64| f.latency.value_at_quantile(p) as f64 / 1000.0;
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "scenario": "stream",
-                "tls": f.tls,
-                "machine_cores": cores(),
-                "events": f.events,
-                "seconds": f.seconds,
-                "events_per_s": eps,
-                "cpu_cores_used": cores_used,
-                "events_per_s_per_core": eps / cores_used,
-                "dropped": f.dropped,
-                "wire_bytes_per_event": f.bytes_per_event,
-                "latency_rate_events_per_s": f.latency_rate,
-                "latency_samples": f.latency.len(),
-                "latency_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": f.latency.max() as f64 / 1000.0},
-            })
-        ),
+        Output::Json => crate::bench::emit(serde_json::json!({
+            "scenario": "stream",
+            "tls": f.tls,
+            "machine_cores": cores(),
+            "events": f.events,
+            "seconds": f.seconds,
+            "events_per_s": eps,
+            "cpu_cores_used": cores_used,
+            "events_per_s_per_core": eps / cores_used,
+            "dropped": f.dropped,
+            "wire_bytes_per_event": f.bytes_per_event,
+            "latency_rate_events_per_s": f.latency_rate,
+            "latency_samples": f.latency.len(),
+            "latency_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": f.latency.max() as f64 / 1000.0},
+        })),
         Output::Table => {
             println!("stream: one producer -> one consumer, loopback gRPC, 3-value events, batches of 1000");
             println!("  tls                      {}", f.tls);
@@ -558,20 +631,21 @@ async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<
     let _ = child.kill().await;
     let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "scenario": "agent",
-                "machine_cores": cores(),
-                "period_ms": period_ms,
-                "seconds": seconds,
-                "cpu_pct_of_one_core": cpu_pct,
-                "rss_mb": rss,
-                "peak_rss_mb": peak_rss.max(rss),
-                "values_per_s": values_per_s,
-                "cpu_us_per_value": us_per_value,
-            })
-        ),
+        Output::Json => crate::bench::emit(serde_json::json!({
+            "scenario": "agent",
+            "machine_cores": cores(),
+            "period_ms": period_ms,
+            "seconds": seconds,
+            "cpu_pct_of_one_core": cpu_pct,
+            "rss_mb": rss,
+            "peak_rss_mb": peak_rss.max(rss),
+            "values_per_s": values_per_s,
+            "cpu_us_per_value": us_per_value,
+            "processes": [{
+                "name": "gma producer (the host agent)", "cpu_seconds": cpu1 - cpu0,
+                "cpu_pct": cpu_pct, "rss_mib_peak": peak_rss.max(rss), "rss_mib_end": rss,
+            }],
+        })),
         Output::Table => {
             println!(
                 "agent: `gma producer` with host sensors, {period_ms} ms sampling, measured {seconds:.0} s"

@@ -196,7 +196,7 @@ pub async fn run(samples: u64, output: Output) -> anyhow::Result<()> {
         "rss_mib": rss_mib,
     });
     match output {
-        Output::Json => println!("{j}"),
+        Output::Json => crate::bench::emit(j),
         Output::Table => {
             println!("archive: the archiver's store (sled), in process");
             println!("  machine cores            {}", cores());

@@ -171,18 +171,15 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
     let rate = total as f64 / wall;
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     match output {
-        Output::Json => println!(
-            "{}",
-            json!({
-                "scenario": "broker", "resources": resources, "clients": clients, "duration_s": wall,
-                "decisions": total, "decisions_per_s": rate,
-                "cpu_cores_used": cpu / wall, "decisions_per_cpu_s": total as f64 / cpu.max(1e-9),
-                "latency_ms": { "p50": ms(&lat, 0.5), "p99": ms(&lat, 0.99), "p999": ms(&lat, 0.999), "max": lat.max() as f64 / 1000.0 },
-                "rank_us": { "p50": server.value_at_quantile(0.5), "p99": server.value_at_quantile(0.99) },
-                "rss_mib": rss, "cores": cores(),
-                "paper": { "jobs_per_minute": 250, "response_s": 1.0 },
-            })
-        ),
+        Output::Json => crate::bench::emit(json!({
+            "scenario": "broker", "resources": resources, "clients": clients, "duration_s": wall,
+            "decisions": total, "decisions_per_s": rate,
+            "cpu_cores_used": cpu / wall, "decisions_per_cpu_s": total as f64 / cpu.max(1e-9),
+            "latency_ms": { "p50": ms(&lat, 0.5), "p99": ms(&lat, 0.99), "p999": ms(&lat, 0.999), "max": lat.max() as f64 / 1000.0 },
+            "rank_us": { "p50": server.value_at_quantile(0.5), "p99": server.value_at_quantile(0.99) },
+            "rss_mib": rss, "cores": cores(),
+            "paper": { "jobs_per_minute": 250, "response_s": 1.0 },
+        })),
         Output::Table => {
             println!(
                 "broker Select over gRPC, {resources} live resources, {clients} clients, {wall:.1} s ({} cores):",
@@ -313,7 +310,7 @@ pub async fn coalloc(
                     j
                 })
                 .collect();
-            println!("{}", json!({"scenario": "coalloc", "simres": addr, "results": v}));
+            crate::bench::emit(json!({"scenario": "coalloc", "simres": addr, "results": v}));
         }
         Output::Table => {
             println!(
@@ -380,16 +377,13 @@ pub fn placement(
     }
     let ttd = rows[0].1;
     match output {
-        Output::Json => println!(
-            "{}",
-            json!({
-                "scenario": "placement", "hosts": hosts, "jobs": jobs, "utilization": utilization, "seeds": seeds,
-                "results": rows.iter().map(|(p, m, p95, w)| json!({
-                    "placement": p.as_str(), "mean_completion_s": m, "p95_completion_s": p95, "mean_wait_s": w,
-                    "vs_ttd": m / ttd,
-                })).collect::<Vec<_>>(),
-            })
-        ),
+        Output::Json => crate::bench::emit(json!({
+            "scenario": "placement", "hosts": hosts, "jobs": jobs, "utilization": utilization, "seeds": seeds,
+            "results": rows.iter().map(|(p, m, p95, w)| json!({
+                "placement": p.as_str(), "mean_completion_s": m, "p95_completion_s": p95, "mean_wait_s": w,
+                "vs_ttd": m / ttd,
+            })).collect::<Vec<_>>(),
+        })),
         Output::Table => {
             println!(
                 "placement quality: {hosts} heterogeneous hosts (4/8/16 CPUs, benchmark 500..3000), {jobs} jobs, offered load {:.0}%, mean of {seeds} seeds",

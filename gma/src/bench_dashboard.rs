@@ -278,22 +278,19 @@ pub async fn run(
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let per_client = |n: u64| n as f64 / secs / clients.max(1) as f64;
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "scenario": "dashboard",
-                "machine_cores": cores(),
-                "hosts": hosts,
-                "live_series": series,
-                "period_ms": period_ms,
-                "clients": clients,
-                "seconds": secs,
-                "idle": {"cpu_pct_of_one_core": idle.cpu_pct, "rss_mb": idle.rss_mb, "peak_rss_mb": idle.peak_rss_mb},
-                "with_clients": {"cpu_pct_of_one_core": busy.cpu_pct, "rss_mb": busy.rss_mb, "peak_rss_mb": busy.peak_rss_mb},
-                "per_client": {"messages_per_s": per_client(messages), "points_per_s": per_client(points), "bytes_per_s": per_client(bytes)},
-                "fanout_latency_ms": {"samples": h.len(), "p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "max": h.max() as f64 / 1000.0},
-            })
-        ),
+        Output::Json => crate::bench::emit(serde_json::json!({
+            "scenario": "dashboard",
+            "machine_cores": cores(),
+            "hosts": hosts,
+            "live_series": series,
+            "period_ms": period_ms,
+            "clients": clients,
+            "seconds": secs,
+            "idle": {"cpu_pct_of_one_core": idle.cpu_pct, "rss_mb": idle.rss_mb, "peak_rss_mb": idle.peak_rss_mb},
+            "with_clients": {"cpu_pct_of_one_core": busy.cpu_pct, "rss_mb": busy.rss_mb, "peak_rss_mb": busy.peak_rss_mb},
+            "per_client": {"messages_per_s": per_client(messages), "points_per_s": per_client(points), "bytes_per_s": per_client(bytes)},
+            "fanout_latency_ms": {"samples": h.len(), "p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "max": h.max() as f64 / 1000.0},
+        })),
         Output::Table => {
             println!(
                 "dashboard: {hosts} simulated hosts x 3 events = {series} live series every {period_ms} ms, {clients} SSE clients, {secs:.0} s per phase"

@@ -108,9 +108,9 @@ fn with_usage<R>(u: &UsageTable, f: impl FnOnce(&mut Vec<Usage>) -> R) -> R {
 
 /// `gma directory` member processes. Field order matters: the children (killed on drop) go
 /// before the temporary directory holding their data.
-struct Cluster {
+pub(crate) struct Cluster {
     nodes: Vec<Option<Child>>,
-    addrs: Vec<String>,
+    pub(crate) addrs: Vec<String>,
     peers: Option<String>,
     usage: UsageTable,
     sampler: tokio::task::JoinHandle<()>,
@@ -134,7 +134,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Cluster {
-    async fn start(n: usize) -> anyhow::Result<Cluster> {
+    pub(crate) async fn start(n: usize) -> anyhow::Result<Cluster> {
         let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
         let addrs = (0..n)
             .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
@@ -172,7 +172,7 @@ impl Cluster {
     }
 
     /// Starts member `i` (node id i + 1) and waits until it listens.
-    async fn spawn(&mut self, i: usize, init: bool) -> anyhow::Result<()> {
+    pub(crate) async fn spawn(&mut self, i: usize, init: bool) -> anyhow::Result<()> {
         let exe = std::env::current_exe().context("cannot find the gma binary")?;
         let data = self.tmp.path().join(format!("n{}", i + 1));
         let mut cmd = tokio::process::Command::new(exe);
@@ -237,7 +237,7 @@ impl Cluster {
     }
 
     /// Takes member `i` out for killing: its usage is sampled one last time first.
-    fn take_for_kill(&mut self, i: usize) -> anyhow::Result<Child> {
+    pub(crate) fn take_for_kill(&mut self, i: usize) -> anyhow::Result<Child> {
         with_usage(&self.usage, |u| {
             u[i].sample();
             u[i].cpu_done += u[i].cpu_now;
@@ -250,7 +250,7 @@ impl Cluster {
     }
 
     /// Kills every member and returns (CPU seconds, peak RSS MiB) per member.
-    async fn stop(mut self) -> (Vec<f64>, Vec<f64>) {
+    pub(crate) async fn stop(mut self) -> (Vec<f64>, Vec<f64>) {
         for i in 0..self.nodes.len() {
             if let Ok(mut c) = self.take_for_kill(i) {
                 let _ = c.start_kill();
@@ -265,7 +265,7 @@ impl Cluster {
         })
     }
 
-    fn cpu_total(&self) -> f64 {
+    pub(crate) fn cpu_total(&self) -> f64 {
         with_usage(&self.usage, |u| {
             u.iter_mut().for_each(Usage::sample);
             u.iter().map(Usage::cpu).sum()
@@ -280,7 +280,7 @@ impl Cluster {
 
     /// The leader's index once every live member reports the same live leader and, with
     /// `caught_up`, the same last log index, all of it applied (no member lags behind).
-    async fn agreed_leader(&self, timeout: Duration, caught_up: bool) -> anyhow::Result<usize> {
+    pub(crate) async fn agreed_leader(&self, timeout: Duration, caught_up: bool) -> anyhow::Result<usize> {
         let deadline = Instant::now() + timeout;
         loop {
             let mut seen = Vec::new();
@@ -741,30 +741,30 @@ fn print(f: &Figures, output: Output) {
         (median, p90, max, s)
     });
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "scenario": "directory",
-                "nodes": f.nodes,
-                "machine_cores": cores(),
-                "duration_s": f.duration_s,
-                "register_1_client_per_s": f.reg1.per_s(),
-                "register_64_clients_per_s": f.reg64.per_s(),
-                "register_errors": {"clients_1": f.reg1.errors, "clients_64": f.reg64.errors},
-                "register_latency_ms": {"clients_1": pct(&f.reg1.latency), "clients_64": pct(&f.reg64.latency)},
-                "register_cpu_cores_used": {"clients_1": f.reg1.cpu_cores, "clients_64": f.reg64.cpu_cores},
-                "search_linearizable_ms": pct(&f.search_lin),
-                "search_stale_ms": pct(&f.search_stale),
-                "watch_latency_ms": pct(&f.watch),
-                "failover_ms": failover.map(|(median, p90, max, s)| serde_json::json!({
-                    "median": median, "p90": p90, "max": max,
-                    "samples": s.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
-                })),
-                "cpu_seconds": f.cpu_s.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
-                "rss_mb": f.rss_mb.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
-                "seconds": f.seconds,
-            })
-        ),
+        Output::Json => crate::bench::emit(serde_json::json!({
+            "scenario": "directory",
+            "nodes": f.nodes,
+            "machine_cores": cores(),
+            "duration_s": f.duration_s,
+            "register_1_client_per_s": f.reg1.per_s(),
+            "register_64_clients_per_s": f.reg64.per_s(),
+            "register_errors": {"clients_1": f.reg1.errors, "clients_64": f.reg64.errors},
+            "register_latency_ms": {"clients_1": pct(&f.reg1.latency), "clients_64": pct(&f.reg64.latency)},
+            "register_cpu_cores_used": {"clients_1": f.reg1.cpu_cores, "clients_64": f.reg64.cpu_cores},
+            "search_linearizable_ms": pct(&f.search_lin),
+            "search_stale_ms": pct(&f.search_stale),
+            "watch_latency_ms": pct(&f.watch),
+            "failover_ms": failover.map(|(median, p90, max, s)| serde_json::json!({
+                "median": median, "p90": p90, "max": max,
+                "samples": s.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
+            })),
+            "cpu_seconds": f.cpu_s.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
+            "rss_mb": f.rss_mb.iter().map(|v| round2(*v)).collect::<Vec<_>>(),
+            "seconds": f.seconds,
+            "processes": f.cpu_s.iter().zip(&f.rss_mb).enumerate().map(|(i, (c, r))| serde_json::json!({
+                "name": format!("directory-{}", i + 1), "cpu_seconds": round2(*c), "rss_mib_peak": round2(*r),
+            })).collect::<Vec<_>>(),
+        })),
         Output::Table => {
             let lat = |h: &Histogram<u64>| {
                 format!(

@@ -432,15 +432,12 @@ fn print_fanout(rows: &[FanoutRow], distinct: bool, rate: u64, output: Output) {
                     })
                 })
                 .collect();
-            println!(
-                "{}",
-                serde_json::json!({
-                    "scenario": "fanout",
-                    "machine_cores": cores(),
-                    "distinct_filters": distinct,
-                    "rows": list,
-                })
-            );
+            crate::bench::emit(serde_json::json!({
+                "scenario": "fanout",
+                "machine_cores": cores(),
+                "distinct_filters": distinct,
+                "rows": list,
+            }));
         }
         Output::Table => {
             println!(
@@ -755,16 +752,13 @@ fn print_stall(phases: &[StallPhase], rate: u64, output: Output) {
                     })
                 })
                 .collect();
-            println!(
-                "{}",
-                serde_json::json!({
-                    "scenario": "stall",
-                    "machine_cores": cores(),
-                    "rate_events_per_s": rate,
-                    "ring_events": STALL_RING,
-                    "phases": list,
-                })
-            );
+            crate::bench::emit(serde_json::json!({
+                "scenario": "stall",
+                "machine_cores": cores(),
+                "rate_events_per_s": rate,
+                "ring_events": STALL_RING,
+                "phases": list,
+            }));
         }
         Output::Table => {
             println!(
@@ -960,9 +954,8 @@ pub fn filter(events: usize, output: Output) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            println!(
-                "{}",
-                serde_json::json!({"scenario": "filter", "sources": FILTER_SOURCES, "runs": FILTER_RUNS, "rows": list})
+            crate::bench::emit(
+                serde_json::json!({"scenario": "filter", "sources": FILTER_SOURCES, "runs": FILTER_RUNS, "rows": list}),
             );
         }
         Output::Table => {
@@ -1091,7 +1084,7 @@ pub fn forecast(trace: Option<PathBuf>, output: Output) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            println!("{}", serde_json::json!({"scenario": "forecast", "traces": list}));
+            crate::bench::emit(serde_json::json!({"scenario": "forecast", "traces": list}));
         }
         Output::Table => {
             println!(

@@ -198,16 +198,13 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
 
     let q = |h: &Histogram<u64>, p: f64| h.value_at_quantile(p) as f64 / 1000.0;
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "scenario": "resched", "machine_cores": crate::bench::cores(), "trials": trials,
-                "hosts": HOSTS,
-                "request_to_decision_ms": {"p50": q(&e2e, 0.5), "p99": q(&e2e, 0.99), "max": e2e.max() as f64 / 1000.0},
-                "inside_rescheduler_ms": {"p50": q(&inside, 0.5), "p99": q(&inside, 0.99)},
-                "plan_us_1000_hosts": plan_us, "plan_migrated": migrate == n,
-            })
-        ),
+        Output::Json => crate::bench::emit(serde_json::json!({
+            "scenario": "resched", "machine_cores": crate::bench::cores(), "trials": trials,
+            "hosts": HOSTS,
+            "request_to_decision_ms": {"p50": q(&e2e, 0.5), "p99": q(&e2e, 0.99), "max": e2e.max() as f64 / 1000.0},
+            "inside_rescheduler_ms": {"p50": q(&inside, 0.5), "p99": q(&inside, 0.99)},
+            "plan_us_1000_hosts": plan_us, "plan_migrated": migrate == n,
+        })),
         Output::Table => {
             println!(
                 "resched: contract violation -> published decision, {HOSTS} simulated hosts, loopback gRPC"

@@ -494,6 +494,35 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// Every scenario of the suite in turn (stream, fanout, directory, archive, broker, agent,
+    /// scale), each in its own process: one JSON object per line with --output json.
+    All {
+        /// Seconds per phase (agent and scale run 6x this).
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The fabric at grid scale: simulated hosts in several producer processes, a 3-node
+    /// directory, an archiver, a broker and dashboard-style consumers; loss by seq accounting
+    /// (producer -> archiver), latency, CPU and RSS of every process; with churn (a producer
+    /// restart, a directory leader killed and restarted).
+    Scale {
+        #[arg(long, default_value_t = 1000)]
+        hosts: u32,
+        #[arg(long, default_value_t = 4)]
+        producers: u32,
+        #[arg(long, default_value_t = 100)]
+        consumers: u32,
+        /// Seconds of measurement (after setup).
+        #[arg(long, default_value_t = 300)]
+        duration: u64,
+        /// No producer restart or directory kill.
+        #[arg(long)]
+        no_churn: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// The broker: Select decisions/s and latency through gRPC with N live resources.
     Broker {
         #[arg(long, default_value_t = 1000)]

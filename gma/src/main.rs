@@ -9,6 +9,7 @@ mod bench_dashboard;
 mod bench_dir;
 mod bench_fanout;
 mod bench_resched;
+mod bench_scale;
 mod broker;
 mod certs;
 mod cli;

@@ -231,9 +231,17 @@ pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
         crate::telemetry::serve_producer_values(addr, p.hub.clone(), plain).await?;
     }
     eprintln!("gma producer listening on {}", listener.local_addr()?);
+    let hub = p.hub.clone();
     p.run(listener, shutdown_signal())
         .await
-        .map_err(|e| anyhow!("producer failed: {e}"))
+        .map_err(|e| anyhow!("producer failed: {e}"))?;
+    // What this run published, for whoever accounts for it (gma bench scale).
+    eprintln!(
+        "gma producer stopped: epoch {} last seq {}",
+        hub.epoch(),
+        hub.lock().head().saturating_sub(1)
+    );
+    Ok(())
 }
 
 const DEMO_SIM_HEADER: &str = "# Simulated hosts of `gma demo`.\n";

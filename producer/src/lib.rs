@@ -333,19 +333,20 @@ impl Producer {
             .unwrap_or_else(|| gma_core::addr::advertised(bound));
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
+        let mut sensor_tasks = Vec::new();
         for sensor in sensors {
             let period = config
                 .sensor_period_ms
                 .get(sensor.name())
                 .map(|ms| Duration::from_millis(*ms))
                 .unwrap_or_else(|| sensor.period());
-            tokio::spawn(sensor_loop(
+            sensor_tasks.push(tokio::spawn(sensor_loop(
                 sensor,
                 period,
                 hub.clone(),
                 counters.clone(),
                 stop_rx.clone(),
-            ));
+            )));
         }
         tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
         if config.rpc_events_ms > 0 {
@@ -405,9 +406,20 @@ impl Producer {
         let stopping = stop_tx.clone();
         let shutdown = async move {
             shutdown.await;
+            // Sensors stop first; then every stream sends the events it has not sent yet and
+            // ends (bounded: a consumer that does not read is cut off after DRAIN_TIMEOUT).
             let _ = stopping.send(true);
+            let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+            // A sensor in the middle of a sample publishes it before it stops.
+            for t in sensor_tasks {
+                let _ = tokio::time::timeout_at(deadline, t).await;
+            }
+            registry.drain();
+            while !registry.is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let n = registry.cancel_every();
-            tracing::info!(subscriptions = n, "producer shutting down");
+            tracing::info!(cut_off = n, "producer shutting down");
         };
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = tls {
@@ -447,6 +459,9 @@ impl Producer {
         result.map_err(ProducerError::from)
     }
 }
+
+/// How long a stopping producer lets its streams deliver the events they have not sent yet.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Convenience: build and run a producer.
 pub async fn run(

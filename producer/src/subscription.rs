@@ -547,9 +547,21 @@ pub struct Registry {
     next_id: AtomicU64,
     subs: Mutex<HashMap<u64, Entry>>,
     pub groups: Groups,
+    /// Set when the producer stops: every stream sends what it has not sent yet, then ends.
+    draining: Cancel,
 }
 
 impl Registry {
+    /// Asks every stream to end once it has sent every event published so far (producer
+    /// shutdown, after the sensors stopped): consumers get the tail instead of losing it.
+    pub fn drain(&self) {
+        self.draining.cancel();
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.is_cancelled()
+    }
+
     /// Registers a subscription of `consumer_id` opened by `owner`.
     pub fn add(self: &Arc<Self>, consumer_id: &str, owner: &gma_core::authz::Identity) -> SubHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -785,10 +797,16 @@ pub async fn run(
             tokio::task::yield_now().await;
             continue;
         }
+        if registry.is_draining() {
+            // Everything published has been sent: end the stream (the consumer reads the rest
+            // of the channel, then a clean end).
+            return;
+        }
         tokio::select! {
             r = head.changed() => if r.is_err() { return },
             _ = cancel.cancelled() => return,
             _ = tx.closed() => return,
+            _ = registry.draining.cancelled() => {}
         }
     }
 }
