@@ -351,10 +351,8 @@ pub async fn scale(
                         }
                         seen.lock()[c].insert(producer);
                     }
-                    Delivery::Gap { gap, .. } => {
-                        if recording.load(std::sync::atomic::Ordering::Relaxed) {
-                            figures.lock()[c].gap_events += gap.dropped;
-                        }
+                    Delivery::Gap { gap, .. } if recording.load(std::sync::atomic::Ordering::Relaxed) => {
+                        figures.lock()[c].gap_events += gap.dropped;
                     }
                     _ => {}
                 }
