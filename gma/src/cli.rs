@@ -125,6 +125,11 @@ pub enum Command {
     /// A simulated resource manager: per-resource reservation calendars behind the
     /// Reservations interface (create / modify / release with granted / never / retry-from).
     Simres(crate::broker::SimresArgs),
+    /// The network sensor: latency and bandwidth probes to the other netprobes of its site,
+    /// one at a time (a token circulates), published as net.rtt / net.bw with forecasts.
+    Netprobe(crate::netprobe::NetprobeArgs),
+    /// Read the network sensors: `matrix` (every pair, with forecasts), `status` (the cliques).
+    Net(crate::netprobe::NetArgs),
 }
 
 /// Coallocation replay scenarios (the paper's Tables I and II).

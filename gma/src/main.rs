@@ -14,6 +14,7 @@ mod cli;
 mod cluster;
 mod emit;
 mod monitor;
+mod netprobe;
 mod relay;
 mod resched;
 mod roles;
@@ -82,5 +83,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Certs(a) => certs::run(a).await,
         Broker(a) => broker::run(a).await,
         Simres(a) => broker::simres(a).await,
+        Netprobe(a) => netprobe::netprobe(a).await,
+        Net(a) => netprobe::net(a).await,
     }
 }

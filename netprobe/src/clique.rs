@@ -338,6 +338,14 @@ impl Clique {
         if self.phase == Phase::Idle || t.holder == self.me {
             return Vec::new();
         }
+        if let Some(p) = self.passing.take() {
+            if (p.generation, &p.origin) == (t.generation, &t.origin) && t.seq >= p.seq {
+                // The receiver's notice overtook the answer to our pass: it was accepted.
+                self.stats.passes += 1;
+                self.phase = Phase::Idle;
+                return Vec::new();
+            }
+        }
         let aborted = self.phase == Phase::Probing;
         self.phase = Phase::Idle;
         self.passing = None;
@@ -352,6 +360,10 @@ impl Clique {
     /// A peer passes `token` (its holder must be this member). Returns whether it was
     /// accepted, the newest token this member now knows (the answer), and what to do.
     pub fn on_pass(&mut self, token: &Token, now_ms: u64) -> (bool, Option<Token>, Vec<Action>) {
+        if self.holding() && self.newest.as_ref() == Some(token) {
+            // The same pass again (its answer was lost and the sender retried): accepted once.
+            return (true, self.newest.clone(), Vec::new());
+        }
         let newer = self.newest.as_ref().is_none_or(|n| token.newer_than(n));
         if token.holder != self.me || !newer {
             self.stats.dropped += 1;

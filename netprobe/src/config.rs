@@ -100,13 +100,13 @@ fn within<T: PartialOrd + std::fmt::Display>(name: &str, v: T, lo: T, hi: T) -> 
 }
 
 impl NetprobeConfig {
-    /// The longest a turn can take: the notice round, the probes, the rest, and two pass
-    /// attempts that time out. The token timeout must exceed it.
+    /// The longest a turn can take: the notice round, the probes, the rest, and a pass to a
+    /// peer that never answers (connect, then two attempts). The token timeout must exceed it.
     pub fn max_turn_ms(&self) -> u64 {
         self.rpc_timeout_ms
             + self.peers_per_turn as u64 * self.probe_timeout_ms
             + self.period_ms
-            + 2 * self.rpc_timeout_ms
+            + 3 * self.rpc_timeout_ms
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -126,7 +126,7 @@ impl NetprobeConfig {
         if self.token_timeout_ms <= min {
             return Err(format!(
                 "token_timeout_ms ({}) must exceed the longest turn, {min} ms (rpc_timeout_ms + \
-                 peers_per_turn × probe_timeout_ms + period_ms + 2 × rpc_timeout_ms), or a slow \
+                 peers_per_turn × probe_timeout_ms + period_ms + 3 × rpc_timeout_ms), or a slow \
                  turn is taken for a lost token",
                 self.token_timeout_ms
             ));
@@ -174,14 +174,14 @@ mod tests {
     fn defaults_are_valid_and_the_timeout_must_exceed_a_turn() {
         let c = NetprobeConfig::default();
         assert_eq!(c.validate(), Ok(()));
-        assert_eq!(c.max_turn_ms(), 7000);
+        assert_eq!(c.max_turn_ms(), 8000);
         let bad = NetprobeConfig {
-            token_timeout_ms: 7000,
+            token_timeout_ms: 8000,
             ..NetprobeConfig::default()
         };
         let e = bad.validate().unwrap_err();
         assert!(
-            e.starts_with("token_timeout_ms (7000) must exceed the longest turn, 7000 ms"),
+            e.starts_with("token_timeout_ms (8000) must exceed the longest turn, 8000 ms"),
             "{e}"
         );
         let bad = NetprobeConfig {

@@ -31,7 +31,7 @@ use crate::config::{validate_host, NetprobeConfig};
 use crate::events::{self, Measurement, BW, PROBE, RTT};
 use crate::membership::{self, Members};
 use crate::probe::{probe_peer, Local, ProbeService};
-use crate::telemetry::{Counters, TOKENS_REGENERATED};
+use crate::telemetry::{Counters, TOKENS_DROPPED, TOKENS_REGENERATED};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetprobeError {
@@ -166,36 +166,48 @@ impl Ctx {
         }
     }
 
+    /// Passes `token` to `addr`. A pass that timed out after it was sent may have arrived: it
+    /// is sent once more (a receiver accepts the same pass twice, see `Clique::on_pass`) before
+    /// it counts as failed, so a slow answer does not make a duplicate token.
     async fn pass(&self, addr: Option<String>, token: &Token) -> PassOutcome {
         let Some(addr) = addr else {
             return PassOutcome::Failed;
         };
-        self.local.counters.control("pass", 1);
+        let client = match self.clique_client(&addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                // Not connected: the pass was certainly not delivered.
+                tracing::debug!(%addr, error = %e, "pass failed");
+                return PassOutcome::Failed;
+            }
+        };
         let req = pb::PassRequest {
             site: self.site.clone(),
             token: Some(token_to_proto(token)),
             from: self.local.id.clone(),
         };
-        let call = async {
-            let mut c = self.clique_client(&addr).await?;
-            c.pass(req).await.map_err(|s| s.message().to_string())
-        };
-        match tokio::time::timeout(self.rpc_timeout(), call).await {
-            Ok(Ok(r)) => {
-                let r = r.into_inner();
-                if r.accepted {
-                    PassOutcome::Accepted
-                } else {
-                    PassOutcome::Rejected(r.newest.and_then(|t| token_from_proto(Some(t)).ok()))
+        for attempt in 0..2 {
+            self.local.counters.control("pass", 1);
+            let mut c = client.clone();
+            match tokio::time::timeout(self.rpc_timeout(), c.pass(req.clone())).await {
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    return if r.accepted {
+                        PassOutcome::Accepted
+                    } else {
+                        PassOutcome::Rejected(r.newest.and_then(|t| token_from_proto(Some(t)).ok()))
+                    };
                 }
+                Ok(Err(s)) => {
+                    tracing::debug!(%addr, error = %s.message(), "pass failed");
+                    self.channels.forget(&addr);
+                    return PassOutcome::Failed;
+                }
+                Err(_) => tracing::debug!(%addr, attempt, "pass timed out"),
             }
-            Ok(Err(e)) => {
-                tracing::debug!(%addr, error = %e, "pass failed");
-                self.channels.forget(&addr);
-                PassOutcome::Failed
-            }
-            Err(_) => PassOutcome::Failed,
         }
+        self.channels.forget(&addr);
+        PassOutcome::Failed
     }
 
     fn publish(&self, m: &Measurement, token: &Token) {
@@ -327,7 +339,7 @@ impl Driver {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
-        let mut regenerated = 0;
+        let (mut regenerated, mut dropped) = (0, 0);
         loop {
             let wake = self.clique.next_wakeup().map(|ms| self.ctx.local.instant_of(ms));
             let cmd = tokio::select! {
@@ -359,7 +371,8 @@ impl Driver {
                     let _ = reply.send(self.status());
                     Vec::new()
                 }
-                Some(Cmd::Members(m)) => {
+                Some(Cmd::Members(mut m)) => {
+                    m.remove(self.clique.me());
                     let joined: Vec<&String> = m.keys().filter(|k| !self.peers.contains_key(*k)).collect();
                     let left: Vec<&String> = self.peers.keys().filter(|k| !m.contains_key(*k)).collect();
                     if !joined.is_empty() || !left.is_empty() {
@@ -367,7 +380,6 @@ impl Driver {
                     }
                     self.clique.set_members(m.keys().cloned());
                     self.peers = m;
-                    self.peers.remove(self.clique.me());
                     Vec::new()
                 }
                 Some(Cmd::NoticesDone { turn, answers }) => self.clique.notices_done(turn, &answers, now),
@@ -392,6 +404,11 @@ impl Driver {
                 regenerated = st.regenerated;
                 metrics::counter!(TOKENS_REGENERATED).increment(1);
                 tracing::info!(token = ?self.clique.newest(), "token regenerated");
+            }
+            if st.dropped > dropped {
+                dropped = st.dropped;
+                metrics::counter!(TOKENS_DROPPED).increment(1);
+                tracing::info!(newest = ?self.clique.newest(), "a duplicate token was dropped");
             }
             self.exec(actions);
         }

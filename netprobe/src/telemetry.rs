@@ -13,6 +13,8 @@ pub const SKIPPED_BUDGET: &str = "gma_netprobe_skipped_budget_total";
 pub const PROBE_BYTES: &str = "gma_netprobe_probe_bytes_total";
 /// Tokens this host regenerated.
 pub const TOKENS_REGENERATED: &str = "gma_netprobe_tokens_regenerated_total";
+/// Duplicate tokens this host dropped (passes refused, own tokens given up).
+pub const TOKENS_DROPPED: &str = "gma_netprobe_tokens_dropped_total";
 /// Notices and passes sent; label `kind` = notice | pass.
 pub const CONTROL_MESSAGES: &str = "gma_netprobe_control_messages_total";
 

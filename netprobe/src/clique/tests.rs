@@ -94,6 +94,9 @@ fn one_turn_then_the_pass_goes_to_the_next_member() {
     assert!(ok);
     assert_eq!(newest, Some(t2.clone()));
     assert!(matches!(&acts[..], [Action::Notify { turn: 1, to, .. }] if to == &["a", "c"]));
+    // The same pass again (a retry after a lost answer) is accepted and changes nothing.
+    assert_eq!(b.on_pass(&t2, 1102), (true, Some(t2.clone()), vec![]));
+    assert_eq!((b.turn(), b.stats().dropped), (1, 0));
     assert!(a.pass_result(1, "b", PassOutcome::Accepted, 1102).is_empty());
     assert_eq!(a.phase(), Phase::Idle);
     assert_eq!(a.newest(), Some(&t2));
@@ -148,6 +151,25 @@ fn a_stale_pass_is_refused_and_a_newer_notice_drops_the_holder() {
     b.probe_done(1);
     assert!(b.pass_result(1, "c", PassOutcome::Accepted, 15).is_empty());
     assert_eq!(b.phase(), Phase::Idle);
+}
+
+#[test]
+fn a_notice_of_the_receiver_overtaking_the_pass_answer_is_no_duplicate() {
+    let all = ["a", "b"];
+    let mut a = member("a", &all);
+    a.tick(1000);
+    a.notices_done(1, &[None], 1001);
+    a.probe_done(1);
+    let acts = a.tick(1100);
+    let [Action::Pass { token, .. }] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    // b took it and notified before the answer to the pass came back.
+    a.on_notice(token, 1101);
+    assert_eq!(a.phase(), Phase::Idle);
+    assert_eq!((a.stats().passes, a.stats().dropped), (1, 0));
+    assert!(a.pass_result(1, "b", PassOutcome::Accepted, 1102).is_empty());
+    assert_eq!(a.stats().passes, 1);
 }
 
 #[test]
@@ -366,6 +388,10 @@ mod sim {
                 .filter(|(from, to)| !self.nodes[*from].alive && self.nodes[*to].alive)
                 .count();
             self.holders().len() + orphans
+        }
+
+        pub fn dropped(&self) -> u64 {
+            self.nodes.iter().map(|n| n.c.stats().dropped).sum()
         }
 
         pub fn regenerations(&self) -> u64 {
@@ -739,6 +765,11 @@ fn property_crashes_never_overlap_probes_and_regenerate_exactly_once() {
             "seed {seed}: one initial token plus exactly one per lost token"
         );
         assert_eq!(sim.live_tokens(), 1, "seed {seed}: exactly one token at the end");
+        assert_eq!(
+            sim.dropped(),
+            0,
+            "seed {seed}: no duplicate was ever made, none dropped"
+        );
         for c in &sim.crashes {
             let next = sim.first_probe_after(*c).expect("probing resumes");
             // Regeneration is due one timeout after the last evidence (<= the crash), then a
