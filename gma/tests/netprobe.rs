@@ -188,7 +188,11 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // Deleting a namespace deletes its veth end, and with it the peer in the bridge.
+        // Deleting one end of a veth deletes the pair at once (a deleted namespace only takes
+        // its devices along when the kernel gets round to destroying it).
+        for l in &self.links {
+            let _ = ip(&["link", "del", l]);
+        }
         for ns in &self.namespaces {
             let _ = ip(&["netns", "del", ns]);
         }
@@ -202,13 +206,14 @@ impl Drop for Segment {
 // A clique of netprobes, and what they publish
 // ---------------------------------------------------------------------------------------------
 
+/// Fields drop in order: the processes are killed before their segment is taken down.
 struct Clique {
-    seg: Segment,
-    tmp: tempfile::TempDir,
-    dir: Proc,
+    hosts: Vec<Option<Proc>>,
     /// `gma subscribe 'net.*'` started before any netprobe: every event they publish.
     events: Proc,
-    hosts: Vec<Option<Proc>>,
+    dir: Proc,
+    tmp: tempfile::TempDir,
+    seg: Segment,
 }
 
 fn host_name(i: usize) -> String {
@@ -650,7 +655,6 @@ fn killing_the_token_holder_regenerates_exactly_one_token_within_the_timeout() {
         assert_eq!((generation, origin), (held.generation, held.origin.clone()));
         assert_eq!(regen_after, regen_before, "no regeneration");
     }
-    drop(c.tmp);
 }
 
 /// One host's inbound link shaped with tbf to 20 Mbit/s: every transfer toward it measures
