@@ -450,7 +450,7 @@ fn no_two_probes_overlap_and_the_matrix_lists_every_pair_with_forecasts() {
     );
 
     // The cap: between two net.probe reports of a host, at most cap × Δt + one bucket (the
-    // larger of the cap and a transfer) + one transfer charged before the window + echoes
+    // larger of the cap and two transfers) + one transfer charged before the window + echoes
     // moved; and the cap made transfers wait.
     let mut reports: BTreeMap<String, Vec<(i64, f64, f64)>> = BTreeMap::new();
     for e in c.events().iter().filter(|e| e["name"] == "net.probe") {
@@ -470,7 +470,7 @@ fn no_two_probes_overlap_and_the_matrix_lists_every_pair_with_forecasts() {
         let (first, last) = (r.first().unwrap(), r.last().unwrap());
         let dt = (last.0 - first.0) as f64 / 1e9;
         let moved = last.1 - first.1;
-        let bound = cap as f64 * dt + cap.max(262_144) as f64 + 262_144.0 + 64.0 * 1024.0;
+        let bound = cap as f64 * dt + cap.max(2 * 262_144) as f64 + 262_144.0 + 64.0 * 1024.0;
         eprintln!(
             "{host}: {moved:.0} probe bytes in {dt:.1} s ({:.0} B/s; cap {cap})",
             moved / dt.max(1e-9)

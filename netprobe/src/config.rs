@@ -149,9 +149,10 @@ impl NetprobeConfig {
         }
     }
 
-    /// Bucket size of the byte cap: one second at the cap, and at least one transfer.
+    /// Bucket size of the byte cap: one second at the cap, and at least two transfers (a host
+    /// may be probed in one turn and probe in the next).
     pub fn burst_bytes(&self) -> u64 {
-        self.max_bytes_per_s.max(self.transfer_bytes)
+        self.max_bytes_per_s.max(2 * self.transfer_bytes)
     }
 }
 
@@ -197,6 +198,19 @@ mod tests {
             .validate()
             .unwrap_err()
             .starts_with("transfer_bytes must be within"));
+    }
+
+    #[test]
+    fn the_example_config_is_valid_and_holds_the_defaults() {
+        let c: NetprobeConfig =
+            gma_core::config::parse_toml(include_str!("../../config/netprobe.toml"), "netprobe.toml").unwrap();
+        assert_eq!(c.validate(), Ok(()));
+        let d = NetprobeConfig::default();
+        assert_eq!(
+            (c.period_ms, c.token_timeout_ms, c.transfer_bytes, c.max_bytes_per_s, c.report_ms),
+            (d.period_ms, d.token_timeout_ms, d.transfer_bytes, d.max_bytes_per_s, d.report_ms)
+        );
+        assert_eq!(c.site, "rack1");
     }
 
     #[test]

@@ -107,12 +107,13 @@ impl pb::probe_server::Probe for ProbeService {
         let now = local.now_ms();
         let granted = {
             let mut b = local.budget.lock();
-            b.charge(2 * n, now);
-            if r.reserve_bytes > 0 && b.try_take(r.reserve_bytes, now) {
+            let granted = if r.reserve_bytes > 0 && b.try_take(r.reserve_bytes, now) {
                 r.reserve_bytes
             } else {
                 0
-            }
+            };
+            b.charge(2 * n, now);
+            granted
         };
         if granted > 0 {
             let mut res = local.reservations.lock();
