@@ -203,12 +203,25 @@ mod tests {
     #[test]
     fn the_example_config_is_valid_and_holds_the_defaults() {
         let c: NetprobeConfig =
-            gma_core::config::parse_toml(include_str!("../../config/netprobe.toml"), "netprobe.toml").unwrap();
+            gma_core::config::parse_toml(include_str!("../../config/netprobe.toml"), "netprobe.toml")
+                .unwrap();
         assert_eq!(c.validate(), Ok(()));
         let d = NetprobeConfig::default();
         assert_eq!(
-            (c.period_ms, c.token_timeout_ms, c.transfer_bytes, c.max_bytes_per_s, c.report_ms),
-            (d.period_ms, d.token_timeout_ms, d.transfer_bytes, d.max_bytes_per_s, d.report_ms)
+            (
+                c.period_ms,
+                c.token_timeout_ms,
+                c.transfer_bytes,
+                c.max_bytes_per_s,
+                c.report_ms
+            ),
+            (
+                d.period_ms,
+                d.token_timeout_ms,
+                d.transfer_bytes,
+                d.max_bytes_per_s,
+                d.report_ms
+            )
         );
         assert_eq!(c.site, "rack1");
     }

@@ -224,6 +224,9 @@ mod sim {
         pub faults_until_ms: u64,
     }
 
+    /// (node, start, end) of a probe.
+    pub type Interval = (usize, u64, u64);
+
     const RPC_TIMEOUT_MS: u64 = 50;
     const LEASE_MS: u64 = 400;
     const MAX_PROBE_MS: u64 = 30;
@@ -288,8 +291,8 @@ mod sim {
         nodes: Vec<Node>,
         rng: ChaCha8Rng,
         f: Faults,
-        /// (node, start, end) of every probe.
-        pub probes: Vec<(usize, u64, u64)>,
+        /// Every probe.
+        pub probes: Vec<Interval>,
         /// Passes on the wire: event id -> (from, to).
         in_flight: HashMap<u64, (usize, usize)>,
         /// Regenerations while another live token existed (must stay empty without faults).
@@ -691,8 +694,8 @@ mod sim {
         }
 
         /// Overlapping probe intervals among those starting at or after `from`.
-        pub fn overlaps(&self, from: u64) -> Vec<((usize, u64, u64), (usize, u64, u64))> {
-            let mut p: Vec<(usize, u64, u64)> = self.probes.iter().copied().filter(|p| p.1 >= from).collect();
+        pub fn overlaps(&self, from: u64) -> Vec<(Interval, Interval)> {
+            let mut p: Vec<Interval> = self.probes.iter().copied().filter(|p| p.1 >= from).collect();
             p.sort_by_key(|x| (x.1, x.2));
             p.windows(2)
                 .filter(|w| w[1].1 < w[0].2)
