@@ -119,7 +119,7 @@ async fn the_token_is_taken_once_and_stale_or_foreign_tokens_are_refused() {
         (st.phase.as_str(), st.host.as_str(), st.site.as_str()),
         ("idle", "me", "s1")
     );
-    assert_eq!(st.members, [me.clone()]);
+    assert_eq!(st.members, std::slice::from_ref(&me));
     let pass = |t: Option<pb::CliqueToken>, site: &str| pb::PassRequest {
         site: site.into(),
         token: t,
