@@ -467,6 +467,7 @@ impl CliqueService {
 
 #[tonic::async_trait]
 impl pb::clique_server::Clique for CliqueService {
+    #[tracing::instrument(skip_all, level = "debug")]
     async fn pass(&self, req: Request<pb::PassRequest>) -> Result<Response<pb::PassResponse>, Status> {
         self.gate.check(&req, AuthzAction::Ingest, &[RTT])?;
         let r = req.into_inner();
@@ -480,6 +481,7 @@ impl pb::clique_server::Clique for CliqueService {
         }))
     }
 
+    #[tracing::instrument(skip_all, level = "debug")]
     async fn notice(&self, req: Request<pb::NoticeRequest>) -> Result<Response<pb::NoticeResponse>, Status> {
         self.gate.check(&req, AuthzAction::Ingest, &[RTT])?;
         let r = req.into_inner();
@@ -492,6 +494,7 @@ impl pb::clique_server::Clique for CliqueService {
         }))
     }
 
+    #[tracing::instrument(skip_all, level = "debug")]
     async fn status(
         &self,
         req: Request<pb::CliqueStatusRequest>,
