@@ -428,11 +428,13 @@ async fn probe_one(ctx: &Ctx, id: &str, addr: &str, token: &Token) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             ctx.channels.forget(addr);
-            tracing::debug!(peer = %id, error = %e, "probe failed");
+            tracing::info!(peer = %id, error = %e, "probe failed");
         }
         Err(_) => {
+            // A fresh connection next time: nothing of this one's state is reused.
+            ctx.channels.forget(addr);
             ctx.local.counters.failed(true);
-            tracing::debug!(peer = %id, "probe abandoned after probe_timeout_ms");
+            tracing::warn!(peer = %id, ?timeout, "probe abandoned after probe_timeout_ms");
         }
     }
 }
