@@ -3,15 +3,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Build scripts are single threaded; set PROTOC for prost-build.
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto");
-    tonic_prost_build::configure().compile_protos(
-        &[
-            "proto/gma.proto",
-            "proto/services.proto",
-            "proto/broker.proto",
-            "proto/raft.proto",
-        ],
-        &["proto"],
-    )?;
+    tonic_prost_build::configure()
+        // Probe payloads are slices of one shared buffer, never copied per chunk.
+        .bytes(".gma.v1.BulkChunk.data")
+        .bytes(".gma.v1.EchoRequest.payload")
+        .bytes(".gma.v1.EchoResponse.payload")
+        .compile_protos(
+            &[
+                "proto/gma.proto",
+                "proto/services.proto",
+                "proto/broker.proto",
+                "proto/netprobe.proto",
+                "proto/raft.proto",
+            ],
+            &["proto"],
+        )?;
     // The producer's pre-encoded twins of the streaming services (proto/wire/messages.proto):
     // every gma.v1 message is the one generated above.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("wire");

@@ -1,8 +1,9 @@
 //! The broker as a running GMA consumer (and producer of its decisions).
 //!
-//! It discovers every producer of `host.load`, `host.info`, `host.cpu` and `site.load` through
-//! the directory, subscribes with the `latest` policy (a slow broker gets the newest value of
-//! each series, never a backlog), and keeps the [`LiveView`]. `Select` ranks the view's current
+//! It discovers every producer of `host.load`, `host.info`, `host.cpu`, `site.load` and
+//! `net.bw.forecast` (the link bandwidth forecasts of `gma netprobe`) through the directory,
+//! subscribes with the `latest` policy (a slow broker gets the newest value of each series,
+//! never a backlog), and keeps the [`LiveView`]. `Select` ranks the view's current
 //! snapshot with the pure [`rank()`](crate::rank::rank) — a decision never waits on a
 //! producer — and `Coallocate` runs the coallocation algorithm against the resource managers
 //! that publish `reservation.state` (found through the directory) or are configured. Every
@@ -74,9 +75,15 @@ impl Default for BrokerConfig {
             listen: "127.0.0.1:0".into(),
             directory: None,
             source: "broker".into(),
-            follow: ["host.load", "host.info", "host.cpu", "site.load"]
-                .map(String::from)
-                .to_vec(),
+            follow: [
+                "host.load",
+                "host.info",
+                "host.cpu",
+                "site.load",
+                crate::view::NET_BW_FORECAST,
+            ]
+            .map(String::from)
+            .to_vec(),
             rank: RankConfig::default(),
             resources: Vec::new(),
             reservations: Vec::new(),

@@ -2,9 +2,13 @@
 //!
 //! One row per host (event source): `host.load` sets capacity, load, queue and benchmarks and
 //! stamps the row's freshness with the sample's own timestamp; `host.info` sets architecture,
-//! OS and memory; `host.cpu` refreshes `load1`; `net.bw` forecasts (when network probes run)
-//! set the bandwidth toward a host. Newest wins: a sample older than what the row already
-//! holds is ignored. `site.load` summaries are kept apart (sites are not hosts: see
+//! OS and memory; `host.cpu` refreshes `load1`; `net.bw.forecast` (from `gma netprobe`, series
+//! `<src>/<dst>`) sets the bandwidth of host `dst`: the largest forecast among the measured
+//! paths into it, since a pair's throughput is bounded by both of its ends and the best path
+//! in shows what the host's own link carries (the broker does not know where a job's input
+//! lives). A measured bandwidth overrides a configured `bandwidth_mbps`; when the netprobes
+//! that measured a host leave, the configured value (or none) comes back. Newest wins: a
+//! sample older than what the row already holds is ignored. `site.load` summaries are kept apart (sites are not hosts: see
 //! [`LiveView::sites`]). Static facts a load stream does not carry (price, software, site,
 //! bandwidth) come from `[[resources]]` annotations in the broker config, matched by host-name
 //! pattern.
@@ -21,6 +25,14 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 
 use crate::rank::{Resource, Snapshot};
+
+/// The forecast of every measured link (`gma netprobe`), series `<src>/<dst>`.
+pub const NET_BW_FORECAST: &str = "net.bw.forecast";
+
+/// The largest forecast into a host.
+fn max_link(links: Option<&HashMap<(String, String), f64>>) -> Option<f64> {
+    links?.values().copied().reduce(f64::max)
+}
 
 /// Static facts about resources the streams do not carry (`[[resources]]` in the config).
 #[derive(Debug, Clone, PartialEq, Deserialize, Default)]
@@ -77,6 +89,8 @@ struct Row {
 #[derive(Default)]
 struct Inner {
     rows: HashMap<String, Row>,
+    /// Forecast bandwidth into each host (Mbit/s), by (producer, source host) of the link.
+    links: HashMap<String, HashMap<(String, String), f64>>,
     by_producer: HashMap<String, HashSet<String>>,
     sites: BTreeMap<String, SiteRow>,
     snapshot: Option<Arc<[Arc<Resource>]>>,
@@ -165,12 +179,20 @@ impl LiveView {
                 }
                 return true;
             }
+            NET_BW_FORECAST => return self.apply_link(inner, producer, name, num("mbps")),
             "host.load" | "host.info" | "host.cpu" => {}
             _ => return false,
         }
-        let row = inner.rows.entry(name.to_string()).or_insert_with(|| Row {
-            res: Arc::new(self.fresh_row(name, producer)),
-            load_seen: false,
+        let measured = max_link(inner.links.get(name));
+        let row = inner.rows.entry(name.to_string()).or_insert_with(|| {
+            let mut r = self.fresh_row(name, producer);
+            if let Some(bw) = measured {
+                r.bandwidth_mbps = bw;
+            }
+            Row {
+                res: Arc::new(r),
+                load_seen: false,
+            }
         });
         let is_load = e.series.name == "host.load";
         if is_load && row.load_seen && row.res.updated_ns > e.timestamp_ns {
@@ -236,7 +258,41 @@ impl LiveView {
         true
     }
 
-    /// Applies a bandwidth measurement toward `host` (Mbit/s), e.g. a `net.bw` forecast.
+    /// A `net.bw.forecast` of link `<src>/<dst>`: the forecast `mbps` from `producer`.
+    fn apply_link(&self, inner: &mut Inner, producer: &str, link: &str, mbps: f64) -> bool {
+        let Some((src, dst)) = link.split_once('/') else {
+            return false;
+        };
+        if !mbps.is_finite() || mbps <= 0.0 || src.is_empty() || dst.is_empty() {
+            return false;
+        }
+        inner
+            .links
+            .entry(dst.to_string())
+            .or_default()
+            .insert((producer.to_string(), src.to_string()), mbps);
+        self.refresh_bandwidth(inner, dst)
+    }
+
+    /// Sets the bandwidth of `host`'s row from the links into it (or the configured value when
+    /// none is left). Returns whether the row changed.
+    fn refresh_bandwidth(&self, inner: &mut Inner, host: &str) -> bool {
+        let bw = match max_link(inner.links.get(host)) {
+            Some(bw) => bw,
+            None => self.fresh_row(host, "").bandwidth_mbps,
+        };
+        let Some(row) = inner.rows.get_mut(host) else {
+            return false;
+        };
+        if row.res.bandwidth_mbps == bw || (row.res.bandwidth_mbps.is_nan() && bw.is_nan()) {
+            return false;
+        }
+        Arc::make_mut(&mut row.res).bandwidth_mbps = bw;
+        inner.snapshot = None;
+        true
+    }
+
+    /// Applies a bandwidth measurement toward `host` (Mbit/s).
     pub fn set_bandwidth(&self, host: &str, mbps: f64) {
         if !mbps.is_finite() || mbps <= 0.0 {
             return;
@@ -261,6 +317,18 @@ impl LiveView {
             }
         }
         inner.sites.retain(|_, s| s.producer != producer);
+        let mut measured_by: Vec<String> = Vec::new();
+        for (dst, m) in inner.links.iter_mut() {
+            let before = m.len();
+            m.retain(|(p, _), _| p != producer);
+            if m.len() != before {
+                measured_by.push(dst.clone());
+            }
+        }
+        inner.links.retain(|_, m| !m.is_empty());
+        for dst in measured_by {
+            self.refresh_bandwidth(inner, &dst);
+        }
         if n > 0 {
             inner.snapshot = None;
         }
@@ -425,6 +493,77 @@ mod tests {
         assert_eq!(v.sites()[0].values["free_cpus_max"], 4.0);
         v.remove_producer("relay");
         assert!(v.sites().is_empty());
+    }
+
+    fn bw_forecast(link: &str, ts: i64, mbps: f64) -> OwnedEvent {
+        event(
+            NET_BW_FORECAST,
+            link,
+            ts,
+            &[("mbps", mbps), ("mbps_mae", 0.1)],
+            &[("mbps_method", "last")],
+        )
+    }
+
+    #[test]
+    fn forecast_bandwidth_into_a_host_sets_its_bandwidth() {
+        let v = LiveView::new(vec![Annotation {
+            pattern: "b".into(),
+            bandwidth_mbps: Some(1000.0),
+            ..Annotation::default()
+        }])
+        .unwrap();
+        // A forecast before the host's first load sample is kept for the row to come.
+        assert!(!v.apply("np-c", &bw_forecast("c/a", 1, 40.0)));
+        v.apply("p", &load("a", 1, 8.0));
+        v.apply("p", &load("b", 1, 8.0));
+        let bw = |v: &LiveView, h: &str| {
+            v.snapshot(9)
+                .resources
+                .iter()
+                .find(|r| r.name == h)
+                .map(|r| r.bandwidth_mbps)
+                .unwrap()
+        };
+        assert_eq!(bw(&v, "a"), 40.0);
+        assert!(
+            !v.apply("np-b", &bw_forecast("b/a", 2, 19.5)),
+            "a's bandwidth is unchanged"
+        );
+        assert_eq!(bw(&v, "a"), 40.0, "the best path into a");
+        assert!(v.apply("np-c", &bw_forecast("c/a", 3, 18.0)));
+        assert_eq!(bw(&v, "a"), 19.5, "c's forecast dropped: b's is now the best");
+        assert!(
+            !v.apply("np-c", &bw_forecast("c/a", 4, f64::NAN)),
+            "no prediction yet"
+        );
+        assert!(!v.apply("np-c", &bw_forecast("nolink", 4, 5.0)));
+        // Measured beats configured; when the netprobes leave, the configured value is back.
+        assert_eq!(bw(&v, "b"), 1000.0);
+        v.apply("np-a", &bw_forecast("a/b", 5, 90.0));
+        assert_eq!(bw(&v, "b"), 90.0);
+        assert_eq!(v.remove_producer("np-a"), 0, "a netprobe holds no host rows");
+        assert_eq!(bw(&v, "b"), 1000.0);
+        v.remove_producer("np-b");
+        v.remove_producer("np-c");
+        assert!(bw(&v, "a").is_nan());
+        // The ranking stages a job's input over it: 1 GB into b at 80 Mbit/s takes 100 s.
+        v.apply("np-a", &bw_forecast("a/b", 6, 80.0));
+        let job = crate::job::Job::from_toml(
+            "name = \"j\"\ncpus = 1\nreference_time_s = 60\ninput_bytes = 1e9\n",
+            "job.toml",
+        )
+        .unwrap();
+        let ranking = crate::rank::rank(
+            &v.snapshot(9),
+            &job,
+            crate::rank::Policy::Ttd,
+            &crate::rank::RankConfig::default(),
+            crate::rank::Limits::default(),
+        )
+        .unwrap();
+        let b = ranking.ranked.iter().find(|r| r.resource == "b").unwrap();
+        assert!((b.stage_in_s - 100.0).abs() < 1e-9, "{}", b.stage_in_s);
     }
 
     #[test]

@@ -128,6 +128,11 @@ pub enum Command {
     /// The live web dashboard: producers and consumers, per-host charts, cluster, decisions,
     /// gma.rpc, archived history (a real-time consumer; docs/dashboard.md).
     Dashboard(crate::dashboard::DashboardArgs),
+    /// The network sensor: latency and bandwidth probes to the other netprobes of its site,
+    /// one at a time (a token circulates), published as net.rtt / net.bw with forecasts.
+    Netprobe(crate::netprobe::NetprobeArgs),
+    /// Read the network sensors: `matrix` (every pair, with forecasts), `status` (the cliques).
+    Net(crate::netprobe::NetArgs),
 }
 
 /// Coallocation replay scenarios (the paper's Tables I and II).

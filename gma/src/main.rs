@@ -17,6 +17,7 @@ mod cluster;
 mod dashboard;
 mod emit;
 mod monitor;
+mod netprobe;
 mod relay;
 mod resched;
 mod roles;
@@ -87,5 +88,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Broker(a) => broker::run(a).await,
         Simres(a) => broker::simres(a).await,
         Dashboard(a) => dashboard::run(a).await,
+        Netprobe(a) => netprobe::netprobe(a).await,
+        Net(a) => netprobe::net(a).await,
     }
 }

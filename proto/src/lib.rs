@@ -3,7 +3,8 @@
 //! Every `.proto` of the fabric lives in `proto/proto/`; `build.rs` compiles them with a
 //! vendored `protoc`, so nothing has to be installed by hand.
 //!
-//! - [`v1`]: messages (`gma.proto`) and services (`services.proto`) — what every client uses.
+//! - [`v1`]: messages (`gma.proto`) and services (`services.proto`, `broker.proto`,
+//!   `netprobe.proto`) — what every client uses.
 //! - [`wire`]: the producer's side of `Producer.Subscribe` and `Consumer.Deliver` with batches
 //!   carried as pre-encoded bytes, so one encoding is shared by every subscriber (same gRPC
 //!   paths, same bytes on the wire).

@@ -39,7 +39,13 @@ pub struct Proc {
 impl Proc {
     /// Starts `gma args...` and waits until it prints "<marker> <addr>" on stderr.
     pub fn start(args: &[&str], marker: &str) -> Proc {
-        let mut child = Command::new(gma_bin())
+        Proc::start_cmd(Command::new(gma_bin()), args, marker)
+    }
+
+    /// Like [`Proc::start`] with another launcher in front of the arguments (e.g.
+    /// `ip netns exec NS gma`); the launcher must exec, so the child is the process itself.
+    pub fn start_cmd(mut cmd: Command, args: &[&str], marker: &str) -> Proc {
+        let mut child = cmd
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,238 @@
+//! `gma netprobe --config FILE`: one TOML table, unknown keys rejected, validated once.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::clique::Settings;
+
+/// Largest transfer a probe may make (and a target accepts).
+pub const MAX_TRANSFER_BYTES: u64 = 64 << 20;
+/// Largest echo payload.
+pub const MAX_ECHO_BYTES: usize = 64 << 10;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetprobeConfig {
+    /// Listen address (`10.0.0.5:7700`): producer, Probe and Clique services.
+    pub listen: String,
+    /// Directory address(es); required: the clique is the netprobes of one site in it.
+    pub directory: Option<String>,
+    /// Address advertised to peers and consumers; default: the bound address.
+    pub advertise: Option<String>,
+    /// Record id (the member id); default `<source>@<advertised address>`.
+    pub id: Option<String>,
+    /// This host's name: `net.rtt` / `net.bw` series are `<source>/<peer>`; default: the
+    /// kernel host name. No `/` in it.
+    pub source: Option<String>,
+    /// The clique: netprobes with the same site probe each other, one at a time.
+    pub site: String,
+    pub org: String,
+    /// Shortest turn of a token holder (its probes plus rest), ms: the clique makes at most one
+    /// turn per period, so each host holds the token every `members × period_ms`.
+    pub period_ms: u64,
+    /// No proof of the token for this long: it is lost and regenerated (by one member), ms.
+    pub token_timeout_ms: u64,
+    /// Peers a holder probes per turn (round robin).
+    pub peers_per_turn: usize,
+    /// Bytes of one throughput probe.
+    pub transfer_bytes: u64,
+    /// Size of the messages a transfer is cut into.
+    pub chunk_bytes: usize,
+    /// Round trips per latency probe (the minimum is reported).
+    pub echoes: u32,
+    /// Payload of one echo.
+    pub echo_bytes: usize,
+    /// Cap on probe payload bytes per second through this host (sent + received, as prober
+    /// and as target); a transfer that would exceed it is skipped and counted.
+    pub max_bytes_per_s: u64,
+    /// Longest probe of one peer (echoes + transfer), ms; a slower one is abandoned.
+    pub probe_timeout_ms: u64,
+    /// Timeout of a notice or a pass, ms.
+    pub rpc_timeout_ms: u64,
+    /// Period of the `net.probe` cost event, ms.
+    pub report_ms: u64,
+    pub lease_ttl_ms: u64,
+    /// Events kept for resuming consumers.
+    pub buffer_events: usize,
+    /// TLS (`[tls]`) of the endpoint and of the connections to the directory and the peers.
+    pub tls: gma_core::tls::ServerTls,
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    pub limits: gma_core::guard::Limits,
+}
+
+impl Default for NetprobeConfig {
+    fn default() -> Self {
+        NetprobeConfig {
+            listen: "127.0.0.1:7700".into(),
+            directory: None,
+            advertise: None,
+            id: None,
+            source: None,
+            site: String::new(),
+            org: String::new(),
+            period_ms: 1000,
+            token_timeout_ms: 10_000,
+            peers_per_turn: 1,
+            transfer_bytes: 256 << 10,
+            chunk_bytes: 64 << 10,
+            echoes: 3,
+            echo_bytes: 64,
+            max_bytes_per_s: 256 << 10,
+            probe_timeout_ms: 3000,
+            rpc_timeout_ms: 1000,
+            report_ms: 10_000,
+            lease_ttl_ms: 10_000,
+            buffer_events: 20_000,
+            tls: Default::default(),
+            policy: None,
+            limits: Default::default(),
+        }
+    }
+}
+
+fn within<T: PartialOrd + std::fmt::Display>(name: &str, v: T, lo: T, hi: T) -> Result<(), String> {
+    if v < lo || v > hi {
+        return Err(format!("{name} must be within {lo}..={hi} (got {v})"));
+    }
+    Ok(())
+}
+
+impl NetprobeConfig {
+    /// The longest a turn can take: the notice round, the probes, the rest, and a pass to a
+    /// peer that never answers (connect, then two attempts). The token timeout must exceed it.
+    pub fn max_turn_ms(&self) -> u64 {
+        self.rpc_timeout_ms
+            + self.peers_per_turn as u64 * self.probe_timeout_ms
+            + self.period_ms
+            + 3 * self.rpc_timeout_ms
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        within("period_ms", self.period_ms, 10, 3_600_000)?;
+        within("peers_per_turn", self.peers_per_turn, 1, 1024)?;
+        within("transfer_bytes", self.transfer_bytes, 1024, MAX_TRANSFER_BYTES)?;
+        within("chunk_bytes", self.chunk_bytes, 1024, 1 << 20)?;
+        within("echoes", self.echoes, 1, 100)?;
+        within("echo_bytes", self.echo_bytes, 1, MAX_ECHO_BYTES)?;
+        within("max_bytes_per_s", self.max_bytes_per_s, 1024, 1 << 40)?;
+        within("probe_timeout_ms", self.probe_timeout_ms, 10, 600_000)?;
+        within("rpc_timeout_ms", self.rpc_timeout_ms, 10, 60_000)?;
+        within("report_ms", self.report_ms, 100, 3_600_000)?;
+        within("lease_ttl_ms", self.lease_ttl_ms, 100, 3_600_000)?;
+        within("buffer_events", self.buffer_events, 100, 10_000_000)?;
+        let min = self.max_turn_ms();
+        if self.token_timeout_ms <= min {
+            return Err(format!(
+                "token_timeout_ms ({}) must exceed the longest turn, {min} ms (rpc_timeout_ms + \
+                 peers_per_turn × probe_timeout_ms + period_ms + 3 × rpc_timeout_ms), or a slow \
+                 turn is taken for a lost token",
+                self.token_timeout_ms
+            ));
+        }
+        if let Some(s) = &self.source {
+            validate_host(s)?;
+        }
+        if self.site.len() > 256 {
+            return Err("site: at most 256 bytes".into());
+        }
+        self.limits.validate()?;
+        Ok(())
+    }
+
+    pub fn settings(&self) -> Settings {
+        Settings {
+            period_ms: self.period_ms,
+            timeout_ms: self.token_timeout_ms,
+            peers_per_turn: self.peers_per_turn,
+        }
+    }
+
+    /// Bucket size of the byte cap: one second at the cap, and at least two transfers (a host
+    /// may be probed in one turn and probe in the next).
+    pub fn burst_bytes(&self) -> u64 {
+        self.max_bytes_per_s.max(2 * self.transfer_bytes)
+    }
+}
+
+/// A host name usable in `<src>/<dst>` series names.
+pub fn validate_host(h: &str) -> Result<(), String> {
+    gma_core::pattern::validate_source(h).map_err(|e| format!("source: {e}"))?;
+    if h.contains('/') {
+        return Err(format!(
+            "source {h:?}: a netprobe's host name may not contain '/' (its links are named <src>/<dst>)"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_the_timeout_must_exceed_a_turn() {
+        let c = NetprobeConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.max_turn_ms(), 8000);
+        let bad = NetprobeConfig {
+            token_timeout_ms: 8000,
+            ..NetprobeConfig::default()
+        };
+        let e = bad.validate().unwrap_err();
+        assert!(
+            e.starts_with("token_timeout_ms (8000) must exceed the longest turn, 8000 ms"),
+            "{e}"
+        );
+        let bad = NetprobeConfig {
+            source: Some("a/b".into()),
+            ..NetprobeConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("may not contain '/'"));
+        let bad = NetprobeConfig {
+            transfer_bytes: 1 << 40,
+            ..NetprobeConfig::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .starts_with("transfer_bytes must be within"));
+    }
+
+    #[test]
+    fn the_example_config_is_valid_and_holds_the_defaults() {
+        let c: NetprobeConfig =
+            gma_core::config::parse_toml(include_str!("../../config/netprobe.toml"), "netprobe.toml")
+                .unwrap();
+        assert_eq!(c.validate(), Ok(()));
+        let d = NetprobeConfig::default();
+        assert_eq!(
+            (
+                c.period_ms,
+                c.token_timeout_ms,
+                c.transfer_bytes,
+                c.max_bytes_per_s,
+                c.report_ms
+            ),
+            (
+                d.period_ms,
+                d.token_timeout_ms,
+                d.transfer_bytes,
+                d.max_bytes_per_s,
+                d.report_ms
+            )
+        );
+        assert_eq!(c.site, "rack1");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let r: Result<NetprobeConfig, _> =
+            gma_core::config::parse_toml("period_ms = 5\nnope = 1\n", "t.toml");
+        assert!(r.is_err());
+        let c: NetprobeConfig =
+            gma_core::config::parse_toml("period_ms = 500\nsite = \"s1\"\n", "t.toml").unwrap();
+        assert_eq!((c.period_ms, c.site.as_str()), (500, "s1"));
+    }
+}
