@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "proto/gma.proto",
             "proto/services.proto",
             "proto/broker.proto",
+            "proto/federation.proto",
             "proto/raft.proto",
         ],
         &["proto"],
