@@ -9,4 +9,6 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod route;
+pub mod sim;
+pub mod site;
 pub mod summary;
