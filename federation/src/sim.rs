@@ -18,9 +18,12 @@ use gma_proto::v1 as pb;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::route::RoutePolicy;
+use crate::route::{route, LocalView, PeerView, Release, RouteJob, RoutePolicy};
+use gma_broker::rank::RankConfig;
+use hdrhistogram::Histogram;
+use std::time::Instant;
 use crate::site::{Effect, ForwardOutcome, Grant, Link, Params, Reject, Role, SiteState};
-use crate::summary::Summary;
+use crate::summary::{SiteLoad, Summary};
 
 /// The world's clock starts here (ns).
 pub const T0: i64 = 1_000_000_000_000;
@@ -34,7 +37,7 @@ pub struct SiteSpec {
 
 #[derive(Debug, Clone)]
 enum Msg {
-    Forward(pb::ForwardRequest),
+    Forward(Box<pb::ForwardRequest>),
     ForwardResult {
         id: String,
         outcome: ForwardOutcome,
@@ -639,6 +642,136 @@ pub fn run_scenario(sc: &Scenario, federate: bool) -> Outcome {
         out.mean_wait_s = wait / out.finished as f64;
     }
     out
+}
+
+/// The encoded size of a summary of 1,000 hosts in 8 classes (2 archs × 4 OSs).
+pub fn summary_bytes_1000_hosts() -> usize {
+    let archs = ["x86_64", "aarch64"];
+    let oss = ["Linux", "Linux-rt", "FreeBSD", "AIX"];
+    let hosts: Vec<Resource> = (0..1000)
+        .map(|i| {
+            let mut r = Resource::unknown(&format!("h{i:04}"));
+            r.total_cpus = 16.0;
+            r.free_cpus = (i % 17) as f64;
+            r.memory_mb = 65536.0;
+            r.load1 = 3.0;
+            r.arch = archs[i % 2].into();
+            r.os = oss[(i / 2) % 4].into();
+            r.benchmarks.insert("specint".into(), 1000.0 + i as f64);
+            r.benchmarks.insert("specfp".into(), 900.0 + i as f64);
+            r.updated_ns = 1;
+            r
+        })
+        .collect();
+    Summary::build("site", &Snapshot::new(1, hosts), 5000, SiteLoad::default(), 15_000)
+        .stamp("site", 1, 1)
+        .encoded_len()
+}
+
+/// route() with `peers` peers of 16 classes each, from a saturated origin: (p50, p99, max) µs.
+pub fn route_latency(peers: usize, trials: usize) -> (f64, f64, f64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let now = 1_000_000_000_000i64;
+    let hosts: Vec<Resource> = (0..16)
+        .map(|i| {
+            let mut r = Resource::unknown(&format!("o{i}"));
+            r.total_cpus = 4.0;
+            r.free_cpus = 0.0;
+            r.memory_mb = 65536.0;
+            r.arch = "x86_64".into();
+            r.queue_waiting = 0.0;
+            r.updated_ns = now;
+            r
+        })
+        .collect();
+    let releases: Vec<Release> = hosts
+        .iter()
+        .map(|h| Release {
+            host: h.name.clone(),
+            cpus: 4,
+            remaining_s: rng.random_range(60.0..7200.0),
+        })
+        .collect();
+    let snap = Snapshot::new(now, hosts);
+    let sums: Vec<Summary> = (0..peers)
+        .map(|p| {
+            let hs: Vec<Resource> = (0..64)
+                .map(|i| {
+                    let mut r = Resource::unknown(&format!("p{p}-{i}"));
+                    r.total_cpus = 16.0;
+                    r.free_cpus = f64::from(rng.random_range(0..=16u32));
+                    r.memory_mb = 65536.0;
+                    r.arch = format!("arch{}", i % 16);
+                    r.os = "Linux".into();
+                    r.benchmarks.insert("specint".into(), rng.random_range(500.0..2000.0));
+                    r.updated_ns = now;
+                    r
+                })
+                .collect();
+            let load = SiteLoad {
+                probe_start_s: [0.0, 0.0, 60.0, 600.0],
+                foreign_quota_free: 1024,
+                accepts_foreign: true,
+                ..SiteLoad::default()
+            };
+            let s = format!("p{p}");
+            Summary::build(&s, &Snapshot::new(now, hs), 5000, load, 15_000).stamp(&s, 1, 1)
+        })
+        .collect();
+    let names: Vec<String> = (0..peers).map(|p| format!("p{p}")).collect();
+    let views: Vec<PeerView> = names
+        .iter()
+        .zip(&sums)
+        .map(|(n, s)| PeerView {
+            site: n,
+            advertised: s,
+            summary: s,
+            received_ns: now,
+            live: true,
+            link_hops: 1,
+            in_flight_cpus: 0,
+        })
+        .collect();
+    let cfg = RankConfig::default();
+    let local = LocalView {
+        snapshot: &snap,
+        rank: &cfg,
+        releases: &releases,
+        ahead: &[],
+    };
+    let policy = RoutePolicy::default();
+    let visited = ["o".to_string()];
+    let mut h = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("histogram bounds");
+    for k in 0..trials {
+        let mut job = Job {
+            name: "j".into(),
+            cpus: rng.random_range(1..=16),
+            reference_time_s: 3600.0,
+            ..Job::default()
+        };
+        job.reference.insert("specint".into(), 1000.0);
+        if k % 2 == 0 {
+            job.arch = format!("arch{}", k % 16);
+        }
+        let id = format!("o/{k}");
+        let rj = RouteJob {
+            id: &id,
+            job: &job,
+            visited: &visited,
+            hops_left: 1,
+            excluded: &[],
+        };
+        let t0 = Instant::now();
+        let d = route(&local, &views, &rj, &policy, now);
+        let ns = t0.elapsed().as_nanos() as u64;
+        std::hint::black_box(d);
+        let _ = h.record(ns.max(1));
+    }
+    (
+        h.value_at_quantile(0.5) as f64 / 1e3,
+        h.value_at_quantile(0.99) as f64 / 1e3,
+        h.max() as f64 / 1e3,
+    )
 }
 
 #[cfg(test)]

@@ -315,7 +315,7 @@ pub enum Effect {
         free: f64,
     },
     /// Call `ForwardJob` at `to` (then [`SiteState::forward_result`]).
-    Forward { to: String, req: pb::ForwardRequest },
+    Forward { to: String, req: Box<pb::ForwardRequest> },
     /// Ask `to` for the start grant (then [`SiteState::start_result`]).
     AskStart { id: String, to: String, host: String },
     /// Ask `to` to cancel a job it holds for us.
@@ -852,7 +852,7 @@ impl SiteState {
             )));
         }
         self.heard(from, now);
-        if req.visited_sites.iter().any(|v| *v == me) {
+        if req.visited_sites.contains(&me) {
             return Err(Reject::Loop(format!(
                 "job {} has already been at {me} (visited: {})",
                 gma_core::clip(&req.global_job_id, 128),
@@ -1594,7 +1594,7 @@ impl SiteState {
                 if let Some(j) = self.jobs.get_mut(&id) {
                     j.in_flight = true;
                 }
-                self.effects.push(Effect::Forward { to, req });
+                self.effects.push(Effect::Forward { to, req: Box::new(req) });
             }
         }
 
@@ -1644,12 +1644,12 @@ impl SiteState {
         })
     }
 
-    fn place(&mut self, now: i64, eff: &mut Vec<Resource>, snap_ns: i64) {
+    fn place(&mut self, now: i64, eff: &mut [Resource], snap_ns: i64) {
         let queue = self.queue.clone();
         let mut placed: Vec<String> = Vec::new();
         let mut ahead: Vec<Ahead> = Vec::new();
         let mut releases = self.releases(now);
-        let mut snapshot = Snapshot::new(snap_ns, eff.clone());
+        let mut snapshot = Snapshot::new(snap_ns, eff.to_vec());
         for id in queue {
             let Some(j) = self.jobs.get(&id) else {
                 placed.push(id);
@@ -1739,7 +1739,7 @@ impl SiteState {
                     if let Some(r) = eff.iter_mut().find(|r| r.name == host) {
                         r.free_cpus = (r.free_cpus - f64::from(cpus)).max(0.0);
                     }
-                    snapshot = Snapshot::new(snap_ns, eff.clone());
+                    snapshot = Snapshot::new(snap_ns, eff.to_vec());
                     releases.push(Release {
                         host: host.clone(),
                         cpus,
@@ -1779,7 +1779,10 @@ impl SiteState {
                     }
                     self.mark_persist();
                     if let Some(req) = self.forward_request(&id) {
-                        self.effects.push(Effect::Forward { to: site, req });
+                        self.effects.push(Effect::Forward {
+                            to: site,
+                            req: Box::new(req),
+                        });
                     }
                     placed.push(id);
                 }
@@ -1923,7 +1926,7 @@ impl SiteState {
             .values()
             .map(|p| {
                 let age = p.summary.as_ref().map_or(-1, |s| {
-                    ((now - p.received_ns).max(0) / 1_000_000) as i64 + s.age_at_send_ms as i64
+                    (now - p.received_ns).max(0) / 1_000_000 + s.age_at_send_ms as i64
                 });
                 let fresh = p
                     .summary

@@ -13,6 +13,7 @@ mod certs;
 mod cli;
 mod cluster;
 mod emit;
+mod federation;
 mod monitor;
 mod relay;
 mod resched;
@@ -82,5 +83,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Certs(a) => certs::run(a).await,
         Broker(a) => broker::run(a).await,
         Simres(a) => broker::simres(a).await,
+        Federation(a) => federation::run(a).await,
+        Job(a) => federation::job(a).await,
     }
 }
