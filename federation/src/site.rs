@@ -200,6 +200,9 @@ pub struct JobRec {
     /// When it was forwarded, or accepted here (foreign).
     pub since_ns: i64,
     pub granted: bool,
+    /// The receiver's acceptance of the current forward was processed.
+    #[serde(default)]
+    pub accepted: bool,
     pub cancel_requested: bool,
     /// An operator's choice of peer (`gma job submit --site`).
     pub pin: Option<String>,
@@ -763,6 +766,7 @@ impl SiteState {
             run_ns: 0,
             since_ns: now,
             granted: false,
+            accepted: false,
             cancel_requested: false,
             pin,
             reason: String::new(),
@@ -934,6 +938,7 @@ impl SiteState {
             run_ns: 0,
             since_ns: now,
             granted: false,
+            accepted: false,
             cancel_requested: false,
             pin: None,
             reason: String::new(),
@@ -1167,6 +1172,7 @@ impl SiteState {
         j.at = self.p.site.clone();
         j.host.clear();
         j.granted = false;
+        j.accepted = false;
         j.in_flight = false;
         j.pin = None;
         j.reason = reason.to_string();
@@ -1251,13 +1257,18 @@ impl SiteState {
     /// The answer to a `ForwardJob` this site made.
     pub fn forward_result(&mut self, id: &str, to: &str, outcome: ForwardOutcome, now: i64) {
         let Some(j) = self.jobs.get_mut(id) else { return };
-        if j.at != to || j.state != JobState::Forwarding {
+        // The receiver may have asked for the start grant (or even reported the job done)
+        // before this answer came back: the acceptance is booked whatever the state now.
+        if j.at != to || j.accepted || !(j.state == JobState::Forwarding || j.granted) {
             return;
         }
         j.in_flight = false;
         match outcome {
             ForwardOutcome::Accepted(reply) => {
-                j.state = JobState::Forwarded;
+                j.accepted = true;
+                if j.state == JobState::Forwarding {
+                    j.state = JobState::Forwarded;
+                }
                 j.reason.clear();
                 if let Some(p) = self.peers.get_mut(to) {
                     p.forwarded_out += 1;
@@ -1292,6 +1303,7 @@ impl SiteState {
                 }
                 self.mark_persist();
             }
+            _ if j.state != JobState::Forwarding => {}
             ForwardOutcome::Refused(reason) => self.refused(id, to, &reason, None, now),
             ForwardOutcome::Busy {
                 reason,
@@ -1762,6 +1774,7 @@ impl SiteState {
                     let cpus = j.job.cpus;
                     if let Some(j) = self.jobs.get_mut(&id) {
                         j.state = JobState::Forwarding;
+                        j.accepted = false;
                         j.at = site.clone();
                         j.visited.push(site.clone());
                         j.since_ns = now;
