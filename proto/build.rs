@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/services.proto",
                 "proto/broker.proto",
                 "proto/netprobe.proto",
+                "proto/federation.proto",
                 "proto/raft.proto",
             ],
             &["proto"],

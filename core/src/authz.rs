@@ -208,11 +208,17 @@ pub enum Action {
     BrokerSelect,
     /// Create, modify, release and list advance reservations at a resource manager.
     Reserve,
+    /// Site-to-site federation calls (the resource is the operation: `session`,
+    /// `job.forward`, `job.start`, `job.watch`, `job.cancel`, `job.list`).
+    Federation,
+    /// A site scheduler's local job API (the resource is the operation: `submit`, `status`,
+    /// `cancel`, `list`, `federation.status`).
+    Job,
     Admin,
 }
 
 impl Action {
-    pub const ALL: [Action; 10] = [
+    pub const ALL: [Action; 12] = [
         Action::DirectorySearch,
         Action::DirectoryRegister,
         Action::DirectoryWatch,
@@ -222,6 +228,8 @@ impl Action {
         Action::ArchiveQuery,
         Action::BrokerSelect,
         Action::Reserve,
+        Action::Federation,
+        Action::Job,
         Action::Admin,
     ];
 
@@ -236,14 +244,19 @@ impl Action {
             Action::ArchiveQuery => "archive.query",
             Action::BrokerSelect => "broker.select",
             Action::Reserve => "reservation",
+            Action::Federation => "federation",
+            Action::Job => "job",
             Action::Admin => "admin",
         }
     }
 
     /// True when the resource is an event name or pattern; false for `directory.register`
-    /// (a record id) and `admin` (an operation).
+    /// (a record id) and `admin`, `federation`, `job` (operations).
     pub fn resource_is_event(self) -> bool {
-        !matches!(self, Action::DirectoryRegister | Action::Admin)
+        !matches!(
+            self,
+            Action::DirectoryRegister | Action::Admin | Action::Federation | Action::Job
+        )
     }
 
     fn bit(self) -> u16 {

@@ -12,6 +12,7 @@ const state = {
   records: new Map(),   // "producer:id" -> record (+ receivedAt)
   hosts: new Map(),     // host -> { el, series: [{ points, canvas, valueEl, el, dirty, live }] }
   rpc: new Map(),       // source -> row element
+  federation: new Map(), // "site peer" -> row element
   history: 120,
   archiver: false,
 };
@@ -107,6 +108,7 @@ function handle(m) {
       break;
     case 'decision': addDecision(m.decision, true); break;
     case 'rpc': for (const r of m.rows) putRpc(r); break;
+    case 'federation': for (const r of m.rows) putFederation(r); break;
     case 'status': renderStatus(m.status); break;
   }
 }
@@ -133,6 +135,9 @@ function applySnapshot(s) {
   state.rpc.clear();
   $('#rpc tbody').replaceChildren();
   for (const r of s.rpc) putRpc(r);
+  state.federation.clear();
+  $('#federation tbody').replaceChildren();
+  for (const r of (s.federation || [])) putFederation(r);
   renderStatus(s.status || {});
   $('#history-section').hidden = !state.archiver;
   if (state.archiver) loadArchiveSeries();
@@ -364,6 +369,19 @@ function putRpc(r) {
   const old = state.rpc.get(r.source);
   if (old && old.isConnected) old.replaceWith(row); else insertSorted(body, row, r.source);
   state.rpc.set(r.source, row);
+}
+
+function putFederation(r) {
+  const v = r.values || {};
+  const key = r.site + ' ' + (v.peer || '');
+  const row = el('tr', { 'data-id': key },
+    el('td', {}, r.site), el('td', {}, v.peer || ''),
+    el('td', { class: v.live === 1 ? '' : 'err' }, v.live === 1 ? 'live' : 'expired'),
+    el('td', { class: 'num' }, fmtNum(v.summary_age_ms)), el('td', { class: 'num' }, fmtNum(v.forwarded_out)),
+    el('td', { class: 'num' }, fmtNum(v.forwarded_in)), el('td', { class: 'num' }, fmtNum(v.cpus_free_sum)));
+  const old = state.federation.get(key);
+  if (old && old.isConnected) old.replaceWith(row); else insertSorted($('#federation tbody'), row, key);
+  state.federation.set(key, row);
 }
 
 function removeRpc(source) {

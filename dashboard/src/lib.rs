@@ -47,6 +47,7 @@ pub const DEFAULT_PATTERNS: &[&str] = &[
     "broker.decision",
     "resched.decision",
     "gma.rpc",
+    "federation.status",
 ];
 
 /// `gma dashboard --config FILE` (flags override).

@@ -131,6 +131,8 @@ pub struct Model {
     hosts: BTreeMap<String, HostSeries>,
     decisions: VecDeque<Value>,
     rpc: BTreeMap<String, Value>,
+    /// `federation.status`: (site, peer) -> the latest row.
+    federation: BTreeMap<(String, String), Value>,
     archiver: bool,
     /// Hosts not charted because of [`MAX_HOSTS`].
     pub hosts_dropped: u64,
@@ -181,6 +183,9 @@ fn chart_value(e: &OwnedEvent) -> Option<(usize, f64)> {
     }
 }
 
+/// Per-peer status of a federation endpoint (gma federation): shown as the federation table.
+pub const FEDERATION_STATUS: &str = "federation.status";
+
 /// Event names whose events are shown as decisions.
 pub fn is_decision(name: &str) -> bool {
     name.ends_with(".decision")
@@ -196,6 +201,7 @@ impl Model {
             hosts: BTreeMap::new(),
             decisions: VecDeque::new(),
             rpc: BTreeMap::new(),
+            federation: BTreeMap::new(),
             archiver,
             hosts_dropped: 0,
         }
@@ -227,6 +233,7 @@ impl Model {
             "hosts": hosts,
             "decisions": self.decisions,
             "rpc": self.rpc.values().collect::<Vec<_>>(),
+            "federation": self.federation.values().collect::<Vec<_>>(),
             "archiver": self.archiver,
             "history": self.history,
         })
@@ -290,6 +297,7 @@ impl Model {
         let mut points = Vec::new();
         let mut decisions = Vec::new();
         let mut rpc = Vec::new();
+        let mut federation = Vec::new();
         for e in events {
             let name = e.series.name.as_str();
             let t_ms = e.timestamp_ns as f64 / 1e6;
@@ -323,6 +331,15 @@ impl Model {
                 }
                 self.decisions.push_back(d.clone());
                 decisions.push(d);
+            } else if name == FEDERATION_STATUS {
+                let v: Value = serde_json::from_str(&e.as_ref().to_json()).unwrap_or(Value::Null);
+                let peer = v["values"]["peer"].as_str().unwrap_or("").to_string();
+                let row = json!({"site": e.series.source, "t_ms": t_ms, "values": v["values"]});
+                let key = (e.series.source.clone(), peer);
+                if self.federation.contains_key(&key) || self.federation.len() < MAX_RPC_ROWS {
+                    self.federation.insert(key, row.clone());
+                    federation.push(row);
+                }
             } else if name == gma_core::rpc::RPC_EVENT {
                 let r = e.as_ref();
                 let n = |f: &str| num(r.number(f).unwrap_or(f64::NAN));
@@ -355,6 +372,9 @@ impl Model {
         }
         if !rpc.is_empty() {
             out.push(json!({"type": "rpc", "rows": rpc}));
+        }
+        if !federation.is_empty() {
+            out.push(json!({"type": "federation", "rows": federation}));
         }
         out
     }
@@ -545,6 +565,47 @@ mod tests {
         assert_eq!(snap["decisions"].as_array().unwrap().len(), 1);
         assert_eq!(snap["rpc"].as_array().unwrap().len(), 1);
         assert_eq!(snap["archiver"], true);
+    }
+
+    #[test]
+    fn federation_status_rows_are_kept_per_site_and_peer() {
+        let mut m = Model::new(10, false);
+        let fields = vec![
+            dbl("live", "", ""),
+            dbl("summary_age_ms", "ms", ""),
+            dbl("forwarded_out", "", ""),
+            text("peer", ""),
+        ];
+        let a = ev(
+            FEDERATION_STATUS,
+            "siteA",
+            fields.clone(),
+            vec![1.0, 250.0, 3.0],
+            vec!["siteB"],
+        );
+        let b = ev(
+            FEDERATION_STATUS,
+            "siteA",
+            fields.clone(),
+            vec![0.0, 9000.0, 4.0],
+            vec!["siteB"],
+        );
+        let c = ev(
+            FEDERATION_STATUS,
+            "siteA",
+            fields,
+            vec![1.0, 100.0, 0.0],
+            vec!["siteC"],
+        );
+        let msgs = m.events("fed", &[a]);
+        assert_eq!(msgs[0]["type"], "federation");
+        assert_eq!(msgs[0]["rows"][0]["values"]["peer"], "siteB");
+        m.events("fed", &[b, c]);
+        let snap = m.snapshot(5);
+        let rows = snap["federation"].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "one row per (site, peer), the newest");
+        assert_eq!(rows[0]["values"]["forwarded_out"], 4.0);
+        assert_eq!(rows[0]["values"]["live"], 0.0);
     }
 
     #[test]

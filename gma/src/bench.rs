@@ -63,6 +63,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             rate,
             output,
         } => crate::bench_fanout::stall(duration, rate, output).await,
+        BenchScenario::Federation {
+            jobs,
+            seeds,
+            changes,
+            output,
+        } => crate::federation::bench(jobs, seeds, changes, output).await,
         BenchScenario::Filter { events, output } => crate::bench_fanout::filter(events, output),
         BenchScenario::Forecast { trace, output } => crate::bench_fanout::forecast(trace, output),
         BenchScenario::All { duration, output } => all(duration, output).await,

@@ -122,6 +122,11 @@ pub enum Command {
     /// The resource broker (ranks resources for jobs from the live load streams, coallocates
     /// with advance reservations), or `select` / `coallocate` / `view` against a running one.
     Broker(crate::broker::BrokerArgs),
+    /// The federation endpoint of a site (summaries to linked sites, jobs placed locally or
+    /// forwarded with route()), or `add` / `remove` / `status` of its links.
+    Federation(crate::federation::FederationArgs),
+    /// Jobs at a site's federation endpoint: submit, status, list, cancel.
+    Job(crate::federation::JobArgs),
     /// A simulated resource manager: per-resource reservation calendars behind the
     /// Reservations interface (create / modify / release with granted / never / retry-from).
     Simres(crate::broker::SimresArgs),
@@ -587,6 +592,22 @@ pub enum BenchScenario {
         /// Sample period of the simulated hosts.
         #[arg(long, default_value_t = 1000)]
         period_ms: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Federation: mean job completion with federation vs local-only (3 simulated sites of 64
+    /// CPUs, imbalanced and balanced load, the real route() and job manager), summary size,
+    /// route() latency with 100 peers, summary propagation latency over real gRPC.
+    Federation {
+        /// Jobs submitted per site in each simulated run.
+        #[arg(long, default_value_t = 3000)]
+        jobs: usize,
+        /// Seeds (runs) per load pattern.
+        #[arg(long, default_value_t = 3)]
+        seeds: u64,
+        /// Summary changes timed for the propagation latency.
+        #[arg(long, default_value_t = 300)]
+        changes: usize,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -16,6 +16,7 @@ mod cli;
 mod cluster;
 mod dashboard;
 mod emit;
+mod federation;
 mod monitor;
 mod netprobe;
 mod relay;
@@ -90,5 +91,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Dashboard(a) => dashboard::run(a).await,
         Netprobe(a) => netprobe::netprobe(a).await,
         Net(a) => netprobe::net(a).await,
+        Federation(a) => federation::run(a).await,
+        Job(a) => federation::job(a).await,
     }
 }

@@ -1,0 +1,206 @@
+use super::*;
+use gma_broker::rank::Resource;
+
+const NOW: i64 = 1_000_000_000_000;
+
+fn site(name: &str, peers: &[(&str, Role)]) -> SiteState {
+    let mut s = SiteState::new(Params::new(name), 1);
+    s.set_links(
+        peers
+            .iter()
+            .map(|(p, r)| Link {
+                site: p.to_string(),
+                endpoint: format!("127.0.0.1:1/{p}"),
+                role: *r,
+                hops: 0,
+            })
+            .collect(),
+        NOW,
+    );
+    s
+}
+
+fn snap(free: f64) -> Snapshot {
+    let mut r = Resource::unknown("h0");
+    r.total_cpus = 8.0;
+    r.free_cpus = free;
+    r.memory_mb = 4096.0;
+    r.arch = "x86_64".into();
+    r.queue_waiting = 0.0;
+    r.producer = "p".into();
+    r.updated_ns = NOW;
+    Snapshot::new(NOW, vec![r])
+}
+
+fn req(id: &str, visited: &[&str]) -> pb::ForwardRequest {
+    let job = Job {
+        name: "j".into(),
+        cpus: 2,
+        reference_time_s: 60.0,
+        ..Job::default()
+    };
+    pb::ForwardRequest {
+        global_job_id: id.into(),
+        job: Some(job.to_proto()),
+        origin_site: id.split('/').next().unwrap().into(),
+        visited_sites: visited.iter().map(|s| s.to_string()).collect(),
+        hops_left: 0,
+        origin_lease_ms: 30_000,
+        idempotency_key: id.into(),
+        submitted_ns: NOW,
+    }
+}
+
+#[test]
+fn forwards_are_checked_deduplicated_and_loops_refused() {
+    let mut b = site("b", &[("a", Role::Peer)]);
+    let s = snap(8.0);
+    let r = b.accept_forward("a", &req("a/1", &["a"]), &s, NOW).unwrap();
+    assert_eq!(r.state, "queued");
+    // The same forward again (a retry): the same answer, still one job.
+    assert_eq!(
+        b.accept_forward("a", &req("a/1", &["a"]), &s, NOW)
+            .unwrap()
+            .global_job_id,
+        "a/1"
+    );
+    assert_eq!(b.jobs().count(), 1);
+    assert!(matches!(
+        b.accept_forward("a", &req("a/2", &["a", "b"]), &s, NOW),
+        Err(Reject::Loop(_))
+    ));
+    assert!(matches!(
+        b.accept_forward("x", &req("x/1", &["x"]), &s, NOW),
+        Err(Reject::NotPeer(_))
+    ));
+    assert!(matches!(
+        b.accept_forward("a", &req("a/3", &["c"]), &s, NOW),
+        Err(Reject::Invalid(_))
+    ));
+    let mut big = req("a/4", &["a"]);
+    big.job.as_mut().unwrap().cpus = 64;
+    assert!(matches!(
+        b.accept_forward("a", &big, &s, NOW),
+        Err(Reject::Infeasible(_))
+    ));
+}
+
+#[test]
+fn a_start_is_granted_once_and_never_for_a_re_placed_job() {
+    let mut a = site("a", &[("b", Role::Peer), ("c", Role::Peer)]);
+    let id = a
+        .submit(
+            Job {
+                name: "j".into(),
+                cpus: 2,
+                reference_time_s: 60.0,
+                ..Job::default()
+            },
+            Some("b".into()),
+            NOW,
+        )
+        .unwrap();
+    a.heard("b", NOW);
+    a.step(NOW, &snap(0.0));
+    assert_eq!(a.job(&id).unwrap().state, JobState::Forwarding);
+    assert!(
+        matches!(a.confirm_start("c", &id, NOW), Grant::No(_)),
+        "c does not hold it"
+    );
+    assert_eq!(a.confirm_start("b", &id, NOW), Grant::Yes);
+    assert_eq!(a.confirm_start("b", &id, NOW), Grant::Yes, "idempotent");
+    // A granted job is never re-placed, however long b stays silent.
+    a.step(NOW + 3_600_000_000_000, &snap(8.0));
+    assert_eq!(a.job(&id).unwrap().at, "b");
+
+    let id2 = a
+        .submit(
+            Job {
+                name: "k".into(),
+                cpus: 2,
+                reference_time_s: 60.0,
+                ..Job::default()
+            },
+            Some("b".into()),
+            NOW,
+        )
+        .unwrap();
+    let t = NOW + 3_600_000_000_001;
+    a.heard("b", t);
+    a.step(t, &snap(0.0));
+    assert_eq!(a.job(&id2).unwrap().state, JobState::Forwarding);
+    // b silent for lease + 2 heartbeats: re-placed; b's later request is refused.
+    let later = t + 35_000_000_000;
+    a.step(later, &snap(0.0));
+    assert_eq!(a.job(&id2).unwrap().state, JobState::Queued);
+    assert!(matches!(a.confirm_start("b", &id2, later), Grant::No(_)));
+}
+
+#[test]
+fn summaries_follow_split_horizon() {
+    let mut p = site(
+        "p",
+        &[
+            ("c1", Role::Child),
+            ("c2", Role::Child),
+            ("q", Role::Peer),
+            ("gp", Role::Parent),
+        ],
+    );
+    for (k, cpus) in [("c1", 8.0), ("c2", 4.0), ("q", 2.0), ("gp", 1.0)] {
+        let mut r = Resource::unknown(&format!("{k}-h"));
+        r.total_cpus = cpus;
+        r.free_cpus = cpus;
+        r.updated_ns = NOW;
+        let s =
+            Summary::build(k, &Snapshot::new(NOW, vec![r]), 5_000, Default::default(), 15_000).stamp(k, 1, 1);
+        p.heard(k, NOW);
+        p.peer_summary(k, s, NOW).unwrap();
+    }
+    p.step(NOW, &snap(1.0));
+    let free = |to: &str| p.summary_for(to, NOW).unwrap().cpus_free_sum();
+    assert_eq!(free("q"), 1, "a peer gets the site alone");
+    assert_eq!(free("gp"), 1 + 8 + 4, "a parent gets the site and its children");
+    assert_eq!(
+        free("c1"),
+        1 + 4 + 1,
+        "a child gets the site, its parent and the other children"
+    );
+    let to_c1 = p.summary_for("c1", NOW).unwrap();
+    assert!(!to_c1.contributing.contains("c1"));
+    // An echo (a summary containing the receiver) is refused.
+    let mut echo = p.summary_for("gp", NOW).unwrap();
+    echo.site = "c1".into();
+    let mut q = site("c2", &[("c1", Role::Peer)]);
+    echo.contributing.insert("c2".into());
+    assert!(q
+        .peer_summary("c1", echo, NOW)
+        .unwrap_err()
+        .contains("split horizon"));
+}
+
+#[test]
+fn saved_state_restores_jobs() {
+    let mut a = site("a", &[("b", Role::Peer)]);
+    let id = a
+        .submit(
+            Job {
+                name: "j".into(),
+                cpus: 2,
+                reference_time_s: 60.0,
+                ..Job::default()
+            },
+            None,
+            NOW,
+        )
+        .unwrap();
+    a.step(NOW, &snap(8.0));
+    assert_eq!(a.job(&id).unwrap().state, JobState::Running);
+    let text = serde_json::to_string(&a.saved()).unwrap();
+    let saved: Saved = serde_json::from_str(&text).unwrap();
+    let mut r = SiteState::restore(Params::new("a"), 2, saved, NOW + 1);
+    assert_eq!(r.job(&id).unwrap().job, a.job(&id).unwrap().job);
+    assert_eq!(r.links().len(), 1);
+    r.step(NOW + 3_600_000_000_000, &snap(6.0));
+    assert_eq!(r.job(&id).unwrap().state, JobState::Finished);
+}
