@@ -106,7 +106,9 @@ pub fn validate_site(site: &str) -> Result<(), String> {
     }
     gma_core::pattern::validate_source(site).map_err(|e| format!("site {site:?}: {e}"))?;
     if site.contains('/') || site.contains('*') || site.contains('?') || site.len() > 128 {
-        return Err(format!("site {site:?}: at most 128 bytes, without '/', '*' or '?'"));
+        return Err(format!(
+            "site {site:?}: at most 128 bytes, without '/', '*' or '?'"
+        ));
     }
     Ok(())
 }
@@ -206,8 +208,14 @@ mod tests {
         bad("site = \"a/b\"\n", "without '/'");
         bad("site = \"a\"\ntime_scale = 0\n", "time_scale");
         bad("site = \"a\"\ncolour = 1\n", "unknown field `colour`");
-        bad("site = \"a\"\n[[peer]]\nsite = \"a\"\nendpoint = \"x:1\"\nrole = \"peer\"\n", "its own peer");
-        bad("site = \"a\"\n[[peer]]\nsite = \"b\"\nendpoint = \"x:1\"\nrole = \"boss\"\n", "unknown variant `boss`");
+        bad(
+            "site = \"a\"\n[[peer]]\nsite = \"a\"\nendpoint = \"x:1\"\nrole = \"peer\"\n",
+            "its own peer",
+        );
+        bad(
+            "site = \"a\"\n[[peer]]\nsite = \"b\"\nendpoint = \"x:1\"\nrole = \"boss\"\n",
+            "unknown variant `boss`",
+        );
         bad("site = \"a\"\n[route]\nhysteresis = -1\n", "route.hysteresis");
     }
 }

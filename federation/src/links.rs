@@ -72,7 +72,9 @@ fn consumer_of(e: &pb::RecordEntry) -> Option<&pb::ConsumerRecord> {
 }
 
 async fn client(dir: &str) -> Result<DirectoryClient<Channel>, String> {
-    gma_consumer::directory::client(dir).await.map_err(|e| e.to_string())
+    gma_consumer::directory::client(dir)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn reg(link: &Link, ttl_ms: u64) -> pb::RegisterRequest {
@@ -184,7 +186,9 @@ async fn session(
 ) -> Result<(), String> {
     let mut c = client(dir).await?;
     for l in links.values() {
-        let lease = put(&mut c, l, ttl_ms).await.map_err(|s| s.message().to_string())?;
+        let lease = put(&mut c, l, ttl_ms)
+            .await
+            .map_err(|s| s.message().to_string())?;
         leases.insert(l.site.clone(), lease);
     }
     let mut watch = c

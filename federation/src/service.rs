@@ -90,11 +90,19 @@ pub fn status_schema() -> pb::EventSchema {
         version: 1,
         fields: vec![
             dbl("live", "", "1 when heard from within the session timeout"),
-            dbl("eligible", "", "1 when live with a fresh summary (route() may use it)"),
+            dbl(
+                "eligible",
+                "",
+                "1 when live with a fresh summary (route() may use it)",
+            ),
             dbl("summary_age_ms", "ms", "age of its latest summary (NaN: none)"),
             dbl("forwarded_out", "jobs", "jobs this site forwarded there"),
             dbl("forwarded_in", "jobs", "jobs it forwarded here"),
-            dbl("in_flight_cpus", "cpus", "CPUs forwarded there, not yet in a summary"),
+            dbl(
+                "in_flight_cpus",
+                "cpus",
+                "CPUs forwarded there, not yet in a summary",
+            ),
             dbl("cpus_free_sum", "cpus", "free CPUs it advertises"),
             text("peer", "the linked site"),
             text("session", "connecting, up, expired, refused"),
@@ -210,7 +218,9 @@ pub fn forward_outcome(r: Result<pb::ForwardReply, Status>, retry_after_ms: u64)
             | tonic::Code::PermissionDenied
             | tonic::Code::AlreadyExists
             | tonic::Code::NotFound
-            | tonic::Code::Unauthenticated => ForwardOutcome::Refused(format!("{:?}: {}", s.code(), s.message())),
+            | tonic::Code::Unauthenticated => {
+                ForwardOutcome::Refused(format!("{:?}: {}", s.code(), s.message()))
+            }
             _ => ForwardOutcome::Unreachable(gma_core::tls::explain(&s)),
         },
     }
@@ -307,7 +317,8 @@ impl Shared {
             match e {
                 Effect::Persist => {}
                 Effect::Publish(ev) => {
-                    metrics::counter!("gma_federation_job_events_total", "state" => ev.state.clone()).increment(1);
+                    metrics::counter!("gma_federation_job_events_total", "state" => ev.state.clone())
+                        .increment(1);
                     events.push(job_event_data(&ev));
                 }
                 Effect::SetFree { host, producer, free } => {
@@ -367,8 +378,10 @@ impl Shared {
                         let s = self.state.lock();
                         let own = s.own_summary().cloned();
                         let links = s.links();
-                        let per: Vec<(String, Option<Summary>)> =
-                            links.iter().map(|l| (l.site.clone(), s.summary_for(&l.site, now))).collect();
+                        let per: Vec<(String, Option<Summary>)> = links
+                            .iter()
+                            .map(|l| (l.site.clone(), s.summary_for(&l.site, now)))
+                            .collect();
                         (own, per)
                     };
                     let out = self.outbound.lock();
@@ -397,7 +410,12 @@ impl Shared {
         }
     }
 
-    async fn ask_start(self: &Arc<Self>, to: &str, id: &str, host: &str) -> Result<pb::ConfirmStartReply, String> {
+    async fn ask_start(
+        self: &Arc<Self>,
+        to: &str,
+        id: &str,
+        host: &str,
+    ) -> Result<pb::ConfirmStartReply, String> {
         let mut c = self.client(to)?;
         let call = c.confirm_start(with_site(
             self.site(),
@@ -408,7 +426,9 @@ impl Shared {
         ));
         match tokio::time::timeout(CALL_TIMEOUT, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(s)) if s.code() == tonic::Code::NotFound || s.code() == tonic::Code::FailedPrecondition => {
+            Ok(Err(s))
+                if s.code() == tonic::Code::NotFound || s.code() == tonic::Code::FailedPrecondition =>
+            {
                 Ok(pb::ConfirmStartReply {
                     granted: false,
                     reason: s.message().to_string(),
@@ -522,7 +542,10 @@ impl pb::federation_server::Federation for FederationService {
 
     type ExchangeStream = BoxStream<pb::Frame>;
 
-    async fn exchange(&self, req: Request<tonic::Streaming<pb::Frame>>) -> Result<Response<Self::ExchangeStream>, Status> {
+    async fn exchange(
+        &self,
+        req: Request<tonic::Streaming<pb::Frame>>,
+    ) -> Result<Response<Self::ExchangeStream>, Status> {
         let sh = self.shared.clone();
         let site = sh.caller(&req, "session", None)?;
         let mut inbound = req.into_inner();
@@ -531,7 +554,9 @@ impl pb::federation_server::Federation for FederationService {
             .await?
             .ok_or_else(|| Status::invalid_argument("the stream ended before its Attach frame"))?;
         let Some(pb::frame::Kind::Attach(a)) = first.kind else {
-            return Err(Status::invalid_argument("the first frame must be Attach{session_id}"));
+            return Err(Status::invalid_argument(
+                "the first frame must be Attach{session_id}",
+            ));
         };
         if sh.sessions.lock().get(&a.session_id) != Some(&site) {
             return Err(Status::not_found(format!(
@@ -590,7 +615,10 @@ impl pb::federation_server::Federation for FederationService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn forward_job(&self, req: Request<pb::ForwardRequest>) -> Result<Response<pb::ForwardReply>, Status> {
+    async fn forward_job(
+        &self,
+        req: Request<pb::ForwardRequest>,
+    ) -> Result<Response<pb::ForwardReply>, Status> {
         let sh = &self.shared;
         let from = sh.caller(&req, "job.forward", None)?;
         let r = req.into_inner();
@@ -632,7 +660,10 @@ impl pb::federation_server::Federation for FederationService {
 
     type WatchJobsStream = BoxStream<pb::JobEvent>;
 
-    async fn watch_jobs(&self, req: Request<pb::WatchJobsRequest>) -> Result<Response<Self::WatchJobsStream>, Status> {
+    async fn watch_jobs(
+        &self,
+        req: Request<pb::WatchJobsRequest>,
+    ) -> Result<Response<Self::WatchJobsStream>, Status> {
         let sh = self.shared.clone();
         let from = sh.caller(&req, "job.watch", None)?;
         let mut cursor = req.get_ref().from_seq.max(1);
@@ -656,7 +687,10 @@ impl pb::federation_server::Federation for FederationService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn cancel_job(&self, req: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobReply>, Status> {
+    async fn cancel_job(
+        &self,
+        req: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobReply>, Status> {
         let sh = &self.shared;
         let from = sh.caller(&req, "job.cancel", None)?;
         let r = req.into_inner();
@@ -687,11 +721,16 @@ pub struct SchedulerService {
 
 #[tonic::async_trait]
 impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
-    async fn submit(&self, req: Request<pb::SubmitJobRequest>) -> Result<Response<pb::SubmitJobReply>, Status> {
+    async fn submit(
+        &self,
+        req: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobReply>, Status> {
         let sh = &self.shared;
         sh.local(&req, "submit")?;
         let r = req.into_inner();
-        let spec = r.job.ok_or_else(|| Status::invalid_argument("job: give the job"))?;
+        let spec = r
+            .job
+            .ok_or_else(|| Status::invalid_argument("job: give the job"))?;
         let job = Job::from_proto(&spec, "job.").map_err(|e| Status::invalid_argument(e.to_string()))?;
         let pin = (!r.site.is_empty()).then_some(r.site);
         let id = sh
@@ -717,10 +756,15 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
             .lock()
             .job(id)
             .map(|j| Response::new(j.info()))
-            .ok_or_else(|| Status::not_found(format!("no job {:?} at {}", gma_core::clip(id, 128), sh.site())))
+            .ok_or_else(|| {
+                Status::not_found(format!("no job {:?} at {}", gma_core::clip(id, 128), sh.site()))
+            })
     }
 
-    async fn cancel(&self, req: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobReply>, Status> {
+    async fn cancel(
+        &self,
+        req: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobReply>, Status> {
         let sh = &self.shared;
         sh.local(&req, "cancel")?;
         let id = req.into_inner().global_job_id;
@@ -745,7 +789,11 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
             .filter(|j| want.is_empty() || j.state.as_str() == want)
             .map(|j| j.info())
             .collect();
-        jobs.sort_by(|a, b| a.submitted_ns.cmp(&b.submitted_ns).then(a.global_job_id.cmp(&b.global_job_id)));
+        jobs.sort_by(|a, b| {
+            a.submitted_ns
+                .cmp(&b.submitted_ns)
+                .then(a.global_job_id.cmp(&b.global_job_id))
+        });
         Ok(Response::new(pb::ListJobsReply { jobs }))
     }
 
@@ -757,7 +805,10 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
         Ok(Response::new(self.shared.status()))
     }
 
-    async fn version(&self, _req: Request<pb::VersionRequest>) -> Result<Response<pb::VersionResponse>, Status> {
+    async fn version(
+        &self,
+        _req: Request<pb::VersionRequest>,
+    ) -> Result<Response<pb::VersionResponse>, Status> {
         Ok(Response::new(pb::VersionResponse {
             interface: gma_proto::INTERFACE_VERSION.into(),
             server: gma_core::SERVER_VERSION.into(),
@@ -797,12 +848,22 @@ async fn session(sh: Arc<Shared>, link: Link, mut summaries: watch::Receiver<Opt
     }
 }
 
-async fn session_once(sh: &Arc<Shared>, link: &Link, summaries: &mut watch::Receiver<Option<pb::SiteSummary>>) -> String {
+async fn session_once(
+    sh: &Arc<Shared>,
+    link: &Link,
+    summaries: &mut watch::Receiver<Option<pb::SiteSummary>>,
+) -> String {
     // A fresh connection per session: a peer that was stopped must not leave us on a dead one.
     let ch = match gma_core::tls::endpoint(&link.endpoint) {
         Ok(ep) => match tokio::time::timeout(CALL_TIMEOUT, ep.connect()).await {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return format!("cannot connect to {}: {}", link.endpoint, gma_consumer::error_chain(&e)),
+            Ok(Err(e)) => {
+                return format!(
+                    "cannot connect to {}: {}",
+                    link.endpoint,
+                    gma_consumer::error_chain(&e)
+                )
+            }
             Err(_) => return format!("cannot connect to {}: timed out", link.endpoint),
         },
         Err(e) => return e,
@@ -819,7 +880,12 @@ async fn session_once(sh: &Arc<Shared>, link: &Link, summaries: &mut watch::Rece
     };
     let welcome = match tokio::time::timeout(CALL_TIMEOUT, c.open_session(with_site(&me, hello))).await {
         Ok(Ok(w)) => w.into_inner(),
-        Ok(Err(s)) if matches!(s.code(), tonic::Code::PermissionDenied | tonic::Code::Unauthenticated) => {
+        Ok(Err(s))
+            if matches!(
+                s.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            ) =>
+        {
             return format!("refused: {:?}: {}", s.code(), s.message())
         }
         Ok(Err(s)) => return format!("open session: {}", gma_core::tls::explain(&s)),
@@ -834,7 +900,12 @@ async fn session_once(sh: &Arc<Shared>, link: &Link, summaries: &mut watch::Rece
     sh.with(|s, now| s.session_event(&link.site, SessionEvent::Up, now));
     tracing::info!(peer = %link.site, session = %welcome.session_id, "federation session up");
     // Reconcile what we forwarded there, then follow its job events from that point.
-    let list = match tokio::time::timeout(CALL_TIMEOUT, c.list_forwarded(with_site(&me, pb::ListForwardedRequest {}))).await {
+    let list = match tokio::time::timeout(
+        CALL_TIMEOUT,
+        c.list_forwarded(with_site(&me, pb::ListForwardedRequest {})),
+    )
+    .await
+    {
         Ok(Ok(l)) => l.into_inner(),
         Ok(Err(s)) => return format!("list forwarded: {}", s.message()),
         Err(_) => return "list forwarded: no answer".into(),
@@ -911,7 +982,11 @@ async fn session_once(sh: &Arc<Shared>, link: &Link, summaries: &mut watch::Rece
 }
 
 /// Starts and stops sessions to follow the set of links.
-fn sync_sessions(sh: &Arc<Shared>, links: &[Link], running: &mut HashMap<String, (Link, tokio::task::JoinHandle<()>)>) {
+fn sync_sessions(
+    sh: &Arc<Shared>,
+    links: &[Link],
+    running: &mut HashMap<String, (Link, tokio::task::JoinHandle<()>)>,
+) {
     running.retain(|site, (link, task)| {
         let keep = links.iter().any(|l| l == link && &l.site == site);
         if !keep {
@@ -1142,14 +1217,20 @@ pub async fn run(
             }
         }));
     }
-    let fed = FederationService { shared: shared.clone() };
-    let sched = SchedulerService { shared: shared.clone() };
+    let fed = FederationService {
+        shared: shared.clone(),
+    };
+    let sched = SchedulerService {
+        shared: shared.clone(),
+    };
     let max = gma_core::MAX_MESSAGE_BYTES;
     let r = producer
         .run_with(listener, shutdown, move |routes| {
             routes
                 .add_service(pb::federation_server::FederationServer::new(fed).max_decoding_message_size(max))
-                .add_service(pb::site_scheduler_server::SiteSchedulerServer::new(sched).max_decoding_message_size(max))
+                .add_service(
+                    pb::site_scheduler_server::SiteSchedulerServer::new(sched).max_decoding_message_size(max),
+                )
         })
         .await;
     let _ = stop_tx.send(true);

@@ -46,7 +46,11 @@ fn job() -> pb::JobSpec {
 async fn bad_federation_calls_get_precise_statuses() {
     let (addr, _stop) = endpoint().await;
     let ch = loop {
-        if let Ok(c) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await {
+        if let Ok(c) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
             break c;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -63,7 +67,10 @@ async fn bad_federation_calls_get_precise_statuses() {
         submitted_ns: 1,
     };
     // The receiver in the visited list: a loop.
-    let e = fed.forward_job(with_site("A", fwd(&["A", "B"]))).await.unwrap_err();
+    let e = fed
+        .forward_job(with_site("A", fwd(&["A", "B"])))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("already been at B"), "{}", e.message());
     // No site named; a site that is not linked; a site id that is not one.

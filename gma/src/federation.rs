@@ -173,7 +173,9 @@ pub async fn run(a: FederationArgs) -> anyhow::Result<()> {
         }) => match (federation, directory) {
             (Some(f), _) => status(&f, output).await,
             (None, Some(d)) => {
-                let links = gma_federation::links::list(&d).await.map_err(|e| anyhow!("{e}"))?;
+                let links = gma_federation::links::list(&d)
+                    .await
+                    .map_err(|e| anyhow!("{e}"))?;
                 match output {
                     Output::Json => println!(
                         "{}",
@@ -193,13 +195,19 @@ pub async fn run(a: FederationArgs) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            (None, None) => bail!("give --federation ADDR (a running endpoint) or --directory ADDR (its link records)"),
+            (None, None) => {
+                bail!("give --federation ADDR (a running endpoint) or --directory ADDR (its link records)")
+            }
         },
         None => serve(a.config, a.listen, a.directory).await,
     }
 }
 
-async fn serve(config: Option<PathBuf>, listen: Option<String>, directory: Option<String>) -> anyhow::Result<()> {
+async fn serve(
+    config: Option<PathBuf>,
+    listen: Option<String>,
+    directory: Option<String>,
+) -> anyhow::Result<()> {
     let Some(path) = config else {
         bail!("give the endpoint's config with --config FILE (site = \"...\" at least; docs/federation.md)");
     };
@@ -365,7 +373,11 @@ pub async fn job(a: JobArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        JobCommand::Status { id, federation, output } => {
+        JobCommand::Status {
+            id,
+            federation,
+            output,
+        } => {
             let mut c = scheduler(&federation).await?;
             let j = call(&federation, c.status(pb::JobStatusRequest { global_job_id: id })).await?;
             match output {
@@ -382,7 +394,10 @@ pub async fn job(a: JobArgs) -> anyhow::Result<()> {
             let mut c = scheduler(&federation).await?;
             let r = call(&federation, c.list(pb::ListJobsRequest { state })).await?;
             match output {
-                Output::Json => println!("{}", serde_json::Value::Array(r.jobs.iter().map(job_json).collect())),
+                Output::Json => println!(
+                    "{}",
+                    serde_json::Value::Array(r.jobs.iter().map(job_json).collect())
+                ),
                 Output::Table => {
                     for j in &r.jobs {
                         println!("{}", job_line(j));
@@ -422,12 +437,18 @@ struct Pair {
     summary_bytes: f64,
 }
 
-fn compare(loads: &[f64], jobs: usize, seeds: u64) -> Pair {
+/// (hosts per site, CPUs per host, job shapes).
+type Shape = (u32, u32, Vec<u32>);
+
+fn compare(loads: &[f64], jobs: usize, seeds: u64, shape: &Shape) -> Pair {
     let (mut fed, mut local, mut fwd, mut twice, mut n, mut fin, mut bytes) = (0.0, 0.0, 0.0, 0, 0, 0, 0.0);
     for seed in 1..=seeds {
         let sc = Scenario {
             loads: loads.to_vec(),
             jobs_per_site: jobs,
+            hosts: shape.0,
+            cpus_per_host: shape.1,
+            shapes: shape.2.clone(),
             seed,
             policy: RoutePolicy::default(),
             ..Scenario::default()
@@ -478,14 +499,30 @@ async fn propagation(changes: usize) -> anyhow::Result<(f64, f64, f64)> {
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let a = tokio::spawn(gma_federation::service::run(cfg("A", "B", &ab), la, stop(stop_rx.clone())));
-    let b = tokio::spawn(gma_federation::service::run(cfg("B", "A", &aa), lb, stop(stop_rx.clone())));
+    let a = tokio::spawn(gma_federation::service::run(
+        cfg("A", "B", &ab),
+        la,
+        stop(stop_rx.clone()),
+    ));
+    let b = tokio::spawn(gma_federation::service::run(
+        cfg("B", "A", &aa),
+        lb,
+        stop(stop_rx.clone()),
+    ));
     let mut ca = scheduler(&aa).await?;
     let mut cb = scheduler(&ab).await?;
-    let seq_at_b = |s: &pb::FederationStatusReply| s.peers.iter().find(|p| p.site == "A").map_or(0, |p| p.summary_seq);
+    let seq_at_b = |s: &pb::FederationStatusReply| {
+        s.peers
+            .iter()
+            .find(|p| p.site == "A")
+            .map_or(0, |p| p.summary_seq)
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let s = cb.federation_status(pb::FederationStatusRequest {}).await?.into_inner();
+        let s = cb
+            .federation_status(pb::FederationStatusRequest {})
+            .await?
+            .into_inner();
         if seq_at_b(&s) > 0 {
             break;
         }
@@ -502,7 +539,11 @@ async fn propagation(changes: usize) -> anyhow::Result<(f64, f64, f64)> {
     };
     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).context("histogram")?;
     for _ in 0..changes {
-        let before = seq_at_b(&cb.federation_status(pb::FederationStatusRequest {}).await?.into_inner());
+        let before = seq_at_b(
+            &cb.federation_status(pb::FederationStatusRequest {})
+                .await?
+                .into_inner(),
+        );
         let t0 = Instant::now();
         ca.submit(pb::SubmitJobRequest {
             job: Some(job.to_proto()),
@@ -510,7 +551,10 @@ async fn propagation(changes: usize) -> anyhow::Result<(f64, f64, f64)> {
         })
         .await?;
         loop {
-            let s = cb.federation_status(pb::FederationStatusRequest {}).await?.into_inner();
+            let s = cb
+                .federation_status(pb::FederationStatusRequest {})
+                .await?
+                .into_inner();
             if seq_at_b(&s) > before {
                 break;
             }
@@ -531,10 +575,19 @@ async fn propagation(changes: usize) -> anyhow::Result<(f64, f64, f64)> {
     ))
 }
 
-pub async fn bench(jobs: usize, seeds: u64, changes: usize, output: Output) -> anyhow::Result<()> {
+pub async fn bench(
+    jobs: usize,
+    seeds: u64,
+    shape: Shape,
+    changes: usize,
+    output: Output,
+) -> anyhow::Result<()> {
+    if shape.0 == 0 || shape.1 == 0 || shape.2.is_empty() || shape.2.contains(&0) {
+        bail!("--hosts, --cpus-per-host and every --shapes entry must be at least 1");
+    }
     let t0 = Instant::now();
-    let imb = compare(&[0.9, 0.3, 0.5], jobs, seeds);
-    let bal = compare(&[0.5, 0.5, 0.5], jobs, seeds);
+    let imb = compare(&[0.9, 0.3, 0.5], jobs, seeds, &shape);
+    let bal = compare(&[0.5, 0.5, 0.5], jobs, seeds, &shape);
     let sim_s = t0.elapsed().as_secs_f64();
     let bytes = summary_bytes_1000_hosts();
     let (r50, r99, rmax) = route_latency(100, 10_000);
@@ -555,11 +608,16 @@ pub async fn bench(jobs: usize, seeds: u64, changes: usize, output: Output) -> a
                 "route_us_100_peers": {"p50": r50, "p99": r99, "max": rmax},
                 "propagation_ms": {"p50": p50, "p99": p99, "max": pmax, "changes": changes},
                 "simulation_wall_s": sim_s,
+                "sites": {"hosts": shape.0, "cpus_per_host": shape.1, "shapes": shape.2},
             })
         ),
         Output::Table => {
             println!(
-                "simulated: 3 sites x 64 CPUs (16 hosts x 4), {jobs} jobs per site, {seeds} seeds, jobs of 1/2/4 CPUs, exp. run time mean 1 h ({sim_s:.1} s wall)"
+                "simulated: 3 sites x {} CPUs ({} hosts x {}), {jobs} jobs per site, {seeds} seeds, job CPUs uniform over {:?}, exp. run time mean 1 h ({sim_s:.1} s wall)",
+                shape.0 * shape.1,
+                shape.0,
+                shape.1,
+                shape.2
             );
             for (name, p) in [("imbalance 90/30/50 %", &imb), ("balance 50/50/50 %", &bal)] {
                 println!(
@@ -574,7 +632,9 @@ pub async fn bench(jobs: usize, seeds: u64, changes: usize, output: Output) -> a
                 );
             }
             println!("site.summary for 1,000 hosts in 8 classes: {bytes} bytes (exchanged in the simulation: {:.0} bytes mean)", imb.summary_bytes);
-            println!("route() with 100 peers x 16 classes: p50 {r50:.1} us  p99 {r99:.1} us  max {rmax:.1} us");
+            println!(
+                "route() with 100 peers x 16 classes: p50 {r50:.1} us  p99 {r99:.1} us  max {rmax:.1} us"
+            );
             println!(
                 "summary propagation A -> B over loopback gRPC ({changes} changes): p50 {p50:.2} ms  p99 {p99:.2} ms  max {pmax:.2} ms"
             );

@@ -86,7 +86,10 @@ fn start_site(tmp: &Path, name: &str, hosts: &[(&str, u32, u32)], extra: &str) -
         ],
         "gma federation listening on",
     );
-    let events = Proc::start(&["subscribe", "*", "--producer", &fed.addr, "--output", "json"], "");
+    let events = Proc::start(
+        &["subscribe", "*", "--producer", &fed.addr, "--output", "json"],
+        "",
+    );
     // The subscription is live once it delivers anything (site.summary, federation.status).
     assert!(
         wait_until(T, || !events.stdout_lines().is_empty()),
@@ -129,7 +132,14 @@ fn link(sites: &[&Site]) {
 
 fn status(s: &Site) -> Value {
     let r = gma(
-        &["federation", "status", "--federation", &s.fed.addr, "--output", "json"],
+        &[
+            "federation",
+            "status",
+            "--federation",
+            &s.fed.addr,
+            "--output",
+            "json",
+        ],
         T,
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -205,7 +215,8 @@ fn jobs(s: &Site) -> BTreeMap<String, Value> {
 
 fn all_finished(origin: &Site, ids: &[String]) -> bool {
     let known = jobs(origin);
-    ids.iter().all(|id| known.get(id).is_some_and(|j| j["state"] == "finished"))
+    ids.iter()
+        .all(|id| known.get(id).is_some_and(|j| j["state"] == "finished"))
 }
 
 /// Every `job.state` event published by the sites so far.
@@ -231,7 +242,12 @@ fn exactly_once(sites: &[&Site], ids: &[String]) -> BTreeMap<String, String> {
                 .collect()
         };
         let started = here("started");
-        assert_eq!(started.len(), 1, "{id} started {} times: {mine:#?}", started.len());
+        assert_eq!(
+            started.len(),
+            1,
+            "{id} started {} times: {mine:#?}",
+            started.len()
+        );
         assert_eq!(here("finished").len(), 1, "{id}: {mine:#?}");
         ran_at.insert(id.clone(), started[0]["site"].as_str().unwrap().to_string());
     }
@@ -272,7 +288,10 @@ fn imbalance_forwards_to_idle_sites_and_every_job_completes() {
     wait_events(&sites, &ids);
     let ran = exactly_once(&sites, &ids);
     assert!(ran.values().all(|s| s == "B" || s == "C"), "{ran:?}");
-    assert!(ran.values().any(|s| s == "B") && ran.values().any(|s| s == "C"), "both idle sites took work: {ran:?}");
+    assert!(
+        ran.values().any(|s| s == "B") && ran.values().any(|s| s == "C"),
+        "both idle sites took work: {ran:?}"
+    );
     let evs = job_events(&sites);
     for id in &ids {
         let fwd = evs
@@ -282,7 +301,12 @@ fn imbalance_forwards_to_idle_sites_and_every_job_completes() {
         assert_eq!(fwd, 1, "{id}");
     }
     let st = status(&a);
-    let out: u64 = st["peers"].as_array().unwrap().iter().map(|p| p["forwarded_out"].as_u64().unwrap()).sum();
+    let out: u64 = st["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["forwarded_out"].as_u64().unwrap())
+        .sum();
     assert_eq!(out, 8, "{st}");
     // Each idle site counts what it got.
     let got_b = peer(&b, "A").unwrap()["forwarded_in"].as_u64().unwrap();
@@ -290,9 +314,9 @@ fn imbalance_forwards_to_idle_sites_and_every_job_completes() {
     assert_eq!(got_b + got_c, 8);
     // The summaries outsiders see: site.summary events with the sites' CPUs.
     let summaries = json_lines(&b.events.stdout_lines().join("\n"));
-    assert!(summaries.iter().any(|e| e["name"] == "site.summary"
-        && e["source"] == "B"
-        && e["values"]["cpus_total"] == 8.0));
+    assert!(summaries
+        .iter()
+        .any(|e| e["name"] == "site.summary" && e["source"] == "B" && e["values"]["cpus_total"] == 8.0));
     // The dashboard's feed: federation.status per peer.
     assert!(summaries
         .iter()
@@ -309,7 +333,8 @@ fn a_killed_endpoint_is_excluded_within_the_session_timeout() {
     wait_eligible(&a, &["B", "C"]);
     c.fed.kill();
     let t0 = Instant::now();
-    assert!(wait_until(T, || peer(&a, "C").is_some_and(|p| p["live"] == false && p["eligible"] == false)));
+    assert!(wait_until(T, || peer(&a, "C")
+        .is_some_and(|p| p["live"] == false && p["eligible"] == false)));
     let excluded_after = t0.elapsed();
     // 3 heartbeats of 200 ms, plus one tick of the manager and the time a `gma` command takes.
     assert!(
@@ -349,7 +374,8 @@ fn a_ring_of_saturated_sites_forwards_no_job_twice_and_runs_each_once() {
         let mut all = jobs(&a);
         all.extend(jobs(&b).into_iter().filter(|(id, _)| id.starts_with("B/")));
         all.extend(jobs(&c).into_iter().filter(|(id, _)| id.starts_with("C/")));
-        ids.iter().all(|id| all.get(id).is_some_and(|j| j["state"] == "finished"))
+        ids.iter()
+            .all(|id| all.get(id).is_some_and(|j| j["state"] == "finished"))
     };
     assert!(wait_until(Duration::from_secs(60), done), "not all finished");
     wait_events(&sites, &ids);
@@ -389,22 +415,38 @@ fn a_partition_while_a_forwarded_job_is_queued_ends_with_the_job_run_once() {
     // A sends J to B (an operator's choice): it waits in B's queue.
     let j = write_job(tmp.path(), "J", 4, 600.0);
     let jid = submit(&a, &j, 1, Some("B")).remove(0);
-    assert!(wait_until(T, || jobs(&b).get(&jid).is_some_and(|x| x["state"] == "queued")));
+    assert!(wait_until(T, || jobs(&b)
+        .get(&jid)
+        .is_some_and(|x| x["state"] == "queued")));
     assert_eq!(jobs(&a)[&jid]["state"], "forwarded");
     // Partition: B's endpoint stops (SIGSTOP) while J is queued there.
     let pid = b.fed.child.id().to_string();
-    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
     let t0 = Instant::now();
     // A re-places J only after origin_lease_ms + 2 heartbeats (1.9 s) of silence, then runs it.
-    assert!(wait_until(T, || jobs(&a)[&jid]["state"] == "running" || jobs(&a)[&jid]["state"] == "finished"));
+    assert!(wait_until(T, || jobs(&a)[&jid]["state"] == "running"
+        || jobs(&a)[&jid]["state"] == "finished"));
     let replaced_after = t0.elapsed();
     let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
     // Never before the lease and two heartbeats since A last heard B (at most one heartbeat
     // before the stop).
-    assert!(replaced_after >= Duration::from_millis(1700), "re-placed after {replaced_after:?}");
+    assert!(
+        replaced_after >= Duration::from_millis(1700),
+        "re-placed after {replaced_after:?}"
+    );
     assert!(wait_until(T, || jobs(&a)[&jid]["state"] == "finished"));
     // B, resumed, never starts it: its lease expired (or A refuses the start grant).
-    assert!(wait_until(T, || jobs(&b).get(&jid).is_some_and(|x| x["state"] == "cancelled")), "{:#?}", jobs(&b).get(&jid));
+    assert!(
+        wait_until(T, || jobs(&b)
+            .get(&jid)
+            .is_some_and(|x| x["state"] == "cancelled")),
+        "{:#?}",
+        jobs(&b).get(&jid)
+    );
     let sites = [&a, &b, &c];
     wait_events(&sites, std::slice::from_ref(&jid));
     let ran = exactly_once(&sites, std::slice::from_ref(&jid));
@@ -422,7 +464,12 @@ fn mtls_sessions_need_a_certificate_naming_the_site_and_outsiders_get_summaries_
     make_certs(
         d,
         &["ca"],
-        &[("ca", "A", "siteA"), ("ca", "B", "siteB"), ("ca", "mallory", "siteM"), ("ca", "outsider", "outside")],
+        &[
+            ("ca", "A", "siteA"),
+            ("ca", "B", "siteB"),
+            ("ca", "mallory", "siteM"),
+            ("ca", "outsider", "outside"),
+        ],
     );
     let ds = d.to_str().unwrap();
     let tls = |name: &str| -> Vec<String> {
@@ -456,7 +503,13 @@ fn mtls_sessions_need_a_certificate_naming_the_site_and_outsiders_get_summaries_
     let pol = policy.to_str().unwrap();
     // Site B: directory, hosts, endpoint, every one over mTLS; the producers enforce the policy.
     let bdir = start(
-        &["directory", "--listen", "127.0.0.1:0", "--data", &format!("{ds}/bdir")],
+        &[
+            "directory",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            &format!("{ds}/bdir"),
+        ],
         "B",
         "gma directory listening on",
     );
@@ -485,7 +538,15 @@ fn mtls_sessions_need_a_certificate_naming_the_site_and_outsiders_get_summaries_
     };
     let bcfg = write("b.toml", fed_toml("B", ""));
     let bfed = start(
-        &["federation", "--config", &bcfg, "--directory", &bdir.addr, "--access-policy", pol],
+        &[
+            "federation",
+            "--config",
+            &bcfg,
+            "--directory",
+            &bdir.addr,
+            "--access-policy",
+            pol,
+        ],
         "B",
         "gma federation listening on",
     );
@@ -494,24 +555,49 @@ fn mtls_sessions_need_a_certificate_naming_the_site_and_outsiders_get_summaries_
         "a.toml",
         fed_toml(
             "A",
-            &format!("[[peer]]\nsite = \"B\"\nendpoint = \"{}\"\nrole = \"peer\"\n", bfed.addr),
+            &format!(
+                "[[peer]]\nsite = \"B\"\nendpoint = \"{}\"\nrole = \"peer\"\n",
+                bfed.addr
+            ),
         ),
     );
-    let afed = start(&["federation", "--config", &acfg], "A", "gma federation listening on");
+    let afed = start(
+        &["federation", "--config", &acfg],
+        "A",
+        "gma federation listening on",
+    );
     // Mallory holds a certificate of the same CA but claims to be A.
     let mcfg = write(
         "m.toml",
         fed_toml(
             "A",
-            &format!("[[peer]]\nsite = \"B\"\nendpoint = \"{}\"\nrole = \"peer\"\n", bfed.addr),
+            &format!(
+                "[[peer]]\nsite = \"B\"\nendpoint = \"{}\"\nrole = \"peer\"\n",
+                bfed.addr
+            ),
         ),
     );
-    let mfed = start(&["federation", "--config", &mcfg], "mallory", "gma federation listening on");
+    let mfed = start(
+        &["federation", "--config", &mcfg],
+        "mallory",
+        "gma federation listening on",
+    );
     let r = gma(
         &[
-            "federation", "add", "--directory", &bdir.addr, "--site", "A", "--endpoint", &afed.addr,
-            "--tls-ca", &format!("{ds}/ca/ca.pem"), "--tls-cert", &format!("{ds}/certs/B.pem"),
-            "--tls-key", &format!("{ds}/certs/B.key"),
+            "federation",
+            "add",
+            "--directory",
+            &bdir.addr,
+            "--site",
+            "A",
+            "--endpoint",
+            &afed.addr,
+            "--tls-ca",
+            &format!("{ds}/ca/ca.pem"),
+            "--tls-cert",
+            &format!("{ds}/certs/B.pem"),
+            "--tls-key",
+            &format!("{ds}/certs/B.key"),
         ],
         T,
     );
@@ -530,7 +616,14 @@ fn mtls_sessions_need_a_certificate_naming_the_site_and_outsiders_get_summaries_
             Err(r.stderr)
         }
     };
-    let peer_of = |v: &Value, site: &str| v["peers"].as_array().unwrap().iter().find(|p| p["site"] == site).cloned();
+    let peer_of = |v: &Value, site: &str| {
+        v["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["site"] == site)
+            .cloned()
+    };
     // The genuine A has a session with B; mallory's is refused: its CN is not the site it claims.
     assert!(wait_until(T, || status_as("A", &afed.addr)
         .ok()
@@ -555,11 +648,27 @@ fn mtls_sessions_need_a_certificate_naming_the_site_and_outsiders_get_summaries_
     };
     let r = run_as(&["subscribe", "host.load", "--producer", &bsim.addr, "--count", "1"]);
     assert_eq!(r.code, 1);
-    assert!(r.stderr.contains("PermissionDenied") || r.stderr.contains("may not"), "{}", r.stderr);
-    let r = run_as(&["subscribe", "site.summary", "--producer", &bfed.addr, "--count", "1", "--output", "json"]);
+    assert!(
+        r.stderr.contains("PermissionDenied") || r.stderr.contains("may not"),
+        "{}",
+        r.stderr
+    );
+    let r = run_as(&[
+        "subscribe",
+        "site.summary",
+        "--producer",
+        &bfed.addr,
+        "--count",
+        "1",
+        "--output",
+        "json",
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let ev = &json_lines(&r.stdout)[0];
-    assert_eq!((ev["name"].as_str(), ev["source"].as_str()), (Some("site.summary"), Some("B")));
+    assert_eq!(
+        (ev["name"].as_str(), ev["source"].as_str()),
+        (Some("site.summary"), Some("B"))
+    );
     assert_eq!(ev["values"]["cpus_total"], 4.0);
     // Nor may it submit jobs or read the federation status.
     let e = status_as("outsider", &bfed.addr).unwrap_err();
