@@ -218,4 +218,15 @@ mod tests {
         );
         bad("site = \"a\"\n[route]\nhysteresis = -1\n", "route.hysteresis");
     }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let c: FederationConfig = gma_core::config::parse_toml(
+            include_str!("../../config/federation.toml"),
+            "config/federation.toml",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.site.as_str(), c.peer.len()), ("siteA", 1));
+    }
 }

@@ -485,14 +485,17 @@ impl World {
 }
 
 /// The `gma bench federation` scenario: sites of `hosts × cpus_per_host` CPUs, Poisson
-/// arrivals at each site giving its offered load, jobs of 1, 2 or 4 CPUs (1 : 1 : 2) running
-/// an exponential time (mean `mean_exec_s`), the same job stream with and without federation.
+/// arrivals at each site giving its offered load, jobs whose CPUs are drawn uniformly from
+/// `shapes` (default 1, 2, 4, 4) running an exponential time (mean `mean_exec_s`), the same job
+/// stream with and without federation.
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub loads: Vec<f64>,
     pub hosts: u32,
     pub cpus_per_host: u32,
     pub jobs_per_site: usize,
+    /// Job sizes in CPUs, drawn uniformly.
+    pub shapes: Vec<u32>,
     pub mean_exec_s: f64,
     pub seed: u64,
     pub policy: RoutePolicy,
@@ -506,6 +509,7 @@ impl Default for Scenario {
             hosts: 16,
             cpus_per_host: 4,
             jobs_per_site: 3000,
+            shapes: vec![1, 2, 4, 4],
             mean_exec_s: 3600.0,
             seed: 1,
             policy: RoutePolicy::default(),
@@ -564,7 +568,12 @@ pub fn run_scenario(sc: &Scenario, federate: bool) -> Outcome {
     let mut w = World::new(specs, &links);
     w.latency_ns = (sc.latency_ms * 1e6) as i64;
     let cpus = f64::from(sc.hosts * sc.cpus_per_host);
-    let mean_cpus = (1.0 + 2.0 + 4.0 * 2.0) / 4.0;
+    let shapes: Vec<u32> = if sc.shapes.is_empty() {
+        vec![1]
+    } else {
+        sc.shapes.clone()
+    };
+    let mean_cpus = shapes.iter().map(|c| f64::from(*c)).sum::<f64>() / shapes.len() as f64;
     let mut end = T0;
     for (i, load) in sc.loads.iter().enumerate() {
         let mut rng = ChaCha8Rng::seed_from_u64(sc.seed.wrapping_mul(1_000).wrapping_add(i as u64));
@@ -573,11 +582,7 @@ pub fn run_scenario(sc: &Scenario, federate: bool) -> Outcome {
         for k in 0..sc.jobs_per_site {
             let u: f64 = rng.random_range(f64::EPSILON..1.0);
             t += -u.ln() / rate * 1e9;
-            let c = match rng.random_range(0..4) {
-                0 => 1,
-                1 => 2,
-                _ => 4,
-            };
+            let c = shapes[rng.random_range(0..shapes.len())].min(sc.cpus_per_host);
             let v: f64 = rng.random_range(f64::EPSILON..1.0);
             let job = Job {
                 name: format!("{}-{k}", names[i]),

@@ -1668,6 +1668,21 @@ impl SiteState {
         let mut ahead: Vec<Ahead> = Vec::new();
         let mut releases = self.releases(now);
         let mut snapshot = Snapshot::new(snap_ns, eff.to_vec());
+        let valid = |p: &Peer| {
+            p.live
+                && p.summary.as_ref().is_some_and(|s| {
+                    let age = ((now - p.received_ns).max(0) / 1_000_000) as u64 + s.age_at_send_ms;
+                    age <= u64::from(s.valid_for_ms)
+                })
+        };
+        let peer_max = self
+            .peers
+            .values()
+            .filter(|p| valid(p))
+            .filter_map(|p| p.debited.as_ref())
+            .map(Summary::cpus_free_max_node)
+            .max()
+            .unwrap_or(0);
         for id in queue {
             let Some(j) = self.jobs.get(&id) else {
                 placed.push(id);
@@ -1690,7 +1705,19 @@ impl SiteState {
                 .filter(|(_, until)| **until > now)
                 .map(|(s, _)| s.clone())
                 .collect();
-            let decision = if let Some(pin) = j.pin.clone() {
+            // Cheap pre-check (the same answer route() would give, without ranking): no local
+            // host has the CPUs free and no peer's best node does.
+            let local_max = eff
+                .iter()
+                .filter(|r| r.age_ms(snap_ns) <= self.p.rank.max_age_ms)
+                .map(|r| r.free_cpus)
+                .filter(|f| f.is_finite())
+                .fold(0.0, f64::max);
+            let decision = if j.pin.is_none() && f64::from(j.job.cpus) > local_max && j.job.cpus > peer_max {
+                Route::Queue {
+                    reason: "no local host has the CPUs free and no peer can take it".into(),
+                }
+            } else if let Some(pin) = j.pin.clone() {
                 let ok = self.peers.get(&pin).is_some_and(|p| {
                     p.live && !j.visited.contains(&pin) && j.hops_left.min(p.link.hops()) > 0
                 });

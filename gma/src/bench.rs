@@ -66,9 +66,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchScenario::Federation {
             jobs,
             seeds,
+            hosts,
+            cpus_per_host,
+            shapes,
             changes,
             output,
-        } => crate::federation::bench(jobs, seeds, changes, output).await,
+        } => crate::federation::bench(jobs, seeds, (hosts, cpus_per_host, shapes), changes, output).await,
         BenchScenario::Filter { events, output } => crate::bench_fanout::filter(events, output),
         BenchScenario::Forecast { trace, output } => crate::bench_fanout::forecast(trace, output),
         BenchScenario::All { duration, output } => all(duration, output).await,

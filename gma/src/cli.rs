@@ -605,6 +605,15 @@ pub enum BenchScenario {
         /// Seeds (runs) per load pattern.
         #[arg(long, default_value_t = 3)]
         seeds: u64,
+        /// Hosts per site.
+        #[arg(long, default_value_t = 16)]
+        hosts: u32,
+        /// CPUs per host.
+        #[arg(long, default_value_t = 4)]
+        cpus_per_host: u32,
+        /// Job sizes in CPUs, drawn uniformly (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,4")]
+        shapes: Vec<u32>,
         /// Summary changes timed for the propagation latency.
         #[arg(long, default_value_t = 300)]
         changes: usize,

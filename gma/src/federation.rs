@@ -437,12 +437,18 @@ struct Pair {
     summary_bytes: f64,
 }
 
-fn compare(loads: &[f64], jobs: usize, seeds: u64) -> Pair {
+/// (hosts per site, CPUs per host, job shapes).
+type Shape = (u32, u32, Vec<u32>);
+
+fn compare(loads: &[f64], jobs: usize, seeds: u64, shape: &Shape) -> Pair {
     let (mut fed, mut local, mut fwd, mut twice, mut n, mut fin, mut bytes) = (0.0, 0.0, 0.0, 0, 0, 0, 0.0);
     for seed in 1..=seeds {
         let sc = Scenario {
             loads: loads.to_vec(),
             jobs_per_site: jobs,
+            hosts: shape.0,
+            cpus_per_host: shape.1,
+            shapes: shape.2.clone(),
             seed,
             policy: RoutePolicy::default(),
             ..Scenario::default()
@@ -569,10 +575,19 @@ async fn propagation(changes: usize) -> anyhow::Result<(f64, f64, f64)> {
     ))
 }
 
-pub async fn bench(jobs: usize, seeds: u64, changes: usize, output: Output) -> anyhow::Result<()> {
+pub async fn bench(
+    jobs: usize,
+    seeds: u64,
+    shape: Shape,
+    changes: usize,
+    output: Output,
+) -> anyhow::Result<()> {
+    if shape.0 == 0 || shape.1 == 0 || shape.2.is_empty() || shape.2.contains(&0) {
+        bail!("--hosts, --cpus-per-host and every --shapes entry must be at least 1");
+    }
     let t0 = Instant::now();
-    let imb = compare(&[0.9, 0.3, 0.5], jobs, seeds);
-    let bal = compare(&[0.5, 0.5, 0.5], jobs, seeds);
+    let imb = compare(&[0.9, 0.3, 0.5], jobs, seeds, &shape);
+    let bal = compare(&[0.5, 0.5, 0.5], jobs, seeds, &shape);
     let sim_s = t0.elapsed().as_secs_f64();
     let bytes = summary_bytes_1000_hosts();
     let (r50, r99, rmax) = route_latency(100, 10_000);
@@ -593,11 +608,16 @@ pub async fn bench(jobs: usize, seeds: u64, changes: usize, output: Output) -> a
                 "route_us_100_peers": {"p50": r50, "p99": r99, "max": rmax},
                 "propagation_ms": {"p50": p50, "p99": p99, "max": pmax, "changes": changes},
                 "simulation_wall_s": sim_s,
+                "sites": {"hosts": shape.0, "cpus_per_host": shape.1, "shapes": shape.2},
             })
         ),
         Output::Table => {
             println!(
-                "simulated: 3 sites x 64 CPUs (16 hosts x 4), {jobs} jobs per site, {seeds} seeds, jobs of 1/2/4 CPUs, exp. run time mean 1 h ({sim_s:.1} s wall)"
+                "simulated: 3 sites x {} CPUs ({} hosts x {}), {jobs} jobs per site, {seeds} seeds, job CPUs uniform over {:?}, exp. run time mean 1 h ({sim_s:.1} s wall)",
+                shape.0 * shape.1,
+                shape.0,
+                shape.1,
+                shape.2
             );
             for (name, p) in [("imbalance 90/30/50 %", &imb), ("balance 50/50/50 %", &bal)] {
                 println!(
