@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use gma_consumer::directory;
@@ -26,8 +27,49 @@ fn rpc_err(e: gma_consumer::ConsumerError) -> anyhow::Error {
     }
 }
 
+/// How long a command waits for a directory that answers "no leader known yet".
+const ELECTION_WAIT: Duration = Duration::from_secs(15);
+
+/// Runs `call` again while the directory answers UNAVAILABLE (an election in progress: a
+/// member that has just started, or a failover), for at most [`ELECTION_WAIT`]; any other
+/// answer, or the last UNAVAILABLE, is returned as it is.
+async fn while_electing<T, F, Fut>(mut call: F) -> Result<T, gma_consumer::ConsumerError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, gma_consumer::ConsumerError>>,
+{
+    let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match call().await {
+            Err(e)
+                if e.status().is_some_and(|s| s.code() == tonic::Code::Unavailable)
+                    && tokio::time::Instant::now() + backoff < deadline =>
+            {
+                tracing::debug!(error = %e, "directory not ready; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The producers of `pattern`, once the directory has a leader.
+async fn producers_of(
+    client: &pb::directory_client::DirectoryClient<tonic::transport::Channel>,
+    pattern: &str,
+) -> anyhow::Result<Vec<pb::ProducerRecord>> {
+    while_electing(|| {
+        let (mut c, pattern) = (client.clone(), pattern.to_string());
+        async move { directory::producers(&mut c, &pattern, "").await }
+    })
+    .await
+    .map_err(rpc_err)
+}
+
 pub async fn search(a: SearchArgs) -> anyhow::Result<()> {
-    let mut client = directory::client(&a.directory).await.map_err(rpc_err)?;
+    let client = directory::client(&a.directory).await.map_err(rpc_err)?;
     let kind = if a.consumers {
         pb::RecordKind::Consumer
     } else {
@@ -44,7 +86,12 @@ pub async fn search(a: SearchArgs) -> anyhow::Result<()> {
         stale_ok: a.stale_ok,
         ..Default::default()
     };
-    let (entries, _) = directory::search_all(&mut client, req).await.map_err(rpc_err)?;
+    let (entries, _) = while_electing(|| {
+        let (mut c, req) = (client.clone(), req.clone());
+        async move { directory::search_all(&mut c, req).await }
+    })
+    .await
+    .map_err(rpc_err)?;
     let mut out = std::io::stdout().lock();
     match a.output {
         Output::Json => {
@@ -316,11 +363,10 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
     let Some(dir) = a.directory.clone() else {
         bail!("give --directory ADDR or --producer ADDR");
     };
-    // Fail fast on an unreachable directory or no producers, with a clear line.
-    let mut client = directory::client(&dir).await.map_err(rpc_err)?;
-    let found = directory::producers(&mut client, &a.pattern, "")
-        .await
-        .map_err(rpc_err)?;
+    // Fail fast on an unreachable directory, with a clear line; a directory that is still
+    // electing its leader (just started, or failing over) is waited for, within a bound.
+    let client = directory::client(&dir).await.map_err(rpc_err)?;
+    let found = producers_of(&client, &a.pattern).await?;
     if found.is_empty() {
         eprintln!(
             "no producer offers {:?} yet; waiting for one to register",
@@ -404,10 +450,8 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
     let targets: Vec<(String, String)> = match (&a.producer, &a.directory) {
         (Some(p), _) => vec![(p.clone(), p.clone())],
         (None, Some(d)) => {
-            let mut client = directory::client(d).await.map_err(rpc_err)?;
-            let found = directory::producers(&mut client, &a.pattern, "")
-                .await
-                .map_err(rpc_err)?;
+            let client = directory::client(d).await.map_err(rpc_err)?;
+            let found = producers_of(&client, &a.pattern).await?;
             if found.is_empty() {
                 bail!("no producer in the directory offers {:?}", a.pattern);
             }
@@ -552,4 +596,45 @@ pub async fn sim(cmd: SimCommand) -> anyhow::Result<()> {
         .map_err(|s| status_line("sim set", &s))?;
     println!("set {} on {host}", values.join(" "));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gma_consumer::ConsumerError;
+
+    fn answer(code: tonic::Code) -> Result<u32, ConsumerError> {
+        Err(ConsumerError::Rpc("search".into(), tonic::Status::new(code, "x")))
+    }
+
+    #[tokio::test]
+    async fn an_election_is_waited_for_and_other_errors_are_not() {
+        // UNAVAILABLE twice, then an answer: the answer.
+        let mut calls = 0;
+        let r = while_electing(|| {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n < 3 {
+                    answer(tonic::Code::Unavailable)
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r.ok(), Some(3));
+        // Any other error at once.
+        let mut calls = 0;
+        let r = while_electing(|| {
+            calls += 1;
+            async { answer(tonic::Code::InvalidArgument) }
+        })
+        .await;
+        assert_eq!(calls, 1);
+        assert_eq!(
+            r.err().and_then(|e| e.status().map(|s| s.code())),
+            Some(tonic::Code::InvalidArgument)
+        );
+    }
 }

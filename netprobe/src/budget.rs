@@ -3,7 +3,8 @@
 //! Every probe byte through the host is charged, as prober and as target. Transfers are taken
 //! only when the bucket holds them ([`Bucket::try_take`]); echoes are tiny and always charged
 //! ([`Bucket::charge`], which may leave the level below zero). Over any window `w` seconds the
-//! host moves at most `rate × w + capacity` probe bytes plus its echoes.
+//! host moves at most `rate × w + capacity` probe bytes plus its echoes, plus one transfer
+//! borrowed for an overdue pair ([`Bucket::try_take_borrowing`]).
 
 #[derive(Debug, Clone)]
 pub struct Bucket {
@@ -41,6 +42,21 @@ impl Bucket {
         }
     }
 
+    /// Takes `n` bytes if the bucket holds them, or if it is not in debt already and `n` fits
+    /// by borrowing from its next refill (the level may fall to `-n`). For a pair whose
+    /// transfers were refused again and again: a host whose bucket is always low when one
+    /// peer asks (it has just spent on its own turn) would otherwise starve that link forever.
+    /// Long-run the rate holds; over a window one more transfer may pass.
+    pub fn try_take_borrowing(&mut self, n: u64, now_ms: u64) -> bool {
+        self.refill(now_ms);
+        if self.level >= 0.0 {
+            self.level -= n as f64;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Charges `n` bytes unconditionally.
     pub fn charge(&mut self, n: u64, now_ms: u64) {
         self.refill(now_ms);
@@ -61,6 +77,18 @@ impl Bucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_overdue_transfer_borrows_one_transfer_and_the_debt_is_repaid_first() {
+        let mut b = Bucket::new(1000, 2000, 0);
+        assert!(b.try_take(1500, 0));
+        assert!(!b.try_take(1000, 0), "500 left");
+        assert!(b.try_take_borrowing(1000, 0), "borrowed from the refill");
+        assert_eq!(b.level(), -500.0);
+        assert!(!b.try_take_borrowing(1000, 0), "in debt: no second loan");
+        assert!(!b.try_take(1000, 1000), "the refill repays the debt first");
+        assert!(b.try_take_borrowing(1000, 1000));
+    }
 
     #[test]
     fn transfers_wait_for_the_refill_and_the_rate_is_kept() {

@@ -29,6 +29,8 @@ use crate::telemetry::Counters;
 
 /// Most prober reservations a target remembers.
 const MAX_RESERVATIONS: usize = 1024;
+/// Transfers of one pair refused in a row before the next one is asked for as overdue.
+pub const OVERDUE_SKIPS: u32 = 2;
 const MAX_ID: usize = 256;
 
 /// This host's side of probing, shared by the prober and the Probe service.
@@ -38,6 +40,8 @@ pub struct Local {
     pub budget: Mutex<Bucket>,
     /// Transfer bytes granted to each prober by its last Echo.
     reservations: Mutex<HashMap<String, u64>>,
+    /// Per target: transfers refused in a row (for want of budget at either end).
+    refused: Mutex<HashMap<String, u32>>,
     pub counters: Counters,
     start: Instant,
     /// Zeros to slice payloads from (one allocation).
@@ -51,10 +55,20 @@ impl Local {
             host: host.to_string(),
             budget: Mutex::new(Bucket::new(cfg.max_bytes_per_s, cfg.burst_bytes(), 0)),
             reservations: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             start: Instant::now(),
             zeros: Bytes::from(vec![0u8; cfg.chunk_bytes.max(cfg.echo_bytes)]),
         }
+    }
+
+    /// One more transfer toward `peer` refused for want of budget.
+    fn refused_once(&self, peer: &str) {
+        let mut r = self.refused.lock();
+        if r.len() >= MAX_RESERVATIONS && !r.contains_key(peer) {
+            r.clear();
+        }
+        *r.entry(peer.to_string()).or_default() += 1;
     }
 
     /// Milliseconds since this netprobe started (the clique's clock).
@@ -107,11 +121,12 @@ impl pb::probe_server::Probe for ProbeService {
         let now = local.now_ms();
         let granted = {
             let mut b = local.budget.lock();
-            let granted = if r.reserve_bytes > 0 && b.try_take(r.reserve_bytes, now) {
-                r.reserve_bytes
-            } else {
-                0
+            let taken = match (r.reserve_bytes, r.overdue) {
+                (0, _) => false,
+                (n, false) => b.try_take(n, now),
+                (n, true) => b.try_take_borrowing(n, now),
             };
+            let granted = if taken { r.reserve_bytes } else { 0 };
             b.charge(2 * n, now);
             granted
         };
@@ -197,9 +212,18 @@ pub async fn probe_peer(
 ) -> Result<(), ProbeError> {
     let mut client = ProbeClient::new(channel).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
     let want = cfg.transfer_bytes;
-    let own = local.budget.lock().try_take(want, local.now_ms());
+    let overdue = local.refused.lock().get(peer).copied().unwrap_or(0) >= OVERDUE_SKIPS;
+    let own = {
+        let (mut b, now) = (local.budget.lock(), local.now_ms());
+        if overdue {
+            b.try_take_borrowing(want, now)
+        } else {
+            b.try_take(want, now)
+        }
+    };
     if !own {
         local.counters.skipped("own");
+        local.refused_once(peer);
     }
     let payload = local.zeros.slice(..cfg.echo_bytes);
     let start_ns = now_ns();
@@ -212,6 +236,7 @@ pub async fn probe_peer(
             payload: payload.clone(),
             from: local.id.clone(),
             reserve_bytes: if i == 0 && own { want } else { 0 },
+            overdue: i == 0 && own && overdue,
         };
         let t = Instant::now();
         let r = match client.echo(req).await {
@@ -257,8 +282,10 @@ pub async fn probe_peer(
     if granted < want {
         local.budget.lock().refund(want, local.now_ms());
         local.counters.skipped("target");
+        local.refused_once(peer);
         return Ok(());
     }
+    local.refused.lock().remove(peer);
     let chunk = cfg.chunk_bytes as u64;
     let n = want.div_ceil(chunk);
     let zeros = local.zeros.clone();

@@ -67,6 +67,7 @@ async fn probe_answers_and_refuses_precisely() {
         payload: Bytes::from(vec![7u8; payload]),
         from: from.into(),
         reserve_bytes: reserve,
+        overdue: false,
     };
     let r = p.echo(echo(64, "peer", 50_000)).await.unwrap().into_inner();
     assert_eq!(
