@@ -6,7 +6,6 @@
 //! already seen; [`BatchDecoder`] keeps the declarations it has received and checks every batch
 //! (unknown series, short value arrays, non-increasing seqs are errors, never panics).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use gma_proto::v1 as pb;
@@ -330,7 +329,7 @@ impl OwnedEvent {
 /// Decodes the batches of one stream.
 #[derive(Debug, Default)]
 pub struct BatchDecoder {
-    series: HashMap<u32, SeriesInfo>,
+    series: foldhash::HashMap<u32, SeriesInfo>,
     last_seq: Option<u64>,
 }
 
@@ -450,7 +449,7 @@ impl BatchDecoder {
     /// Decodes a batch into owned events.
     pub fn decode(&mut self, b: &pb::EventBatch) -> Result<Vec<OwnedEvent>, CodecError> {
         let mut out = Vec::with_capacity(b.series_ids.len());
-        let mut cache: HashMap<u32, Arc<SeriesInfo>> = HashMap::new();
+        let mut cache: foldhash::HashMap<u32, Arc<SeriesInfo>> = Default::default();
         self.decode_each(b, |e| {
             let s = cache
                 .entry(e.series.id)

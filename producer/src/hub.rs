@@ -6,7 +6,9 @@
 //! not read, is told exactly which seqs it lost. Seqs are assigned here, strictly increasing per
 //! producer run (epoch).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use gma_core::codec::SeriesInfo;

@@ -441,7 +441,7 @@ impl Group {
             return Ok(None);
         }
         let mut enc = BatchEncoder::shared();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = foldhash::HashSet::with_capacity_and_hasher(16, Default::default());
         let mut last = next;
         for (scanned, e) in inner.since(next).enumerate() {
             if enc.len() >= self.max_batch || scanned >= self.max_batch * 16 {
