@@ -45,7 +45,11 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             output,
         } => crate::bench_dir::run(duration, trials, output).await,
         BenchScenario::Resched { trials, output } => crate::bench_resched::run(trials, output).await,
-        BenchScenario::Archive { samples, output } => crate::bench_archive::run(samples, output).await,
+        BenchScenario::Archive {
+            samples,
+            duration,
+            output,
+        } => crate::bench_archive::run(samples, duration, output).await,
         BenchScenario::Agent {
             duration,
             period_ms,
@@ -167,7 +171,7 @@ async fn all(duration: u64, output: Output) -> anyhow::Result<()> {
         vec!["stream", "--duration", &d],
         vec!["fanout", "--duration", &d],
         vec!["directory", "--duration", &d, "--trials", "3"],
-        vec!["archive"],
+        vec!["archive", "--duration", &d],
         vec!["broker", "--duration", &d],
         vec!["agent", "--duration", &scale_d],
         vec!["scale", "--duration", &scale_d],

@@ -60,10 +60,16 @@ fn event(series: &Arc<SeriesInfo>, seq: u64, tick: i64, rng: &mut u64, jitter: b
 
 type Opened = (tempfile::TempDir, Arc<Store>);
 
-/// Ingests `rows` events of 1,000 hosts into a new store, one group commit (flush) per batch of
-/// 1,000 events, then checkpoints. Returns the seconds and CPU-seconds of the ingest, the
-/// store's figures and the store.
-async fn ingest(rows: u64, jitter: bool, me: &str) -> anyhow::Result<(f64, f64, StoreStats, Opened)> {
+/// Ingests `rows` events of 1,000 hosts (3 samples each) into a new store, or fewer when
+/// `until` passes first, one group commit (flush) per batch of 1,000 events, then checkpoints.
+/// Returns the seconds and CPU-seconds of the ingest, the store's figures, the rows ingested
+/// and the store.
+async fn ingest(
+    rows: u64,
+    jitter: bool,
+    until: Option<Instant>,
+    me: &str,
+) -> anyhow::Result<(f64, f64, StoreStats, u64, Opened)> {
     let tmp = tempfile::Builder::new().prefix("gma-bench-archive-").tempdir()?;
     let store = Arc::new(Store::open(tmp.path(), StoreOptions::default()).map_err(|e| anyhow!("{e}"))?);
     let hosts = 1000usize;
@@ -73,7 +79,7 @@ async fn ingest(rows: u64, jitter: bool, me: &str) -> anyhow::Result<(f64, f64, 
     let t0 = Instant::now();
     let mut seq = 0u64;
     let mut batch = Vec::with_capacity(1000);
-    while seq < rows {
+    while seq < rows && until.is_none_or(|u| Instant::now() < u) {
         batch.clear();
         for _ in 0..1000.min(rows - seq) {
             seq += 1;
@@ -94,16 +100,20 @@ async fn ingest(rows: u64, jitter: bool, me: &str) -> anyhow::Result<(f64, f64, 
     let (cpu1, _) = proc_usage(me)?;
     store.checkpoint().await.map_err(|e| anyhow!("{e}"))?;
     let stats = store.stats();
-    Ok((secs, cpu1 - cpu0, stats, (tmp, store)))
+    Ok((secs, cpu1 - cpu0, stats, seq, (tmp, store)))
 }
 
-pub async fn run(samples: u64, output: Output) -> anyhow::Result<()> {
+/// `duration`: at most this many seconds of ingest (the samples ingested by then count).
+pub async fn run(samples: u64, duration: Option<u64>, output: Output) -> anyhow::Result<()> {
     if samples < 3_000 {
         anyhow::bail!("--samples must be at least 3000");
     }
+    if duration == Some(0) {
+        anyhow::bail!("--duration must be positive");
+    }
     let me = std::process::id().to_string();
-    let rows = samples / 3;
-    let (ingest_s, ingest_cpu, stats, (tmp, store)) = ingest(rows, true, &me).await?;
+    let until = duration.map(|d| Instant::now() + std::time::Duration::from_secs(d));
+    let (ingest_s, ingest_cpu, stats, rows, (tmp, store)) = ingest(samples / 3, true, until, &me).await?;
     let ingest_rate = (rows * 3) as f64 / ingest_s;
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut batch = Vec::with_capacity(10_000);
@@ -171,7 +181,7 @@ pub async fn run(samples: u64, output: Output) -> anyhow::Result<()> {
     drop(tmp);
     // Regular 1 s gauges (timestamps on the second): what the ≤ 3 bytes/sample target is
     // about. Last, so its CPU does not count in the figures above.
-    let (_, _, regular, _) = ingest(rows, false, &me).await?;
+    let (_, _, regular, _, _) = ingest(rows, false, None, &me).await?;
 
     let j = serde_json::json!({
         "scenario": "archive",

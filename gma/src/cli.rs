@@ -451,6 +451,9 @@ pub enum BenchScenario {
         /// Samples ingested (1,000 hosts x 3 fields, 1 s gauges).
         #[arg(long, default_value_t = 3_000_000)]
         samples: u64,
+        /// Stop the ingest after this many seconds if --samples is not reached by then.
+        #[arg(long)]
+        duration: Option<u64>,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

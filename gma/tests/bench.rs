@@ -65,7 +65,7 @@ fn directory() {
 
 #[test]
 fn archive() {
-    bench(&["archive", "--samples", "30000"]);
+    bench(&["archive", "--samples", "30000", "--duration", "60"]);
 }
 
 #[test]

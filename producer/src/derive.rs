@@ -371,11 +371,12 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
                 }
             }
             next = next.max(inner.oldest());
+            if rules.is_empty() {
+                // Nothing to derive: skip the log instead of walking it under the hub's lock.
+                next = next.max(inner.head());
+            }
             for e in inner.since(next).take(PASS) {
                 next = e.seq + 1;
-                if rules.is_empty() {
-                    continue;
-                }
                 let st = states
                     .entry(e.series)
                     .or_insert_with(|| plan(&rules, &inner, e.series));
