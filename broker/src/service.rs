@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gma_consumer::stream::StreamOptions;
-use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::authz::Action;
 use gma_core::event::{dbl, text, EventData};
 use gma_core::guard::Gate;
@@ -660,19 +660,14 @@ pub async fn run(
 
 /// Follows the load streams into the view until aborted.
 async fn follow(view: Arc<LiveView>, directory: String, patterns: Vec<String>, source: String) {
-    let mut sub = Subscriber::start(
-        SubscriberOptions {
-            directory,
-            stream: StreamOptions {
-                patterns,
-                consumer_id: format!("{source}-{}", std::process::id()),
-                policy: pb::SlowPolicy::Latest,
-                ..StreamOptions::default()
-            },
-            capacity: 256,
-            default_resume: None,
+    let mut sub = Subscriber::follow(
+        directory,
+        StreamOptions {
+            patterns,
+            consumer_id: format!("{source}-{}", std::process::id()),
+            policy: pb::SlowPolicy::Latest,
+            ..StreamOptions::default()
         },
-        HashMap::new(),
     );
     while let Some(d) = sub.recv().await {
         match d {

@@ -105,6 +105,21 @@ impl Subscriber {
         Subscriber::start_excluding(opts, resume, Exclusions::default())
     }
 
+    /// Follows every producer of `stream`'s patterns from its newest events on, without resume
+    /// points, through a 256-delivery channel: what live consumers (broker, rescheduler,
+    /// dashboard, federation) do.
+    pub fn follow(directory: String, stream: StreamOptions) -> Subscriber {
+        Subscriber::start(
+            SubscriberOptions {
+                directory,
+                stream,
+                capacity: 256,
+                default_resume: None,
+            },
+            HashMap::new(),
+        )
+    }
+
     /// Like [`Subscriber::start`], but never follows the producer records `exclude` names
     /// (e.g. a relay's own record).
     pub fn start_excluding(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gma_consumer::stream::StreamOptions;
-use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_proto::v1 as pb;
 use pb::directory_client::DirectoryClient;
 use tokio::sync::watch;
@@ -211,18 +211,13 @@ pub async fn events(
     consumer_id: String,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut sub = Subscriber::start(
-        SubscriberOptions {
-            directory,
-            stream: StreamOptions {
-                patterns,
-                consumer_id,
-                ..StreamOptions::default()
-            },
-            capacity: 256,
-            default_resume: None,
+    let mut sub = Subscriber::follow(
+        directory,
+        StreamOptions {
+            patterns,
+            consumer_id,
+            ..StreamOptions::default()
         },
-        HashMap::new(),
     );
     loop {
         let d = tokio::select! {

@@ -23,7 +23,7 @@ use futures::Stream;
 use gma_broker::job::Job;
 use gma_broker::view::LiveView;
 use gma_consumer::stream::StreamOptions;
-use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::authz::Action;
 use gma_core::event::{dbl, text, EventData};
 use gma_core::guard::Gate;
@@ -1012,19 +1012,14 @@ fn sync_sessions(
 
 /// Follows the host streams into the view until aborted.
 async fn follow(sh: Arc<Shared>, directory: String) {
-    let mut sub = Subscriber::start(
-        SubscriberOptions {
-            directory,
-            stream: StreamOptions {
-                patterns: sh.cfg.follow.clone(),
-                consumer_id: format!("federation-{}-{}", sh.site(), std::process::id()),
-                policy: pb::SlowPolicy::Latest,
-                ..StreamOptions::default()
-            },
-            capacity: 256,
-            default_resume: None,
+    let mut sub = Subscriber::follow(
+        directory,
+        StreamOptions {
+            patterns: sh.cfg.follow.clone(),
+            consumer_id: format!("federation-{}-{}", sh.site(), std::process::id()),
+            policy: pb::SlowPolicy::Latest,
+            ..StreamOptions::default()
         },
-        HashMap::new(),
     );
     while let Some(d) = sub.recv().await {
         match d {

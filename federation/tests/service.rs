@@ -45,6 +45,8 @@ fn job() -> pb::JobSpec {
 #[tokio::test]
 async fn bad_federation_calls_get_precise_statuses() {
     let (addr, _stop) = endpoint().await;
+    // The endpoint serves once its listener task runs: poll, within a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let ch = loop {
         if let Ok(c) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
@@ -53,6 +55,10 @@ async fn bad_federation_calls_get_precise_statuses() {
         {
             break c;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the endpoint at {addr} never served"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let mut fed = pb::federation_client::FederationClient::new(ch.clone());

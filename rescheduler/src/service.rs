@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gma_consumer::stream::StreamOptions;
-use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::codec::OwnedEvent;
 use gma_core::event::{dbl, text, EventData};
 use gma_core::time::now_ns;
@@ -194,18 +194,13 @@ pub async fn run(
         source: config.source.clone(),
         fresh: tokio::sync::Notify::new(),
     });
-    let mut sub = Subscriber::start(
-        SubscriberOptions {
-            directory,
-            stream: StreamOptions {
-                patterns: vec!["host.load".into(), "app.state".into(), "app.contract".into()],
-                consumer_id: format!("{}-{}", config.source, std::process::id()),
-                ..StreamOptions::default()
-            },
-            capacity: 256,
-            default_resume: None,
+    let mut sub = Subscriber::follow(
+        directory,
+        StreamOptions {
+            patterns: vec!["host.load".into(), "app.state".into(), "app.contract".into()],
+            consumer_id: format!("{}-{}", config.source, std::process::id()),
+            ..StreamOptions::default()
         },
-        HashMap::new(),
     );
     let opportunistic = config.opportunistic;
     let follow = {
