@@ -5,7 +5,10 @@
 //! - the archiver answers bob with the archived summary series only (`host.load.avg1m`, ...),
 //!   or `PERMISSION_DENIED` naming the rule when only raw data could answer (query, export,
 //!   series listing, stats); alice gets everything;
-//! - the broker's view (raw host values) is refused to bob and served to alice.
+//! - the broker's view (raw host values) is refused to bob and served to alice;
+//! - the dashboard identifies browsers (client certificate, a trusted proxy's header, a bearer
+//!   token) and applies the policy to every data route: no identity gets 401, bob gets the page
+//!   without raw host data, alice everything.
 
 #![allow(clippy::unwrap_used)]
 
@@ -293,4 +296,257 @@ fn the_broker_view_is_raw_data_for_identities_allowed_raw_only() {
         "{}",
         r.stderr
     );
+}
+
+/// The host chart points of a dashboard snapshot (JSON): how many points in all.
+fn chart_points(snapshot: &serde_json::Value) -> usize {
+    snapshot["hosts"]
+        .as_array()
+        .map(|hosts| {
+            hosts
+                .iter()
+                .flat_map(|h| h["series"].as_object().into_iter().flat_map(|s| s.values()))
+                .map(|pts| pts.as_array().map_or(0, Vec::len))
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// Waits until `get` returns a snapshot with host chart points (the dashboard follows the
+/// producer), and returns it.
+fn snapshot_with_points(mut get: impl FnMut() -> Result<(u16, String), String>) -> serde_json::Value {
+    let mut last = String::new();
+    let mut snap = serde_json::Value::Null;
+    let ok = wait_until(Duration::from_secs(60), || match get() {
+        Ok((200, body)) => {
+            snap = json(&body);
+            last = body;
+            chart_points(&snap) > 0
+        }
+        other => {
+            last = format!("{other:?}");
+            false
+        }
+    });
+    assert!(ok, "no host points in the snapshot: {last}");
+    snap
+}
+
+#[test]
+fn the_dashboard_authenticates_browsers_and_serves_raw_host_data_only_to_identities_allowed_raw() {
+    let site = Secure::new(POLICY_HTTP);
+    let dir = site.directory();
+    let _prod = site.producer(&dir.addr, &[]);
+    let data = site.path("archive");
+    let arch = site.start(
+        &[
+            "archiver",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            &dir.addr,
+            "--data",
+            &data,
+        ],
+        "gma archiver listening on",
+    );
+    wait_archived(&site, &arch.addr, "host.load.avg1m");
+    let (ca, cert, key, policy) = (
+        site.path("ca/ca.pem"),
+        site.path("certs/node1.pem"),
+        site.path("certs/node1.key"),
+        site.path("policy.toml"),
+    );
+    let base = [
+        "dashboard",
+        "--listen",
+        "127.0.0.1:0",
+        "--directory",
+        &dir.addr,
+        "--archiver",
+        &arch.addr,
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--access-policy",
+        &policy,
+    ];
+
+    // HTTPS with a policy but no authentication configured: a browser without a certificate
+    // is anonymous, and the policy denies anonymous peers everything.
+    let dash = Proc::start(&base, "gma dashboard listening on");
+    // (Served at all, the snapshot would soon hold the hosts' raw values: wait for either.)
+    let mut r = (0, String::new());
+    wait_until(Duration::from_secs(60), || {
+        r = site.get(&dash.addr, "/api/snapshot", None, &[]).unwrap();
+        r.0 != 200 || chart_points(&json(&r.1)) > 0
+    });
+    assert_eq!(r.0, 401, "an anonymous browser was served the snapshot: {}", r.1);
+    for path in [
+        "/api/events",
+        "/api/history?name=host.load",
+        "/api/archive/series?pattern=host.*",
+        "/metrics",
+    ] {
+        let r = https(&site, &dash.addr, path, None, &[], |t| t.contains("\r\n\r\n")).unwrap();
+        assert_eq!(r.0, 401, "{path} served to an anonymous browser: {}", r.1);
+    }
+    // The page itself carries no data.
+    assert_eq!(site.get(&dash.addr, "/", None, &[]).unwrap().0, 200);
+    assert_eq!(site.get(&dash.addr, "/healthz", None, &[]).unwrap().0, 200);
+    drop(dash);
+
+    // Mode 1: client certificates (mTLS).
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--tls-client-ca", &ca]);
+    let dash = Proc::start(&args, "gma dashboard listening on");
+    let d = dash.addr.as_str();
+    let no_cert = site.get(d, "/api/snapshot", None, &[]);
+    assert!(
+        no_cert.is_err(),
+        "served without a client certificate: {no_cert:?}"
+    );
+    let other_ca = site.get(d, "/api/snapshot", Some("eve"), &[]);
+    assert!(
+        other_ca.is_err(),
+        "served a certificate of another CA: {other_ca:?}"
+    );
+    // alice (inside) gets the hosts' raw charts.
+    let snap = snapshot_with_points(|| site.get(d, "/api/snapshot", Some("alice"), &[]));
+    assert!(!snap["records"].as_array().unwrap().is_empty(), "{snap}");
+    // bob (summaries only) gets the page without any raw host value ...
+    let (code, body) = site.get(d, "/api/snapshot", Some("bob"), &[]).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let bob = json(&body);
+    assert_eq!(chart_points(&bob), 0, "bob got raw host points: {body}");
+    assert!(
+        bob["records"].as_array().unwrap().is_empty(),
+        "bob may not search the directory: {body}"
+    );
+    // ... also on the live stream, which still carries what he may see (gma.rpc rows).
+    let rpc_twice = |t: &str| t.matches("\"type\":\"rpc\"").count() >= 2;
+    let (code, stream) = https(&site, d, "/api/events", Some("bob"), &[], rpc_twice).unwrap();
+    assert_eq!(code, 200, "{stream}");
+    assert!(rpc_twice(&stream), "{stream}");
+    assert!(
+        !stream.contains("\"type\":\"points\""),
+        "bob got raw points: {stream}"
+    );
+    assert!(
+        !stream.contains("\"load\":[["),
+        "bob got raw chart points: {stream}"
+    );
+    let has_points = |t: &str| t.contains("\"type\":\"points\"");
+    let (_, alice_stream) = https(&site, d, "/api/events", Some("alice"), &[], has_points).unwrap();
+    assert!(has_points(&alice_stream), "{alice_stream}");
+    // History: raw series refused to bob, naming the rule; summaries served.
+    let (code, body) = site
+        .get(d, "/api/history?name=host.load&range_s=300", Some("bob"), &[])
+        .unwrap();
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("may read only summaries of \\\"host.load\\\"") && body.contains("policy.toml line 8"),
+        "{body}"
+    );
+    let (code, body) = site
+        .get(
+            d,
+            "/api/history?name=host.load.avg1m&range_s=300",
+            Some("bob"),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(!json(&body)["series"].as_array().unwrap().is_empty(), "{body}");
+    let (code, body) = site
+        .get(d, "/api/history?name=host.*&range_s=300", Some("bob"), &[])
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let names: Vec<String> = json(&body)["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !names.is_empty() && names.iter().all(|n| gma_core::authz::is_summary_name(n)),
+        "{names:?}"
+    );
+    let (code, body) = site
+        .get(d, "/api/archive/series?pattern=host.*", Some("bob"), &[])
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("host.load.avg1m") && !body.contains("\"name\":\"host.load\""),
+        "{body}"
+    );
+    let (code, body) = site
+        .get(d, "/api/history?name=host.load&range_s=300", Some("alice"), &[])
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    drop(dash);
+
+    // Modes 2 and 3 on plain HTTP (loopback): a trusted proxy's headers, bearer tokens.
+    let tokens = site.dir.join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[token]]\ntoken = \"alice-token-0123456789abcdef0123456789\"\ncn = \"alice\"\norg = \"site1\"\n\n\
+         [[token]]\ntoken = \"bob-token-0123456789abcdef0123456789abc\"\ncn = \"bob\"\norg = \"partner\"\n",
+    )
+    .unwrap();
+    let tokens = tokens.to_str().unwrap().to_string();
+    let plain = [
+        "dashboard",
+        "--listen",
+        "127.0.0.1:0",
+        "--directory",
+        &dir.addr,
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--access-policy",
+        &policy,
+        "--plain-http",
+        "--auth-proxy-user-header",
+        "X-Forwarded-User",
+        "--auth-proxy-org-header",
+        "X-Forwarded-Groups",
+        "--auth-trusted-proxy",
+        "127.0.0.1",
+        "--auth-tokens",
+        &tokens,
+    ];
+    let dash = Proc::start(&plain, "gma dashboard listening on");
+    let d = dash.addr.as_str();
+    let get = |headers: &[(&str, &str)]| http(d, "/api/snapshot", headers, |_| false);
+    assert_eq!(get(&[]).unwrap().0, 401);
+    let alice = [("X-Forwarded-User", "alice"), ("X-Forwarded-Groups", "site1,ops")];
+    let snap = snapshot_with_points(|| get(&alice));
+    assert!(chart_points(&snap) > 0);
+    let (code, body) = get(&[("X-Forwarded-User", "bob"), ("X-Forwarded-Groups", "partner")]).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(chart_points(&json(&body)), 0, "{body}");
+    // The headers count only from the proxy's address.
+    let (code, body) = http_from("127.0.0.2", d, "/api/snapshot", &alice, |_| false).unwrap();
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("trusted"), "{body}");
+    // Tokens, compared in constant time; a wrong one is 401.
+    let (code, body) = get(&[("Authorization", "Bearer alice-token-0123456789abcdef0123456789")]).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(chart_points(&json(&body)) > 0, "{body}");
+    let (code, body) = get(&[("Authorization", "Bearer bob-token-0123456789abcdef0123456789abc")]).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(chart_points(&json(&body)), 0, "{body}");
+    let (code, _) = get(&[("Authorization", "Bearer alice-token-0123456789abcdef012345678X")]).unwrap();
+    assert_eq!(code, 401);
 }

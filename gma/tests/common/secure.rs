@@ -35,11 +35,19 @@ actions = ["broker.select"]
 effect = "allow"
 "#;
 
-/// The rules of [`POLICY`] that name actions only this branch knows (the HTTP doors).
+/// Rules for the HTTP doors, appended to [`POLICY`]: `partner` may open the dashboard and read
+/// the roles' metrics, and receives `gma.rpc` raw (so its dashboard stream has something to
+/// show).
 pub const POLICY_HTTP: &str = r#"
 [[rule]]
 org = "partner"
 actions = ["dashboard.read", "metrics.read"]
+effect = "allow"
+
+[[rule]]
+org = "partner"
+actions = ["producer.subscribe"]
+resources = ["gma.rpc"]
 effect = "allow"
 "#;
 
@@ -133,7 +141,8 @@ impl Secure {
             &cfg,
             format!(
                 "listen = \"127.0.0.1:0\"\ndirectory = \"{directory}\"\nhost_sensors = false\n\
-                 lease_ttl_ms = 2000\nsimulate = \"{}\"\nsummaries = [\"host.load\"]\n",
+                 lease_ttl_ms = 2000\nrpc_events_ms = 500\nsimulate = \"{}\"\n\
+                 summaries = [\"host.load\"]\n",
                 sim.display()
             ),
         )
@@ -226,7 +235,31 @@ pub fn http(
     headers: &[(&str, &str)],
     enough: impl Fn(&str) -> bool,
 ) -> Result<(u16, String), String> {
-    let mut tcp = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    http_from("127.0.0.1", addr, path, headers, enough)
+}
+
+/// [`http`] from the local address `from` (another loopback address, `127.0.0.2`, plays a
+/// client that is not the trusted proxy).
+pub fn http_from(
+    from: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    enough: impl Fn(&str) -> bool,
+) -> Result<(u16, String), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tcp = rt
+        .block_on(async {
+            let s = tokio::net::TcpSocket::new_v4()?;
+            s.bind(format!("{from}:0").parse().unwrap())?;
+            s.connect(addr.parse().unwrap()).await
+        })
+        .map_err(|e| e.to_string())?;
+    let mut tcp = tcp.into_std().map_err(|e| e.to_string())?;
+    tcp.set_nonblocking(false).unwrap();
     tcp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
