@@ -23,6 +23,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::DashboardError;
 
+/// The rustls server configuration [`server_config`] builds.
+pub type ServerConfig = rustls::ServerConfig;
+
 /// How long a TLS handshake may take.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 

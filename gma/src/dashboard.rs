@@ -81,7 +81,13 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     // The dashboard always serves /metrics on its own port; --metrics-listen adds another.
     let handle = crate::telemetry::recorder()?;
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("dashboard", m, cfg.tls.allow_plaintext).await?;
+        // The dashboard's TLS as it serves browsers (plain with --plain-http) and its policy.
+        let mut tls = cfg.tls.clone();
+        if !cfg.https() {
+            (tls.cert, tls.key, tls.client_ca) = (None, None, None);
+        }
+        let door = crate::telemetry::MetricsDoor::new(&tls, cfg.policy.as_ref());
+        crate::telemetry::serve_metrics("dashboard", m, &door).await?;
     }
     let listener = bind(&cfg.listen).await?;
     let bound = listener.local_addr()?;

@@ -8,7 +8,10 @@
 //! - the broker's view (raw host values) is refused to bob and served to alice;
 //! - the dashboard identifies browsers (client certificate, a trusted proxy's header, a bearer
 //!   token) and applies the policy to every data route: no identity gets 401, bob gets the page
-//!   without raw host data, alice everything.
+//!   without raw host data, alice everything;
+//! - the Prometheus endpoints take the role's TLS, client CA and policy: plain HTTP next to an
+//!   mTLS producer is refused at start without `--metrics-insecure`; a scrape without a
+//!   certificate fails, bob gets no raw gauge, alice gets them.
 
 #![allow(clippy::unwrap_used)]
 
@@ -549,4 +552,92 @@ fn the_dashboard_authenticates_browsers_and_serves_raw_host_data_only_to_identit
     assert_eq!(chart_points(&json(&body)), 0, "{body}");
     let (code, _) = get(&[("Authorization", "Bearer alice-token-0123456789abcdef012345678X")]).unwrap();
     assert_eq!(code, 401);
+}
+
+#[test]
+fn prometheus_endpoints_take_the_roles_tls_client_ca_and_policy() {
+    let site = Secure::new(POLICY_HTTP);
+    let dir = site.directory();
+    let role = site.role_flags();
+    let with = |extra: &[&str]| -> Vec<String> {
+        let mut a = site.producer_cmd(&dir.addr);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.extend(role.iter().cloned());
+        a
+    };
+    let run = |args: &[String]| {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        gma(&a, Duration::from_secs(30))
+    };
+
+    // Plain HTTP next to an mTLS producer is refused at start ...
+    for (flag, addr) in [
+        ("--prometheus", "http://127.0.0.1:0"),
+        ("--metrics-listen", "http://127.0.0.1:0"),
+    ] {
+        let r = run(&with(&[flag, addr]));
+        assert_eq!(r.code, 1, "{flag} {addr} started: {}", r.stderr);
+        assert!(
+            r.stderr.contains("plain HTTP next to its mTLS endpoint")
+                && r.stderr.contains("--metrics-insecure"),
+            "{}",
+            r.stderr
+        );
+    }
+    // ... unless told explicitly: then it is open.
+    let args = with(&["--prometheus", "127.0.0.1:0", "--metrics-insecure"]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let insecure = Proc::start(&a, "gma producer listening on");
+    let plain = printed_addr(&insecure, "producer", "prometheus");
+    let ok = wait_until(Duration::from_secs(30), || {
+        http(&plain, "/metrics", &[], |_| false)
+            .is_ok_and(|(c, b)| c == 200 && b.contains("gma_host_load_load1"))
+    });
+    assert!(ok, "the insecure endpoint did not serve the gauges");
+    drop(insecure);
+
+    // By default they take the producer's TLS, client CA and policy.
+    let args = with(&["--prometheus", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let prod = Proc::start(&a, "gma producer listening on");
+    let values = printed_addr(&prod, "producer", "prometheus");
+    let metrics = printed_addr(&prod, "producer", "metrics");
+    for addr in [&values, &metrics] {
+        let r = http(addr, "/metrics", &[], |_| false);
+        assert!(!matches!(r, Ok((200, _))), "plain HTTP scrape served: {r:?}");
+        let r = site.get(addr, "/metrics", None, &[]);
+        assert!(
+            r.is_err(),
+            "a scrape without a client certificate was served: {r:?}"
+        );
+        let r = site.get(addr, "/metrics", Some("eve"), &[]);
+        assert!(r.is_err(), "a certificate of another CA was served: {r:?}");
+    }
+    // alice (inside) gets the raw gauges, and (once derived) the summaries.
+    let mut alice = String::new();
+    let ok = wait_until(Duration::from_secs(60), || {
+        alice = site
+            .get(&values, "/metrics", Some("alice"), &[])
+            .map(|r| r.1)
+            .unwrap_or_default();
+        alice.contains("gma_host_load_load1{") && alice.contains("gma_host_load_avg1m_load1{")
+    });
+    assert!(ok, "alice: {alice}");
+    assert!(alice.contains("gma_host_cpu_"), "{alice}");
+    // bob (summaries only) gets the summary gauges and no raw one.
+    let (code, bob) = site.get(&values, "/metrics", Some("bob"), &[]).unwrap();
+    assert_eq!(code, 200, "{bob}");
+    assert!(bob.contains("gma_host_load_avg1m_load1{"), "{bob}");
+    for raw in [
+        "gma_host_load_load1{",
+        "gma_host_cpu_",
+        "gma_host_mem_",
+        "name=\"host.load\"",
+    ] {
+        assert!(!bob.contains(raw), "bob got {raw}: {bob}");
+    }
+    // The role's own metrics: metrics.read on "producer".
+    let (code, text) = site.get(&metrics, "/metrics", Some("bob"), &[]).unwrap();
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("gma_producer_"), "{text}");
 }

@@ -128,6 +128,14 @@ impl Secure {
     /// A producer of two simulated hosts (`h1`, `h2`, 10 samples/s) registered in `directory`,
     /// deriving the summaries of `host.load` for good (`host.load.avg1m`, ...).
     pub fn producer(&self, directory: &str, extra: &[&str]) -> Proc {
+        let cmd = self.producer_cmd(directory);
+        let mut args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        self.start(&args, "gma producer listening on")
+    }
+
+    /// The arguments of [`Secure::producer`] before the role's flags: `producer --config FILE`.
+    pub fn producer_cmd(&self, directory: &str) -> Vec<String> {
         let sim = self.dir.join("sim.toml");
         std::fs::write(
             &sim,
@@ -147,10 +155,11 @@ impl Secure {
             ),
         )
         .unwrap();
-        let cfg = cfg.to_str().unwrap().to_string();
-        let mut args = vec!["producer", "--config", cfg.as_str()];
-        args.extend_from_slice(extra);
-        self.start(&args, "gma producer listening on")
+        vec![
+            "producer".into(),
+            "--config".into(),
+            cfg.to_str().unwrap().to_string(),
+        ]
     }
 
     /// Runs `gma args...` as `who` (its certificate, the CA).
