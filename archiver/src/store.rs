@@ -269,6 +269,9 @@ impl FromStr for Agg {
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuerySpec {
     pub name: Pattern,
+    /// Only these event names among the matches (`None`: every match). What a summary-only
+    /// reader may see: its summary series.
+    pub names: Option<std::collections::BTreeSet<String>>,
     pub source: Option<Pattern>,
     /// One field, or every field of the matching streams.
     pub field: Option<String>,
@@ -1127,7 +1130,9 @@ impl Store {
         let mut map: BTreeMap<SeriesKey, Vec<(u32, u32, usize)>> = BTreeMap::new();
         let mut any_stream = false;
         for st in g.streams.values() {
-            if !matches(st, &spec.name, spec.source.as_ref()) {
+            if !matches(st, &spec.name, spec.source.as_ref())
+                || spec.names.as_ref().is_some_and(|n| !n.contains(&st.meta.name))
+            {
                 continue;
             }
             any_stream = true;
@@ -2041,6 +2046,7 @@ mod tests {
     fn spec(name: &str, field: Option<&str>, from: i64, to: i64, step: Option<i64>, agg: Agg) -> QuerySpec {
         QuerySpec {
             name: Pattern::event(name).unwrap(),
+            names: None,
             source: None,
             field: field.map(str::to_string),
             from_ns: from,
@@ -2859,6 +2865,7 @@ mod tests {
         ] {
             let q = QuerySpec {
                 name: Pattern::event("host.temp").unwrap(),
+                names: None,
                 source: None,
                 field: Some("celsius".into()),
                 from_ns: t0,

@@ -1,58 +1,129 @@
-//! HTTPS for the dashboard: rustls (the ring provider tonic uses too) in front of axum. The
-//! certificate and key are the role's `[tls]` `cert` and `key` (or `--tls-cert`/`--tls-key`).
-//! Handshakes run in their own tasks, bounded in time, so a slow or broken client never holds
-//! up the others; a failed handshake is dropped (and logged at debug).
+//! HTTPS for the dashboard and the roles' Prometheus endpoints: rustls (the ring provider tonic
+//! uses too) in front of axum. The certificate and key are the role's `[tls]` `cert` and `key`
+//! (or `--tls-cert`/`--tls-key`); with a client CA (`client_ca`, `--tls-client-ca`) the
+//! handshake verifies client certificates against it, required or optional ([`ClientAuth`]),
+//! and the identity of a verified certificate (subject CN and O, like the gRPC roles) travels
+//! with the connection as [`Peer::cert`]. Handshakes run in their own tasks, bounded in time,
+//! so a slow or broken client never holds up the others; a failed handshake is dropped (and
+//! logged at debug).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gma_core::authz::Identity;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio_rustls::rustls;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::DashboardError;
 
+/// The rustls server configuration [`server_config`] builds.
+pub type ServerConfig = rustls::ServerConfig;
+
 /// How long a TLS handshake may take.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
-/// The rustls server config of `cert` (PEM chain) and `key` (PEM private key).
+/// Who is at the other end of an HTTP connection: its address and, over TLS, the identity of
+/// its verified client certificate. Handlers get it as `ConnectInfo<Peer>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub cert: Option<Identity>,
+}
+
+/// Client certificates asked of HTTPS clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// No client certificate asked.
+    None,
+    /// Verified when given; a client without one still connects (other ways to authenticate
+    /// remain: a proxy's header, a bearer token).
+    Optional,
+    /// The handshake fails without a certificate of the client CA.
+    Required,
+}
+
+fn pem_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, DashboardError> {
+    let bad =
+        |e: &dyn std::fmt::Display| DashboardError::Config(format!("tls {what} {}: {e}", path.display()));
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(&e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(&e))?;
+    if certs.is_empty() {
+        return Err(DashboardError::Config(format!(
+            "tls {what} {}: no certificate in it",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The rustls server config of `cert` (PEM chain) and `key` (PEM private key), verifying client
+/// certificates against `client_ca` as `auth` says (`ClientAuth::None` ignores `client_ca`).
 pub fn server_config(
     cert: &Path,
     key: &Path,
-) -> Result<Arc<tokio_rustls::rustls::ServerConfig>, DashboardError> {
-    let bad = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
-        DashboardError::Config(format!("tls {what} {}: {e}", p.display()))
-    };
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad("cert", cert, &e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad("cert", cert, &e))?;
-    if certs.is_empty() {
-        return Err(DashboardError::Config(format!(
-            "tls cert {}: no certificate in it",
-            cert.display()
-        )));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("key", key, &e))?;
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let mut cfg = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+    client_ca: Option<&Path>,
+    auth: ClientAuth,
+) -> Result<Arc<rustls::ServerConfig>, DashboardError> {
+    let certs = pem_certs(cert, "cert")?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| DashboardError::Config(format!("tls key {}: {e}", key.display())))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| DashboardError::Config(format!("tls: {e}")))?
-        .with_no_client_auth()
+        .map_err(|e| DashboardError::Config(format!("tls: {e}")))?;
+    let builder = match (client_ca, auth) {
+        (Some(ca), ClientAuth::Optional | ClientAuth::Required) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in pem_certs(ca, "client CA")? {
+                roots
+                    .add(c)
+                    .map_err(|e| DashboardError::Config(format!("tls client CA {}: {e}", ca.display())))?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if auth == ClientAuth::Optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier
+                .build()
+                .map_err(|e| DashboardError::Config(format!("tls client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder
         .with_single_cert(certs, key)
         .map_err(|e| DashboardError::Config(format!("tls: {e}")))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
 
+/// The identity of the verified client certificate of a TLS connection, if it presented one.
+fn cert_identity(s: &TlsStream<TcpStream>) -> Option<Identity> {
+    let certs = s.get_ref().1.peer_certificates()?;
+    match gma_core::authz::identity_from_der(certs.first()?.as_ref()) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::debug!(error = %e, "client certificate without a usable subject");
+            None
+        }
+    }
+}
+
 /// A listener of TLS connections for `axum::serve`.
 pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
     local: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
@@ -87,6 +158,10 @@ impl TlsListener {
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
                         Ok(Ok(s)) => {
+                            let peer = Peer {
+                                addr: peer,
+                                cert: cert_identity(&s),
+                            };
                             let _ = tx.send((s, peer)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
@@ -101,7 +176,7 @@ impl TlsListener {
 
 impl axum::serve::Listener for TlsListener {
     type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
+    type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.rx.recv().await {
@@ -112,7 +187,66 @@ impl axum::serve::Listener for TlsListener {
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
+        Ok(Peer {
+            addr: self.local,
+            cert: None,
+        })
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Peer {
+        stream.remote_addr().clone()
+    }
+}
+
+/// A plain TCP listener for `axum::serve` whose connections carry a [`Peer`] (without a
+/// certificate), so that handlers see one type whether the endpoint is HTTP or HTTPS.
+pub struct PlainListener(pub TcpListener);
+
+impl axum::serve::Listener for PlainListener {
+    type Io = TcpStream;
+    type Addr = Peer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (io, addr) = axum::serve::Listener::accept(&mut self.0).await;
+        (io, Peer { addr, cert: None })
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(Peer {
+            addr: self.0.local_addr()?,
+            cert: None,
+        })
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, PlainListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, PlainListener>) -> Peer {
+        stream.remote_addr().clone()
+    }
+}
+
+/// Serves `app` on `listener` (plain HTTP) or, with `tls`, HTTPS, until `shutdown`; handlers
+/// get the [`Peer`] of their connection.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = app.into_make_service_with_connect_info::<Peer>();
+    match tls {
+        Some(cfg) => {
+            axum::serve(TlsListener::new(listener, cfg)?, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        None => {
+            axum::serve(PlainListener(listener), app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cdp;
+pub mod secure;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
