@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod cdp;
+pub mod linearizable;
+pub mod netns;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
