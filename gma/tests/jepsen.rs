@@ -57,9 +57,14 @@ struct Settings {
     /// How long clients run while the nemesis injects faults (at least one of each kind).
     workload: Duration,
     clients: usize,
+    /// Record ids in use at a time.
     keys: usize,
+    /// Operations on one record id before its slot moves to a fresh id.
+    per_key: usize,
     /// Think time between a client's operations: uniform in [0, stagger).
     stagger: Duration,
+    /// The kinds of fault the nemesis uses (`GMA_JEPSEN_FAULTS=kill,pause`; default all).
+    faults: Vec<Fault>,
 }
 
 impl Settings {
@@ -82,13 +87,34 @@ impl Settings {
             workload: Duration::from_secs(seconds),
             clients: 6,
             keys: 5,
+            per_key: 120,
             stagger: Duration::from_millis(250),
+            faults: var("GMA_JEPSEN_FAULTS")
+                .map(|v| {
+                    v.split(',')
+                        .map(|name| {
+                            *FAULTS
+                                .iter()
+                                .find(|f| format!("{f:?}").eq_ignore_ascii_case(name.trim()))
+                                .unwrap_or_else(|| {
+                                    panic!("GMA_JEPSEN_FAULTS: {name:?} is none of {FAULTS:?}")
+                                })
+                        })
+                        .collect()
+                })
+                .unwrap_or_else(|| FAULTS.to_vec()),
         }
     }
 
     fn replay(&self) -> String {
+        let faults = if self.faults == FAULTS {
+            String::new()
+        } else {
+            let names: Vec<String> = self.faults.iter().map(|f| format!("{f:?}")).collect();
+            format!("GMA_JEPSEN_FAULTS={} ", names.join(","))
+        };
         format!(
-            "GMA_JEPSEN_SEED={} GMA_JEPSEN_SECONDS={} cargo nextest run -p gma --test jepsen",
+            "GMA_JEPSEN_SEED={} GMA_JEPSEN_SECONDS={} {faults}cargo nextest run -p gma --test jepsen",
             self.seed,
             self.workload.as_secs()
         )
@@ -429,12 +455,92 @@ impl Recorder {
     }
 }
 
+/// The record ids in use: `keys` slots, each moving on to a fresh id after `per_key`
+/// operations, so that every id's history stays short (Jepsen's independent keys) and the
+/// checker's search with it, however long the run.
+struct KeySpace {
+    slots: Mutex<Vec<(u64, usize)>>,
+    per_key: usize,
+}
+
+impl KeySpace {
+    fn new(keys: usize, per_key: usize) -> KeySpace {
+        KeySpace {
+            slots: Mutex::new(vec![(0, 0); keys]),
+            per_key,
+        }
+    }
+
+    /// The id in `slot` for one more operation.
+    fn take(&self, slot: usize) -> String {
+        let mut slots = self.slots.lock().unwrap();
+        let (generation, used) = &mut slots[slot];
+        *used += 1;
+        if *used > self.per_key {
+            *generation += 1;
+            *used = 1;
+        }
+        format!("jk{slot}.{generation}")
+    }
+
+    fn slots(&self) -> usize {
+        self.slots.lock().unwrap().len()
+    }
+}
+
+impl Recorder {
+    /// One linearizable search of every test record (all pages) through `addr`, recorded as
+    /// a read of each id in `keys` over the search's whole interval (each page is a
+    /// linearizable read inside it). `None` if it failed (nothing recorded: a failed read
+    /// constrains nothing).
+    async fn read_all(
+        &self,
+        client: usize,
+        addr: &str,
+        keys: &std::collections::BTreeSet<String>,
+    ) -> Option<BTreeMap<String, Option<String>>> {
+        let mut c = DirectoryClient::new(channel(addr));
+        let req = pb::SearchRequest {
+            kind: pb::RecordKind::Producer as i32,
+            attributes: [(MARK.to_string(), "1".to_string())].into(),
+            page_size: 1000,
+            ..Default::default()
+        };
+        let invoked = self.now();
+        let (entries, _) = gma_consumer::directory::search_all(&mut c, req).await.ok()?;
+        let completed = self.now();
+        let mut by_id: BTreeMap<String, Vec<pb::RecordEntry>> = BTreeMap::new();
+        for e in entries {
+            if let Some(pb::record::Record::Producer(p)) = e.record.as_ref().and_then(|r| r.record.as_ref()) {
+                by_id.entry(p.id.clone()).or_default().push(e);
+            }
+        }
+        let mut out = BTreeMap::new();
+        let mut ops = self.ops.lock().unwrap();
+        for key in keys {
+            let v = value_of(by_id.remove(key).unwrap_or_default());
+            ops.push(Op {
+                client,
+                key: key.clone(),
+                call: Call::Read,
+                invoked,
+                completed: Some(completed),
+                outcome: Outcome::Read(v.clone()),
+            });
+            out.insert(key.clone(), v);
+        }
+        // A test record under an id no client used would be a bug of its own.
+        assert!(by_id.is_empty(), "records nobody wrote: {by_id:?}");
+        Some(out)
+    }
+}
+
 /// One client bound to one member, as in Jepsen: random operations on random keys until
 /// `stop`, with a think time in between. After an indeterminate operation it reconnects.
 async fn client(
     id: usize,
     addr: String,
-    keys: Vec<String>,
+    keys: Arc<KeySpace>,
     seed: u64,
     stagger: Duration,
     stop: Arc<AtomicBool>,
@@ -444,7 +550,7 @@ async fn client(
     let mut c = DirectoryClient::new(channel(&addr));
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {
-        let key = &keys[rng.random_range(0..keys.len())];
+        let key = &keys.take(rng.random_range(0..keys.slots()));
         n += 1;
         let value = format!("{id}.{n}");
         let call = match rng.random_range(0..100) {
@@ -601,11 +707,12 @@ fn count(ops: &[Op], pred: impl Fn(&Op) -> bool) -> usize {
 fn the_directory_stays_linearizable_under_partitions_kills_and_pauses() {
     let s = Settings::from_env();
     eprintln!(
-        "jepsen: seed {} ({} s of faults, {} clients, {} keys); replay with: {}",
+        "jepsen: seed {} ({} s of faults, {} clients, {} keys at a time, {} operations each); replay with: {}",
         s.seed,
         s.workload.as_secs(),
         s.clients,
         s.keys,
+        s.per_key,
         s.replay()
     );
     let seg = Segment::new(MEMBERS).unwrap_or_else(|e| {
@@ -635,7 +742,7 @@ fn the_directory_stays_linearizable_under_partitions_kills_and_pauses() {
         ops: Mutex::new(Vec::new()),
         unexpected: Unexpected::default(),
     });
-    let keys: Vec<String> = (0..s.keys).map(|k| format!("jk{k}")).collect();
+    let keys = Arc::new(KeySpace::new(s.keys, s.per_key));
     let stop = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..s.clients)
         .map(|id| {
@@ -659,13 +766,13 @@ fn the_directory_stays_linearizable_under_partitions_kills_and_pauses() {
         done: BTreeMap::new(),
     };
     rt.block_on(quiet_period(Duration::from_secs(1)));
-    let mut first = FAULTS.to_vec();
+    let mut first = s.faults.clone();
     first.shuffle(&mut nem.rng);
     for f in first {
         nem.run(&rt, &mut m, &rec, f);
     }
     while rec.start.elapsed() < s.workload {
-        let f = FAULTS[nem.rng.random_range(0..FAULTS.len())];
+        let f = s.faults[nem.rng.random_range(0..s.faults.len())];
         nem.run(&rt, &mut m, &rec, f);
     }
     stop.store(true, Ordering::SeqCst);
@@ -693,21 +800,19 @@ fn the_directory_stays_linearizable_under_partitions_kills_and_pauses() {
         m.logs()
     );
 
-    // Final reads: linearizable reads of every record (recorded in the history), until every
-    // member's own state (a stale read) agrees with them.
-    let final_client = s.clients;
+    // Final reads: one linearizable search of every test record, recorded as a read of each
+    // record id the run used, until every member's own state (a stale read) agrees with it.
+    let used: std::collections::BTreeSet<String> =
+        rec.ops.lock().unwrap().iter().map(|o| o.key.clone()).collect();
     let mut finals: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut views = Vec::new();
+    let mut attempt = 0;
     let agreed = wait_until(Duration::from_secs(60), || {
-        for (n, key) in keys.iter().enumerate() {
-            let mut c = DirectoryClient::new(channel(&m.addrs[n % MEMBERS]));
-            match rt.block_on(rec.run(final_client, &mut c, key, Call::Read)) {
-                Outcome::Read(v) => {
-                    finals.insert(key.clone(), v);
-                }
-                _ => return false,
-            }
-        }
+        attempt += 1;
+        let Some(read) = rt.block_on(rec.read_all(s.clients, &m.addrs[attempt % MEMBERS], &used)) else {
+            return false;
+        };
+        finals = read;
         views = m.addrs.iter().map(|a| rt.block_on(member_view(a))).collect();
         let expected: BTreeMap<String, String> = finals
             .iter()
@@ -797,8 +902,8 @@ fn the_directory_stays_linearizable_under_partitions_kills_and_pauses() {
 
     // The run tested something: every fault happened, every kind of operation succeeded, and
     // reads saw records both present and absent.
-    for f in FAULTS {
-        assert!(nem.done.get(&f).copied().unwrap_or(0) >= 1, "no {f:?} fault ran");
+    for f in &s.faults {
+        assert!(nem.done.get(f).copied().unwrap_or(0) >= 1, "no {f:?} fault ran");
     }
     for (name, pred) in [
         (
@@ -820,6 +925,28 @@ fn the_directory_stays_linearizable_under_partitions_kills_and_pauses() {
             count(&ops, pred) >= 5,
             "fewer than 5 successful {name} operations"
         );
+    }
+}
+
+/// Checks a history saved by a run again (`GMA_JEPSEN_HISTORY=target/tmp/jepsen/history-N.txt
+/// cargo nextest run -p gma --test jepsen --run-ignored only recheck`): for working on the
+/// checker, or on a failure, without the cluster.
+#[test]
+#[ignore = "needs GMA_JEPSEN_HISTORY: a history file written by a run"]
+fn recheck_a_saved_history() {
+    let path = std::env::var("GMA_JEPSEN_HISTORY").expect("GMA_JEPSEN_HISTORY=<history file>");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ops: Vec<Op> = text
+        .lines()
+        .skip_while(|l| *l != "operations:")
+        .skip(1)
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let t = Instant::now();
+    match linearizable::check(&ops, CHECK_BUDGET) {
+        Verdict::Linearizable(st) => eprintln!("{} ops: linearizable {st:?} in {:?}", ops.len(), t.elapsed()),
+        Verdict::NotLinearizable(v) => panic!("NOT LINEARIZABLE\n{v}"),
+        Verdict::Unknown { key, steps } => panic!("gave up on {key} after {steps} steps"),
     }
 }
 
@@ -1162,6 +1289,129 @@ mod checker {
                 assert!(!linearizable(&bad), "seed {seed}: corrupted read accepted");
             }
         }
+    }
+
+    /// The checker agrees with an exhaustive search on thousands of small random histories
+    /// (random intervals and random outcomes, so both verdicts are common): its reductions
+    /// (indeterminate operations, unobserved values, memoization) neither accept nor reject
+    /// anything they should not.
+    #[test]
+    fn the_checker_agrees_with_an_exhaustive_search_on_small_histories() {
+        let mut verdicts = [0usize; 2];
+        for seed in 0..4000u64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let n = rng.random_range(1..=7);
+            let h: Vec<Op> = (0..n).map(|i| random_op(&mut rng, i)).collect();
+            let want = brute_force(&h);
+            let got = linearizable_quiet(&h);
+            assert_eq!(
+                got, want,
+                "seed {seed}: checker says {got}, exhaustive search {want}: {h:#?}"
+            );
+            verdicts[usize::from(want)] += 1;
+        }
+        // Both verdicts were exercised.
+        assert!(verdicts.iter().all(|v| *v > 500), "{verdicts:?}");
+    }
+
+    fn linearizable_quiet(h: &[Op]) -> bool {
+        match check(h, BUDGET) {
+            Verdict::Linearizable(_) => true,
+            Verdict::NotLinearizable(_) => false,
+            Verdict::Unknown { key, steps } => panic!("out of budget on {key} after {steps}"),
+        }
+    }
+
+    fn random_op(rng: &mut ChaCha8Rng, i: usize) -> Op {
+        let values = ["a", "b", "c"];
+        let v = values[rng.random_range(0..values.len())].to_string();
+        let invoked = rng.random_range(0..20u64);
+        let completed = invoked + rng.random_range(0..8u64);
+        let (call, outcome) = match rng.random_range(0..4) {
+            0 => (
+                Call::Read,
+                match rng.random_range(0..5) {
+                    0 => Outcome::Read(None),
+                    1 => Outcome::Unknown,
+                    _ => Outcome::Read(Some(v)),
+                },
+            ),
+            1 => (
+                Call::Register(v),
+                [Outcome::Ok, Outcome::AlreadyExists, Outcome::Unknown][rng.random_range(0..3)].clone(),
+            ),
+            2 => (
+                Call::Update(v),
+                [Outcome::Ok, Outcome::NotFound, Outcome::Unknown][rng.random_range(0..3)].clone(),
+            ),
+            _ => (
+                Call::Remove,
+                [Outcome::Ok, Outcome::NotFound, Outcome::Unknown][rng.random_range(0..3)].clone(),
+            ),
+        };
+        let completed = (outcome != Outcome::Unknown).then_some(completed);
+        op(i, call, invoked, completed, outcome)
+    }
+
+    /// Linearizable by definition, by trying every order of every subset that holds all
+    /// completed operations (indeterminate ones may be left out: never applied), respecting
+    /// real time, on a plain register.
+    fn brute_force(h: &[Op]) -> bool {
+        let ops: Vec<&Op> = h
+            .iter()
+            .filter(|o| !(o.call == Call::Read && o.outcome == Outcome::Unknown))
+            .collect();
+        fn apply(state: &Option<String>, o: &Op) -> Option<Option<String>> {
+            let present = state.is_some();
+            match (&o.call, &o.outcome) {
+                (Call::Register(v), Outcome::Ok) if !present => Some(Some(v.clone())),
+                (Call::Register(_), Outcome::AlreadyExists) if present => Some(state.clone()),
+                (Call::Register(v), Outcome::Unknown) => Some(state.clone().or(Some(v.clone()))),
+                (Call::Update(v), Outcome::Ok) if present => Some(Some(v.clone())),
+                (Call::Update(_), Outcome::NotFound) if !present => Some(None),
+                (Call::Update(v), Outcome::Unknown) => Some(state.as_ref().map(|_| v.clone())),
+                (Call::Remove, Outcome::Ok) if present => Some(None),
+                (Call::Remove, Outcome::NotFound) if !present => Some(None),
+                (Call::Remove, Outcome::Unknown) => Some(None),
+                (Call::Read, Outcome::Read(seen)) if seen == state => Some(state.clone()),
+                _ => None,
+            }
+        }
+        fn search(ops: &[&Op], used: &mut Vec<bool>, order: &mut Vec<usize>, state: Option<String>) -> bool {
+            if ops
+                .iter()
+                .enumerate()
+                .all(|(i, o)| used[i] || o.completed.is_none())
+            {
+                return true;
+            }
+            for i in 0..ops.len() {
+                if used[i] {
+                    continue;
+                }
+                // Real time: nothing placed so far may have been invoked after i completed,
+                // and i may not go before an unplaced operation that completed before i began.
+                let placed_after = order
+                    .iter()
+                    .any(|j| ops[i].completed.is_some_and(|c| c < ops[*j].invoked));
+                let must_precede = (0..ops.len())
+                    .any(|j| j != i && !used[j] && ops[j].completed.is_some_and(|c| c < ops[i].invoked));
+                if placed_after || must_precede {
+                    continue;
+                }
+                if let Some(next) = apply(&state, ops[i]) {
+                    used[i] = true;
+                    order.push(i);
+                    if search(ops, used, order, next) {
+                        return true;
+                    }
+                    order.pop();
+                    used[i] = false;
+                }
+            }
+            false
+        }
+        search(&ops, &mut vec![false; ops.len()], &mut Vec::new(), None)
     }
 
     /// `clients` clients each doing `ops` operations with random intervals; every operation

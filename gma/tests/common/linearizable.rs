@@ -115,7 +115,7 @@ impl fmt::Display for Op {
         match self.completed {
             Some(c) => write!(
                 f,
-                "[{:>10.3} .. {:>10.3} ms] client {:>2} {} {call} {outcome}",
+                "[{:>13.6} .. {:>13.6} ms] client {:>2} {} {call} {outcome}",
                 ms(self.invoked),
                 ms(c),
                 self.client,
@@ -123,7 +123,7 @@ impl fmt::Display for Op {
             ),
             None => write!(
                 f,
-                "[{:>10.3} .. {:>10} ms] client {:>2} {} {call} {outcome}",
+                "[{:>13.6} .. {:>13} ms] client {:>2} {} {call} {outcome}",
                 ms(self.invoked),
                 "never",
                 self.client,
@@ -133,11 +133,64 @@ impl fmt::Display for Op {
     }
 }
 
+impl std::str::FromStr for Op {
+    type Err = String;
+
+    /// Reads back what `Display` wrote (a saved history), to check it again.
+    fn from_str(line: &str) -> Result<Op, String> {
+        let bad = || format!("not an operation: {line:?}");
+        let rest = line.trim().strip_prefix('[').ok_or_else(bad)?;
+        let (times, rest) = rest.split_once(" ms] client ").ok_or_else(bad)?;
+        let (a, b) = times.split_once("..").ok_or_else(bad)?;
+        let ns = |t: &str| -> Result<Time, String> {
+            let ms: f64 = t.trim().parse().map_err(|_| bad())?;
+            Ok((ms * 1e6).round() as Time)
+        };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        let [client, key, call, outcome @ ..] = words.as_slice() else {
+            return Err(bad());
+        };
+        let arg = |c: &str, name: &str| {
+            c.strip_prefix(name)
+                .and_then(|r| r.strip_prefix('('))
+                .and_then(|r| r.strip_suffix(')'))
+                .map(String::from)
+        };
+        let call = match *call {
+            "remove" => Call::Remove,
+            "read" => Call::Read,
+            c => match (arg(c, "register"), arg(c, "update")) {
+                (Some(v), _) => Call::Register(v),
+                (_, Some(v)) => Call::Update(v),
+                _ => return Err(bad()),
+            },
+        };
+        let outcome = match outcome {
+            ["ok"] => Outcome::Ok,
+            ["->", "absent"] => Outcome::Read(None),
+            ["->", v] => Outcome::Read(Some(v.to_string())),
+            ["ALREADY_EXISTS"] => Outcome::AlreadyExists,
+            ["NOT_FOUND"] => Outcome::NotFound,
+            ["indeterminate"] => Outcome::Unknown,
+            ["not", "sent"] => Outcome::NotSent,
+            _ => return Err(bad()),
+        };
+        Ok(Op {
+            client: client.parse().map_err(|_| bad())?,
+            key: key.to_string(),
+            call,
+            invoked: ns(a)?,
+            completed: if b.trim() == "never" { None } else { Some(ns(b)?) },
+            outcome,
+        })
+    }
+}
+
 /// The model's state: absent, or present with an interned value.
 type State = Option<u32>;
 
 /// An operation prepared for the search: values interned.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
     Register(u32),
     Update(u32),
@@ -285,16 +338,11 @@ enum KeyResult {
 }
 
 const NIL: usize = usize::MAX;
+/// The one value every write no read ever returned stands for.
+const UNOBSERVED: u32 = 0;
 
 /// One record's history, in invocation order.
 fn check_key(all: &[Op], budget: u64) -> KeyResult {
-    // Values are interned; a read of a value no write carried gets its own id, so it can
-    // never match a state.
-    fn intern<'a>(values: &mut HashMap<&'a str, u32>, v: &'a str) -> u32 {
-        let n = values.len() as u32;
-        *values.entry(v).or_insert(n)
-    }
-    let mut values: HashMap<&str, u32> = HashMap::new();
     let read_values: HashSet<&str> = all
         .iter()
         .filter_map(|o| match &o.outcome {
@@ -302,6 +350,18 @@ fn check_key(all: &[Op], budget: u64) -> KeyResult {
             _ => None,
         })
         .collect();
+    // Values are interned. A value no read returned is UNOBSERVED: the model cannot tell such
+    // values apart (reads compare values, everything else only asks whether the record
+    // exists), so their states merge. A read of a value no write carried gets an id of its
+    // own, which no state ever holds.
+    let mut values: HashMap<&str, u32> = HashMap::new();
+    let mut intern = |v: &str| -> u32 {
+        let Some(&seen) = read_values.get(v) else {
+            return UNOBSERVED;
+        };
+        let n = values.len() as u32 + 1;
+        *values.entry(seen).or_insert(n)
+    };
     // What cannot matter is left out (see the module doc).
     let kept: Vec<usize> = (0..all.len())
         .filter(|i| {
@@ -317,16 +377,18 @@ fn check_key(all: &[Op], budget: u64) -> KeyResult {
     let steps_of: Vec<Step> = kept
         .iter()
         .map(|i| match (&all[*i].call, &all[*i].outcome) {
-            (Call::Register(v), _) => Step::Register(intern(&mut values, v)),
-            (Call::Update(v), _) => Step::Update(intern(&mut values, v)),
+            (Call::Register(v), _) => Step::Register(intern(v)),
+            (Call::Update(v), _) => Step::Update(intern(v)),
             (Call::Remove, _) => Step::Remove,
-            (Call::Read, Outcome::Read(v)) => Step::Read(v.as_deref().map(|v| intern(&mut values, v))),
+            (Call::Read, Outcome::Read(v)) => Step::Read(v.as_deref().map(&mut intern)),
             // A read with an outcome that is not a read's never matches.
             (Call::Read, _) => Step::Read(Some(u32::MAX)),
         })
         .collect();
-    let names: HashMap<u32, String> = values.iter().map(|(k, v)| (*v, k.to_string())).collect();
+    let mut names: HashMap<u32, String> = values.iter().map(|(k, v)| (*v, k.to_string())).collect();
+    names.insert(UNOBSERVED, "(a value no read returned)".into());
     let n = kept.len();
+    let indeterminate: Vec<bool> = kept.iter().map(|i| all[*i].completed.is_none()).collect();
 
     // Entries: node 0 is the head; node 1 + 2k is op k's call, 2 + 2k its return.
     let call_node = |k: usize| 1 + 2 * k;
@@ -360,20 +422,50 @@ fn check_key(all: &[Op], budget: u64) -> KeyResult {
     // report, replaced only by a strictly deeper one.
     let mut best: Option<(Vec<usize>, State, Vec<usize>)> = None;
     let mut steps: u64 = 0;
+    // Done when every operation that completed is linearized: the indeterminate ones left
+    // never took effect (or took effect after everything, unseen).
+    let mut left = indeterminate.iter().filter(|i| !**i).count();
     let mut cur = next[0];
 
-    while next[0] != NIL {
+    while left > 0 {
         steps += 1;
         if steps > budget {
             return KeyResult::OutOfBudget { steps };
         }
         if is_call(cur) {
             let k = op_of(cur);
-            if let Some(s) = step(state, steps_of[k], &all[kept[k]].outcome) {
+            let mut next_state = step(state, steps_of[k], &all[kept[k]].outcome);
+            if indeterminate[k] {
+                // Two reductions, both sound because an indeterminate operation may always be
+                // left for the end instead (where whatever it does goes unseen): one that
+                // would change nothing here is not placed here; and of indeterminate
+                // operations with the same step, both invoked by now, only the earliest is
+                // tried (swapping two such operations in a linearization keeps it valid).
+                let twin_before = {
+                    let mut node = prev[cur];
+                    let mut found = false;
+                    while node != 0 {
+                        if is_call(node) && indeterminate[op_of(node)] && steps_of[op_of(node)] == steps_of[k]
+                        {
+                            found = true;
+                            break;
+                        }
+                        node = prev[node];
+                    }
+                    found
+                };
+                if next_state == Some(state) || twin_before {
+                    next_state = None;
+                }
+            }
+            if let Some(s) = next_state {
                 linearized[k / 64] |= 1 << (k % 64);
                 if cache.insert((linearized.clone(), s)) {
                     stack.push((cur, state));
                     state = s;
+                    if !indeterminate[k] {
+                        left -= 1;
+                    }
                     // Lift the call and its return out of the list.
                     let r = ret_node(k);
                     for node in [cur, r] {
@@ -414,6 +506,9 @@ fn check_key(all: &[Op], budget: u64) -> KeyResult {
             state = before;
             let k = op_of(call);
             linearized[k / 64] &= !(1 << (k % 64));
+            if !indeterminate[k] {
+                left += 1;
+            }
             // Put the return back, then the call (the reverse of lifting).
             for node in [ret_node(k), call] {
                 let (p, x) = (prev[node], next[node]);
