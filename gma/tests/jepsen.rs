@@ -855,7 +855,11 @@ fn the_directory_stays_linearizable_under_partitions_kills_and_pauses() {
         nem.done,
         report_path.display()
     );
-    eprintln!("jepsen: final records {finals:?}");
+    eprintln!(
+        "jepsen: at the end {} of the {} record ids used hold a record",
+        finals.values().filter(|v| v.is_some()).count(),
+        finals.len()
+    );
     let mut reasons: Vec<(usize, String)> = rec
         .unexpected
         .reasons
