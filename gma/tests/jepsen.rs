@@ -624,11 +624,20 @@ impl Nemesis {
 
     /// One fault: inject, hold, heal, quiet.
     fn run(&mut self, rt: &Runtime, m: &mut Members, rec: &Recorder, fault: Fault) {
-        // Half the time the leader (the interesting victim), else any member.
+        // The same draws in the same order whatever happens, so a seed replays the schedule;
+        // only who leads at the time depends on the run. Half the time the victim is the
+        // leader (the interesting one), else a member drawn at random.
+        let (want_leader, any, other_pick) = (
+            self.rng.random_bool(0.5),
+            self.rng.random_range(0..MEMBERS),
+            self.rng.random_range(0..MEMBERS - 1),
+        );
+        let hold = Duration::from_millis(self.rng.random_range(1000..3000));
+        let quiet = Duration::from_millis(self.rng.random_range(1000..2000));
         let l = leader(rt, m);
         let victim = match l {
-            Some(l) if self.rng.random_bool(0.5) => l,
-            _ => self.rng.random_range(0..MEMBERS),
+            Some(l) if want_leader => l,
+            _ => any,
         };
         let is_leader = l == Some(victim);
         let who = format!(
@@ -636,7 +645,6 @@ impl Nemesis {
             victim + 1,
             if is_leader { " (leader)" } else { "" }
         );
-        let hold = Duration::from_millis(self.rng.random_range(1000..3000));
         let others: Vec<usize> = (0..MEMBERS).filter(|j| *j != victim).collect();
         match fault {
             Fault::Partition => {
@@ -650,7 +658,7 @@ impl Nemesis {
                 }
             }
             Fault::Bridge => {
-                let other = others[self.rng.random_range(0..others.len())];
+                let other = others[other_pick];
                 m.seg.block(victim, other).unwrap();
                 self.note(
                     rec,
@@ -690,7 +698,6 @@ impl Nemesis {
         }
         self.note(rec, format!("healed {fault:?}"));
         *self.done.entry(fault).or_default() += 1;
-        let quiet = Duration::from_millis(self.rng.random_range(1000..2000));
         rt.block_on(quiet_period(quiet));
     }
 }
