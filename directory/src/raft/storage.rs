@@ -25,8 +25,10 @@
 //!   flushes too.
 //!   `purge` flushes the new `last_purged` before deleting entries, and `open` finishes a purge
 //!   that a crash interrupted, so the log never starts with a gap after `last_purged`.
-//!   `save_committed` is written but not flushed: losing it only means re-applying less on
-//!   restart.
+//!   `save_committed` is written but not flushed: losing it means re-applying less on
+//!   restart, and a member restored as leader in its old term makes reads wait until its log
+//!   is applied (`Shared::read_barrier`), since its stored commit index may trail what it
+//!   acknowledged.
 //! - The state machine lives in memory ([`SmShared`]) and is persisted only as snapshots: a
 //!   snapshot (meta and data in one batch) is flushed before `build_snapshot` or
 //!   `install_snapshot` returns, and `open` rebuilds the state from it. openraft then re-applies

@@ -4,6 +4,8 @@
 
 pub mod cdp;
 pub mod secure;
+pub mod linearizable;
+pub mod netns;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
