@@ -553,33 +553,58 @@ impl Log {
     }
 
     /// Deletes every segment whose records are all before `seq` (never the current one), after
-    /// the writes queued before this call; completes once the folder is fsynced. Returns the
+    /// the writes queued before this call; `done` is called once the folder is fsynced, with the
     /// segments removed.
-    pub async fn remove_before(&self, seq: u64) -> Result<Vec<u64>, LogError> {
+    pub fn on_removed_before(&self, seq: u64, done: Box<dyn FnOnce(Result<Vec<u64>, LogError>) + Send>) {
         let sh = self.shared();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let gone = {
-            let mut st = sh.state.lock();
-            if let Some(f) = &st.failed {
-                return Err(LogError::Failed(f.clone()));
-            }
-            let n = st.segments.windows(2).take_while(|w| w[1] <= seq).count();
-            if n == 0 {
-                return Ok(Vec::new());
-            }
-            let gone: Vec<u64> = st.segments.drain(..n).collect();
-            st.queue.push(Op::Remove(
-                gone.clone(),
-                Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            ));
-            gone
-        };
+        let mut st = sh.state.lock();
+        if let Some(f) = &st.failed {
+            let e = LogError::Failed(f.clone());
+            drop(st);
+            return done(Err(e));
+        }
+        let n = st.segments.windows(2).take_while(|w| w[1] <= seq).count();
+        if n == 0 {
+            drop(st);
+            return done(Ok(Vec::new()));
+        }
+        let gone: Vec<u64> = st.segments.drain(..n).collect();
+        let g2 = gone.clone();
+        st.queue
+            .push(Op::Remove(gone, Box::new(move |r| done(r.map(|()| g2)))));
+        drop(st);
         sh.wake.notify_one();
+    }
+
+    /// [`Log::on_removed_before`], awaited.
+    pub async fn remove_before(&self, seq: u64) -> Result<Vec<u64>, LogError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.on_removed_before(
+            seq,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
         rx.await
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))??;
-        Ok(gone)
+            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+    }
+
+    /// [`Log::on_removed_before`] for threads outside an async runtime.
+    pub fn remove_before_blocking(&self, seq: u64) -> Result<Vec<u64>, LogError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.on_removed_before(
+            seq,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv()
+            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+    }
+
+    /// The segment the next record goes to (its first seq).
+    pub fn tail_segment(&self) -> u64 {
+        self.shared().state.lock().tail_segment
     }
 
     /// Reads `len` bytes at `offset` of segment `segment` (a payload located by [`Pos`]).

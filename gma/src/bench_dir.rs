@@ -792,7 +792,7 @@ fn print(f: &Figures, output: Output) {
                 ("the node", "on the node")
             };
             println!(
-                "directory: {} node{}, real `gma directory` processes on 127.0.0.1, sled, 60 s leases",
+                "directory: {} node{}, real `gma directory` processes on 127.0.0.1, fsynced raft log, 60 s leases",
                 f.nodes,
                 if f.nodes > 1 { "s" } else { "" }
             );
