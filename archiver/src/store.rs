@@ -3200,7 +3200,7 @@ mod tests {
         let mut cut_asked = [1u64; 2];
         let mut crashes = 0;
         for round in 0..8 {
-            let store = Store::open_on(Arc::new(fs.clone()), tmp.path(), opts.clone())
+            let store = Store::open_on(Arc::new(fs.handle()), tmp.path(), opts.clone())
                 .map_err(|e| format!("round {round}: recovery failed: {e}"))?;
             let rps = store.resume_points();
             let mut next = [1u64; 2];

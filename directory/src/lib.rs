@@ -9,6 +9,8 @@
 //!   in a gma-durable log, fdatasynced before openraft is told; the state machine lives in
 //!   memory and is rebuilt from the latest snapshot file plus the log), and the tonic network
 //!   (raft RPCs, write forwarding, membership changes).
+//! - [`batch`]: concurrent writes proposed together as one raft entry (openraft 0.9 makes each
+//!   entry durable before it takes the next).
 //! - `service`: the tonic `Directory` implementation: writes are raft proposals (forwarded to
 //!   the leader from a follower), reads are linearizable by default; watchers fan out from the
 //!   state machine's broadcast and catch up from history.
@@ -21,6 +23,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod access;
+pub mod batch;
 pub mod error;
 pub mod raft;
 mod server;

@@ -359,7 +359,7 @@ pub async fn run_with_rpc(
             let s = forwarder.clone();
             Box::pin(async move {
                 let cmd = restamp(cmd, s.now_ms());
-                Reply(s.propose(cmd, false).await)
+                Reply::one(s.propose(cmd, false).await)
             })
         });
         RaftServer::new(RaftService {

@@ -101,6 +101,7 @@ pub(crate) fn restamp(cmd: Command, now: u64) -> Command {
         Command::Expire { .. } => Command::Expire { now_ms: now },
         Command::ExtendAll { .. } => Command::ExtendAll { now_ms: now },
         c @ Command::Remove { .. } => c,
+        Command::Batch(cs) => Command::Batch(cs.into_iter().map(|c| restamp(c, now)).collect()),
     }
 }
 
@@ -115,6 +116,8 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// The term in which this node, as leader, last extended every lease (0: never).
     extended_term: AtomicU64,
+    /// Concurrent writes go to raft together (one entry, one fdatasync).
+    batcher: crate::batch::Batcher,
 }
 
 fn unavailable(m: impl Into<String>) -> DirError {
@@ -161,6 +164,7 @@ async fn leader_client(
 
 impl Shared {
     pub fn new(config: DirectoryConfig, id: NodeId, raft: Raft, sm: Arc<SmShared>) -> Shared {
+        let batcher = crate::batch::Batcher::start(raft.clone());
         Shared {
             sm,
             raft,
@@ -170,6 +174,7 @@ impl Shared {
             stop: watch::channel(false).0,
             closed: AtomicBool::new(false),
             extended_term: AtomicU64::new(0),
+            batcher,
         }
     }
 
@@ -191,7 +196,7 @@ impl Shared {
             ));
         }
         let timeout = std::time::Duration::from_millis(self.config.write_timeout_ms);
-        let written = match tokio::time::timeout(timeout, self.raft.client_write(cmd.clone())).await {
+        let written = match tokio::time::timeout(timeout, self.batcher.write(cmd.clone())).await {
             Ok(r) => r,
             Err(_) => {
                 return Err(unavailable(format!(
@@ -201,7 +206,7 @@ impl Shared {
             }
         };
         match written {
-            Ok(r) => r.data.0,
+            Ok(r) => r,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 let Some(leader) = f.leader_node.filter(|_| may_forward) else {
                     return Err(unavailable(

@@ -940,7 +940,7 @@ mod tests {
         let mut acked: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         let mut floor = 1u64;
         for round in 0..4 {
-            let (log, rec) = Log::open(Arc::new(fs.clone()), dir, o.clone())
+            let (log, rec) = Log::open(Arc::new(fs.handle()), dir, o.clone())
                 .map_err(|e| format!("round {round}: recovery failed: {e}"))?;
             check(&rec, &acked, floor).map_err(|e| format!("round {round}: {e}"))?;
             // Appended but not (yet) acknowledged: acknowledged if a completed sync covers them.

@@ -85,6 +85,9 @@ struct State {
 #[derive(Clone, Default)]
 pub struct SimFs {
     st: Arc<Mutex<State>>,
+    /// A handle of one "boot" ([`SimFs::handle`]): dead after the next crash, like the process
+    /// that used it (a task left over from before the power loss must not write after it).
+    epoch: Option<u64>,
 }
 
 impl Debug for SimFs {
@@ -192,6 +195,21 @@ impl State {
 impl SimFs {
     pub fn new() -> SimFs {
         SimFs::default()
+    }
+
+    /// A handle for the storage of one run between crashes: every operation through it fails
+    /// once the power failed, also after the power is back.
+    pub fn handle(&self) -> SimFs {
+        let epoch = self.st.lock().epoch;
+        SimFs {
+            st: self.st.clone(),
+            epoch: Some(epoch),
+        }
+    }
+
+    /// The epoch this handle works in.
+    fn my_epoch(&self, st: &State) -> u64 {
+        self.epoch.unwrap_or(st.epoch)
     }
 
     /// The power fails at the `n`-th mutating operation from now (`n >= 1`): it and every later
@@ -356,12 +374,12 @@ impl Fs for SimFs {
     fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
         // Folders always exist (and are durable): the simulator models files and names.
         let st = self.st.lock();
-        st.alive(st.epoch)
+        st.alive(self.my_epoch(&st))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         Ok(st
             .names
             .keys()
@@ -372,14 +390,14 @@ impl Fs for SimFs {
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         let st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         let ino = st.ino(path)?;
         Ok(st.inodes.get(&ino).map(|i| i.current.clone()).unwrap_or_default())
     }
 
     fn read_at(&self, path: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         let ino = st.ino(path)?;
         let data = st.inodes.get(&ino).map(|i| &i.current[..]).unwrap_or_default();
         data.get(offset as usize..offset as usize + len)
@@ -389,7 +407,7 @@ impl Fs for SimFs {
 
     fn len(&self, path: &Path) -> io::Result<Option<u64>> {
         let st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         Ok(st
             .names
             .get(path)
@@ -399,7 +417,7 @@ impl Fs for SimFs {
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn FsFile>> {
         let mut st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         let ino = match st.names.get(path) {
             Some(ino) => *ino,
             None => {
@@ -410,13 +428,13 @@ impl Fs for SimFs {
         Ok(Box::new(SimFile {
             fs: self.clone(),
             ino,
-            epoch: st.epoch,
+            epoch: self.my_epoch(&st),
         }))
     }
 
     fn create(&self, path: &Path) -> io::Result<Box<dyn FsFile>> {
         let mut st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         st.tick()?;
         let ino = match st.names.get(path).copied() {
             Some(ino) => {
@@ -431,13 +449,13 @@ impl Fs for SimFs {
         Ok(Box::new(SimFile {
             fs: self.clone(),
             ino,
-            epoch: st.epoch,
+            epoch: self.my_epoch(&st),
         }))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         st.ino(path)?;
         st.tick()?;
         st.names.remove(path);
@@ -448,7 +466,7 @@ impl Fs for SimFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         let ino = st.ino(from)?;
         st.tick()?;
         st.names.remove(from);
@@ -462,7 +480,7 @@ impl Fs for SimFs {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         st.tick()?;
         let pending = std::mem::take(&mut st.pending_names);
         let mut rest = Vec::new();
@@ -479,7 +497,7 @@ impl Fs for SimFs {
 
     fn lock(&self, dir: &Path) -> io::Result<Box<dyn Send + Sync + Debug>> {
         let mut st = self.st.lock();
-        st.alive(st.epoch)?;
+        st.alive(self.my_epoch(&st))?;
         if st.locks.iter().any(|d| d == dir) {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,

@@ -297,6 +297,9 @@ fn command_to_pb(c: &Command) -> rpb::Command {
         }),
         Command::Expire { now_ms } => C::Expire(rpb::Expire { now_ms }),
         Command::ExtendAll { now_ms } => C::ExtendAll(rpb::ExtendAll { now_ms }),
+        Command::Batch(cs) => C::Batch(rpb::Batch {
+            commands: cs.iter().map(command_to_pb).collect(),
+        }),
     };
     rpb::Command { command: Some(c) }
 }
@@ -331,6 +334,12 @@ fn command_from_pb(c: rpb::Command) -> Result<Command, String> {
         },
         C::Expire(e) => Command::Expire { now_ms: e.now_ms },
         C::ExtendAll(e) => Command::ExtendAll { now_ms: e.now_ms },
+        C::Batch(b) => Command::Batch(
+            b.commands
+                .into_iter()
+                .map(command_from_pb)
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
     })
 }
 
@@ -388,6 +397,10 @@ mod tests {
             },
             Command::Expire { now_ms: 9 },
             Command::ExtendAll { now_ms: 10 },
+            Command::Batch(vec![
+                Command::Expire { now_ms: 1 },
+                Command::ExtendAll { now_ms: 2 },
+            ]),
         ];
         let mut recs: Vec<LogRecord> = cmds
             .into_iter()

@@ -55,7 +55,7 @@ use tokio::sync::{broadcast, Mutex, RwLock};
 use super::codec::LogRecord;
 use super::types::{Ack, LogId, Node, NodeId, Reply, StorageError, TypeConfig};
 use crate::error::DirError;
-use crate::state::{proto_serde, Change, DirectoryState, Limits, Persisted, RecordFilter};
+use crate::state::{proto_serde, Change, Command, DirectoryState, Limits, Persisted, RecordFilter};
 
 /// Version of [`SnapshotBody`]; a node refuses a snapshot of another version.
 const SNAPSHOT_FORMAT: u32 = 1;
@@ -681,6 +681,25 @@ impl SnapshotStore {
     }
 }
 
+/// Applies one command and broadcasts its changes (to watchers on this node).
+fn apply_one(
+    dir: &mut DirectoryState,
+    cmd: Command,
+    changes: &broadcast::Sender<Arc<pb::WatchEvent>>,
+) -> Result<Ack, DirError> {
+    dir.apply(cmd).map(|a| {
+        for c in &a.changes {
+            // No receivers (no watchers) is fine.
+            let _ = changes.send(Arc::new(c.to_pb()));
+        }
+        Ack {
+            lease_id: a.lease_id,
+            ttl_ms: a.ttl_ms,
+            revision: a.revision,
+        }
+    })
+}
+
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         // A consistent view: copy under the read lock, serialize after releasing it.
@@ -746,17 +765,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     st.last_membership = StoredMembership::new(Some(entry.log_id), m);
                     Reply::default()
                 }
-                EntryPayload::Normal(cmd) => Reply(st.dir.apply(cmd).map(|a| {
-                    for c in &a.changes {
-                        // No receivers (no watchers) is fine.
-                        let _ = self.shared.changes.send(Arc::new(c.to_pb()));
-                    }
-                    Ack {
-                        lease_id: a.lease_id,
-                        ttl_ms: a.ttl_ms,
-                        revision: a.revision,
-                    }
-                })),
+                EntryPayload::Normal(Command::Batch(cmds)) => {
+                    let each = cmds
+                        .into_iter()
+                        .map(|c| apply_one(&mut st.dir, c, &self.shared.changes))
+                        .collect();
+                    Reply(Ok(Ack::default()), each)
+                }
+                EntryPayload::Normal(cmd) => Reply::one(apply_one(&mut st.dir, cmd, &self.shared.changes)),
             };
             replies.push(reply);
         }
