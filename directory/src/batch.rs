@@ -40,6 +40,8 @@ pub struct Batcher {
     tx: mpsc::Sender<Queued>,
 }
 
+// openraft's RaftError is large; it is passed through to `propose` as openraft returns it.
+#[allow(clippy::result_large_err)]
 impl Batcher {
     /// Starts the batching task for `raft` (it ends when the batcher drops).
     pub fn start(raft: Raft) -> Batcher {
@@ -94,6 +96,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Queued>) {
     }
 }
 
+#[allow(clippy::result_large_err)]
 async fn propose(raft: &Raft, mut batch: Vec<Queued>) {
     if batch.len() == 1 {
         let Some(q) = batch.pop() else { return };
