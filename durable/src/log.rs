@@ -175,7 +175,10 @@ impl Drop for Handle {
         self.shared.state.lock().closing = true;
         self.shared.wake.notify_all();
         if let Some(w) = self.writer.take() {
-            let _ = w.join();
+            // The last handle may be dropped by a waiter running on the writer itself.
+            if w.thread().id() != std::thread::current().id() {
+                let _ = w.join();
+            }
         }
     }
 }

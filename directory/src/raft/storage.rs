@@ -61,6 +61,8 @@ use crate::state::{proto_serde, Change, Command, DirectoryState, Limits, Persist
 const SNAPSHOT_FORMAT: u32 = 1;
 /// First bytes of the snapshot file (its layout version in the last byte).
 const SNAPSHOT_MAGIC: &[u8; 8] = b"GMASNAP1";
+/// How long `open` waits for the folder's lock held by a handle this process is dropping.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Extension of the raft log's segment files.
 const LOG_EXT: &str = "log";
 
@@ -299,7 +301,18 @@ pub fn open_on(
         |what: &str, e: &dyn std::fmt::Display| DirError::Storage(format!("{what} {}: {e}", dir.display()));
     fs.create_dir_all(dir).map_err(|e| st("cannot create", &e))?;
     refuse_sled_layout(&*fs, dir)?;
-    let lock = fs.lock(dir).map_err(|e| st("cannot lock", &e))?;
+    // A member restarted inside one process (as tests do) may still be dropping the previous
+    // handle: retry the lock for a few seconds before refusing.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let lock = loop {
+        match fs.lock(dir) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(st("cannot lock", &e)),
+        }
+    };
 
     let (log, recovered) = Log::open(fs.clone(), &dir.join("log"), opts.log.clone())
         .map_err(|e| st("cannot open the raft log in", &e))?;
