@@ -5,7 +5,8 @@
 //!   random kind of loss, reopened; what comes back must be exactly the state after some prefix
 //!   of the operations issued that contains every acknowledged one.
 //! - `raft_survives_power_loss`: a single-node openraft on the simulated disk, concurrent client
-//!   writes, crash, restart; every acknowledged write is in the state machine, once.
+//!   writes through the batcher (entries of several commands), crash, restart; every
+//!   acknowledged write is in the state machine, once.
 //! - `*_ack_before_sync_is_caught`: the same with a log that acknowledges before fdatasync
 //!   must fail: the simulator finds the bug it exists for.
 //!
@@ -413,10 +414,12 @@ fn raft_run(seed: u64, cycles: usize, ack_before_sync: bool) -> Result<u64, Stri
                 }
             }
             fs.arm(rng.random_range(1..80));
+            // Through the batcher, as the service writes: entries carry batches of commands.
+            let batcher = Arc::new(gma_directory::batch::Batcher::start(raft.clone()));
             let mut tasks = tokio::task::JoinSet::new();
-            for _ in 0..4 {
-                let raft = raft.clone();
-                let ids: Vec<String> = (0..64)
+            for _ in 0..8 {
+                let batcher = batcher.clone();
+                let ids: Vec<String> = (0..32)
                     .map(|_| {
                         next += 1;
                         format!("p{next}")
@@ -426,8 +429,8 @@ fn raft_run(seed: u64, cycles: usize, ack_before_sync: bool) -> Result<u64, Stri
                 tasks.spawn(async move {
                     let mut ok = Vec::new();
                     for id in ids {
-                        match raft.client_write(register(&id)).await {
-                            Ok(resp) if resp.data.0.is_ok() => ok.push(id),
+                        match batcher.write(register(&id)).await {
+                            Ok(Ok(_)) => ok.push(id),
                             _ => break,
                         }
                     }
