@@ -30,7 +30,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DirectoryConfig {
-    /// Where the sled database lives (created if missing).
+    /// Where the raft log and snapshot live (`data_dir/raft`, created if missing).
     pub data_dir: PathBuf,
     /// Lease TTL when a registration asks for 0.
     #[serde(default = "defaults::default_ttl_ms")]
@@ -384,7 +384,7 @@ pub async fn run_with_rpc(
             let s = forwarder.clone();
             Box::pin(async move {
                 let cmd = restamp(cmd, s.now_ms());
-                Reply(s.propose(cmd, false).await)
+                Reply::one(s.propose(cmd, false).await)
             })
         });
         RaftServer::new(RaftService {

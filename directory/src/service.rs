@@ -101,6 +101,7 @@ pub(crate) fn restamp(cmd: Command, now: u64) -> Command {
         Command::Expire { .. } => Command::Expire { now_ms: now },
         Command::ExtendAll { .. } => Command::ExtendAll { now_ms: now },
         c @ Command::Remove { .. } => c,
+        Command::Batch(cs) => Command::Batch(cs.into_iter().map(|c| restamp(c, now)).collect()),
     }
 }
 
@@ -118,6 +119,8 @@ pub(crate) struct Shared {
     /// `(term, last log index at start)` when this member led when it stopped and openraft
     /// restored it as leader in that term (see [`Shared::read_barrier`]).
     restored: Option<(u64, u64)>,
+    /// Concurrent writes go to raft together (one entry, one fdatasync).
+    batcher: crate::batch::Batcher,
 }
 
 fn unavailable(m: impl Into<String>) -> DirError {
@@ -170,6 +173,7 @@ impl Shared {
         sm: Arc<SmShared>,
         restored: Option<(u64, u64)>,
     ) -> Shared {
+        let batcher = crate::batch::Batcher::start(raft.clone());
         Shared {
             sm,
             raft,
@@ -180,6 +184,7 @@ impl Shared {
             closed: AtomicBool::new(false),
             extended_term: AtomicU64::new(0),
             restored,
+            batcher,
         }
     }
 
@@ -201,7 +206,7 @@ impl Shared {
             ));
         }
         let timeout = std::time::Duration::from_millis(self.config.write_timeout_ms);
-        let written = match tokio::time::timeout(timeout, self.raft.client_write(cmd.clone())).await {
+        let written = match tokio::time::timeout(timeout, self.batcher.write(cmd.clone())).await {
             Ok(r) => r,
             Err(_) => {
                 return Err(unavailable(format!(
@@ -211,7 +216,7 @@ impl Shared {
             }
         };
         match written {
-            Ok(r) => r.data.0,
+            Ok(r) => r,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 let Some(leader) = f.leader_node.filter(|_| may_forward) else {
                     return Err(unavailable(
