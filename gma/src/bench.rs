@@ -44,6 +44,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             trials,
             output,
         } => crate::bench_dir::run(duration, trials, output).await,
+        BenchScenario::Etcd { duration, output } => crate::bench_etcd::run(duration, output).await,
         BenchScenario::Resched { trials, output } => crate::bench_resched::run(trials, output).await,
         BenchScenario::Archive {
             samples,

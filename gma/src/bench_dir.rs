@@ -39,7 +39,7 @@ use tonic::transport::Channel;
 use crate::bench::{cores, proc_usage};
 use crate::cli::Output;
 
-type DirClient = DirectoryClient<Channel>;
+pub(crate) type DirClient = DirectoryClient<Channel>;
 
 /// Lease TTL of every benchmark registration.
 const TTL_MS: u64 = 60_000;
@@ -126,7 +126,7 @@ impl Drop for Cluster {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")
         .context("cannot find a free port")?
         .local_addr()?
@@ -338,7 +338,7 @@ fn schema() -> pb::EventSchema {
 }
 
 /// A producer registration with a 60 s lease; the schema goes with every request.
-fn register_req(id: String, attributes: HashMap<String, String>) -> pb::RegisterRequest {
+pub(crate) fn register_req(id: String, attributes: HashMap<String, String>) -> pb::RegisterRequest {
     pb::RegisterRequest {
         record: Some(pb::Record {
             record: Some(pb::record::Record::Producer(pb::ProducerRecord {
@@ -354,7 +354,7 @@ fn register_req(id: String, attributes: HashMap<String, String>) -> pb::Register
     }
 }
 
-fn histogram() -> anyhow::Result<Histogram<u64>> {
+pub(crate) fn histogram() -> anyhow::Result<Histogram<u64>> {
     Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).context("cannot create a histogram")
 }
 
@@ -366,29 +366,116 @@ fn rpc_err(what: &str, s: &tonic::Status) -> anyhow::Error {
     anyhow!("{what}: {:?}: {}", s.code(), s.message())
 }
 
+/// What one throughput phase measured: acked operations, errors, latency of the acked ones and
+/// the CPU the server processes used meanwhile.
+pub(crate) struct OpFigures {
+    pub(crate) acked: u64,
+    pub(crate) errors: u64,
+    pub(crate) last_error: Option<String>,
+    pub(crate) seconds: f64,
+    pub(crate) cpu_cores: f64,
+    pub(crate) latency: Histogram<u64>,
+}
+
+impl OpFigures {
+    pub(crate) fn per_s(&self) -> f64 {
+        self.acked as f64 / self.seconds
+    }
+
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "acked_per_s": self.per_s(),
+            "acked": self.acked,
+            "errors": self.errors,
+            "latency_ms": pct(&self.latency),
+            "server_cpu_cores_used": self.cpu_cores,
+        })
+    }
+}
+
 struct RegFigures {
-    acked: u64,
-    errors: u64,
-    last_error: Option<String>,
-    seconds: f64,
-    cpu_cores: f64,
-    latency: Histogram<u64>,
+    ops: OpFigures,
     /// Ids acked by client 0, for the Search phase.
     ids: Vec<String>,
 }
 
-impl RegFigures {
-    fn per_s(&self) -> f64 {
-        self.acked as f64 / self.seconds
+/// `clients` concurrent loops of `op(client, n)` (n = 1, 2, ...) for `duration`: each loop
+/// awaits its operation before starting the next one. `cpu` reads the CPU seconds used so far
+/// by the server processes. The same harness drives the directory and etcd
+/// (`gma bench etcd`), so both are measured alike.
+pub(crate) async fn op_phase<F, Fut>(
+    cpu: &dyn Fn() -> f64,
+    clients: usize,
+    duration: Duration,
+    what: &str,
+    op: F,
+) -> anyhow::Result<OpFigures>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let cpu0 = cpu();
+    let t0 = Instant::now();
+    let deadline = t0 + duration;
+    let mut set = tokio::task::JoinSet::new();
+    for k in 0..clients {
+        let op = op.clone();
+        let mut r = OpFigures {
+            acked: 0,
+            errors: 0,
+            last_error: None,
+            seconds: 0.0,
+            cpu_cores: 0.0,
+            latency: histogram()?,
+        };
+        set.spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                n += 1;
+                let t = Instant::now();
+                match op(k, n).await {
+                    Ok(()) => {
+                        let _ = r.latency.record(micros(t.elapsed()));
+                        r.acked += 1;
+                    }
+                    Err(e) => {
+                        r.errors += 1;
+                        r.last_error = Some(e);
+                    }
+                }
+            }
+            r
+        });
     }
-}
-
-struct ClientResult {
-    acked: u64,
-    errors: u64,
-    last_error: Option<String>,
-    latency: Histogram<u64>,
-    ids: Vec<String>,
+    let mut f = OpFigures {
+        acked: 0,
+        errors: 0,
+        last_error: None,
+        seconds: 0.0,
+        cpu_cores: 0.0,
+        latency: histogram()?,
+    };
+    while let Some(r) = set.join_next().await {
+        let r = r.with_context(|| format!("a {what} client task failed"))?;
+        f.acked += r.acked;
+        f.errors += r.errors;
+        if r.last_error.is_some() {
+            f.last_error = r.last_error;
+        }
+        f.latency
+            .add(&r.latency)
+            .context("cannot merge latency histograms")?;
+    }
+    f.seconds = t0.elapsed().as_secs_f64();
+    f.cpu_cores = (cpu() - cpu0) / f.seconds;
+    if f.acked == 0 {
+        bail!(
+            "no {what} acked at {clients} client(s) ({} errors, last: {})",
+            f.errors,
+            f.last_error.as_deref().unwrap_or("none")
+        );
+    }
+    Ok(f)
 }
 
 /// `clients` concurrent register loops on `addr` (sharing up to 8 channels) for `duration`.
@@ -399,78 +486,48 @@ async fn register_phase(
     duration: Duration,
     prefix: &str,
 ) -> anyhow::Result<RegFigures> {
+    let channels = dir_channels(addr, clients).await?;
+    let ids = Arc::new(Mutex::new(Vec::new()));
+    let prefix = prefix.to_string();
+    let ops = {
+        let ids = ids.clone();
+        op_phase(
+            &|| cluster.cpu_total(),
+            clients,
+            duration,
+            "registration",
+            move |k, n| {
+                let mut c = channels[k % channels.len()].clone();
+                let id = format!("{prefix}-{k}-{n}");
+                let ids = ids.clone();
+                async move {
+                    c.register(register_req(id.clone(), HashMap::new()))
+                        .await
+                        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+                    if k == 0 {
+                        let mut ids = ids.lock().unwrap_or_else(|p| p.into_inner());
+                        if ids.len() < SEARCHES {
+                            ids.push(id);
+                        }
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .with_context(|| format!("on {addr}"))?
+    };
+    let ids = std::mem::take(&mut *ids.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(RegFigures { ops, ids })
+}
+
+/// Up to 8 shared channels to the directory at `addr` for `clients` clients.
+pub(crate) async fn dir_channels(addr: &str, clients: usize) -> anyhow::Result<Vec<DirClient>> {
     let mut channels = Vec::new();
     for _ in 0..clients.clamp(1, CHANNELS) {
         channels.push(dir_client(addr).await?);
     }
-    let cpu0 = cluster.cpu_total();
-    let t0 = Instant::now();
-    let deadline = t0 + duration;
-    let mut set = tokio::task::JoinSet::new();
-    for k in 0..clients {
-        let mut c = channels[k % channels.len()].clone();
-        let prefix = format!("{prefix}-{k}-");
-        let mut r = ClientResult {
-            acked: 0,
-            errors: 0,
-            last_error: None,
-            latency: histogram()?,
-            ids: Vec::new(),
-        };
-        set.spawn(async move {
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                n += 1;
-                let id = format!("{prefix}{n}");
-                let t = Instant::now();
-                match c.register(register_req(id.clone(), HashMap::new())).await {
-                    Ok(_) => {
-                        let _ = r.latency.record(micros(t.elapsed()));
-                        r.acked += 1;
-                        if k == 0 && r.ids.len() < SEARCHES {
-                            r.ids.push(id);
-                        }
-                    }
-                    Err(s) => {
-                        r.errors += 1;
-                        r.last_error = Some(format!("{:?}: {}", s.code(), s.message()));
-                    }
-                }
-            }
-            r
-        });
-    }
-    let mut f = RegFigures {
-        acked: 0,
-        errors: 0,
-        last_error: None,
-        seconds: 0.0,
-        cpu_cores: 0.0,
-        latency: histogram()?,
-        ids: Vec::new(),
-    };
-    while let Some(r) = set.join_next().await {
-        let r = r.context("a register client task failed")?;
-        f.acked += r.acked;
-        f.errors += r.errors;
-        if r.last_error.is_some() {
-            f.last_error = r.last_error;
-        }
-        f.latency
-            .add(&r.latency)
-            .context("cannot merge latency histograms")?;
-        f.ids.extend(r.ids);
-    }
-    f.seconds = t0.elapsed().as_secs_f64();
-    f.cpu_cores = (cluster.cpu_total() - cpu0) / f.seconds;
-    if f.acked == 0 {
-        bail!(
-            "no registration acked at {clients} client(s) on {addr} ({} errors, last: {})",
-            f.errors,
-            f.last_error.as_deref().unwrap_or("none")
-        );
-    }
-    Ok(f)
+    Ok(channels)
 }
 
 /// 2,000 Searches by exact id on `addr` (after the warm-up), each answering one record.
@@ -710,12 +767,12 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-fn pct(h: &Histogram<u64>) -> serde_json::Value {
+pub(crate) fn pct(h: &Histogram<u64>) -> serde_json::Value {
     serde_json::json!({"p50": ms(h, 0.5), "p99": ms(h, 0.99), "max": h.max() as f64 / 1000.0, "samples": h.len()})
 }
 
 /// (median, p90 by nearest rank, max) of unsorted samples.
-fn spread(samples: &[f64]) -> (f64, f64, f64) {
+pub(crate) fn spread(samples: &[f64]) -> (f64, f64, f64) {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
@@ -746,12 +803,12 @@ fn print(f: &Figures, output: Output) {
             "nodes": f.nodes,
             "machine_cores": cores(),
             "duration_s": f.duration_s,
-            "register_1_client_per_s": f.reg1.per_s(),
-            "register_64_clients_per_s": f.reg64.per_s(),
-            "register_errors": {"clients_1": f.reg1.errors, "clients_64": f.reg64.errors},
-            "register_last_error": {"clients_1": f.reg1.last_error, "clients_64": f.reg64.last_error},
-            "register_latency_ms": {"clients_1": pct(&f.reg1.latency), "clients_64": pct(&f.reg64.latency)},
-            "register_cpu_cores_used": {"clients_1": f.reg1.cpu_cores, "clients_64": f.reg64.cpu_cores},
+            "register_1_client_per_s": f.reg1.ops.per_s(),
+            "register_64_clients_per_s": f.reg64.ops.per_s(),
+            "register_errors": {"clients_1": f.reg1.ops.errors, "clients_64": f.reg64.ops.errors},
+            "register_last_error": {"clients_1": f.reg1.ops.last_error, "clients_64": f.reg64.ops.last_error},
+            "register_latency_ms": {"clients_1": pct(&f.reg1.ops.latency), "clients_64": pct(&f.reg64.ops.latency)},
+            "register_cpu_cores_used": {"clients_1": f.reg1.ops.cpu_cores, "clients_64": f.reg64.ops.cpu_cores},
             "search_linearizable_ms": pct(&f.search_lin),
             "search_stale_ms": pct(&f.search_stale),
             "watch_latency_ms": pct(&f.watch),
@@ -777,6 +834,7 @@ fn print(f: &Figures, output: Output) {
                 )
             };
             let reg = |r: &RegFigures| {
+                let r = &r.ops;
                 format!(
                     "{:>8.0} acked/s ({} in {:.1} s, {} errors), {:.2} cores  latency {}",
                     r.per_s(),
@@ -800,7 +858,7 @@ fn print(f: &Figures, output: Output) {
             println!("  machine cores            {}", cores());
             println!("  register, 1 client       {}", reg(&f.reg1));
             println!("  register, 64 clients     {}", reg(&f.reg64));
-            if let Some(e) = f.reg1.last_error.as_ref().or(f.reg64.last_error.as_ref()) {
+            if let Some(e) = f.reg1.ops.last_error.as_ref().or(f.reg64.ops.last_error.as_ref()) {
                 println!("  last register error      {e}");
             }
             println!("  search, linearizable     {} (leader)", lat(&f.search_lin));

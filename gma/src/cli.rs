@@ -441,6 +441,16 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The directory and etcd side by side (real processes, both fsync every acked write, the
+    /// same client harness): lease + write and plain writes at 1 and 64 clients, linearizable
+    /// reads; 1 and 3 nodes. Needs `etcd` on the PATH (Debian's etcd-server).
+    Etcd {
+        /// Seconds per throughput phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// The rescheduler: violation -> published decision latency (real gRPC, in one process)
     /// and the cost of one decision over 1,000 candidate hosts.
     Resched {

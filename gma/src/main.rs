@@ -7,6 +7,7 @@ mod bench_archive;
 mod bench_broker;
 mod bench_dashboard;
 mod bench_dir;
+mod bench_etcd;
 mod bench_fanout;
 mod bench_resched;
 mod bench_scale;
