@@ -64,12 +64,15 @@ pub fn check_marker(dir: &Path, on: bool) -> Result<(), String> {
     }
 }
 
+/// A stream's delivered fields and its extended series (`None` when the delivered schema
+/// already has a field of a provenance name).
+type Extended = (Arc<[pb::FieldSpec]>, Option<Arc<SeriesInfo>>);
+
 /// Adds the provenance fields to events. Remembers the extended schema of every stream.
 #[derive(Default)]
 pub struct Stamper {
-    /// (name, source, schema version) → (the delivered fields, the extended series; `None`
-    /// when the delivered schema already has a field of a provenance name).
-    streams: HashMap<(String, String, u32), (Arc<[pb::FieldSpec]>, Option<Arc<SeriesInfo>>)>,
+    /// (name, source, schema version) → its [`Extended`].
+    streams: HashMap<(String, String, u32), Extended>,
 }
 
 impl Stamper {

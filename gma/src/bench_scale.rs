@@ -13,7 +13,7 @@
 //!
 //! - 0.10 D: the archiver is killed with SIGKILL, stays down 5 s (at most D/10) and is started
 //!   again on its data; 0.85 D: again, restarted at once (`--no-archiver-kill`);
-//! - 0.20 D: the consumer process is stopped with SIGSTOP for D/6 s (at most 40 s,
+//! - 0.15 D: the consumer process is stopped with SIGSTOP for D/6 s (at most 40 s,
 //!   `--consumer-stop-s`), longer than its queue at the producer, then SIGCONT
 //!   (`--no-consumer-stop`);
 //! - 1/3 D: producer 0 is restarted gracefully (SIGTERM, then started again under the same
@@ -164,6 +164,8 @@ struct Role {
     earlier_cpu: f64,
     /// When the current incarnation started listening.
     started: Instant,
+    /// Processes started for this role (1 + restarts).
+    starts: u32,
 }
 
 impl Role {
@@ -185,6 +187,7 @@ impl Role {
             usage: Usage::default(),
             earlier_cpu: 0.0,
             started: Instant::now(),
+            starts: 0,
         };
         r.spawn().await?;
         Ok(r)
@@ -261,13 +264,16 @@ impl Role {
         }
         self.started = Instant::now();
         let (cpu, rss) = proc_usage(&self.pid)?;
-        self.usage = Usage {
-            cpu_start: cpu,
-            cpu_end: cpu,
-            rss_start: rss,
-            rss_peak: rss,
-            rss_end: rss,
-        };
+        // CPU per incarnation (earlier ones are added up); RSS at the first start, peak over
+        // every incarnation, and now.
+        if self.starts == 0 {
+            self.usage.rss_start = rss;
+        }
+        self.starts += 1;
+        self.usage.cpu_start = cpu;
+        self.usage.cpu_end = cpu;
+        self.usage.rss_peak = self.usage.rss_peak.max(rss);
+        self.usage.rss_end = rss;
         Ok(())
     }
 
@@ -339,23 +345,33 @@ impl Role {
         self.earlier_cpu + (self.usage.cpu_end - self.usage.cpu_start).max(0.0)
     }
 
-    /// Every run this producer role started, in order: (epoch, when it started, its last seq
-    /// from its stop line and when that line came).
-    fn runs(&self) -> Vec<(u64, Instant, Option<(u64, Instant)>)> {
-        let mut out: Vec<(u64, Instant, Option<(u64, Instant)>)> = Vec::new();
+    /// Every run this producer role started, in order, as its stderr told: the epoch when it
+    /// started, its last seq when it stopped.
+    fn runs(&self) -> Vec<RunSeen> {
+        let mut out: Vec<RunSeen> = Vec::new();
         for (at, l) in self.lines.lock().iter() {
             if let Some(e) = l.strip_prefix("gma producer run: epoch ") {
-                if let Ok(e) = e.trim().parse() {
-                    out.push((e, *at, None));
+                if let Ok(epoch) = e.trim().parse() {
+                    out.push(RunSeen {
+                        producer: self.name.clone(),
+                        epoch,
+                        started: *at,
+                        stop: None,
+                    });
                 }
             } else if let Some(rest) = l.strip_prefix("gma producer stopped: epoch ") {
                 let parsed = rest
                     .split_once(" last seq ")
                     .and_then(|(e, s)| Some((e.trim().parse::<u64>().ok()?, s.trim().parse::<u64>().ok()?)));
-                if let Some((e, n)) = parsed {
-                    match out.iter_mut().find(|r| r.0 == e) {
-                        Some(r) => r.2 = Some((n, *at)),
-                        None => out.push((e, *at, Some((n, *at)))),
+                if let Some((epoch, n)) = parsed {
+                    match out.iter_mut().find(|r| r.epoch == epoch) {
+                        Some(r) => r.stop = Some((n, *at)),
+                        None => out.push(RunSeen {
+                            producer: self.name.clone(),
+                            epoch,
+                            started: *at,
+                            stop: Some((n, *at)),
+                        }),
                     }
                 }
             }
@@ -372,6 +388,14 @@ impl Role {
             .map(|(_, l)| l.clone())
             .collect()
     }
+}
+
+/// The events a `gma subscribe` gap line reports lost
+/// (`gap from P: seqs A..=B (N events lost): reason`).
+fn gap_events(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once(" (")?;
+    let (n, _) = rest.split_once(" events lost")?;
+    n.parse().ok()
 }
 
 /// `l` without ANSI escape sequences (colored log lines).
@@ -672,16 +696,101 @@ enum Step {
     ProducerKill { producer: usize },
 }
 
+/// One producer run as its process reported it.
+struct RunSeen {
+    producer: String,
+    epoch: u64,
+    started: Instant,
+    /// Its last seq, from its stop line, and when that came.
+    stop: Option<(u64, Instant)>,
+}
+
+const END_STOPPED: &str = "stopped";
+const END_KILLED: &str = "kill -9";
+const END_UNKNOWN: &str = "no stop line";
+
 /// One producer run as accounted.
 struct Run {
     producer: String,
     epoch: u64,
+    /// How it ended: [`END_STOPPED`], [`END_KILLED`], [`END_UNKNOWN`].
+    end: &'static str,
     /// The last seq and where it came from.
     last: u64,
     last_from: String,
-    killed: bool,
     check: RunCheck,
+    /// Of a run without a stop line: its seqs above the highest the archive holds.
     undelivered_tail: u64,
+}
+
+/// Checks every run in `seen` against the archive's rows of it (taken out of `archived`) and
+/// blames each hole and duplicate on the fault whose window holds its sample time. A run
+/// without a stop line gets as last seq the highest known published: `killed` (its head read
+/// just before the SIGKILL), `heads` (what consumers were sent), the archive's highest; the
+/// seqs above the archive's highest are its undelivered tail, not loss.
+fn account(
+    seen: &[RunSeen],
+    archived: &mut HashMap<(String, u64), Vec<(u64, i64)>>,
+    killed: &HashMap<(String, u64), u64>,
+    heads: &HashMap<(String, u64), u64>,
+    faults: &mut [Fault],
+) -> Vec<Run> {
+    let mut runs = Vec::new();
+    for r in seen {
+        let key = (r.producer.clone(), r.epoch);
+        let mut rows = archived.remove(&key).unwrap_or_default();
+        rows.sort_unstable();
+        let archive_max = rows.last().map_or(0, |x| x.0);
+        let (end, last, last_from) = match r.stop {
+            Some((n, _)) => (END_STOPPED, n, "its stop line".to_string()),
+            None => {
+                let h = killed.get(&key).copied().unwrap_or(0);
+                let c = heads.get(&key).copied().unwrap_or(0);
+                (
+                    if killed.contains_key(&key) {
+                        END_KILLED
+                    } else {
+                        END_UNKNOWN
+                    },
+                    h.max(c).max(archive_max),
+                    format!(
+                        "highest seq known published: head before the kill {h}, consumers sent up to {c}, archive holds up to {archive_max}"
+                    ),
+                )
+            }
+        };
+        let mut seqs: Vec<u64> = rows.iter().map(|x| x.0).collect();
+        let check = check_run(&mut seqs, last);
+        let undelivered_tail = if end == END_STOPPED {
+            0
+        } else {
+            last - check.max_held
+        };
+        for &(a, b) in &check.missing_ranges {
+            if end != END_STOPPED && b == last && a > check.max_held {
+                continue; // the tail
+            }
+            if let Some(i) = time_near(&rows, a).and_then(|t| blame(faults, t)) {
+                faults[i].missing += b - a + 1;
+            }
+        }
+        for &d in &check.duplicated_seqs {
+            let copies = (rows.partition_point(|x| x.0 <= d) - rows.partition_point(|x| x.0 < d)) as u64;
+            if let Some(i) = time_near(&rows, d).and_then(|t| blame(faults, t)) {
+                faults[i].duplicated += copies - 1;
+            }
+        }
+        runs.push(Run {
+            producer: r.producer.clone(),
+            epoch: r.epoch,
+            end,
+            last,
+            last_from,
+            check,
+            undelivered_tail,
+        });
+    }
+    runs
 }
 
 pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
@@ -926,7 +1035,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
     }
     if plan.consumer_stop {
         let for_s = consumer_stop_s.unwrap_or((duration as f64 / 6.0).min(40.0));
-        plan_steps.push((d / 5, Step::ConsumerStop { for_s }));
+        plan_steps.push((d.mul_f64(0.15), Step::ConsumerStop { for_s }));
     }
     if plan.producer_restart {
         plan_steps.push((d / 3, Step::ProducerRestart));
@@ -1020,15 +1129,15 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
                 let mut f = Fault::new("producer_restart_sigterm", &ids[0], t0);
                 let p0 = &mut roles[0];
                 p0.terminate().await?;
-                let old = p0.runs().last().copied();
-                *restart_at.lock() = Some((Instant::now(), old.map_or(0, |r| r.0)));
+                let old = p0.runs().pop();
+                *restart_at.lock() = Some((Instant::now(), old.as_ref().map_or(0, |r| r.epoch)));
                 p0.spawn().await?;
                 f.end_ns = now_ns();
-                if let Some((e, _, last)) = old {
-                    f.set("old_epoch", json!(e));
-                    f.set("old_last_seq", json!(last.map(|l| l.0)));
+                if let Some(r) = old {
+                    f.set("old_epoch", json!(r.epoch));
+                    f.set("old_last_seq", json!(r.stop.map(|l| l.0)));
                 }
-                f.set("new_epoch", json!(p0.runs().last().map(|r| r.0)));
+                f.set("new_epoch", json!(p0.runs().pop().map(|r| r.epoch)));
                 faults.push(f);
             }
             Step::LeaderKill => {
@@ -1067,7 +1176,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
                 // What it published just before: a lower bound of its run's last seq.
                 let head = producer_head(&p.addr).await.ok();
                 p.kill9().await?;
-                let epoch = p.runs().last().map(|r| r.0);
+                let epoch = p.runs().pop().map(|r| r.epoch);
                 p.spawn().await?;
                 f.end_ns = now_ns();
                 if let Some(e) = epoch {
@@ -1076,7 +1185,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
                     f.set("epoch", json!(e));
                     f.set("head_before_kill", json!(h));
                 }
-                f.set("new_epoch", json!(p.runs().last().map(|r| r.0)));
+                f.set("new_epoch", json!(p.runs().pop().map(|r| r.epoch)));
                 faults.push(f);
             }
         }
@@ -1101,18 +1210,18 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         let behind: Vec<String> = roles
             .iter()
             .take(np)
-            .flat_map(|r| r.runs().into_iter().map(move |(e, _, l)| (r.name.clone(), e, l)))
-            .filter_map(|(p, e, l)| {
-                let (n, ended) = l?;
+            .flat_map(Role::runs)
+            .filter_map(|r| {
+                let (n, ended) = r.stop?;
                 if last_start.is_some_and(|s| ended < s) {
                     return None;
                 }
                 let got = st
                     .received
                     .iter()
-                    .find(|x| x.producer == p && x.epoch == e)
+                    .find(|x| x.producer == r.producer && x.epoch == r.epoch)
                     .map_or(0, |x| x.last_seq);
-                (got < n).then(|| format!("{p} epoch {e}: {got} of {n}"))
+                (got < n).then(|| format!("{} epoch {}: {got} of {n}", r.producer, r.epoch))
             })
             .collect();
         if behind.is_empty() {
@@ -1127,45 +1236,40 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // The consumer process: what it reported after SIGCONT (before the next fault).
+    // The consumer process: the gaps its producer reported to it after SIGCONT (until that
+    // producer was restarted or killed, which reports a gap of its own).
     if let Some((i, cont)) = open_stop {
-        {
-            let next = faults
-                .iter()
-                .filter(|f| f.start_ns > faults[i].end_ns)
-                .map(|f| f.start_ns)
-                .min();
-            let next_at = next.map(|n| cont + Duration::from_nanos((n - faults[i].end_ns).max(0) as u64));
-            let c = &mut roles[ic];
-            let gaps = c.lines_between("gap from ", cont, next_at);
-            let (events, max_seq) = c.printed.as_ref().map_or((0, 0), |p| {
-                let p = p.lock();
-                (p.events, p.max_seq)
-            });
-            let lost: u64 = gaps
-                .iter()
-                .filter_map(|l| {
-                    l.split_once(" (")
-                        .and_then(|(_, r)| r.split_once(" events lost"))
-                        .and_then(|(n, _)| n.parse::<u64>().ok())
-                })
-                .sum();
-            let before = faults[i]
-                .detail
-                .get("events_printed_before")
-                .and_then(|v| v.as_u64())
-                .unwrap_or(0);
-            let alive = c
-                .child
-                .as_mut()
-                .is_some_and(|ch| matches!(ch.try_wait(), Ok(None)));
-            faults[i].set("gaps_reported_to_it", json!(gaps.len()));
-            faults[i].set("events_reported_lost_to_it", json!(lost));
-            faults[i].set("gap_lines", json!(gaps.iter().take(4).collect::<Vec<_>>()));
-            faults[i].set("events_printed_after", json!(events.saturating_sub(before)));
-            faults[i].set("highest_seq_printed", json!(max_seq));
-            faults[i].set("alive_at_end", json!(alive));
-        }
+        let followed = &ids[stopped_producer];
+        let until = faults
+            .iter()
+            .filter(|f| f.start_ns > faults[i].end_ns && &f.target == followed)
+            .map(|f| cont + Duration::from_nanos((f.start_ns - faults[i].end_ns).max(0) as u64))
+            .min();
+        let c = &mut roles[ic];
+        let gaps = c.lines_between(&format!("gap from {followed}: "), cont, until);
+        let (events, max_seq) = c.printed.as_ref().map_or((0, 0), |p| {
+            let p = p.lock();
+            (p.events, p.max_seq)
+        });
+        let alive = c
+            .child
+            .as_mut()
+            .is_some_and(|ch| matches!(ch.try_wait(), Ok(None)));
+        let f = &mut faults[i];
+        let before = f
+            .detail
+            .get("events_printed_before")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        f.set("gaps_reported_to_it", json!(gaps.len()));
+        f.set(
+            "events_reported_lost_to_it",
+            json!(gaps.iter().filter_map(|l| gap_events(l)).sum::<u64>()),
+        );
+        f.set("gap_lines", json!(gaps.iter().take(4).collect::<Vec<_>>()));
+        f.set("events_printed_after", json!(events.saturating_sub(before)));
+        f.set("highest_seq_printed", json!(max_seq));
+        f.set("alive_at_end", json!(alive));
     }
     if plan.consumer_stop {
         let _ = roles[ic].kill9().await;
@@ -1205,64 +1309,17 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
 
     // The accounting, per run.
     let heads = heads.lock().clone();
-    let mut runs: Vec<Run> = Vec::new();
+    let seen: Vec<RunSeen> = roles.iter().take(np).flat_map(Role::runs).collect();
     // The fastest publishing rate of a run that stopped (seqs over its lifetime).
-    let mut rate_max = 0.0f64;
-    for r in roles.iter().take(np) {
-        for (epoch, started, stop) in r.runs() {
-            if let Some((n, ended)) = stop {
-                let lived = ended.saturating_duration_since(started).as_secs_f64();
-                if lived >= 1.0 {
-                    rate_max = rate_max.max(n as f64 / lived);
-                }
-            }
-            let key = (r.name.clone(), epoch);
-            let mut rows = archived.remove(&key).unwrap_or_default();
-            rows.sort_unstable();
-            let archive_max = rows.last().map_or(0, |x| x.0);
-            let (last, last_from, killed) = match (stop, killed_runs.get(&key)) {
-                (Some((n, _)), _) => (n, "its stop line".to_string(), false),
-                (None, head) => {
-                    let h = head.copied().unwrap_or(0);
-                    let c = heads.get(&key).copied().unwrap_or(0);
-                    (
-                        h.max(c).max(archive_max),
-                        format!(
-                            "killed: highest seq known published (head before the kill {h}, consumers sent up to {c}, archive holds up to {archive_max})"
-                        ),
-                        true,
-                    )
-                }
-            };
-            let mut seqs: Vec<u64> = rows.iter().map(|x| x.0).collect();
-            let check = check_run(&mut seqs, last);
-            let undelivered_tail = if killed { last - check.max_held } else { 0 };
-            // Blame each hole (not the killed run's tail) and duplicate on a fault.
-            for &(a, b) in &check.missing_ranges {
-                if killed && b == last && a > check.max_held {
-                    continue;
-                }
-                if let Some(i) = time_near(&rows, a).and_then(|t| blame(&faults, t)) {
-                    faults[i].missing += b - a + 1;
-                }
-            }
-            for &d in &check.duplicated_seqs {
-                let copies = (rows.partition_point(|x| x.0 <= d) - rows.partition_point(|x| x.0 < d)) as u64;
-                if let Some(i) = time_near(&rows, d).and_then(|t| blame(&faults, t)) {
-                    faults[i].duplicated += copies - 1;
-                }
-            }
-            runs.push(Run {
-                producer: r.name.clone(),
-                epoch,
-                last,
-                last_from,
-                killed,
-                check,
-                undelivered_tail,
-            });
-        }
-    }
+    let rate_max = seen
+        .iter()
+        .filter_map(|r| {
+            let (n, ended) = r.stop?;
+            let lived = ended.saturating_duration_since(r.started).as_secs_f64();
+            (lived >= 1.0).then(|| n as f64 / lived)
+        })
+        .fold(0.0, f64::max);
+    let runs = account(&seen, &mut archived, &killed_runs, &heads, &mut faults);
     let unknown_runs: Vec<String> = archived
         .keys()
         .filter(|(p, _)| ids.contains(p))
@@ -1280,7 +1337,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         if f.kind == "producer_kill9" {
             let tail: u64 = runs
                 .iter()
-                .filter(|r| r.killed && r.producer == f.target)
+                .filter(|r| r.end == END_KILLED && r.producer == f.target)
                 .map(|r| r.undelivered_tail)
                 .sum();
             f.set("undelivered_tail", json!(tail));
@@ -1332,7 +1389,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         .iter()
         .map(|r| {
             json!({
-                "name": r.name, "cpu_seconds": r.cpu_total(), "cpu_pct": 100.0 * r.cpu_total() / seconds,
+                "name": r.name, "starts": r.starts, "cpu_seconds": r.cpu_total(), "cpu_pct": 100.0 * r.cpu_total() / seconds,
                 "rss_mib_start": r.usage.rss_start, "rss_mib_peak": r.usage.rss_peak, "rss_mib_end": r.usage.rss_end,
             })
         })
@@ -1350,7 +1407,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         .iter()
         .map(|r| {
             json!({
-                "producer": r.producer, "epoch": r.epoch, "end": if r.killed { "kill -9" } else { "stopped" },
+                "producer": r.producer, "epoch": r.epoch, "end": r.end,
                 "last_seq": r.last, "last_seq_from": r.last_from,
                 "held": r.check.held, "missing": r.check.missing - r.undelivered_tail,
                 "undelivered_tail": r.undelivered_tail, "duplicated": r.check.duplicated,
@@ -1433,10 +1490,10 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
             );
             for r in &runs {
                 println!(
-                    "    {} epoch {}{}: 1..={} ({}), held {}, missing {}{}, duplicated {}, tail {}",
+                    "    {} epoch {} ({}): 1..={} ({}), held {}, missing {}{}, duplicated {}, tail {}",
                     r.producer,
                     r.epoch,
-                    if r.killed { " (kill -9)" } else { "" },
+                    r.end,
                     r.last,
                     r.last_from,
                     r.check.held,
@@ -1532,6 +1589,107 @@ mod tests {
         );
         let c = check_run(&mut [], 0);
         assert_eq!(c, RunCheck::default());
+    }
+
+    /// Every multiset of seqs from 1..=7 (each 0, 1 or 2 times, plus a stray 9) against a
+    /// plain count: held + missing = last, the ranges are exactly the absent seqs, duplicates
+    /// are the extra copies.
+    #[test]
+    fn check_run_agrees_with_counting_on_every_small_case() {
+        let last = 7u64;
+        for code in 0..3u32.pow(last as u32) {
+            let mut times = vec![0u64; last as usize + 1];
+            let mut seqs = vec![9];
+            let mut c = code;
+            for s in 1..=last {
+                times[s as usize] = u64::from(c % 3);
+                c /= 3;
+                seqs.extend(std::iter::repeat_n(s, times[s as usize] as usize));
+            }
+            seqs.reverse();
+            let r = check_run(&mut seqs, last);
+            let absent: Vec<u64> = (1..=last).filter(|s| times[*s as usize] == 0).collect();
+            let from_ranges: Vec<u64> = r.missing_ranges.iter().flat_map(|(a, b)| *a..=*b).collect();
+            assert_eq!(from_ranges, absent, "case {code}");
+            assert_eq!(r.missing, absent.len() as u64);
+            assert_eq!(r.held + r.missing, last);
+            assert_eq!(
+                r.duplicated,
+                times.iter().map(|t| t.saturating_sub(1)).sum::<u64>()
+            );
+            assert_eq!(r.outside, 1);
+            assert!(
+                r.missing_ranges.windows(2).all(|w| w[0].1 + 1 < w[1].0),
+                "ranges merged"
+            );
+        }
+    }
+
+    fn fault(start: i64, end: i64) -> Fault {
+        Fault {
+            kind: "x",
+            target: String::new(),
+            at_s: 0.0,
+            start_ns: start,
+            end_ns: end,
+            detail: Default::default(),
+            missing: 0,
+            duplicated: 0,
+        }
+    }
+
+    #[test]
+    fn a_killed_runs_tail_is_undelivered_and_a_hole_is_loss_blamed_on_its_fault() {
+        const S: i64 = 1_000_000_000;
+        let now = Instant::now();
+        let seen = vec![
+            RunSeen {
+                producer: "p0".into(),
+                epoch: 1,
+                started: now,
+                stop: Some((10, now)),
+            },
+            RunSeen {
+                producer: "p1".into(),
+                epoch: 2,
+                started: now,
+                stop: None,
+            },
+        ];
+        // p0: 1..=10 but 4..=5 (sampled at 4 s and 5 s), and 7 twice. p1: 1..=6, killed after
+        // publishing 9 (its head read before the kill).
+        let mut archived: HashMap<(String, u64), Vec<(u64, i64)>> = HashMap::new();
+        archived.insert(
+            ("p0".into(), 1),
+            [1, 2, 3, 6, 7, 7, 8, 9, 10]
+                .iter()
+                .map(|&q| (q, q as i64 * S))
+                .collect(),
+        );
+        archived.insert(("p1".into(), 2), (1..=6).map(|q| (q, q as i64 * S)).collect());
+        archived.insert(("p9".into(), 3), vec![(1, 0)]);
+        let killed = HashMap::from([(("p1".to_string(), 2), 9)]);
+        let heads = HashMap::from([(("p1".to_string(), 2), 8)]);
+        // A fault from 2.5 s to 3.5 s; another long after.
+        let mut faults = vec![fault(2 * S + S / 2, 3 * S + S / 2), fault(500 * S, 501 * S)];
+        let runs = account(&seen, &mut archived, &killed, &heads, &mut faults);
+        assert_eq!(runs.len(), 2);
+        let (p0, p1) = (&runs[0], &runs[1]);
+        assert_eq!(
+            (p0.end, p0.last, p0.check.missing, p0.check.duplicated),
+            (END_STOPPED, 10, 2, 1)
+        );
+        assert_eq!(p0.check.missing_ranges, vec![(4, 5)]);
+        assert_eq!(p0.undelivered_tail, 0);
+        assert_eq!(
+            (p1.end, p1.last, p1.check.missing, p1.undelivered_tail),
+            (END_KILLED, 9, 3, 3)
+        );
+        // The hole follows seq 3 (3 s): the first fault; so does the duplicate (7 s).
+        assert_eq!((faults[0].missing, faults[0].duplicated), (2, 1));
+        assert_eq!((faults[1].missing, faults[1].duplicated), (0, 0));
+        // Runs of other producers are left in `archived`.
+        assert_eq!(archived.len(), 1);
     }
 
     #[test]

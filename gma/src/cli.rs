@@ -537,7 +537,7 @@ pub enum BenchScenario {
         /// Churn without killing the archiver (SIGKILL and restart at 0.10 and 0.85 of the run).
         #[arg(long)]
         no_archiver_kill: bool,
-        /// Churn without stopping the consumer process (SIGSTOP at 0.20 of the run).
+        /// Churn without stopping the consumer process (SIGSTOP at 0.15 of the run).
         #[arg(long)]
         no_consumer_stop: bool,
         /// Churn without restarting producer 0 (SIGTERM at 1/3 of the run).
