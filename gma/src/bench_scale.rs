@@ -12,7 +12,9 @@
 //! At fixed fractions of `--duration` D:
 //!
 //! - 0.10 D: the archiver is killed with SIGKILL, stays down 5 s (at most D/10) and is started
-//!   again on its data; 0.85 D: again, restarted at once (`--no-archiver-kill`);
+//!   again on its data; 0.85 D: again, restarted at once (`--no-archiver-kill`). Each kill is
+//!   aimed at ingest in progress: it follows the moment the archiver's `Stats` show a new
+//!   group of deliveries noted (noted before they are appended and fsynced);
 //! - 0.15 D: the consumer process is stopped with SIGSTOP for D/6 s (at most 40 s,
 //!   `--consumer-stop-s`), longer than its queue at the producer, then SIGCONT
 //!   (`--no-consumer-stop`);
@@ -475,6 +477,44 @@ async fn wait_following(addr: &str, producers: &[String], timeout: Duration) -> 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Polls the archiver's `Stats` until the events it has noted as received change (its ingest
+/// notes a group of deliveries before it appends and fsyncs them), within `timeout`. Returns
+/// those stats, or `None` when nothing moved.
+async fn ingest_moves(addr: &str, timeout: Duration) -> Option<pb::ArchiveStatsResponse> {
+    let mut c = archive_client(addr).await.ok()?;
+    let deadline = Instant::now() + timeout;
+    let mut first = None;
+    while Instant::now() < deadline {
+        let st = c.stats(pb::ArchiveStatsRequest {}).await.ok()?.into_inner();
+        let n: u64 = st.received.iter().map(|r| r.events).sum();
+        match first {
+            None => first = Some(n),
+            Some(f) if n != f => return Some(st),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Events a restarted archiver received again: per run, those the killed one had noted
+/// (`before`) from the seq the new one resumed at (`after`: it receives every seq of a run from
+/// its durable resume point, so its first seq is `last_seq - events + 1`). Not durable when the
+/// kill came, so delivered again — neither lost nor stored twice, the read-back checks.
+fn redelivered(before: &pb::ArchiveStatsResponse, after: &pb::ArchiveStatsResponse) -> u64 {
+    after
+        .received
+        .iter()
+        .filter_map(|a| {
+            let b = before
+                .received
+                .iter()
+                .find(|b| b.producer == a.producer && b.epoch == a.epoch)?;
+            let resumed_at = (a.last_seq + 1).saturating_sub(a.events);
+            Some((b.last_seq + 1).saturating_sub(resumed_at).min(a.events))
+        })
+        .sum()
 }
 
 /// The highest seq producer `addr` has published in its current run: (epoch, seq), from the
@@ -1061,7 +1101,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
     // Open faults: index into `faults` of the stopped consumer's and the killed leader's.
     let mut open_stop: Option<(usize, Instant)> = None;
     let mut open_leader: Option<usize> = None;
-    // (when, what) of every archiver start after the first.
+    // When each archiver after the first started.
     let mut archiver_starts: Vec<Instant> = Vec::new();
     let mut killed_runs: HashMap<(String, u64), u64> = HashMap::new();
     while Instant::now() < end || !steps.is_empty() {
@@ -1073,26 +1113,30 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         let Some(&(when, step)) = steps.front() else {
             continue;
         };
-        // Follow-ups (SIGCONT, rejoin) always run; new faults only within the duration.
-        let follow_up = matches!(step, Step::ConsumerCont | Step::LeaderRejoin { .. });
         if elapsed < when {
             continue;
         }
+        // Every planned fault runs, in order, even when earlier ones ran late (a short run then
+        // lasts longer than --duration; `duration_s` says how long).
         steps.pop_front();
-        if Instant::now() >= end && !follow_up {
-            continue;
-        }
         match step {
             Step::ArchiverKill { down } => {
-                let mut f = Fault::new("archiver_kill9", "archiver", t0);
                 let a = &mut roles[ia];
+                // Aimed at ingest in progress: the kill follows the moment the archiver notes a
+                // new group (before it appends and fsyncs it).
+                let noted = ingest_moves(&a.addr, Duration::from_secs(3)).await;
+                let mut f = Fault::new("archiver_kill9", "archiver", t0);
                 a.kill9().await?;
                 let killed = Instant::now();
+                f.set("aimed_at_ingest", json!(noted.is_some()));
                 tokio::time::sleep(down).await;
                 a.spawn().await?;
                 archiver_starts.push(a.started);
                 let restarted = killed.elapsed();
                 let resumed = wait_following(&a.addr, &ids, Duration::from_secs(120)).await?;
+                if let (Some(b), Ok(after)) = (&noted, archive_stats(&a.addr).await) {
+                    f.set("redelivered_after_restart", json!(redelivered(b, &after)));
+                }
                 f.end_ns = now_ns();
                 f.set("down_s", json!(down.as_secs_f64()));
                 f.set("restarted_after_ms", json!(restarted.as_secs_f64() * 1e3));
@@ -1690,6 +1734,26 @@ mod tests {
         assert_eq!((faults[1].missing, faults[1].duplicated), (0, 0));
         // Runs of other producers are left in `archived`.
         assert_eq!(archived.len(), 1);
+    }
+
+    #[test]
+    fn redelivered_counts_what_the_killed_archiver_had_noted_again() {
+        let rec = |p: &str, epoch, last_seq, events| pb::ArchiveReceived {
+            producer: p.into(),
+            epoch,
+            last_seq,
+            events,
+        };
+        let before = pb::ArchiveStatsResponse {
+            received: vec![rec("p0", 1, 100, 100), rec("p1", 1, 50, 50)],
+            ..Default::default()
+        };
+        // p0 resumed at 91 (90 durable: 10 again), p1 at 51 (nothing again), p2 unknown before.
+        let after = pb::ArchiveStatsResponse {
+            received: vec![rec("p0", 1, 120, 30), rec("p1", 1, 60, 10), rec("p2", 1, 9, 9)],
+            ..Default::default()
+        };
+        assert_eq!(redelivered(&before, &after), 10);
     }
 
     #[test]
