@@ -887,17 +887,20 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         roles.push(Role::start(&id, args, Some("gma producer listening on"), false).await?);
         ids.push(id);
     }
-    // The archiver keeps everything (no keep rule) and stores each event's run and seq.
+    // The archiver keeps everything (no keep rule) and stores each event's run and seq. It
+    // checkpoints every D/15 s (at most 20 s, not the default 300 s), so its kills find sealed
+    // chunks and a write-ahead tail to replay next to them (rows already sealed are skipped).
     let data = tmp.path().join("archive");
     let keep = match lossy_keep {
         Some(n) => format!("\n[[keep]]\npattern = \"host.cpu\"\nsample_normal = {n}\n"),
         None => String::new(),
     };
+    let checkpoint_s = (duration / 15).clamp(1, 20);
     let arch_conf = tmp.path().join("archiver.toml");
     std::fs::write(
         &arch_conf,
         format!(
-            "listen = \"127.0.0.1:0\"\ndirectory = {dirs:?}\ndata_dir = {:?}\nid = {ARCHIVER_ID:?}\nprovenance = true\n{keep}",
+            "listen = \"127.0.0.1:0\"\ndirectory = {dirs:?}\ndata_dir = {:?}\nid = {ARCHIVER_ID:?}\nprovenance = true\n{keep}\n[store]\ncheckpoint_interval_s = {checkpoint_s}\n",
             data.display().to_string()
         ),
     )?;
@@ -1485,6 +1488,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         "setup_s": setup_s,
         "hosts": hosts, "producers": producers, "consumers": consumers, "churn": churn,
         "lossy_keep": lossy_keep,
+        "archiver_checkpoint_s": checkpoint_s,
         "loss": {
             "checked_by": "Archive.Query read-back of every row's _gma_run/_gma_seq after the archiver restarted on its data",
             "published": published,
