@@ -9,12 +9,14 @@
 //!
 //! # Faults (churn, default; each can be turned off)
 //!
-//! At fixed fractions of `--duration` D:
+//! At fixed fractions of `--duration` D (in order: a fault that runs late delays the next; every
+//! planned fault runs, so a short run may last longer than D):
 //!
 //! - 0.10 D: the archiver is killed with SIGKILL, stays down 5 s (at most D/10) and is started
 //!   again on its data; 0.85 D: again, restarted at once (`--no-archiver-kill`). Each kill is
 //!   aimed at ingest in progress: it follows the moment the archiver's `Stats` show a new
-//!   group of deliveries noted (noted before they are appended and fsynced);
+//!   group of deliveries noted (noted before they are appended and fsynced). The archiver
+//!   checkpoints every D/15 s (at most 20 s), so a kill finds sealed chunks and a log tail;
 //! - 0.15 D: the consumer process is stopped with SIGSTOP for D/6 s (at most 40 s,
 //!   `--consumer-stop-s`), longer than its queue at the producer, then SIGCONT
 //!   (`--no-consumer-stop`);
