@@ -1285,8 +1285,8 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // The consumer process: the gaps its producer reported to it after SIGCONT (until that
-    // producer was restarted or killed, which reports a gap of its own).
+    // The consumer process: the drops its producer reported to it after SIGCONT (until that
+    // producer was restarted or killed).
     if let Some((i, cont)) = open_stop {
         let followed = &ids[stopped_producer];
         let until = faults
@@ -1295,7 +1295,8 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
             .map(|f| cont + Duration::from_nanos((f.start_ns - faults[i].end_ns).max(0) as u64))
             .min();
         let c = &mut roles[ic];
-        let gaps = c.lines_between(&format!("gap from {followed}: "), cont, until);
+        // Drops have a seq range; a restart's gap ("producer restarted ...") has none.
+        let gaps = c.lines_between(&format!("gap from {followed}: seqs "), cont, until);
         let (events, max_seq) = c.printed.as_ref().map_or((0, 0), |p| {
             let p = p.lock();
             (p.events, p.max_seq)
