@@ -7,6 +7,7 @@
 //!   write-ahead log with group commit (both gma-durable logs), resume points, queries with
 //!   in-scan downsampling, retention, stats.
 //! - [`keep`]: the keep-policy (every abnormal event, a sampling of normal ones).
+//! - [`provenance`]: optionally, each event's producer run and seq stored with it.
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
 //! - [`service`]: the `Archive` gRPC service.
@@ -20,6 +21,7 @@ use parking_lot::Mutex;
 
 pub mod chunk;
 pub mod keep;
+pub mod provenance;
 pub mod server;
 pub mod service;
 pub mod store;

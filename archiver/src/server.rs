@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::keep::{KeepRule, Keeper};
+use crate::provenance::Stamper;
 use crate::service::ArchiveService;
 use crate::store::{Store, StoreOptions};
 use crate::Counters;
@@ -90,6 +91,10 @@ pub struct ArchiverConfig {
     /// How often retention runs.
     pub retention_interval_s: u64,
     pub keep: Vec<KeepRule>,
+    /// Store each event's producer run and seq with it (fields `_gma_run`, `_gma_seq`), so
+    /// the archive can be checked seq by seq ([`crate::provenance`]). A data directory keeps
+    /// the setting it was created with.
+    pub provenance: bool,
     pub store: StoreTuning,
     pub tls: gma_core::tls::ServerTls,
     #[serde(rename = "access_policy")]
@@ -119,6 +124,7 @@ impl Default for ArchiverConfig {
             retention: Vec::new(),
             retention_interval_s: 60,
             keep: Vec::new(),
+            provenance: false,
             store: StoreTuning::default(),
             tls: Default::default(),
             policy: None,
@@ -280,6 +286,7 @@ pub async fn run_with_rpc(
         )
     });
     let dir = config.data_dir.clone();
+    crate::provenance::check_marker(&dir, config.provenance).map_err(ArchiverError::Config)?;
     let store = Arc::new(
         tokio::task::spawn_blocking(move || Store::open(&dir, store_opts))
             .await
@@ -316,6 +323,7 @@ pub async fn run_with_rpc(
             sub,
             store.clone(),
             keeper,
+            config.provenance.then(Stamper::default),
             counters.clone(),
             stop_rx.clone(),
         ))
@@ -388,6 +396,7 @@ async fn ingest_loop(
     mut sub: Subscriber,
     store: Arc<Store>,
     mut keeper: Keeper,
+    mut stamper: Option<Stamper>,
     counters: Arc<Counters>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -422,6 +431,9 @@ async fn ingest_loop(
                     let kept = keeper.filter(&mut events);
                     counters.add(&counters.kept_abnormal, kept.abnormal);
                     counters.add(&counters.sampled_out, kept.sampled_out);
+                    if let Some(st) = stamper.as_mut() {
+                        st.stamp(&producer, resume.epoch, &mut events);
+                    }
                     samples += events
                         .iter()
                         .map(|e| (e.numbers.len() + e.strings.len()) as u64)

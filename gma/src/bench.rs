@@ -86,8 +86,38 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             consumers,
             duration,
             no_churn,
+            no_archiver_kill,
+            no_consumer_stop,
+            no_producer_restart,
+            no_leader_kill,
+            no_producer_kill,
+            consumer_stop_s,
+            lossy_keep,
             output,
-        } => crate::bench_scale::scale(hosts, producers, consumers, duration, !no_churn, output).await,
+        } => {
+            let faults = if no_churn {
+                crate::bench_scale::Faults::NONE
+            } else {
+                crate::bench_scale::Faults {
+                    archiver_kill: !no_archiver_kill,
+                    consumer_stop: !no_consumer_stop,
+                    producer_restart: !no_producer_restart,
+                    leader_kill: !no_leader_kill,
+                    producer_kill: !no_producer_kill,
+                }
+            };
+            crate::bench_scale::scale(crate::bench_scale::ScaleOptions {
+                hosts,
+                producers,
+                consumers,
+                duration,
+                faults,
+                consumer_stop_s,
+                lossy_keep,
+                output,
+            })
+            .await
+        }
         BenchScenario::Broker {
             resources,
             duration,

@@ -532,8 +532,9 @@ pub enum BenchScenario {
     },
     /// The fabric at grid scale: simulated hosts in several producer processes, a 3-node
     /// directory, an archiver, a broker and dashboard-style consumers; loss by seq accounting
-    /// (producer -> archiver), latency, CPU and RSS of every process; with churn (a producer
-    /// restart, a directory leader killed and restarted).
+    /// (producer -> archiver, read back from the archive), latency, CPU and RSS of every
+    /// process; with churn (the archiver, a producer and the directory leader killed with
+    /// SIGKILL, a producer restarted, a consumer stopped with SIGSTOP).
     Scale {
         #[arg(long, default_value_t = 1000)]
         hosts: u32,
@@ -544,9 +545,31 @@ pub enum BenchScenario {
         /// Seconds of measurement (after setup).
         #[arg(long, default_value_t = 300)]
         duration: u64,
-        /// No producer restart or directory kill.
+        /// No faults at all (none of those below).
         #[arg(long)]
         no_churn: bool,
+        /// Churn without killing the archiver (SIGKILL and restart at 0.10 and 0.85 of the run).
+        #[arg(long)]
+        no_archiver_kill: bool,
+        /// Churn without stopping the consumer process (SIGSTOP at 0.15 of the run).
+        #[arg(long)]
+        no_consumer_stop: bool,
+        /// Churn without restarting producer 0 (SIGTERM at 1/3 of the run).
+        #[arg(long)]
+        no_producer_restart: bool,
+        /// Churn without killing the directory leader (SIGKILL at half the run).
+        #[arg(long)]
+        no_leader_kill: bool,
+        /// Churn without killing producer 1 (SIGKILL at 0.70 of the run).
+        #[arg(long)]
+        no_producer_kill: bool,
+        /// Seconds the consumer process stays stopped (default: a sixth of the run, at most 40).
+        #[arg(long)]
+        consumer_stop_s: Option<f64>,
+        /// Shows that the per-seq check finds loss: the archiver keeps one host.cpu event in N
+        /// (a keep rule), so the others are reported missing.
+        #[arg(long)]
+        lossy_keep: Option<u64>,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -235,6 +235,9 @@ pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     if let Some(addr) = &prometheus {
         crate::telemetry::serve_producer_values(addr, p.hub.clone(), &door).await?;
     }
+    // The run (epoch) this process publishes, for whoever accounts for it by seq (gma bench
+    // scale): a run killed with SIGKILL never prints its stop line.
+    eprintln!("gma producer run: epoch {}", p.hub.epoch());
     eprintln!("gma producer listening on {}", listener.local_addr()?);
     let hub = p.hub.clone();
     p.run(listener, shutdown_signal())

@@ -107,11 +107,57 @@ fn scale_with_churn_loses_nothing() {
     ])[0];
     let loss = &o["loss"];
     assert!(loss["published"].as_u64().unwrap() > 0, "{o}");
-    assert_eq!(loss["missing_at_archiver"], 0, "{o}");
-    assert_eq!(loss["archiver_gap_events"], 0, "{o}");
-    assert_eq!(loss["consumer_gap_events"], 0, "{o}");
-    // Producer 0 restarted: three runs in all (its two and producer 1's).
-    assert_eq!(loss["runs"].as_array().unwrap().len(), 3, "{o}");
+    // Read back from the archive, per seq.
+    assert_eq!(
+        loss["held"],
+        loss["published"].as_u64().unwrap() - loss["undelivered_tail"].as_u64().unwrap(),
+        "{o}"
+    );
+    for k in [
+        "missing_at_archiver",
+        "duplicated_at_archiver",
+        "outside_published",
+        "malformed_rows",
+        "consumer_gap_events",
+    ] {
+        assert_eq!(loss[k], 0, "{k}: {o}");
+    }
+    assert_eq!(loss["unknown_runs"].as_array().unwrap().len(), 0, "{o}");
+    // Producer 0 restarted, producer 1 killed and restarted: four runs, each held whole (the
+    // killed one but for its undelivered tail).
+    let runs = loss["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{o}");
+    assert_eq!(runs.iter().filter(|r| r["end"] == "kill -9").count(), 1, "{o}");
+    for r in runs {
+        assert_eq!(r["missing"], 0, "{r}");
+        assert_eq!(r["duplicated"], 0, "{r}");
+        assert!(r["last_seq"].as_u64().unwrap() > 0, "{r}");
+    }
+    // Every fault ran, and none is blamed for a loss.
+    let faults = o["faults"].as_array().unwrap();
+    let kinds: Vec<&str> = faults.iter().filter_map(|f| f["kind"].as_str()).collect();
+    for (k, n) in [
+        ("archiver_kill9", 2),
+        ("consumer_sigstop", 1),
+        ("producer_restart_sigterm", 1),
+        ("directory_leader_kill9", 1),
+        ("producer_kill9", 1),
+    ] {
+        assert_eq!(kinds.iter().filter(|x| **x == k).count(), n, "{k}: {kinds:?}");
+    }
+    for f in faults {
+        assert_eq!(f["loss_attributed"]["missing"], 0, "{f}");
+        assert_eq!(f["loss_attributed"]["duplicated"], 0, "{f}");
+    }
+    // The stopped consumer came back and went on printing.
+    let stop = faults.iter().find(|f| f["kind"] == "consumer_sigstop").unwrap();
+    assert_eq!(stop["alive_at_end"], true, "{stop}");
+    assert!(stop["events_printed_after"].as_u64().unwrap() > 0, "{stop}");
+    let w = &o["resume_window"];
+    assert!(
+        w["window_s"].as_f64().unwrap() > w["longest_archiver_outage_s"].as_f64().unwrap(),
+        "{w}"
+    );
     assert_eq!(o["consumer_recovery_ms"]["consumers"], 4, "{o}");
     let names: Vec<&str> = o["processes"]
         .as_array()
@@ -124,10 +170,50 @@ fn scale_with_churn_loses_nothing() {
         "scale-p1",
         "archiver",
         "broker",
+        "consumer (gma subscribe, SIGSTOP)",
         "directory-1",
         "directory-2",
         "directory-3",
     ] {
         assert!(names.contains(&n), "{names:?}");
     }
+}
+
+/// The per-seq check can fail: with a keep rule storing one host.cpu event in 2, the archive
+/// lacks the others and the benchmark says so, run by run.
+#[test]
+fn scale_check_counts_what_the_archive_does_not_hold() {
+    let o = &bench(&[
+        "scale",
+        "--hosts",
+        "40",
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--duration",
+        "3",
+        "--no-churn",
+        "--lossy-keep",
+        "2",
+    ])[0];
+    let loss = &o["loss"];
+    assert!(loss["missing_at_archiver"].as_u64().unwrap() > 0, "{o}");
+    assert_eq!(loss["duplicated_at_archiver"], 0, "{o}");
+    let runs = loss["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{o}");
+    for r in runs {
+        assert!(r["missing"].as_u64().unwrap() > 0, "{r}");
+        assert!(!r["missing_ranges"].as_array().unwrap().is_empty(), "{r}");
+        assert_eq!(
+            r["held"].as_u64().unwrap() + r["missing"].as_u64().unwrap(),
+            r["last_seq"].as_u64().unwrap(),
+            "{r}"
+        );
+    }
+    // No fault ran: the loss is unattributed.
+    assert_eq!(
+        loss["unattributed"]["missing"], loss["missing_at_archiver"],
+        "{o}"
+    );
 }

@@ -322,3 +322,43 @@ fn bad_filters_get_a_precise_invalid_argument() {
         }
     }
 }
+
+/// Regression: closing an HTTP/2 connection gracefully waits for the peer's answer to a PING,
+/// so a producer told to stop (SIGTERM) while one of its consumers was stopped (SIGSTOP) used
+/// to wait for its keep-alive timeout (~30 s, seen in `gma bench scale`). It now drains its
+/// streams, gives the connections a bounded time to close and exits.
+#[test]
+fn a_producer_stops_while_a_consumer_is_frozen() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let sim = sim_file(tmp.path(), 100, &[("h1", 1.0), ("h2", 2.0)]);
+    let mut p = sim_producer(&dir, &sim, &[]);
+    let mut sub = Proc::start(
+        &["subscribe", "host.*", "--producer", &p.addr, "--output", "json"],
+        "",
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || !sub.stdout_lines().is_empty()),
+        "the consumer printed nothing: {}",
+        sub.stderr_text()
+    );
+    let pid = sub.child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = p.terminate();
+    let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
+    sub.kill();
+    assert!(
+        stopped.is_some(),
+        "the producer did not exit within 10 s of SIGTERM while a consumer was stopped: {}",
+        p.stderr_text()
+    );
+    assert!(
+        p.stderr_text().contains("gma producer stopped: epoch "),
+        "{}",
+        p.stderr_text()
+    );
+}

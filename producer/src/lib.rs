@@ -404,6 +404,7 @@ impl Producer {
         // On shutdown: stop sensors and the registrar (which removes our record), and end every
         // subscription stream so the server's graceful shutdown does not wait on consumers.
         let stopping = stop_tx.clone();
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
         let shutdown = async move {
             shutdown.await;
             // Sensors stop first; then every stream sends the events it has not sent yet and
@@ -420,6 +421,7 @@ impl Producer {
             }
             let n = registry.cancel_every();
             tracing::info!(cut_off = n, "producer shutting down");
+            let _ = drained_tx.send(());
         };
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = tls {
@@ -439,7 +441,7 @@ impl Producer {
             pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
                 .max_decoding_message_size(max),
         );
-        let result = builder
+        let serve = builder
             .layer(gma_core::rpc::RpcLayer::new(rpc))
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -449,8 +451,25 @@ impl Producer {
                 // Accepted sockets get TCP_NODELAY: a small batch must not wait for Nagle.
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 shutdown,
-            )
-            .await;
+            );
+        // Closing a connection gracefully (HTTP/2 GOAWAY) waits for the consumer to answer a
+        // PING: a consumer that does not run (stopped with SIGSTOP, swapped out) would hold the
+        // producer's exit until its keep-alive timeout (30 s). Once the streams are drained,
+        // connections get CLOSE_TIMEOUT to close, then are cut.
+        let cut = async move {
+            if drained_rx.await.is_ok() {
+                tokio::time::sleep(CLOSE_TIMEOUT).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let result = tokio::select! {
+            r = serve => r,
+            () = cut => {
+                tracing::warn!("connections still open {CLOSE_TIMEOUT:?} after the drain (a consumer not answering); cut off");
+                Ok(())
+            }
+        };
         let _ = stop_tx.send(true);
         if let Some(t) = registrar_task {
             // The registrar removes our record on the way out (bounded by its own timeout).
@@ -462,6 +481,9 @@ impl Producer {
 
 /// How long a stopping producer lets its streams deliver the events they have not sent yet.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a stopping producer waits, after the drain, for its connections to close.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Convenience: build and run a producer.
 pub async fn run(
