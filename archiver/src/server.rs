@@ -441,6 +441,10 @@ async fn ingest_loop(
                 Delivery::Refused { producer, error } => {
                     tracing::warn!(%producer, %error, "producer refused the archiver's subscription")
                 }
+                Delivery::DirectoryRefused { error } => tracing::error!(
+                    %error,
+                    "the directory refused the archiver's watch: nothing is archived until it is allowed (restart then)"
+                ),
                 _ => {}
             }
         }

@@ -554,6 +554,9 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
                 Some(Delivery::DirectoryDown { error }) => {
                     tracing::info!(%error, "directory unreachable; streams continue");
                 }
+                Some(Delivery::DirectoryRefused { error }) => {
+                    break Err(anyhow!("the directory refused the relay's watch: {error}"));
+                }
                 Some(Delivery::Refused { producer, error }) => {
                     tracing::warn!(%producer, %error, "producer refused the relay's subscription");
                 }
