@@ -18,7 +18,6 @@ use gma_proto::v1::{self as pb, archive_server::ArchiveServer};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::keep::{KeepRule, Keeper};
 use crate::service::ArchiveService;
@@ -264,7 +263,7 @@ pub async fn run_with_rpc(
     let bound = listener.local_addr()?;
     let tls = config
         .tls
-        .server_config(bound)
+        .rustls_config(bound)
         .map_err(|e| ArchiverError::Config(e.to_string()))?;
     let address = config
         .advertise
@@ -349,11 +348,7 @@ pub async fn run_with_rpc(
         counters: counters.clone(),
     })
     .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    let incoming = TcpListenerStream::new(listener);
+    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "archiver");
     tracing::info!(%address, %id, "archiver serving");
     let mut stop_serving = stop_rx.clone();
     let signal = async move {
@@ -362,11 +357,10 @@ pub async fn run_with_rpc(
             _ = stop_serving.wait_for(|s| *s) => {}
         }
     };
-    let served = builder
+    let router = gma_core::conn::grpc_server(&config.limits)
         .layer(RpcLayer::new(rpc))
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, signal)
-        .await;
+        .add_service(service);
+    let served = gma_core::conn::serve_grpc(router, incoming, signal).await;
     let _ = stop_tx.send(true);
     if let Some(t) = ingest {
         let _ = t.await;

@@ -76,19 +76,103 @@ impl ServerTls {
         }
     }
 
+    /// Refuses a plaintext listener on `bind` unless it is a loopback address or plaintext is
+    /// allowed, and a client CA without a certificate. Call it before binding: it needs the
+    /// address only.
+    pub fn check_plaintext(&self, bind: SocketAddr) -> Result<(), TlsError> {
+        if self.cert.is_none() && self.key.is_none() {
+            if self.client_ca.is_some() {
+                return Err(TlsError::Config(
+                    "a client CA needs a server certificate and key too".into(),
+                ));
+            }
+            if !bind.ip().is_loopback() && !self.allow_plaintext {
+                return Err(TlsError::Plaintext(bind));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`ServerTls::check_plaintext`] for a listen address given as text (`HOST:PORT`), before
+    /// binding: every address the name resolves to must be allowed.
+    pub fn check_listen(&self, listen: &str) -> Result<(), TlsError> {
+        use std::net::ToSocketAddrs;
+        let addrs = listen
+            .to_socket_addrs()
+            .map_err(|e| TlsError::Config(format!("listen address {listen:?}: {e}")))?;
+        for a in addrs {
+            self.check_plaintext(a)?;
+        }
+        Ok(())
+    }
+
+    /// The rustls config of a gRPC listener (ALPN `h2`; with `client_ca`, client certificates
+    /// signed by it are required), `None` for plaintext — for [`crate::conn::Incoming::grpc`].
+    pub fn rustls_config(
+        &self,
+        bind: SocketAddr,
+    ) -> Result<Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>, TlsError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls;
+        self.check_plaintext(bind)?;
+        let (cert, key) = match (&self.cert, &self.key) {
+            (None, None) => return Ok(None),
+            (Some(c), Some(k)) => (c, k),
+            _ => {
+                return Err(TlsError::Config(
+                    "give both a certificate and its key (--tls-cert and --tls-key)".into(),
+                ))
+            }
+        };
+        let pems = |path: &Path| -> Result<Vec<CertificateDer<'static>>, TlsError> {
+            let certs = CertificateDer::pem_slice_iter(&read(path)?)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TlsError::Config(format!("{}: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(TlsError::Config(format!(
+                    "{}: no certificate in it",
+                    path.display()
+                )));
+            }
+            Ok(certs)
+        };
+        let chain = pems(cert)?;
+        let key = PrivateKeyDer::from_pem_slice(&read(key)?)
+            .map_err(|e| TlsError::Config(format!("{}: {e}", key.display())))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in pems(ca)? {
+                    roots
+                        .add(c)
+                        .map_err(|e| TlsError::Config(format!("{}: {e}", ca.display())))?;
+                }
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                        .build()
+                        .map_err(|e| TlsError::Config(format!("{}: {e}", ca.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut cfg = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Some(std::sync::Arc::new(cfg)))
+    }
+
     /// The tonic server config, `None` for plaintext. Checks the combination and that plaintext
     /// is only used where it is allowed.
     pub fn server_config(&self, bind: SocketAddr) -> Result<Option<ServerTlsConfig>, TlsError> {
         match (&self.cert, &self.key) {
             (None, None) => {
-                if self.client_ca.is_some() {
-                    return Err(TlsError::Config(
-                        "a client CA needs a server certificate and key too".into(),
-                    ));
-                }
-                if !bind.ip().is_loopback() && !self.allow_plaintext {
-                    return Err(TlsError::Plaintext(bind));
-                }
+                self.check_plaintext(bind)?;
                 Ok(None)
             }
             (Some(cert), Some(key)) => {

@@ -75,6 +75,9 @@ pub struct DashboardConfig {
     /// for the connections to the directory, producers and archiver. `allow_plaintext`: plain
     /// HTTP off loopback.
     pub tls: gma_core::tls::ServerTls,
+    /// Connection caps and timeouts of the HTTP listener (`[limits]`: `max_connections`,
+    /// `max_connections_per_address`, `handshake_timeout_ms`, `header_read_timeout_ms`).
+    pub limits: gma_core::guard::Limits,
 }
 
 impl Default for DashboardConfig {
@@ -89,6 +92,7 @@ impl Default for DashboardConfig {
             broadcast_capacity: 1024,
             metrics_listen: None,
             tls: Default::default(),
+            limits: Default::default(),
         }
     }
 }
@@ -118,6 +122,7 @@ impl DashboardConfig {
         if self.broadcast_capacity == 0 || self.broadcast_capacity > 1 << 20 {
             return bad("broadcast_capacity must lie in 1..=1048576");
         }
+        self.limits.validate().map_err(DashboardError::Config)?;
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("give both a certificate and its key (--tls-cert and --tls-key)");
         }
@@ -242,15 +247,13 @@ pub async fn run(
         // Ends every SSE stream, so the graceful shutdown does not wait on browsers.
         let _ = stop_tx.send(true);
     };
-    let served = match (&config.tls.cert, &config.tls.key) {
-        (Some(cert), Some(key)) => {
-            let tls = tls::TlsListener::new(listener, tls::server_config(cert, key)?)?;
-            axum::serve(tls, app).with_graceful_shutdown(signal).await
-        }
-        _ => axum::serve(listener, app).with_graceful_shutdown(signal).await,
+    let tls = match (&config.tls.cert, &config.tls.key) {
+        (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
+        _ => None,
     };
+    gma_core::conn::serve_http(listener, tls, app, &config.limits, "dashboard", signal).await;
     for t in tasks {
         t.abort();
     }
-    served.map_err(DashboardError::from)
+    Ok(())
 }

@@ -1,24 +1,16 @@
 //! HTTPS for the dashboard: rustls (the ring provider tonic uses too) in front of axum. The
 //! certificate and key are the role's `[tls]` `cert` and `key` (or `--tls-cert`/`--tls-key`).
-//! Handshakes run in their own tasks, bounded in time, so a slow or broken client never holds
-//! up the others; a failed handshake is dropped (and logged at debug).
+//! Connections are accepted by [`gma_core::conn::serve_http`]: handshakes run in their own
+//! tasks, bounded by `[limits] handshake_timeout_ms`, so a slow or broken client never holds up
+//! the others; a failed handshake is dropped (and logged at debug).
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
 
 use crate::DashboardError;
-
-/// How long a TLS handshake may take.
-const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// The rustls server config of `cert` (PEM chain) and `key` (PEM private key).
 pub fn server_config(
@@ -50,77 +42,13 @@ pub fn server_config(
     Ok(Arc::new(cfg))
 }
 
-/// A listener of TLS connections for `axum::serve`.
-pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl TlsListener {
-    pub fn new(
-        listener: TcpListener,
-        config: Arc<tokio_rustls::rustls::ServerConfig>,
-    ) -> std::io::Result<TlsListener> {
-        let local = listener.local_addr()?;
-        let acceptor = TlsAcceptor::from(config);
-        let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
-                        Ok(Ok(s)) => {
-                            let _ = tx.send((s, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { rx, local, task })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(c) => c,
-            // The accept task ended (it does not, but for its abort): no more connections.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
 
     /// The dashboard answers over HTTPS with the configured certificate.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

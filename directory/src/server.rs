@@ -9,8 +9,6 @@ use gma_core::rpc::{RpcLayer, RpcStats};
 use gma_core::MAX_MESSAGE_BYTES;
 use gma_proto::v1::directory_server::DirectoryServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 
 use std::collections::BTreeMap;
 
@@ -418,7 +416,7 @@ pub async fn run_with_rpc(
     config.validate()?;
     let tls = config
         .tls
-        .server_config(bound)
+        .rustls_config(bound)
         .map_err(|e| DirError::Config(e.to_string()))?;
     // Members connect to each other with the same identity; the client CA is their CA.
     let mut client = config.tls.client();
@@ -459,13 +457,7 @@ pub async fn run_with_rpc(
         .max_decoding_message_size(MAX_MESSAGE_BYTES * 16)
         .max_encoding_message_size(MAX_MESSAGE_BYTES * 16)
     };
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        if let Ok(c) = &conn {
-            // Small request/response messages: do not wait for Nagle.
-            let _ = c.set_nodelay(true);
-        }
-        conn
-    });
+    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "directory");
     let on_shutdown = shared.clone();
     let signal = async move {
         shutdown.await;
@@ -473,18 +465,12 @@ pub async fn run_with_rpc(
         on_shutdown.begin_shutdown();
     };
     let mut stopping = shared.stop_signal();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .map_err(|e| DirError::Config(format!("tls: {e}")))?;
-    }
+    let router = gma_core::conn::grpc_server(&config.limits)
+        .layer(RpcLayer::new(rpc))
+        .add_service(service)
+        .add_service(raft_service);
     let served = tokio::select! {
-        r = builder
-            .layer(RpcLayer::new(rpc))
-            .add_service(service)
-            .add_service(raft_service)
-            .serve_with_incoming_shutdown(incoming, signal) => {
+        r = gma_core::conn::serve_grpc(router, incoming, signal) => {
             r.map_err(|e| DirError::Transport(e.to_string()))
         }
         _ = async {

@@ -20,7 +20,7 @@ pub struct DashboardArgs {
     #[arg(long)]
     pub archiver: Option<String>,
     /// TOML config (listen, directory, archiver, patterns, cluster_poll_ms, history_points,
-    /// broadcast_capacity, metrics_listen, [tls]).
+    /// broadcast_capacity, metrics_listen, [tls], [limits]).
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]

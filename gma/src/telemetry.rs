@@ -96,9 +96,8 @@ pub async fn serve_metrics(role: &str, addr: &str, allow_plaintext: bool) -> any
     );
     eprintln!("gma {role} metrics on {bound}");
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "metrics endpoint stopped");
-        }
+        let limits = gma_core::guard::Limits::default();
+        gma_core::conn::serve_http(listener, None, app, &limits, "metrics", std::future::pending()).await
     });
     Ok(bound)
 }
@@ -133,9 +132,8 @@ pub async fn serve_producer_values(
     );
     eprintln!("gma producer prometheus on {bound}");
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "prometheus endpoint stopped");
-        }
+        let limits = gma_core::guard::Limits::default();
+        gma_core::conn::serve_http(listener, None, app, &limits, "prometheus", std::future::pending()).await
     });
     Ok(bound)
 }

@@ -326,7 +326,7 @@ impl Producer {
             sensors,
         } = self;
         let bound = listener.local_addr()?;
-        let tls = config.tls.server_config(bound)?;
+        let tls = config.tls.rustls_config(bound)?;
         let address = config
             .advertise
             .clone()
@@ -421,10 +421,6 @@ impl Producer {
             let n = registry.cancel_every();
             tracing::info!(cut_off = n, "producer shutting down");
         };
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = tls {
-            builder = builder.tls_config(tls)?;
-        }
         let routes = tonic::service::Routes::new(
             gma_proto::wire::producer_server::ProducerServer::new(producer).max_decoding_message_size(max),
         )
@@ -439,18 +435,11 @@ impl Producer {
             pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
                 .max_decoding_message_size(max),
         );
-        let result = builder
+        let router = gma_core::conn::grpc_server(&config.limits)
             .layer(gma_core::rpc::RpcLayer::new(rpc))
-            .tcp_nodelay(true)
-            .http2_keepalive_interval(Some(Duration::from_secs(10)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-            .add_routes(extra(routes))
-            .serve_with_incoming_shutdown(
-                // Accepted sockets get TCP_NODELAY: a small batch must not wait for Nagle.
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown,
-            )
-            .await;
+            .add_routes(extra(routes));
+        let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "producer");
+        let result = gma_core::conn::serve_grpc(router, incoming, shutdown).await;
         let _ = stop_tx.send(true);
         if let Some(t) = registrar_task {
             // The registrar removes our record on the way out (bounded by its own timeout).
