@@ -412,6 +412,15 @@ async fn ingest_loop(
                         resume.next_seq.saturating_sub(1),
                         events.len() as u64,
                     );
+                    // Defense in depth: producers refuse such timestamps at ingest, but an
+                    // archived one outside the range could never be queried.
+                    let before = events.len();
+                    events.retain(|e| gma_core::time::valid_timestamp_ns(e.timestamp_ns));
+                    if events.len() < before {
+                        let n = (before - events.len()) as u64;
+                        metrics::counter!(crate::telemetry::BAD_TIMESTAMPS).increment(n);
+                        tracing::warn!(%producer, dropped = n, "events with a timestamp outside 1..={} not archived", gma_core::time::MAX_TIMESTAMP_NS);
+                    }
                     let kept = keeper.filter(&mut events);
                     counters.add(&counters.kept_abnormal, kept.abnormal);
                     counters.add(&counters.sampled_out, kept.sampled_out);

@@ -277,6 +277,28 @@ async fn producer_rpcs_validate_input() {
         .unwrap()
         .into_inner();
     assert_eq!(ok.accepted, 1);
+    // Timestamps outside the valid range (docs/protocol.md: 1 ..= 2099-12-31T23:59:59.999999999Z,
+    // 0 = the producer's clock) are refused, naming the field; the bounds are accepted.
+    let at = |ts: i64| pb::IngestRequest {
+        events: vec![pb::Event {
+            timestamp_ns: ts,
+            ..ev("app.progress", vec![3.0, 4.0])
+        }],
+        schemas: vec![],
+    };
+    for ts in [-1, i64::MIN, i64::MAX, 4_102_444_800_000_000_000] {
+        let e = ingest.push(at(ts)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "timestamp {ts}: {e:?}");
+        assert!(
+            e.message().contains(&format!("timestamp_ns {ts} is outside")),
+            "{}",
+            e.message()
+        );
+    }
+    for ts in [1, 4_102_444_799_999_999_999, 0] {
+        let ok = ingest.push(at(ts)).await.unwrap().into_inner();
+        assert_eq!(ok.accepted, 1, "timestamp {ts}");
+    }
     // A producer without simulated hosts says so.
     let e = sim
         .set(pb::SimSetRequest {
