@@ -330,7 +330,11 @@ pub async fn run_with_rpc(
             address: address.clone(),
             cfg: config.clone(),
         });
-        tokio::spawn(registrar::run(reg, catalog, stop_rx.clone()))
+        let registration = registrar::run(reg, catalog, stop_rx.clone());
+        // A refused registration is logged by the registrar; the archive keeps serving.
+        tokio::spawn(async move {
+            let _ = registration.await;
+        })
     });
     let retention_task = (!retention.is_empty()).then(|| {
         tokio::spawn(retention_loop(

@@ -249,6 +249,9 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         .await
         .map_err(|s| anyhow!("register schemas with {}: {}", a.producer, s.message()))?;
 
+    crate::roles::server_tls_flags()
+        .unwrap_or_default()
+        .check_listen(&a.listen)?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;

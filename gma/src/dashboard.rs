@@ -6,7 +6,7 @@ use anyhow::anyhow;
 use clap::Args;
 use gma_dashboard::DashboardConfig;
 
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct DashboardArgs {
@@ -52,7 +52,7 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     if let Some(m) = &cfg.metrics_listen {
         crate::telemetry::serve_metrics("dashboard", m, cfg.tls.allow_plaintext).await?;
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     let bound = listener.local_addr()?;
     let scheme = if cfg.tls.cert.is_some() { "https" } else { "http" };
     if scheme == "http" {

@@ -34,7 +34,7 @@ use gma_producer::{Hub, ProducerConfig};
 use gma_proto::v1 as pb;
 use serde::Deserialize;
 
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 /// The summary event the relay publishes.
 pub const SITE_LOAD: &str = "site.load";
@@ -434,7 +434,7 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
         crate::telemetry::serve_metrics("relay", m, cfg.tls.allow_plaintext).await?;
     }
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
-    let listener = bind(&listen).await?;
+    let listener = bind_checked(&listen, &cfg.tls).await?;
     let bound = listener.local_addr()?;
     let advertised = gma_core::addr::advertised(bound);
     let id = cfg.id.clone().unwrap_or_else(|| {

@@ -31,6 +31,13 @@ pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
+/// [`bind`] for a server role with these TLS settings: a plaintext listener off loopback
+/// (without `allow_plaintext`) is refused before the socket is bound.
+pub async fn bind_checked(addr: &str, tls: &gma_core::tls::ServerTls) -> anyhow::Result<TcpListener> {
+    tls.check_listen(addr)?;
+    bind(addr).await
+}
+
 /// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
 fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
     let text = std::fs::read_to_string(path)
@@ -91,7 +98,7 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
     {
         crate::telemetry::serve_metrics("directory", m, config.tls.allow_plaintext).await?;
     }
-    let listener = bind(&listen).await?;
+    let listener = bind_checked(&listen, &config.tls).await?;
     let bound = listener.local_addr()?;
     eprintln!("gma directory listening on {bound}");
     // gma.rpc: a companion producer publishes this member's RPC figures. On shutdown it stops
@@ -223,7 +230,7 @@ pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     if let Some(m) = &cfg.metrics_listen {
         crate::telemetry::serve_metrics("producer", m, cfg.tls.allow_plaintext).await?;
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     let plain = cfg.tls.allow_plaintext;
     let prometheus = cfg.prometheus.clone();
     let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;

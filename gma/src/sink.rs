@@ -19,7 +19,7 @@ use gma_proto::v1 as pb;
 use std::sync::Mutex as StdMutex;
 
 use crate::cli::PolicyArg;
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct SinkArgs {
@@ -108,7 +108,8 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     if let Some(m) = &a.metrics.metrics_listen {
         crate::telemetry::serve_metrics("sink", m, false).await?;
     }
-    let listener = bind(&a.listen).await?;
+    let flags = crate::roles::server_tls_flags().unwrap_or_default();
+    let listener = crate::roles::bind_checked(&a.listen, &flags).await?;
     let addr = listener.local_addr()?;
     let mut config = SinkConfig {
         id: a.id.clone().unwrap_or_else(|| format!("sink@{addr}")),

@@ -80,13 +80,22 @@ pub fn check_plain_http(what: &str, addr: SocketAddr, allow_plaintext: bool) -> 
     ))
 }
 
+/// [`check_plain_http`] for every address `addr` (`HOST:PORT`) resolves to, before binding.
+fn check_plain_listen(what: &str, addr: &str, allow_plaintext: bool) -> anyhow::Result<()> {
+    use std::net::ToSocketAddrs;
+    for a in addr.to_socket_addrs().with_context(|| format!("{what} {addr}"))? {
+        check_plain_http(what, a, allow_plaintext)?;
+    }
+    Ok(())
+}
+
 /// Serves `GET /metrics` on `addr` for `role` in the background and prints
 /// `gma <role> metrics on ADDR` on stderr.
 pub async fn serve_metrics(role: &str, addr: &str, allow_plaintext: bool) -> anyhow::Result<SocketAddr> {
     let handle = recorder()?;
+    check_plain_listen("--metrics-listen", addr, allow_plaintext)?;
     let listener = bind(addr).await?;
     let bound = listener.local_addr()?;
-    check_plain_http("--metrics-listen", bound, allow_plaintext)?;
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
@@ -120,9 +129,9 @@ pub async fn serve_producer_values(
     hub: Arc<gma_producer::Hub>,
     allow_plaintext: bool,
 ) -> anyhow::Result<SocketAddr> {
+    check_plain_listen("--prometheus", addr, allow_plaintext)?;
     let listener = bind(addr).await?;
     let bound = listener.local_addr()?;
-    check_plain_http("--prometheus", bound, allow_plaintext)?;
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {

@@ -407,3 +407,61 @@ async fn directory_rejects_bad_records_and_keeps_its_data() {
     assert_eq!(v.interface, "gma.v1");
     drop(prod);
 }
+
+/// A producer whose lease TTL the directory refuses stops at once with the directory's
+/// message (it used to keep serving and retry its registration forever), and a plaintext role
+/// asked to listen off loopback refuses before it binds anything.
+#[test]
+fn roles_refuse_bad_settings_at_start() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let r = gma(
+        &[
+            "producer",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-host-sensors",
+            "--directory",
+            &dir.addr,
+            "--lease-ttl-ms",
+            "100",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_ne!(r.code, -9, "the producer did not stop within 60 s: {}", r.stderr);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("lease_ttl_ms 100 is outside [500, 3600000]"),
+        "{}",
+        r.stderr
+    );
+
+    // Plaintext on 0.0.0.0 (not loopback) is refused before binding: with the port taken on
+    // 127.0.0.1, a role that bound first would fail with "address in use" instead.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let any = format!("0.0.0.0:{port}");
+    let d = tmp.path().join("d2");
+    for args in [
+        vec!["producer", "--listen", &any, "--no-host-sensors"],
+        vec!["directory", "--listen", &any, "--data", d.to_str().unwrap()],
+        vec![
+            "sink",
+            "--listen",
+            &any,
+            "--directory",
+            &dir.addr,
+            "--accept",
+            "*",
+        ],
+    ] {
+        let r = gma(&args, Duration::from_secs(30));
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&format!("refusing plaintext on {any}")),
+            "{args:?}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("listening on"), "{args:?}: {}", r.stderr);
+    }
+}

@@ -149,6 +149,10 @@ pub enum ProducerError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Tls(#[from] gma_core::tls::TlsError),
+    /// The directory refused the first registration (a lease TTL outside its range, a policy
+    /// that does not allow it): the producer stops rather than serve unregistered.
+    #[error("the directory refused this producer's registration: {0}")]
+    Registration(String),
 }
 
 /// Reads the kernel host name (no shelling out).
@@ -359,6 +363,8 @@ impl Producer {
             ));
         }
         let mut registrar_task = None;
+        // A refusal of the first registration stops the producer (see registrar::run).
+        let (refused_tx, refused_rx) = tokio::sync::oneshot::channel::<String>();
         if let Some(dir) = &config.directory {
             let source = config.source.clone().unwrap_or_default();
             let id = config.id.clone().unwrap_or_else(|| {
@@ -377,7 +383,12 @@ impl Producer {
                 site: config.site.clone(),
                 org: config.org.clone(),
             };
-            registrar_task = Some(tokio::spawn(registrar::run(reg, hub.clone(), stop_rx.clone())));
+            let registration = registrar::run(reg, hub.clone(), stop_rx.clone());
+            registrar_task = Some(tokio::spawn(async move {
+                if let Err(e) = registration.await {
+                    let _ = refused_tx.send(e);
+                }
+            }));
             if config.push {
                 let pusher = push::Pusher {
                     gate: gate.clone(),
@@ -404,8 +415,13 @@ impl Producer {
         // On shutdown: stop sensors and the registrar (which removes our record), and end every
         // subscription stream so the server's graceful shutdown does not wait on consumers.
         let stopping = stop_tx.clone();
+        let refused = Arc::new(parking_lot::Mutex::new(None::<String>));
+        let refusal = refused.clone();
         let shutdown = async move {
-            shutdown.await;
+            tokio::select! {
+                _ = shutdown => {}
+                Ok(e) = refused_rx => *refusal.lock() = Some(e),
+            }
             // Sensors stop first; then every stream sends the events it has not sent yet and
             // ends (bounded: a consumer that does not read is cut off after DRAIN_TIMEOUT).
             let _ = stopping.send(true);
@@ -444,6 +460,9 @@ impl Producer {
         if let Some(t) = registrar_task {
             // The registrar removes our record on the way out (bounded by its own timeout).
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+        }
+        if let Some(e) = refused.lock().take() {
+            return Err(ProducerError::Registration(e));
         }
         result.map_err(ProducerError::from)
     }
