@@ -83,7 +83,8 @@ pub fn check_plain_http(what: &str, addr: SocketAddr, allow_plaintext: bool) -> 
 /// [`check_plain_http`] for every address `addr` (`HOST:PORT`) resolves to, before binding.
 fn check_plain_listen(what: &str, addr: &str, allow_plaintext: bool) -> anyhow::Result<()> {
     use std::net::ToSocketAddrs;
-    for a in addr.to_socket_addrs().with_context(|| format!("{what} {addr}"))? {
+    // An address that does not resolve is left to the bind, which says so.
+    for a in addr.to_socket_addrs().into_iter().flatten() {
         check_plain_http(what, a, allow_plaintext)?;
     }
     Ok(())
