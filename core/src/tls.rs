@@ -1,4 +1,5 @@
-//! TLS for every endpoint (rustls through tonic), and the identity of a peer.
+//! TLS for every endpoint (rustls: servers accept through [`crate::conn`], clients connect through
+//! tonic), and the identity of a peer.
 //!
 //! One process has one TLS identity (certificate + key) and one set of trust anchors:
 //!
@@ -19,7 +20,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
 
 use crate::authz::{identity_from_der, Identity};
 
@@ -166,29 +167,6 @@ impl ServerTls {
             .map_err(|e| TlsError::Config(e.to_string()))?;
         cfg.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Some(std::sync::Arc::new(cfg)))
-    }
-
-    /// The tonic server config, `None` for plaintext. Checks the combination and that plaintext
-    /// is only used where it is allowed.
-    pub fn server_config(&self, bind: SocketAddr) -> Result<Option<ServerTlsConfig>, TlsError> {
-        match (&self.cert, &self.key) {
-            (None, None) => {
-                self.check_plaintext(bind)?;
-                Ok(None)
-            }
-            (Some(cert), Some(key)) => {
-                let mut cfg = ServerTlsConfig::new().identity(TlsIdentity::from_pem(read(cert)?, read(key)?));
-                if let Some(ca) = &self.client_ca {
-                    cfg = cfg
-                        .client_ca_root(Certificate::from_pem(read(ca)?))
-                        .client_auth_optional(false);
-                }
-                Ok(Some(cfg))
-            }
-            _ => Err(TlsError::Config(
-                "give both a certificate and its key (--tls-cert and --tls-key)".into(),
-            )),
-        }
     }
 }
 
@@ -342,10 +320,10 @@ mod tests {
     fn plaintext_only_on_loopback_unless_allowed() {
         let none = ServerTls::default();
         assert!(none
-            .server_config("127.0.0.1:7000".parse().unwrap())
+            .rustls_config("127.0.0.1:7000".parse().unwrap())
             .unwrap()
             .is_none());
-        let e = none.server_config("10.1.2.3:7000".parse().unwrap()).unwrap_err();
+        let e = none.rustls_config("10.1.2.3:7000".parse().unwrap()).unwrap_err();
         assert!(
             e.to_string().contains("refusing plaintext on 10.1.2.3:7000"),
             "{e}"
@@ -355,7 +333,7 @@ mod tests {
             ..ServerTls::default()
         };
         assert!(allowed
-            .server_config("10.1.2.3:7000".parse().unwrap())
+            .rustls_config("10.1.2.3:7000".parse().unwrap())
             .unwrap()
             .is_none());
     }
@@ -367,7 +345,7 @@ mod tests {
             ..ServerTls::default()
         };
         assert!(cert_only
-            .server_config("127.0.0.1:1".parse().unwrap())
+            .rustls_config("127.0.0.1:1".parse().unwrap())
             .unwrap_err()
             .to_string()
             .contains("both a certificate and its key"));
@@ -375,14 +353,14 @@ mod tests {
             client_ca: Some("ca.pem".into()),
             ..ServerTls::default()
         };
-        assert!(ca_only.server_config("127.0.0.1:1".parse().unwrap()).is_err());
+        assert!(ca_only.rustls_config("127.0.0.1:1".parse().unwrap()).is_err());
         let missing = ServerTls {
             cert: Some("/nonexistent/c.pem".into()),
             key: Some("/nonexistent/k.pem".into()),
             ..ServerTls::default()
         };
         assert!(missing
-            .server_config("127.0.0.1:1".parse().unwrap())
+            .rustls_config("127.0.0.1:1".parse().unwrap())
             .unwrap_err()
             .to_string()
             .contains("cannot read /nonexistent/c.pem"));
