@@ -207,3 +207,54 @@ fn a_refusal_by_the_directory_ends_the_command() {
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(r.stderr.contains("may not directory.search"), "{}", r.stderr);
 }
+
+/// Only UNAVAILABLE is waited for, and on a terminal the wait is visible: a producer that is
+/// in the directory but down gets a "waiting for" line (run under `script`, which gives the
+/// command a pseudo-terminal).
+#[test]
+fn a_wait_is_visible_on_a_terminal() {
+    let have_script = std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        have_script,
+        "this test needs `script` (util-linux) to give a command a terminal"
+    );
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let sim = sim_file(tmp.path(), "w", 1, 100);
+    let mut prod = Proc::producer(&[
+        "--no-host-sensors",
+        "--simulate",
+        sim.to_str().unwrap(),
+        "--directory",
+        &dir.addr,
+        "--lease-ttl-ms",
+        "3600000",
+    ]);
+    assert!(
+        wait_until(Duration::from_secs(30), || search_ids(&dir.addr, "host.load")
+            .is_some_and(|ids| !ids.is_empty())),
+        "the producer did not register"
+    );
+    // Killed: its record stays in the directory (1 h lease), its port answers nothing.
+    let gone = prod.addr.clone();
+    prod.kill();
+    let cmd = format!(
+        "{} subscribe host.load --directory {} --count 1",
+        gma_bin().display(),
+        dir.addr
+    );
+    let mut script = std::process::Command::new("script");
+    script.args(["-qefc", &cmd, "/dev/null"]);
+    let sub = Proc::start_cmd(script, &[], "");
+    assert!(
+        wait_until(DEADLINE, || sub
+            .stdout_lines()
+            .iter()
+            .any(|l| l.starts_with("waiting for") && l.contains(&gone))),
+        "no waiting line on the terminal: {:?}",
+        sub.stdout_lines()
+    );
+}
