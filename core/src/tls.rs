@@ -261,6 +261,15 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, String> {
         .keep_alive_timeout(Duration::from_secs(20)))
 }
 
+/// The identity (subject CN and O) of the first certificate in the PEM file `path`, e.g. a
+/// role's own `[tls] cert`.
+pub fn pem_identity(path: &Path) -> Result<Identity, TlsError> {
+    let bytes = read(path)?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes)
+        .map_err(|e| TlsError::Config(format!("{}: not a PEM certificate: {e}", path.display())))?;
+    identity_from_der(&pem.contents).map_err(|e| TlsError::Config(format!("{}: {e}", path.display())))
+}
+
 /// The identity of the peer of a request: the subject of its verified client certificate, or
 /// anonymous (plaintext, or TLS without a client certificate).
 pub fn peer_identity<T>(req: &tonic::Request<T>) -> Identity {

@@ -316,6 +316,26 @@ impl DirectoryConfig {
                 ));
             }
         }
+        // This member's own certificate must pass the others' check (a readable one: an
+        // unreadable one is the TLS setup's error).
+        if let Some(me) = self
+            .tls
+            .cert
+            .as_ref()
+            .and_then(|c| gma_core::tls::pem_identity(c).ok())
+        {
+            let id = self.node_id;
+            if !self
+                .members
+                .iter()
+                .any(|m| m.matches(&me) && m.id.is_none_or(|i| i == id))
+            {
+                return bad(format!(
+                    "this member's certificate is {me}, which no [[members]] entry admits as node {id}: \
+                     the other members would refuse its raft traffic; fix the entry or the certificate"
+                ));
+            }
+        }
         Ok(())
     }
 

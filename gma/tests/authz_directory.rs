@@ -555,6 +555,10 @@ fn a_tls_cluster_must_name_its_members() {
             "[[members]]\nid = 1\ncn = \"dir-1\"\norg = \"grid\"\n",
             "node 2 has no [[members]] entry",
         ),
+        (
+            "[[members]]\ncn = \"dir-*\"\norg = \"site1\"\n",
+            "this member's certificate is CN=dir-1, O=grid, which no [[members]] entry admits as node 1",
+        ),
     ] {
         let cfg = tmp.path().join("n.toml");
         std::fs::write(
