@@ -17,7 +17,9 @@ use tonic::{Request, Status};
 
 use crate::authz::{Action, Decision, Grant, Identity, Policy};
 
-/// Per-identity limits (`[limits]` in role configs).
+/// The limits of a role (`[limits]` in role configs): per identity (request rate), per
+/// connection (open subscriptions) and per listener (connections and their timeouts,
+/// enforced by [`crate::conn`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
