@@ -425,7 +425,15 @@ fn a_certificate_named_like_a_member_is_not_a_member() {
         "alice could not register: {}",
         nodes[1].stderr_text()
     );
-    let leader = rt.block_on(leader_addr(dir, &addrs, "alice")).expect("a leader");
+    let mut leader = None;
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            leader = rt.block_on(leader_addr(dir, &addrs, "alice"));
+            leader.is_some()
+        }),
+        "no member names a leader"
+    );
+    let leader = leader.unwrap();
     let remove = r#"{"Remove":{"kind":"Producer","id":"victim"}}"#;
     let r = rt.block_on(forward(
         dir,
@@ -465,13 +473,21 @@ fn a_certificate_named_like_a_member_is_not_a_member() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("not node 3"), "{}", e.message());
-    // The record is still there, on every member.
+    // The record is still there, on every member (a linearizable read: a member that has not
+    // learned who leads yet answers UNAVAILABLE, and is asked again).
     for a in &addrs {
-        let ids = rt.block_on(async {
-            let ch = channel(dir, a, "ca", Some("alice")).await.unwrap();
-            search(ch, "job.*", false).await.unwrap()
-        });
-        assert_eq!(ids, vec!["victim".to_string()], "member {a}");
+        let mut ids = None;
+        assert!(
+            wait_until(Duration::from_secs(15), || {
+                ids = rt.block_on(async {
+                    let ch = channel(dir, a, "ca", Some("alice")).await.ok()?;
+                    search(ch, "job.*", false).await.ok()
+                });
+                ids.is_some()
+            }),
+            "member {a} does not answer a linearizable search"
+        );
+        assert_eq!(ids.unwrap(), vec!["victim".to_string()], "member {a}");
     }
     // Nor does CN=dir-evil get anything as a client: the policy does not name it; nor may it
     // speak for alice on a read.
@@ -519,6 +535,31 @@ fn a_certificate_named_like_a_member_is_not_a_member() {
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{call}: {e:?}");
     }
+    // alice renews a lease through a follower: the KeepAlive is forwarded in her name and the
+    // leader's policy lets her.
+    let ttl = rt.block_on(async {
+        let lease = register(
+            channel(dir, &other, "ca", Some("alice")).await.unwrap(),
+            "renewed",
+        )
+        .await
+        .unwrap();
+        let ch = channel(dir, &other, "ca", Some("alice")).await.unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(pb::KeepAliveRequest { lease_id: lease }).await.unwrap();
+        let mut replies = DirectoryClient::new(ch)
+            .keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        tokio::time::timeout(Duration::from_secs(10), replies.message())
+            .await
+            .expect("a KeepAlive answer within 10 s")
+            .unwrap()
+            .unwrap()
+            .ttl_ms
+    });
+    assert_eq!(ttl, 60_000);
     // A member forwarding for alice, whom the policy allows: the carried identity counts.
     let reply = rt
         .block_on(forward(dir, &leader, "dir-2", remove, Some(("alice", "site1"))))
@@ -528,7 +569,9 @@ fn a_certificate_named_like_a_member_is_not_a_member() {
         wait_until(Duration::from_secs(15), || addrs.iter().all(|a| rt.block_on(
             async {
                 match channel(dir, a, "ca", Some("alice")).await {
-                    Ok(ch) => search(ch, "job.*", true).await.is_ok_and(|ids| ids.is_empty()),
+                    Ok(ch) => search(ch, "job.*", true)
+                        .await
+                        .is_ok_and(|ids| ids == vec!["renewed".to_string()]),
                     Err(_) => false,
                 }
             }
