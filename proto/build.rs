@@ -18,10 +18,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/broker.proto",
                 "proto/netprobe.proto",
                 "proto/federation.proto",
-                "proto/raft.proto",
             ],
             &["proto"],
         )?;
+    // The directory's internal RPCs and its raft log on disk, which embeds gma.v1 records.
+    tonic_prost_build::configure()
+        .codec_path(codec)
+        .extern_path(".gma.v1", "crate::v1")
+        .compile_protos(&["proto/raft.proto"], &["proto"])?;
     // The producer's pre-encoded twins of the streaming services (proto/wire/messages.proto):
     // every gma.v1 message is the one generated above.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("wire");

@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and end-to-end tests (real processes on
-# 127.0.0.1). protoc comes from the protoc-bin-vendored crate; the browser test's Chromium is
-# Debian's `chromium` package, installed here when missing (idempotent, quiet).
+# 127.0.0.1, or in network namespaces the tests make). protoc comes from the
+# protoc-bin-vendored crate; the browser test's Chromium is Debian's `chromium` package and the
+# namespace tests' `ip` and `tc` come from `iproute2`, installed here when missing (idempotent,
+# quiet). Under CI=true a test whose capability is missing fails with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=""
+apt_install() {
+    if [ -z "$apt_updated" ]; then $SUDO apt-get update -qq; apt_updated=1; fi
+    $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+    echo "== installing iproute2 (ip, tc) for the network-namespace tests (netprobe, jepsen)"
+    apt_install iproute2
+fi
+
 if [ ! -x "${GMA_CHROMIUM:-/usr/bin/chromium}" ]; then
     echo "== installing chromium (Debian package) for the dashboard's browser test"
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    apt_install chromium
 fi
 
 echo "== cargo fmt --check"

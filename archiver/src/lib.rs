@@ -1,11 +1,11 @@
-//! gma-archiver: durable, compact event history (sled) that analysts query, aggregate and
-//! export — "just another consumer" of the fabric.
+//! gma-archiver: durable, compact event history that analysts query, aggregate and export —
+//! "just another consumer" of the fabric.
 //!
 //! - [`chunk`]: the columnar compressed chunk (delta-of-delta timestamps, XOR-coded doubles,
 //!   run-coded strings) one stream of events is stored in.
-//! - [`store`]: the store: stream dictionary and sealed chunks in sled, write-ahead log with group
-//!   commit, resume points, queries with in-scan downsampling, retention, stats.
-//! - [`wal`]: the write-ahead log's segment files.
+//! - [`store`]: the store: sealed chunks in an fsynced chunk log with sled as their index, the
+//!   write-ahead log with group commit (both gma-durable logs), resume points, queries with
+//!   in-scan downsampling, retention, stats.
 //! - [`keep`]: the keep-policy (every abnormal event, a sampling of normal ones).
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
@@ -24,7 +24,6 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod telemetry;
-pub mod wal;
 
 pub use server::{run, run_with_rpc, ArchiverConfig, ArchiverError, ARCHIVE_ADDRESS_ATTR, MANNER};
 

@@ -188,6 +188,7 @@ impl ArchiverConfig {
                 chunk_rows: self.store.chunk_rows,
                 checkpoint_wal_bytes: self.store.checkpoint_wal_mib << 20,
                 checkpoint_interval: Duration::from_secs(self.store.checkpoint_interval_s),
+                ..StoreOptions::default()
             },
         })
     }
@@ -488,6 +489,7 @@ async fn retention_loop(
             _ = tick.tick() => {}
         }
         let now = gma_core::time::now_ns();
+        let mut deleted = 0;
         for (pattern, age) in &rules {
             let started = Instant::now();
             let s = store.clone();
@@ -495,6 +497,7 @@ async fn retention_loop(
             let cutoff = now.saturating_sub(*age);
             match tokio::task::spawn_blocking(move || s.delete_older_than(&p, cutoff)).await {
                 Ok(Ok(n)) => {
+                    deleted += n;
                     counters.add(&counters.retention_deleted, n);
                     if n > 0 {
                         tracing::info!(pattern = pattern.as_str(), deleted = n, took = ?started.elapsed(), "retention");
@@ -502,6 +505,12 @@ async fn retention_loop(
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
                 Err(e) => tracing::warn!(error = %e, "retention task failed"),
+            }
+        }
+        // Make the deletions durable now rather than at the next checkpoint.
+        if deleted > 0 {
+            if let Err(e) = store.commit().await {
+                tracing::warn!(error = %e, "retention: cannot commit the deletions");
             }
         }
     }

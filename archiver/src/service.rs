@@ -1,10 +1,18 @@
 //! The `Archive` gRPC service: queries streamed from the storage scan, the series held, figures.
+//!
+//! Every data RPC asks the policy with `archive.query` on the requested pattern. An identity
+//! granted only summaries (`effect = "summary"`) is answered from the archived summary series
+//! alone (`<name>.avg1m`, `.avg10m`, `.avg60m`, stored when a producer derives them), never
+//! from raw samples, and not with aggregates of raw samples either; when no summary series
+//! matches, the answer is `PERMISSION_DENIED` naming the rule and the way out. [`DOORS`] lists
+//! each RPC with its decision.
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use gma_core::authz::Action;
+use gma_core::authz::{Action, Decision, Door, Identity};
 use gma_core::guard::Gate;
 use gma_core::pattern::Pattern;
 use gma_proto::v1::{self as pb, archive_server::Archive};
@@ -21,6 +29,33 @@ pub const DEFAULT_MAX_POINTS: usize = 10_000;
 pub const MAX_POINTS: usize = 100_000;
 /// Response messages buffered ahead of a slow reader.
 const QUERY_BUFFER: usize = 4;
+
+/// The doors of the `Archive` service.
+pub const DOORS: &[Door] = &[
+    Door {
+        door: "/gma.v1.Archive/Query",
+        actions: &[Action::ArchiveQuery],
+        summary_only: "the archived summary series among the matches (raw and aggregates of raw \
+                       samples never); PERMISSION_DENIED naming the rule when none matches",
+    },
+    Door {
+        door: "/gma.v1.Archive/Series",
+        actions: &[Action::ArchiveQuery],
+        summary_only: "the archived summary series among the matches; PERMISSION_DENIED naming \
+                       the rule when none matches",
+    },
+    Door {
+        door: "/gma.v1.Archive/Stats",
+        actions: &[Action::ArchiveQuery],
+        summary_only: "PERMISSION_DENIED: the figures cover every series (archive.query allowed \
+                       on \"*\" is needed)",
+    },
+    Door {
+        door: "/gma.v1.Archive/Version",
+        actions: &[],
+        summary_only: "served (versions only, no data)",
+    },
+];
 
 pub(crate) struct ArchiveService {
     pub store: Arc<Store>,
@@ -52,6 +87,43 @@ fn agg_of(a: i32) -> Result<Agg, Status> {
         Ok(pb::Aggregate::P99) => Agg::P99,
         Err(_) => return Err(invalid(format!("aggregate {a} is unknown"))),
     })
+}
+
+impl ArchiveService {
+    /// The event names `who` may read among the series matching `name` (and `source`):
+    /// `None` = all of them (allowed raw); for a summary-only grant, the summary series it may
+    /// read, or `PERMISSION_DENIED` when there is none. A deny is `PERMISSION_DENIED` too.
+    fn readable(
+        &self,
+        who: &Identity,
+        name: &Pattern,
+        source: Option<&Pattern>,
+    ) -> Result<Option<BTreeSet<String>>, Status> {
+        let grant = self.gate.authorize(who, Action::ArchiveQuery, &[name.as_str()])?;
+        if grant.decision == Decision::Allow {
+            return Ok(None);
+        }
+        let names: BTreeSet<String> = self
+            .store
+            .series(name, source)
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|n| self.gate.raw_allowed(who, Action::ArchiveQuery, n))
+            .collect();
+        if names.is_empty() {
+            let p = name.as_str();
+            return Err(self.gate.summary_only(
+                who,
+                p,
+                &grant,
+                &format!(
+                    "no archived summary series matches it; ask for {p}.avg1m, {p}.avg10m or \
+                     {p}.avg60m (archived once a producer derives them)"
+                ),
+            ));
+        }
+        Ok(Some(names))
+    }
 }
 
 fn patterns(name: &str, source: &str) -> Result<(Pattern, Option<Pattern>), Status> {
@@ -96,6 +168,7 @@ pub fn spec_of(req: &pb::ArchiveQueryRequest) -> Result<QuerySpec, Status> {
     };
     Ok(QuerySpec {
         name,
+        names: None,
         source,
         field: (!req.field.is_empty()).then(|| req.field.clone()),
         from_ns: req.from_ns,
@@ -124,14 +197,14 @@ impl Archive for ArchiveService {
     type QueryStream = QueryStream;
 
     async fn query(&self, req: Request<pb::ArchiveQueryRequest>) -> Result<Response<QueryStream>, Status> {
-        let spec = spec_of(req.get_ref())?;
-        self.gate
-            .check(&req, Action::ArchiveQuery, &[spec.name.as_str()])?;
+        let mut spec = spec_of(req.get_ref())?;
+        let who = self.gate.admit(&req)?;
+        spec.names = self.readable(&who, &spec.name, spec.source.as_ref())?;
         let known = self.store.series(&spec.name, spec.source.as_ref());
-        if !known
-            .iter()
-            .any(|s| spec.field.as_ref().is_none_or(|f| &s.field == f))
-        {
+        if !known.iter().any(|s| {
+            spec.field.as_ref().is_none_or(|f| &s.field == f)
+                && spec.names.as_ref().is_none_or(|n| n.contains(&s.name))
+        }) {
             return Err(Status::not_found(format!(
                 "no series stored for {}{}{}",
                 gma_core::clip(spec.name.as_str(), 80),
@@ -168,11 +241,13 @@ impl Archive for ArchiveService {
         req: Request<pb::ArchiveSeriesRequest>,
     ) -> Result<Response<pb::ArchiveSeriesResponse>, Status> {
         let (name, source) = patterns(&req.get_ref().pattern, &req.get_ref().source)?;
-        self.gate.check(&req, Action::ArchiveQuery, &[name.as_str()])?;
+        let who = self.gate.admit(&req)?;
+        let only = self.readable(&who, &name, source.as_ref())?;
         let series = self
             .store
             .series(&name, source.as_ref())
             .into_iter()
+            .filter(|s| only.as_ref().is_none_or(|n| n.contains(&s.name)))
             .map(|s| pb::ArchivedSeries {
                 name: s.name,
                 source: s.source,
@@ -195,7 +270,16 @@ impl Archive for ArchiveService {
         &self,
         req: Request<pb::ArchiveStatsRequest>,
     ) -> Result<Response<pb::ArchiveStatsResponse>, Status> {
-        self.gate.check(&req, Action::ArchiveQuery, &["*"])?;
+        let (who, grant) = self.gate.check(&req, Action::ArchiveQuery, &["*"])?;
+        if grant.decision != Decision::Allow {
+            return Err(self.gate.summary_only(
+                &who,
+                "*",
+                &grant,
+                "the archive's figures cover every series it holds; they need archive.query \
+                 allowed on \"*\"",
+            ));
+        }
         let s = self.store.stats();
         let c = &self.counters;
         Ok(Response::new(pb::ArchiveStatsResponse {

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber};
-use gma_core::authz::Action;
+use gma_core::authz::{Action, Decision, Door};
 use gma_core::event::{dbl, text, EventData};
 use gma_core::guard::Gate;
 use gma_core::time::now_ns;
@@ -501,10 +501,38 @@ pub fn stats_to_proto(s: &CoStats) -> pb::CoallocateStats {
     }
 }
 
+/// The doors of the `Broker` service.
+pub const DOORS: &[Door] = &[
+    Door {
+        door: "/gma.v1.Broker/Select",
+        actions: &[Action::BrokerSelect],
+        summary_only: "served: a ranking and predicted times (derived, no raw value)",
+    },
+    Door {
+        door: "/gma.v1.Broker/Coallocate",
+        actions: &[Action::BrokerSelect],
+        summary_only: "served: reservations made for the caller",
+    },
+    Door {
+        door: "/gma.v1.Broker/View",
+        actions: &[Action::BrokerSelect, Action::ProducerSubscribe],
+        summary_only: "PERMISSION_DENIED naming the rule: the view holds the raw values of the \
+                       followed events (producer.subscribe allowed raw on each is needed)",
+    },
+    Door {
+        door: "/gma.v1.Broker/Version",
+        actions: &[],
+        summary_only: "served (versions only, no data)",
+    },
+];
+
 /// The `Broker` gRPC service.
 pub struct BrokerService {
     pub core: Arc<BrokerCore>,
     pub gate: Arc<Gate>,
+    /// The event names the view is built from: `View` is served only to identities allowed
+    /// to receive each of them raw (`producer.subscribe`).
+    pub follow: Vec<String>,
 }
 
 #[tonic::async_trait]
@@ -548,7 +576,24 @@ impl Broker for BrokerService {
         &self,
         req: Request<pb::BrokerViewRequest>,
     ) -> Result<Response<pb::BrokerViewResponse>, Status> {
-        self.gate.check(&req, Action::BrokerSelect, &[DECISION_EVENT])?;
+        let (who, _) = self.gate.check(&req, Action::BrokerSelect, &[DECISION_EVENT])?;
+        // The view is raw host data: whoever may not receive an event raw does not get it here.
+        for name in &self.follow {
+            let grant = self
+                .gate
+                .authorize(&who, Action::ProducerSubscribe, &[name.as_str()])?;
+            if grant.decision != Decision::Allow {
+                return Err(self.gate.summary_only(
+                    &who,
+                    name,
+                    &grant,
+                    &format!(
+                        "the broker's view holds raw values of {name}; subscribe to its summaries \
+                         instead (gma subscribe {name} --summary 1m)"
+                    ),
+                ));
+            }
+        }
         let now = now_ns();
         let snap = self.core.view.snapshot(now);
         let max_age = self.core.rank.max_age_ms;
@@ -645,6 +690,7 @@ pub async fn run(
     let service = BrokerService {
         core,
         gate: producer.gate.clone(),
+        follow: config.follow.clone(),
     };
     let r = producer
         .run_with(listener, shutdown, move |routes| {

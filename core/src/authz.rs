@@ -27,8 +27,10 @@
 //!   both must match. They never match the anonymous identity (no certificate), even `cn = "*"`:
 //!   `cn = "*"` means "anyone holding a certificate". Only a rule with neither key applies to
 //!   anonymous peers.
-//! - **Resources** are event-name patterns for every action but two: for `directory.register`
-//!   the resource is the record id, for `admin` the operation. A rule whose actions are all
+//! - **Resources** are event-name patterns for every action but these: for
+//!   `directory.register` the resource is the record id, for `admin`, `federation` and `job`
+//!   the operation, for `dashboard.read` the route (`/api/events`), for `metrics.read` the
+//!   role (`producer`). A rule whose actions are all
 //!   event actions has its resources checked as event patterns
 //!   ([`Pattern::event`](crate::pattern::Pattern::event)); other rules as source-like patterns
 //!   (printable ASCII, no spaces, `*` and `?`).
@@ -40,7 +42,8 @@
 //!   about anything else it answers [`Decision::AllowSummaryOnly`], meaning "serve `<name>.avg1m`,
 //!   `.avg10m`, `.avg60m` of the matching series, never the raw events". So a `summary` rule on
 //!   `host.*` gives `Allow` for `host.cpu.avg1m` and `AllowSummaryOnly` for `host.cpu`. For
-//!   `directory.register` and `admin` a `summary` rule denies.
+//!   the actions whose resource is not an event (`directory.register`, `admin`, `federation`,
+//!   `job`, `dashboard.read`, `metrics.read`) a `summary` rule denies.
 //!
 //! # Patterns as resources
 //!
@@ -215,10 +218,19 @@ pub enum Action {
     /// `cancel`, `list`, `federation.status`).
     Job,
     Admin,
+    /// Opening the web dashboard's data routes (the resource is the route: `/api/snapshot`,
+    /// `/api/events`, `/api/history`, `/api/archive/series`). What the routes then show is
+    /// decided per event name by the data's own action (`producer.subscribe`,
+    /// `archive.query`, `directory.search`).
+    DashboardRead,
+    /// Scraping a role's Prometheus endpoint (the resource is the role: `directory`,
+    /// `producer`, `archiver`, `dashboard`, ...). A producer's sensor values (`--prometheus`)
+    /// also need `producer.query` allowed raw on each event name.
+    MetricsRead,
 }
 
 impl Action {
-    pub const ALL: [Action; 12] = [
+    pub const ALL: [Action; 14] = [
         Action::DirectorySearch,
         Action::DirectoryRegister,
         Action::DirectoryWatch,
@@ -231,6 +243,8 @@ impl Action {
         Action::Federation,
         Action::Job,
         Action::Admin,
+        Action::DashboardRead,
+        Action::MetricsRead,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -247,15 +261,23 @@ impl Action {
             Action::Federation => "federation",
             Action::Job => "job",
             Action::Admin => "admin",
+            Action::DashboardRead => "dashboard.read",
+            Action::MetricsRead => "metrics.read",
         }
     }
 
     /// True when the resource is an event name or pattern; false for `directory.register`
-    /// (a record id) and `admin`, `federation`, `job` (operations).
+    /// (a record id), `admin`, `federation`, `job` (operations), `dashboard.read` (a route)
+    /// and `metrics.read` (a role).
     pub fn resource_is_event(self) -> bool {
         !matches!(
             self,
-            Action::DirectoryRegister | Action::Admin | Action::Federation | Action::Job
+            Action::DirectoryRegister
+                | Action::Admin
+                | Action::Federation
+                | Action::Job
+                | Action::DashboardRead
+                | Action::MetricsRead
         )
     }
 
@@ -282,6 +304,18 @@ impl FromStr for Action {
             )
         })
     }
+}
+
+/// One door of a role: an RPC (`/gma.v1.Archive/Query`) or an HTTP route (`GET
+/// /api/snapshot`), the actions that guard it (empty: served to anyone, it carries no data) and
+/// what an identity granted only summaries gets there. Roles list their doors (`DOORS`) so
+/// that a census can check every RPC and route against an authorization decision; the table
+/// of docs/security.md is the same list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Door {
+    pub door: &'static str,
+    pub actions: &'static [Action],
+    pub summary_only: &'static str,
 }
 
 /// The answer of [`Policy::authorize`].

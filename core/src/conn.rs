@@ -21,8 +21,11 @@
 //! gRPC roles build their server with [`grpc_server`] and serve it with [`serve_grpc`] on
 //! [`Incoming::grpc`]; HTTP roles (dashboard, `/metrics`, the producer's Prometheus endpoint)
 //! call [`serve_http`]. TLS is done here, with the rustls config of
-//! [`crate::tls::ServerTls::rustls_config`]; tonic still sees its own `TlsStream`, so
-//! `Request::peer_certs` and `remote_addr` work as before.
+//! [`crate::tls::ServerTls::rustls_config`] for gRPC (tonic still sees its own `TlsStream`, so
+//! `Request::peer_certs` and `remote_addr` work as before) and, for HTTP, the one the dashboard
+//! builds (`gma_dashboard::tls::server_config`: client certificates optional or required);
+//! every HTTP request carries the [`Peer`]: its address and the identity of its verified
+//! client certificate.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -480,21 +483,34 @@ where
 // HTTP/1.
 
 /// Who sent an HTTP request served by [`serve_http`] (a request extension): the peer's
-/// address and, over TLS with client certificates, its verified chain.
-#[derive(Debug, Clone)]
+/// address and, over TLS with client certificates, the identity (subject CN and O, as
+/// [`crate::authz::identity_from_der`] reads it for the gRPC roles) of its certificate,
+/// which the handshake verified against the listener's client CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub addr: SocketAddr,
-    pub certs: Option<Arc<Vec<rustls_pki_types::CertificateDer<'static>>>>,
+    pub cert: Option<crate::authz::Identity>,
 }
 
 impl Peer {
     /// The identity of the peer: its certificate's subject, or anonymous.
     pub fn identity(&self) -> crate::authz::Identity {
-        self.certs
-            .as_ref()
-            .and_then(|c| c.first())
-            .and_then(|c| crate::authz::identity_from_der(c.as_ref()).ok())
+        self.cert
+            .clone()
             .unwrap_or_else(crate::authz::Identity::anonymous)
+    }
+}
+
+/// The identity of the verified client certificate of a TLS connection, if it presented one
+/// with a usable subject.
+fn cert_identity<IO>(tls: &TlsStream<IO>) -> Option<crate::authz::Identity> {
+    let der = tls.get_ref().1.peer_certificates()?.first()?;
+    match crate::authz::identity_from_der(der.as_ref()) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::debug!(error = %e, "client certificate without a usable subject");
+            None
+        }
     }
 }
 
@@ -565,14 +581,16 @@ pub async fn serve_http<S, B>(
                     None => {
                         let p = Peer {
                             addr: peer,
-                            certs: None,
+                            cert: None,
                         };
                         serve_http_conn(conn, service, p, header, stop).await
                     }
                     Some(acceptor) => match tokio::time::timeout(handshake, acceptor.accept(conn)).await {
                         Ok(Ok(tls)) => {
-                            let certs = tls.get_ref().1.peer_certificates().map(|c| Arc::new(c.to_vec()));
-                            let p = Peer { addr: peer, certs };
+                            let p = Peer {
+                                addr: peer,
+                                cert: cert_identity(&tls),
+                            };
                             serve_http_conn(tls, service, p, header, stop).await
                         }
                         Ok(Err(e)) => tracing::debug!(%role, %peer, error = %e, "TLS handshake failed"),

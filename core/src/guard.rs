@@ -239,6 +239,18 @@ impl Gate {
         }))
     }
 
+    /// True when `who` may read the event `name` raw (`Allow`, not summary-only, not denied).
+    /// What a door serving stored or live data asks per series after a summary-only grant.
+    pub fn raw_allowed(&self, who: &Identity, action: Action, name: &str) -> bool {
+        self.policy.authorize(who, action, name).decision == Decision::Allow
+    }
+
+    /// `PERMISSION_DENIED` for an identity granted only summaries of `resource` (by `grant`)
+    /// that asked for what only raw data answers: names the way out (`how`) and the rule.
+    pub fn summary_only(&self, who: &Identity, resource: &str, grant: &Grant, how: &str) -> Status {
+        Status::permission_denied(summary_only_message(&self.policy, who, resource, grant, how))
+    }
+
     /// [`Gate::admit`] then [`Gate::authorize`].
     pub fn check<T>(
         &self,
@@ -285,6 +297,23 @@ impl Gate {
             .map(|o| o.get(&addr).copied().unwrap_or(0))
             .unwrap_or(0)
     }
+}
+
+/// The message of [`Gate::summary_only`], for doors that answer with other errors than gRPC
+/// statuses (HTTP 403):
+/// `CN=bob, O=partner may read only summaries of "host.load": <how> (decided by the rule at
+/// policy.toml line 8)`.
+pub fn summary_only_message(
+    policy: &Policy,
+    who: &Identity,
+    resource: &str,
+    grant: &Grant,
+    how: &str,
+) -> String {
+    format!(
+        "{who} may read only summaries of {resource:?}: {how} (decided by {})",
+        policy.describe(grant)
+    )
 }
 
 fn describe_peer(id: &Identity, addr: Option<SocketAddr>) -> String {

@@ -14,21 +14,31 @@
 //! - [`http`]: the page (embedded assets), `/api/events` (SSE), `/api/snapshot`,
 //!   `/api/history` (archiver queries), `/metrics`.
 //! - [`telemetry`]: the names of the Prometheus metrics this crate records.
-//! - [`tls`]: HTTPS (rustls) when the config has a certificate and key.
+//! - [`tls`]: HTTPS (rustls) when the config has a certificate and key, client certificates
+//!   when it has a client CA; also used by the roles' Prometheus endpoints.
+//! - [`auth`]: who is asking (client certificate, a trusted proxy's headers, a bearer token)
+//!   and the policy's answer.
+//! - [`view`]: what one identity may see of the live data (no raw host values to identities
+//!   granted only summaries).
 //!
 //! [`run`] serves on a listener the caller bound (tests use port 0).
 
+pub mod auth;
 pub mod feed;
 pub mod http;
 pub mod model;
 pub mod telemetry;
 pub mod tls;
+pub mod view;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
 use serde::Deserialize;
@@ -71,13 +81,24 @@ pub struct DashboardConfig {
     /// Where the binary also serves Prometheus `/metrics` (the dashboard serves it on its own
     /// port too).
     pub metrics_listen: Option<String>,
-    /// `cert` and `key`: serve HTTPS. `ca` (with `cert`/`key` as the client identity): TLS
-    /// for the connections to the directory, producers and archiver. `allow_plaintext`: plain
-    /// HTTP off loopback.
+    /// `cert` and `key`: serve HTTPS. `client_ca`: verify browsers' client certificates (their
+    /// identity for the policy). `ca` (with `cert`/`key` as the client identity): TLS for the
+    /// connections to the directory, producers and archiver. `allow_plaintext`: plain HTTP off
+    /// loopback.
     pub tls: gma_core::tls::ServerTls,
     /// Connection caps and timeouts of the HTTP listener (`[limits]`: `max_connections`,
     /// `max_connections_per_address`, `handshake_timeout_ms`, `header_read_timeout_ms`).
     pub limits: gma_core::guard::Limits,
+    /// Serve plain HTTP even though `[tls]` has a certificate (then only the identity of the
+    /// dashboard's own connections into the fabric): behind an authenticating proxy on the
+    /// same host.
+    pub plain_http: bool,
+    /// The policy every data route asks (`--access-policy`); without one the dashboard is open
+    /// and serves on loopback only.
+    #[serde(rename = "access_policy")]
+    pub policy: Option<PathBuf>,
+    /// How browsers and scripts authenticate besides client certificates.
+    pub auth: auth::AuthConfig,
 }
 
 impl Default for DashboardConfig {
@@ -93,6 +114,9 @@ impl Default for DashboardConfig {
             metrics_listen: None,
             tls: Default::default(),
             limits: Default::default(),
+            plain_http: false,
+            policy: None,
+            auth: Default::default(),
         }
     }
 }
@@ -103,6 +127,51 @@ pub enum DashboardError {
     Config(String),
     #[error("io error: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// The refusals of the HTTP routes, mapped to statuses in one place ([`IntoResponse`]): the
+/// body is `{"error": message}`.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("{0}")]
+    BadRequest(String),
+    /// No identity (or an unusable one): 401, with `WWW-Authenticate: Bearer`.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// An identity the policy denies: 403, naming the rule.
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// The archiver failed or could not be reached.
+    #[error("{0}")]
+    BadGateway(String),
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let code = match &self {
+            HttpError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            HttpError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            HttpError::Forbidden(_) => StatusCode::FORBIDDEN,
+            HttpError::NotFound(_) => StatusCode::NOT_FOUND,
+            HttpError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+        };
+        let body = axum::Json(serde_json::json!({ "error": self.to_string() }));
+        if code == StatusCode::UNAUTHORIZED {
+            (
+                code,
+                [(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    "Bearer realm=\"gma dashboard\"",
+                )],
+                body,
+            )
+                .into_response()
+        } else {
+            (code, body).into_response()
+        }
+    }
 }
 
 impl DashboardConfig {
@@ -126,10 +195,15 @@ impl DashboardConfig {
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("give both a certificate and its key (--tls-cert and --tls-key)");
         }
-        if self.tls.client_ca.is_some() {
-            return bad("the dashboard does not verify browser certificates: leave out --tls-client-ca / tls.client_ca");
+        if self.tls.client_ca.is_some() && (self.tls.cert.is_none() || self.plain_http) {
+            return bad("a client CA (--tls-client-ca) verifies browsers over HTTPS: give --tls-cert and --tls-key, without --plain-http");
         }
         Ok(())
+    }
+
+    /// True when the dashboard serves HTTPS.
+    pub fn https(&self) -> bool {
+        self.tls.cert.is_some() && !self.plain_http
     }
 }
 
@@ -138,14 +212,23 @@ pub fn now_ms() -> i64 {
     gma_core::time::now_ns() / 1_000_000
 }
 
+/// One broadcast message: its SSE bytes (encoded once) and the classes of data it holds
+/// ([`view::classes`]), so that a viewer who may not see all of them gets a filtered copy.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub bytes: Bytes,
+    pub classes: u16,
+}
+
 /// What the feeds and the HTTP handlers share.
 pub struct Shared {
     model: Mutex<Model>,
-    tx: broadcast::Sender<Bytes>,
+    tx: broadcast::Sender<Frame>,
     archiver: Option<String>,
     metrics: Option<PrometheusHandle>,
     stop: watch::Receiver<bool>,
     status: Mutex<Value>,
+    auth: auth::Auth,
 }
 
 /// One server-sent event carrying `v` (`data: <json>\n\n`; JSON has no raw newlines).
@@ -165,24 +248,35 @@ impl Shared {
         for msg in f(&mut m) {
             metrics::counter!(telemetry::MESSAGES).increment(1);
             // No receiver is fine: nobody watches right now.
-            let _ = self.tx.send(sse_frame(&msg));
+            let _ = self.tx.send(Frame {
+                bytes: sse_frame(&msg),
+                classes: view::classes(&msg),
+            });
         }
         metrics::gauge!(telemetry::HOSTS).set(m.host_count() as f64);
     }
 
-    /// A subscription to the messages and the snapshot they follow, taken atomically.
-    pub fn subscribe(&self) -> (broadcast::Receiver<Bytes>, Bytes) {
+    /// A subscription to the messages and the snapshot (as `view` may see it) they follow,
+    /// taken atomically.
+    pub fn subscribe(&self, view: &view::View) -> (broadcast::Receiver<Frame>, Bytes) {
         let m = self.model.lock();
         let rx = self.tx.subscribe();
         let mut snap = m.snapshot(now_ms());
         snap["status"] = self.status.lock().clone();
+        view.filter(&mut snap);
         (rx, sse_frame(&snap))
     }
 
-    pub fn snapshot(&self) -> Value {
+    /// The snapshot as `view` may see it.
+    pub fn snapshot(&self, view: &view::View) -> Value {
         let mut snap = self.model.lock().snapshot(now_ms());
         snap["status"] = self.status.lock().clone();
+        view.filter(&mut snap);
         snap
+    }
+
+    pub fn auth(&self) -> &auth::Auth {
+        &self.auth
     }
 
     /// The state of an input (`directory`): `error` = None when it works.
@@ -214,6 +308,30 @@ pub async fn run(
     config.validate()?;
     let directory = config.directory.clone().unwrap_or_default();
     let bound = listener.local_addr()?;
+    let policy = match &config.policy {
+        Some(p) => Some(gma_core::authz::Policy::load(p).map_err(|e| DashboardError::Config(e.to_string()))?),
+        None => None,
+    };
+    if policy.is_none() && !bound.ip().is_loopback() {
+        return Err(DashboardError::Config(format!(
+            "without a policy the dashboard serves every fabric datum to whoever reaches it, so only on \
+             loopback: {bound} is not; give --access-policy FILE (and a way to authenticate: \
+             --tls-client-ca, [auth]) or listen on 127.0.0.1"
+        )));
+    }
+    let client_ca = config.tls.client_ca.as_deref().filter(|_| config.https());
+    let client_auth = match client_ca {
+        None => tls::ClientAuth::None,
+        Some(_) if config.auth.has_other_modes() => tls::ClientAuth::Optional,
+        Some(_) => tls::ClientAuth::Required,
+    };
+    let auth = auth::Auth::new(policy, &config.auth, client_ca.is_some())?;
+    let tls_config = match (&config.tls.cert, &config.tls.key) {
+        (Some(cert), Some(key)) if config.https() => {
+            Some(tls::server_config(cert, key, client_ca, client_auth)?)
+        }
+        _ => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (tx, _) = broadcast::channel(config.broadcast_capacity);
     let shared = Arc::new(Shared {
@@ -223,6 +341,7 @@ pub async fn run(
         metrics,
         stop: stop_rx.clone(),
         status: Mutex::new(serde_json::json!({})),
+        auth,
     });
     let tasks = vec![
         tokio::spawn(feed::records(shared.clone(), directory.clone(), stop_rx.clone())),
@@ -247,11 +366,7 @@ pub async fn run(
         // Ends every SSE stream, so the graceful shutdown does not wait on browsers.
         let _ = stop_tx.send(true);
     };
-    let tls = match (&config.tls.cert, &config.tls.key) {
-        (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
-        _ => None,
-    };
-    gma_core::conn::serve_http(listener, tls, app, &config.limits, "dashboard", signal).await;
+    gma_core::conn::serve_http(listener, tls_config, app, &config.limits, "dashboard", signal).await;
     for t in tasks {
         t.abort();
     }

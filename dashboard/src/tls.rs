@@ -1,41 +1,92 @@
-//! HTTPS for the dashboard: rustls (the ring provider tonic uses too) in front of axum. The
-//! certificate and key are the role's `[tls]` `cert` and `key` (or `--tls-cert`/`--tls-key`).
-//! Connections are accepted by [`gma_core::conn::serve_http`]: handshakes run in their own
-//! tasks, bounded by `[limits] handshake_timeout_ms`, so a slow or broken client never holds up
-//! the others; a failed handshake is dropped (and logged at debug).
+//! HTTPS for the dashboard and the roles' Prometheus endpoints: the rustls server config (the
+//! ring provider tonic uses too). The certificate and key are the role's `[tls]` `cert` and
+//! `key` (or `--tls-cert`/`--tls-key`); with a client CA (`client_ca`, `--tls-client-ca`) the
+//! handshake verifies client certificates against it, required or optional ([`ClientAuth`]).
+//!
+//! Connections are accepted by [`gma_core::conn::serve_http`] with this config: the caps and
+//! timeouts of `[limits]`, handshakes in their own tasks bounded by `handshake_timeout_ms` (a
+//! failed one is dropped and logged at debug), and every request carrying a
+//! [`gma_core::conn::Peer`]: the peer's address and the identity (subject CN and O, like the
+//! gRPC roles) of its verified client certificate.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls;
 
 use crate::DashboardError;
 
-/// The rustls server config of `cert` (PEM chain) and `key` (PEM private key).
+/// The rustls server configuration [`server_config`] builds.
+pub type ServerConfig = rustls::ServerConfig;
+
+/// Client certificates asked of HTTPS clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// No client certificate asked.
+    None,
+    /// Verified when given; a client without one still connects (other ways to authenticate
+    /// remain: a proxy's header, a bearer token).
+    Optional,
+    /// The handshake fails without a certificate of the client CA.
+    Required,
+}
+
+fn pem_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, DashboardError> {
+    let bad =
+        |e: &dyn std::fmt::Display| DashboardError::Config(format!("tls {what} {}: {e}", path.display()));
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(&e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(&e))?;
+    if certs.is_empty() {
+        return Err(DashboardError::Config(format!(
+            "tls {what} {}: no certificate in it",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The rustls server config of `cert` (PEM chain) and `key` (PEM private key), verifying client
+/// certificates against `client_ca` as `auth` says (`ClientAuth::None` ignores `client_ca`).
 pub fn server_config(
     cert: &Path,
     key: &Path,
-) -> Result<Arc<tokio_rustls::rustls::ServerConfig>, DashboardError> {
-    let bad = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
-        DashboardError::Config(format!("tls {what} {}: {e}", p.display()))
-    };
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad("cert", cert, &e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad("cert", cert, &e))?;
-    if certs.is_empty() {
-        return Err(DashboardError::Config(format!(
-            "tls cert {}: no certificate in it",
-            cert.display()
-        )));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("key", key, &e))?;
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let mut cfg = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+    client_ca: Option<&Path>,
+    auth: ClientAuth,
+) -> Result<Arc<rustls::ServerConfig>, DashboardError> {
+    let certs = pem_certs(cert, "cert")?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| DashboardError::Config(format!("tls key {}: {e}", key.display())))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| DashboardError::Config(format!("tls: {e}")))?
-        .with_no_client_auth()
+        .map_err(|e| DashboardError::Config(format!("tls: {e}")))?;
+    let builder = match (client_ca, auth) {
+        (Some(ca), ClientAuth::Optional | ClientAuth::Required) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in pem_certs(ca, "client CA")? {
+                roots
+                    .add(c)
+                    .map_err(|e| DashboardError::Config(format!("tls client CA {}: {e}", ca.display())))?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if auth == ClientAuth::Optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier
+                .build()
+                .map_err(|e| DashboardError::Config(format!("tls client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder
         .with_single_cert(certs, key)
         .map_err(|e| DashboardError::Config(format!("tls: {e}")))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];

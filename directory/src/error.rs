@@ -45,12 +45,6 @@ impl DirError {
     }
 }
 
-impl From<sled::Error> for DirError {
-    fn from(e: sled::Error) -> DirError {
-        DirError::Storage(e.to_string())
-    }
-}
-
 impl From<DirError> for Status {
     fn from(e: DirError) -> Status {
         let msg = e.to_string();

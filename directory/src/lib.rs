@@ -5,10 +5,12 @@
 //! - [`state`]: the deterministic state machine (records, schemas, leases, revisions, change
 //!   history). `apply(Command) -> Applied` has no I/O and no clock, so a replicated log can
 //!   drive it; Search/GetSchema/Watch snapshots are read-only queries on it.
-//! - [`raft`]: replication with openraft 0.9: the raft types, the sled storage (the only code
-//!   that touches sled: log, vote, snapshots; the state machine lives in memory and is rebuilt
-//!   from the latest snapshot plus the log), and the tonic network (raft RPCs, write forwarding,
-//!   membership changes).
+//! - [`raft`]: replication with openraft 0.9: the raft types, the storage (the raft log and vote
+//!   in a gma-durable log, fdatasynced before openraft is told; the state machine lives in
+//!   memory and is rebuilt from the latest snapshot file plus the log), and the tonic network
+//!   (raft RPCs, write forwarding, membership changes).
+//! - [`batch`]: concurrent writes proposed together as one raft entry (openraft 0.9 makes each
+//!   entry durable before it takes the next).
 //! - `service`: the tonic `Directory` implementation: writes are raft proposals (forwarded to
 //!   the leader from a follower), reads are linearizable by default; watchers fan out from the
 //!   state machine's broadcast and catch up from history.
@@ -21,6 +23,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod access;
+pub mod batch;
 pub mod error;
 pub mod raft;
 mod server;

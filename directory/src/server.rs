@@ -28,7 +28,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DirectoryConfig {
-    /// Where the sled database lives (created if missing).
+    /// Where the raft log and snapshot live (`data_dir/raft`, created if missing).
     pub data_dir: PathBuf,
     /// Lease TTL when a registration asks for 0.
     #[serde(default = "defaults::default_ttl_ms")]
@@ -367,8 +367,9 @@ pub(crate) async fn start_node_with(
         rpc_addr: advertised.to_string(),
         api_addr: advertised.to_string(),
     });
-    let (log, sm_store, sm) =
+    let (mut log, sm_store, sm) =
         crate::raft::storage::open(&config.data_dir.join("raft"), config.limits(), broadcast_capacity)?;
+    let restored = restored_leadership(&mut log, id).await?;
     let raft_config = openraft::Config {
         cluster_name: "gma-directory".into(),
         heartbeat_interval: config.heartbeat_ms,
@@ -395,7 +396,31 @@ pub(crate) async fn start_node_with(
             .await
             .map_err(|e| DirError::Storage(format!("cannot initialize the cluster: {e}")))?;
     }
-    Ok(Arc::new(Shared::new(config.clone(), id, raft, sm)))
+    Ok(Arc::new(Shared::new(config.clone(), id, raft, sm, restored)))
+}
+
+/// When this member led when it stopped (its stored vote is a committed vote for itself),
+/// openraft 0.9 makes it leader again at once, in the same term: `(term, index of the last
+/// entry in its log)`, for [`Shared::read_barrier`].
+async fn restored_leadership(
+    log: &mut crate::raft::storage::LogStore,
+    id: NodeId,
+) -> Result<Option<(u64, u64)>, DirError> {
+    use openraft::storage::RaftLogStorage;
+    let vote = log
+        .read_vote()
+        .await
+        .map_err(|e| DirError::Storage(format!("cannot read the raft vote: {e}")))?;
+    let Some(vote) = vote.filter(|v| v.committed && v.leader_id.voted_for() == Some(id)) else {
+        return Ok(None);
+    };
+    let last = log
+        .get_log_state()
+        .await
+        .map_err(|e| DirError::Storage(format!("cannot read the raft log state: {e}")))?
+        .last_log_id
+        .map_or(0, |l| l.index);
+    Ok(Some((vote.leader_id.get_term(), last)))
 }
 
 /// Runs a directory member on `listener` until `shutdown` completes.
@@ -462,11 +487,11 @@ pub async fn run_with_rpc(
                     Ok(c) => c,
                     Err(e) => {
                         tracing::info!(%caller, error = %e, "forwarded command refused");
-                        return Reply(Err(e));
+                        return Reply::one(Err(e));
                     }
                 };
                 let cmd = restamp(cmd, s.now_ms());
-                Reply(s.propose(cmd, None).await)
+                Reply::one(s.propose(cmd, None).await)
             })
         });
         RaftServer::new(RaftService {

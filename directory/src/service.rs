@@ -101,6 +101,7 @@ pub(crate) fn restamp(cmd: Command, now: u64) -> Command {
         Command::Expire { .. } => Command::Expire { now_ms: now },
         Command::ExtendAll { .. } => Command::ExtendAll { now_ms: now },
         c @ Command::Remove { .. } => c,
+        Command::Batch(cs) => Command::Batch(cs.into_iter().map(|c| restamp(c, now)).collect()),
     }
 }
 
@@ -115,6 +116,11 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// The term in which this node, as leader, last extended every lease (0: never).
     extended_term: AtomicU64,
+    /// `(term, last log index at start)` when this member led when it stopped and openraft
+    /// restored it as leader in that term (see [`Shared::read_barrier`]).
+    restored: Option<(u64, u64)>,
+    /// Concurrent writes go to raft together (one entry, one fdatasync).
+    batcher: crate::batch::Batcher,
 }
 
 fn unavailable(m: impl Into<String>) -> DirError {
@@ -174,7 +180,14 @@ async fn leader_client(
 }
 
 impl Shared {
-    pub fn new(config: DirectoryConfig, id: NodeId, raft: Raft, sm: Arc<SmShared>) -> Shared {
+    pub fn new(
+        config: DirectoryConfig,
+        id: NodeId,
+        raft: Raft,
+        sm: Arc<SmShared>,
+        restored: Option<(u64, u64)>,
+    ) -> Shared {
+        let batcher = crate::batch::Batcher::start(raft.clone());
         Shared {
             sm,
             raft,
@@ -184,6 +197,8 @@ impl Shared {
             stop: watch::channel(false).0,
             closed: AtomicBool::new(false),
             extended_term: AtomicU64::new(0),
+            restored,
+            batcher,
         }
     }
 
@@ -207,7 +222,7 @@ impl Shared {
             ));
         }
         let timeout = std::time::Duration::from_millis(self.config.write_timeout_ms);
-        let written = match tokio::time::timeout(timeout, self.raft.client_write(cmd.clone())).await {
+        let written = match tokio::time::timeout(timeout, self.batcher.write(cmd.clone())).await {
             Ok(r) => r,
             Err(_) => {
                 return Err(unavailable(format!(
@@ -217,7 +232,7 @@ impl Shared {
             }
         };
         match written {
-            Ok(r) => r.data.0,
+            Ok(r) => r,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 let (Some(leader), Some(caller)) = (f.leader_node, forward_for) else {
                     return Err(unavailable(
@@ -235,9 +250,22 @@ impl Shared {
 
     /// Waits until a linearizable read of the local state is allowed. `Ok(None)`: read here;
     /// `Ok(Some(leader))`: this node is a follower; pass the read to `leader`.
+    ///
+    /// openraft's read index is the larger of the leader's first entry of its term and its
+    /// commit index. A member that led when it stopped is made leader again at once by
+    /// openraft 0.9, in the same term, with the commit index it had persisted, which is not
+    /// flushed and may trail entries it had committed and acknowledged (the Jepsen test found
+    /// it: after kill -9 of all three members, a read missed an acknowledged update, which
+    /// came back a moment later). So while this member leads in the term it restored, a read
+    /// also waits until everything its log held at start is applied: every entry ever
+    /// committed is there (its own entries were on its disk before they committed; the
+    /// earlier ones it held when it was elected).
     pub async fn read_barrier(&self) -> Result<Option<Node>, DirError> {
         match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(None),
+            Ok(_) => {
+                self.await_restored_log().await?;
+                Ok(None)
+            }
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node {
                 Some(n) if f.leader_id != Some(self.id) => Ok(Some(n)),
                 _ => Err(unavailable(
@@ -249,6 +277,32 @@ impl Shared {
             ))),
             Err(RaftError::Fatal(e)) => Err(unavailable(format!("raft stopped on this member: {e}"))),
         }
+    }
+
+    /// See [`Shared::read_barrier`]: on a leader restored in its old term, waits until the
+    /// log it started with is applied.
+    async fn await_restored_log(&self) -> Result<(), DirError> {
+        let Some((term, last)) = self.restored else {
+            return Ok(());
+        };
+        let (current, applied) = {
+            let m = self.raft.metrics().borrow().clone();
+            (m.current_term, m.last_applied.map_or(0, |l| l.index))
+        };
+        if current != term || applied >= last {
+            return Ok(());
+        }
+        let timeout = std::time::Duration::from_millis(self.config.write_timeout_ms);
+        self.raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(last), "restored leader applies its log")
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                unavailable(format!(
+                    "this member leads again after a restart and has not yet applied its log up to index {last} ({e}): retry"
+                ))
+            })
     }
 
     /// On the leader: extend every lease once per term (so a failover never mass-expires
@@ -416,6 +470,13 @@ impl Shared {
                     "lease expiry is the leader's own command; a member may only forward client commands"
                         .into(),
                 ))
+            }
+            Command::Batch(_) => {
+                // A member forwards each client's command on its own (`propose`); batches are
+                // formed by the proposing member's batcher, never forwarded.
+                return Err(DirError::invalid(
+                    "a forwarded write carries one client command, not a batch",
+                ));
             }
         })
     }

@@ -217,6 +217,9 @@ pub enum Command {
     ExtendAll {
         now_ms: u64,
     },
+    /// Commands proposed together as one raft entry (see `crate::batch`): the raft state
+    /// machine applies them one by one, in order, each with its own reply. Never nested.
+    Batch(Vec<Command>),
 }
 
 /// The result of a successful command.
@@ -428,6 +431,9 @@ impl DirectoryState {
                 now_ms,
             } => self.update(record, schemas, ttl_ms, now_ms),
             Command::Remove { kind, id } => self.remove(kind, id),
+            Command::Batch(_) => Err(DirError::invalid(
+                "a batch is applied command by command by the raft state machine",
+            )),
             Command::KeepAlive {
                 lease_id,
                 now_ms,

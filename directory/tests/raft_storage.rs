@@ -1,4 +1,5 @@
-//! The raft storage on sled: openraft's conformance suite, restart, snapshot install.
+//! The raft storage (gma-durable log + snapshot file): openraft's conformance suite, restart,
+//! snapshot install, the refusal of the old sled layout.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -389,4 +390,21 @@ async fn a_corrupt_snapshot_is_a_storage_error() {
         "nothing was stored"
     );
     assert_eq!(sm.applied_state().await.unwrap().0, None);
+}
+
+#[test]
+fn the_sled_layout_of_earlier_builds_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("conf"), b"segment_size: 524288").unwrap();
+    std::fs::write(dir.path().join("db"), b"").unwrap();
+    let err = open(dir.path(), Limits::default(), 16).err().unwrap().to_string();
+    assert!(err.contains("sled layout") && err.contains("move"), "{err}");
+}
+
+#[test]
+fn a_second_open_of_the_same_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = open(dir.path(), Limits::default(), 16).unwrap();
+    let err = open(dir.path(), Limits::default(), 16).err().unwrap().to_string();
+    assert!(err.contains("locked"), "{err}");
 }

@@ -57,7 +57,12 @@ pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("archiver", m, cfg.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics(
+            "archiver",
+            m,
+            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
+        )
+        .await?;
     }
     let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     let bound = listener.local_addr()?;

@@ -154,6 +154,7 @@ pub async fn run(samples: u64, duration: Option<u64>, output: Output) -> anyhow:
     store.checkpoint().await.map_err(|e| anyhow!("{e}"))?;
     let spec = |agg: Agg, step: Option<i64>| QuerySpec {
         name: Pattern::event("bench.one").unwrap_or_else(|_| Pattern::any()),
+        names: None,
         source: None,
         field: Some("load1".into()),
         from_ns: 1_700_000_000_000_000_000,

@@ -749,6 +749,7 @@ fn print(f: &Figures, output: Output) {
             "register_1_client_per_s": f.reg1.per_s(),
             "register_64_clients_per_s": f.reg64.per_s(),
             "register_errors": {"clients_1": f.reg1.errors, "clients_64": f.reg64.errors},
+            "register_last_error": {"clients_1": f.reg1.last_error, "clients_64": f.reg64.last_error},
             "register_latency_ms": {"clients_1": pct(&f.reg1.latency), "clients_64": pct(&f.reg64.latency)},
             "register_cpu_cores_used": {"clients_1": f.reg1.cpu_cores, "clients_64": f.reg64.cpu_cores},
             "search_linearizable_ms": pct(&f.search_lin),
@@ -792,7 +793,7 @@ fn print(f: &Figures, output: Output) {
                 ("the node", "on the node")
             };
             println!(
-                "directory: {} node{}, real `gma directory` processes on 127.0.0.1, sled, 60 s leases",
+                "directory: {} node{}, real `gma directory` processes on 127.0.0.1, fsynced raft log, 60 s leases",
                 f.nodes,
                 if f.nodes > 1 { "s" } else { "" }
             );

@@ -189,7 +189,12 @@ async fn serve(
     }
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("broker", m, cfg.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics(
+            "broker",
+            m,
+            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
+        )
+        .await?;
     }
     let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     eprintln!("gma broker listening on {}", listener.local_addr()?);
@@ -285,7 +290,12 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
     }
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("simres", m, cfg.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics(
+            "simres",
+            m,
+            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
+        )
+        .await?;
     }
     let listener = bind_checked(cfg.listen.as_deref().unwrap_or("127.0.0.1:7400"), &cfg.tls).await?;
     eprintln!("gma simres listening on {}", listener.local_addr()?);

@@ -42,6 +42,10 @@ pub struct TlsArgs {
     /// given. Without one every identity may do everything.
     #[arg(long, global = true, env = "GMA_ACCESS_POLICY")]
     pub access_policy: Option<PathBuf>,
+    /// Serve the Prometheus endpoints (--metrics-listen, --prometheus) in plain HTTP without
+    /// authorization even next to a TLS role (refused otherwise).
+    #[arg(long, global = true)]
+    pub metrics_insecure: bool,
 }
 
 impl TlsArgs {

@@ -20,9 +20,26 @@ pub struct DashboardArgs {
     #[arg(long)]
     pub archiver: Option<String>,
     /// TOML config (listen, directory, archiver, patterns, cluster_poll_ms, history_points,
-    /// broadcast_capacity, metrics_listen, [tls], [limits]).
+    /// broadcast_capacity, metrics_listen, plain_http, access_policy, [tls], [auth], [limits]).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Serve plain HTTP although --tls-cert is given (it then only identifies the dashboard's
+    /// own connections into the fabric): behind an authenticating proxy on the same host.
+    #[arg(long)]
+    pub plain_http: bool,
+    /// Header an authenticating reverse proxy sets with the user name (e.g. X-Forwarded-User);
+    /// accepted only from --auth-trusted-proxy addresses.
+    #[arg(long)]
+    pub auth_proxy_user_header: Option<String>,
+    /// Header the proxy sets with the user's organization or groups (first value = the O).
+    #[arg(long)]
+    pub auth_proxy_org_header: Option<String>,
+    /// Address (or CIDR block) the proxy connects from; repeatable.
+    #[arg(long)]
+    pub auth_trusted_proxy: Vec<String>,
+    /// TOML file of bearer tokens for scripts ([[token]]: token, cn, org).
+    #[arg(long)]
+    pub auth_tokens: Option<PathBuf>,
     #[command(flatten)]
     pub metrics: crate::cli::MetricsArgs,
 }
@@ -44,17 +61,39 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     if a.metrics.metrics_listen.is_some() {
         cfg.metrics_listen = a.metrics.metrics_listen;
     }
-    let mut no_policy = None;
-    apply_security(&mut cfg.tls, &mut no_policy)?;
+    if a.plain_http {
+        cfg.plain_http = true;
+    }
+    if a.auth_proxy_user_header.is_some() {
+        cfg.auth.proxy_user_header = a.auth_proxy_user_header;
+    }
+    if a.auth_proxy_org_header.is_some() {
+        cfg.auth.proxy_org_header = a.auth_proxy_org_header;
+    }
+    if !a.auth_trusted_proxy.is_empty() {
+        cfg.auth.trusted_proxies = a.auth_trusted_proxy;
+    }
+    if a.auth_tokens.is_some() {
+        cfg.auth.tokens_file = a.auth_tokens;
+    }
+    apply_security(&mut cfg.tls, &mut cfg.policy)?;
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
     // The dashboard always serves /metrics on its own port; --metrics-listen adds another.
     let handle = crate::telemetry::recorder()?;
-    if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("dashboard", m, cfg.tls.allow_plaintext).await?;
+    // The dashboard's TLS as it serves browsers: plain with --plain-http even with a
+    // certificate. The metrics endpoint takes it (and the policy); the listener is checked
+    // with it before binding.
+    let mut served = cfg.tls.clone();
+    if !cfg.https() {
+        (served.cert, served.key, served.client_ca) = (None, None, None);
     }
-    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
+    if let Some(m) = &cfg.metrics_listen {
+        let door = crate::telemetry::MetricsDoor::new(&served, cfg.policy.as_ref());
+        crate::telemetry::serve_metrics("dashboard", m, &door).await?;
+    }
+    let listener = bind_checked(&cfg.listen, &served).await?;
     let bound = listener.local_addr()?;
-    let scheme = if cfg.tls.cert.is_some() { "https" } else { "http" };
+    let scheme = if cfg.https() { "https" } else { "http" };
     if scheme == "http" {
         crate::telemetry::check_plain_http("the dashboard", bound, cfg.tls.allow_plaintext)?;
     }

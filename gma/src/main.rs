@@ -48,6 +48,7 @@ fn main() {
         std::process::exit(1);
     }
     roles::set_security(cli.tls.server(), cli.tls.access_policy.clone());
+    telemetry::set_insecure(cli.tls.metrics_insecure);
     let result = rt.block_on(run(cli.command));
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();

@@ -783,7 +783,12 @@ pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
         cfg.metrics_listen = a.metrics.metrics_listen.clone();
     }
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("monitor", m, cfg.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics(
+            "monitor",
+            m,
+            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
+        )
+        .await?;
     }
     let listener = bind(cfg.listen.as_deref().unwrap_or("127.0.0.1:0")).await?;
     let bound = listener.local_addr()?;

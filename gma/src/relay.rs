@@ -431,7 +431,12 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
         cfg.metrics_listen = a.metrics.metrics_listen.clone();
     }
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("relay", m, cfg.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics(
+            "relay",
+            m,
+            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
+        )
+        .await?;
     }
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let listener = bind_checked(&listen, &cfg.tls).await?;

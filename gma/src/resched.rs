@@ -63,7 +63,12 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     // producers followed and the applications' AppControl.
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("rescheduler", m, cfg.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics(
+            "rescheduler",
+            m,
+            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
+        )
+        .await?;
     }
     let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     eprintln!("gma rescheduler listening on {}", listener.local_addr()?);

@@ -96,7 +96,12 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .as_ref()
         .or(config.metrics_listen.as_ref())
     {
-        crate::telemetry::serve_metrics("directory", m, config.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics(
+            "directory",
+            m,
+            &crate::telemetry::MetricsDoor::new(&config.tls, config.policy.as_ref()),
+        )
+        .await?;
     }
     let listener = bind_checked(&listen, &config.tls).await?;
     let bound = listener.local_addr()?;
@@ -227,15 +232,15 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
 
 pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     let cfg = producer_config(&a)?;
+    let door = crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref());
     if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics("producer", m, cfg.tls.allow_plaintext).await?;
+        crate::telemetry::serve_metrics("producer", m, &door).await?;
     }
     let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
-    let plain = cfg.tls.allow_plaintext;
     let prometheus = cfg.prometheus.clone();
     let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
     if let Some(addr) = &prometheus {
-        crate::telemetry::serve_producer_values(addr, p.hub.clone(), plain).await?;
+        crate::telemetry::serve_producer_values(addr, p.hub.clone(), &door).await?;
     }
     eprintln!("gma producer listening on {}", listener.local_addr()?);
     let hub = p.hub.clone();

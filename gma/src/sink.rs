@@ -105,9 +105,6 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     for p in &a.sources {
         gma_core::pattern::Pattern::source(p).map_err(|e| anyhow!("--source {p}: {e}"))?;
     }
-    if let Some(m) = &a.metrics.metrics_listen {
-        crate::telemetry::serve_metrics("sink", m, false).await?;
-    }
     let flags = crate::roles::server_tls_flags().unwrap_or_default();
     let listener = crate::roles::bind_checked(&a.listen, &flags).await?;
     let addr = listener.local_addr()?;
@@ -134,6 +131,10 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
             "note: gma sink does not apply --access-policy; require client certificates with --tls-client-ca to \
              restrict which producers may push"
         );
+    }
+    if let Some(m) = &a.metrics.metrics_listen {
+        let door = crate::telemetry::MetricsDoor::new(&config.tls, policy.as_ref());
+        crate::telemetry::serve_metrics("sink", m, &door).await?;
     }
     let printer = Arc::new(Printer {
         end_after: a.end_after,

@@ -5,16 +5,184 @@
 //!
 //! Histograms are exported as Prometheus histograms (`_bucket`, `_sum`, `_count`) with the
 //! latency buckets of [`BUCKETS`], in seconds.
+//!
+//! These endpoints take the role's security ([`MetricsDoor`]): next to a role with a
+//! certificate they serve HTTPS with it, require client certificates of the role's client CA
+//! when it has one, and ask the role's policy (`metrics.read` on the role; the producer's
+//! sensor values also `producer.query` allowed raw per event name). Plain HTTP next to a TLS
+//! role (`http://ADDR`, or any address with `--metrics-insecure`) is refused at start unless
+//! `--metrics-insecure` says so explicitly; then the endpoint is open. The doors are listed in
+//! `gma_core::rpc::METRICS_DOORS` and `gma_producer::prometheus::DOORS`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
+use axum::extract::{Extension, State};
+use axum::response::IntoResponse;
 use axum::routing::get;
+use gma_core::authz::{Action, Decision, Identity, Policy};
+use gma_core::conn::Peer;
 use gma_core::rpc::RpcStats;
+use gma_core::tls::ServerTls;
+use gma_dashboard::tls::ClientAuth;
+use gma_dashboard::HttpError;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::roles::bind;
+
+static INSECURE: AtomicBool = AtomicBool::new(false);
+
+/// `--metrics-insecure`: serve the Prometheus endpoints in plain HTTP without authorization even
+/// next to a TLS role.
+pub fn set_insecure(on: bool) {
+    INSECURE.store(on, Ordering::Relaxed);
+}
+
+/// The security a role's Prometheus endpoints take from the role: its `[tls]` and its policy.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsDoor {
+    pub tls: ServerTls,
+    pub policy: Option<PathBuf>,
+}
+
+impl MetricsDoor {
+    pub fn new(tls: &ServerTls, policy: Option<&PathBuf>) -> MetricsDoor {
+        MetricsDoor {
+            tls: tls.clone(),
+            policy: policy.cloned(),
+        }
+    }
+}
+
+/// How one endpoint serves, decided at start.
+struct Guard {
+    /// The role, the resource of `metrics.read`.
+    role: String,
+    /// `None`: open (no policy, or --metrics-insecure).
+    policy: Option<Policy>,
+}
+
+impl Guard {
+    /// The identity of the request, authorized for `metrics.read` on the role.
+    fn admit(&self, peer: &Peer) -> Result<Identity, HttpError> {
+        let who = peer.identity();
+        let Some(policy) = &self.policy else {
+            return Ok(who);
+        };
+        let g = policy.authorize(&who, Action::MetricsRead, &self.role);
+        if g.decision == Decision::Deny {
+            return Err(if who.is_anonymous() {
+                HttpError::Unauthenticated(format!(
+                    "metrics of the {}: present a client certificate (anonymous scrapers are denied by {})",
+                    self.role,
+                    policy.describe(&g)
+                ))
+            } else {
+                HttpError::Forbidden(format!(
+                    "{who} may not metrics.read {:?} (denied by {})",
+                    self.role,
+                    policy.describe(&g)
+                ))
+            });
+        }
+        Ok(who)
+    }
+
+    /// True when `who` may read event `name` raw (open endpoints: always).
+    fn raw(&self, who: &Identity, name: &str) -> bool {
+        self.policy
+            .as_ref()
+            .is_none_or(|p| p.authorize(who, Action::ProducerQuery, name).decision == Decision::Allow)
+    }
+}
+
+/// Binds `addr` (`ADDR`, `http://ADDR` or `https://ADDR`) for the Prometheus endpoint `flag`
+/// of `role` and decides how it serves: HTTPS with the role's certificate and client CA and its
+/// policy, or plain HTTP (a role without a certificate; or `--metrics-insecure`, open).
+async fn open_door(
+    flag: &str,
+    role: &str,
+    addr: &str,
+    door: &MetricsDoor,
+) -> anyhow::Result<(
+    tokio::net::TcpListener,
+    Option<Arc<gma_dashboard::tls::ServerConfig>>,
+    Guard,
+)> {
+    let (scheme, bare) = match addr.split_once("://") {
+        Some((s, rest)) if s == "http" || s == "https" => (Some(s), rest),
+        Some((s, _)) => bail!("{flag} {addr}: unknown scheme {s:?} (give ADDR, http://ADDR or https://ADDR)"),
+        None => (None, addr),
+    };
+    let insecure = INSECURE.load(Ordering::Relaxed);
+    let role_tls = door.tls.cert.is_some() && door.tls.key.is_some();
+    let what = if door.tls.client_ca.is_some() {
+        "mTLS"
+    } else {
+        "TLS"
+    };
+    let policy = gma_core::guard::load_policy(door.policy.as_ref()).map_err(|e| anyhow!("{e}"))?;
+    let policy = door.policy.as_ref().map(|_| policy);
+    let tls = match (scheme, role_tls, insecure) {
+        (Some("https"), false, _) => {
+            bail!("{flag} {addr}: the {role} has no certificate to serve HTTPS with (give --tls-cert and --tls-key)")
+        }
+        (Some("http"), true, false) => bail!(
+            "{flag} {addr} would serve the {role}'s metrics in plain HTTP next to its {what} endpoint: give \
+             {flag} {bare} (it then takes the {role}'s TLS, client CA and policy) or add --metrics-insecure"
+        ),
+        (Some("https"), true, _) | (None, true, false) => {
+            let (Some(cert), Some(key)) = (&door.tls.cert, &door.tls.key) else {
+                bail!("{flag}: the {role}'s certificate and key are both needed");
+            };
+            let auth = if door.tls.client_ca.is_some() {
+                ClientAuth::Required
+            } else {
+                ClientAuth::None
+            };
+            Some(
+                gma_dashboard::tls::server_config(cert, key, door.tls.client_ca.as_deref(), auth)
+                    .map_err(|e| anyhow!("{flag}: {e}"))?,
+            )
+        }
+        _ => None,
+    };
+    let open = tls.is_none() && insecure;
+    if open {
+        tracing::warn!(
+            role,
+            flag,
+            "serving metrics in plain HTTP without authorization (--metrics-insecure)"
+        );
+    }
+    if tls.is_none() {
+        check_plain_listen(flag, bare, door.tls.allow_plaintext)?;
+    }
+    let listener = bind(bare).await?;
+    Ok((
+        listener,
+        tls,
+        Guard {
+            role: role.to_string(),
+            policy: if open { None } else { policy },
+        },
+    ))
+}
+
+fn serve_in_background(
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<gma_dashboard::tls::ServerConfig>>,
+    app: axum::Router,
+    what: &'static str,
+) {
+    tokio::spawn(async move {
+        let limits = gma_core::guard::Limits::default();
+        gma_core::conn::serve_http(listener, tls, app, &limits, what, std::future::pending()).await
+    });
+}
 
 /// Metrics of the roles that live in this binary (relay, monitor).
 pub const RELAY_EVENTS: &str = "gma_relay_events_relayed_total";
@@ -90,25 +258,31 @@ fn check_plain_listen(what: &str, addr: &str, allow_plaintext: bool) -> anyhow::
     Ok(())
 }
 
-/// Serves `GET /metrics` on `addr` for `role` in the background and prints
-/// `gma <role> metrics on ADDR` on stderr.
-pub async fn serve_metrics(role: &str, addr: &str, allow_plaintext: bool) -> anyhow::Result<SocketAddr> {
+/// Serves `GET /metrics` on `addr` for `role` in the background, guarded by the role's
+/// security (`door`, see the module documentation), and prints `gma <role> metrics on ADDR`
+/// on stderr.
+pub async fn serve_metrics(role: &str, addr: &str, door: &MetricsDoor) -> anyhow::Result<SocketAddr> {
     let handle = recorder()?;
-    check_plain_listen("--metrics-listen", addr, allow_plaintext)?;
-    let listener = bind(addr).await?;
+    let (listener, tls, guard) = open_door("--metrics-listen", role, addr, door).await?;
     let bound = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let handle = handle.clone();
-            async move { prometheus_text(handle.render()) }
-        }),
-    );
+    let app =
+        axum::Router::new()
+            .route(
+                "/metrics",
+                get(
+                    |State(st): State<Arc<(Guard, PrometheusHandle)>>,
+                     Extension(peer): Extension<Peer>| async move {
+                        let (guard, handle) = &*st;
+                        match guard.admit(&peer) {
+                            Ok(_) => prometheus_text(handle.render()).into_response(),
+                            Err(e) => e.into_response(),
+                        }
+                    },
+                ),
+            )
+            .with_state(Arc::new((guard, handle)));
     eprintln!("gma {role} metrics on {bound}");
-    tokio::spawn(async move {
-        let limits = gma_core::guard::Limits::default();
-        gma_core::conn::serve_http(listener, None, app, &limits, "metrics", std::future::pending()).await
-    });
+    serve_in_background(listener, tls, app, "metrics");
     Ok(bound)
 }
 
@@ -124,27 +298,38 @@ pub fn prometheus_text(body: String) -> impl axum::response::IntoResponse {
 }
 
 /// Serves the producer's latest sensor values (`gma producer --prometheus ADDR`) at
-/// `/metrics`, in the background; prints `gma producer prometheus on ADDR`.
+/// `/metrics`, in the background, guarded like [`serve_metrics`]; a scraper gets the gauges of
+/// the series it may `producer.query` raw only. Prints `gma producer prometheus on ADDR`.
 pub async fn serve_producer_values(
     addr: &str,
     hub: Arc<gma_producer::Hub>,
-    allow_plaintext: bool,
+    door: &MetricsDoor,
 ) -> anyhow::Result<SocketAddr> {
-    check_plain_listen("--prometheus", addr, allow_plaintext)?;
-    let listener = bind(addr).await?;
+    let (listener, tls, guard) = open_door("--prometheus", "producer", addr, door).await?;
     let bound = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let hub = hub.clone();
-            async move { prometheus_text(gma_producer::prometheus::render(&hub)) }
-        }),
-    );
+    let app =
+        axum::Router::new()
+            .route(
+                "/metrics",
+                get(
+                    |State(st): State<Arc<(Guard, Arc<gma_producer::Hub>)>>,
+                     Extension(peer): Extension<Peer>| async move {
+                        let (guard, hub) = &*st;
+                        match guard.admit(&peer) {
+                            Ok(who) => {
+                                prometheus_text(gma_producer::prometheus::render_filtered(hub, |name| {
+                                    guard.raw(&who, name)
+                                }))
+                                .into_response()
+                            }
+                            Err(e) => e.into_response(),
+                        }
+                    },
+                ),
+            )
+            .with_state(Arc::new((guard, hub)));
     eprintln!("gma producer prometheus on {bound}");
-    tokio::spawn(async move {
-        let limits = gma_core::guard::Limits::default();
-        gma_core::conn::serve_http(listener, None, app, &limits, "prometheus", std::future::pending()).await
-    });
+    serve_in_background(listener, tls, app, "prometheus");
     Ok(bound)
 }
 

@@ -464,4 +464,25 @@ fn roles_refuse_bad_settings_at_start() {
         );
         assert!(!r.stderr.contains("listening on"), "{args:?}: {}", r.stderr);
     }
+    // The same for a plain-HTTP Prometheus endpoint of a plaintext role.
+    let r = gma(
+        &[
+            "producer",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-host-sensors",
+            "--metrics-listen",
+            &any,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "--metrics-listen on {any} would serve plain HTTP off loopback"
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("metrics on"), "{}", r.stderr);
 }

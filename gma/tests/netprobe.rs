@@ -1,6 +1,7 @@
 //! Network sensors with real processes: four `gma netprobe` hosts, each in its own network
 //! namespace joined by veth pairs to a bridge in the root namespace (where the directory, the
-//! subscriber and the broker run), or on loopback where namespaces cannot be made. Every
+//! subscriber and the broker run), or on loopback where namespaces cannot be made (outside CI
+//! only: under `CI=true` a missing namespace or `tc` fails the test with its reason). Every
 //! claim is checked from the published events: no two probes of the clique ever overlap, one
 //! token survives the death of its holder, a tbf-shaped link is measured within 10 %.
 
@@ -9,10 +10,9 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::netns::{missing_capability, Segment};
 use common::*;
 use gma_proto::v1 as pb;
 
@@ -20,184 +20,20 @@ const HOSTS: usize = 4;
 const LONG: Duration = Duration::from_secs(120);
 
 // ---------------------------------------------------------------------------------------------
-// The segment: network namespaces on a bridge, or loopback
+// The segment: network namespaces on a bridge (the shared kit), or loopback outside CI
 // ---------------------------------------------------------------------------------------------
 
-/// Four hosts on one segment. In namespace mode each host is a namespace with one veth into
-/// the bridge `br`; the root side of host i's veth (`links[i]`) is where traffic toward host i
-/// leaves the bridge, so shaping it shapes every path into host i. Dropped (also when a test
-/// fails): the namespaces, their veths and the bridge are deleted.
-struct Segment {
-    namespaces: Vec<String>,
-    links: Vec<String>,
-    bridge: Option<String>,
-    /// Listen address of the root-namespace roles (directory).
-    root_ip: String,
-    host_ips: Vec<String>,
-}
-
-fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {args:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// A /27 of 10.0.0.0/8 chosen by the pid (parallel test processes get different ones) that
-/// no address or route of this machine overlaps.
-fn free_subnet() -> Option<u32> {
-    let used: Vec<(u32, u32)> = [ip(&["-4", "-o", "addr", "show"]), ip(&["-4", "route", "show"])]
-        .into_iter()
-        .filter_map(Result::ok)
-        .flat_map(|text| {
-            text.split_whitespace()
-                .filter_map(|w| {
-                    let (a, len) = w.split_once('/').unwrap_or((w, "32"));
-                    let a: Ipv4Addr = a.parse().ok()?;
-                    let len: u32 = len.parse().ok()?;
-                    Some((u32::from(a), len.min(32)))
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let overlaps = |net: u32| {
-        used.iter().any(|(a, len)| {
-            let len = (*len).min(27);
-            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-            (a & mask) == (net & mask)
-        })
-    };
-    let base = u32::from(Ipv4Addr::new(10, 0, 0, 0));
-    let first = std::process::id() % (1 << 19);
-    (0..64)
-        .map(|k| base + ((first + k * 7919) % (1 << 19)) * 32)
-        .find(|net| !overlaps(*net))
-}
-
-impl Segment {
-    fn new() -> Segment {
-        match Segment::namespaces() {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!(
-                    "NOTE: network namespaces unavailable ({e}); the hosts share loopback, \
-                     and nothing can be shaped"
-                );
-                Segment::loopback()
-            }
-        }
-    }
-
-    fn loopback() -> Segment {
-        Segment {
-            namespaces: Vec::new(),
-            links: Vec::new(),
-            bridge: None,
-            root_ip: "127.0.0.1".into(),
-            host_ips: vec!["127.0.0.1".into(); HOSTS],
-        }
-    }
-
-    fn namespaces() -> Result<Segment, String> {
-        if std::env::var_os("GMA_TEST_NO_NETNS").is_some() {
-            return Err("GMA_TEST_NO_NETNS is set".into());
-        }
-        let net = free_subnet().ok_or("no free 10.x /27")?;
-        let addr = |i: u32| Ipv4Addr::from(net + i).to_string();
-        let pid = std::process::id();
-        let mut seg = Segment {
-            namespaces: Vec::new(),
-            links: Vec::new(),
-            bridge: None,
-            root_ip: addr(1),
-            host_ips: Vec::new(),
-        };
-        // From here on, whatever was made is undone by Drop if a step fails.
-        let br = format!("gnb{pid}");
-        ip(&["link", "add", &br, "type", "bridge"])?;
-        seg.bridge = Some(br.clone());
-        ip(&["addr", "add", &format!("{}/27", addr(1)), "dev", &br])?;
-        ip(&["link", "set", &br, "up"])?;
-        for i in 0..HOSTS {
-            let ns = format!("gma-np-{pid}-{i}");
-            let (host_end, ns_end) = (format!("gnh{pid}x{i}"), format!("gnv{pid}x{i}"));
-            ip(&["netns", "add", &ns])?;
-            seg.namespaces.push(ns.clone());
-            ip(&["link", "add", &host_end, "type", "veth", "peer", "name", &ns_end])?;
-            seg.links.push(host_end.clone());
-            ip(&["link", "set", &ns_end, "netns", &ns])?;
-            ip(&["link", "set", &host_end, "master", &br])?;
-            ip(&["link", "set", &host_end, "up"])?;
-            let a = addr(10 + i as u32);
-            ip(&[
-                "netns",
-                "exec",
-                &ns,
-                "ip",
-                "addr",
-                "add",
-                &format!("{a}/27"),
-                "dev",
-                &ns_end,
-            ])?;
-            ip(&["netns", "exec", &ns, "ip", "link", "set", &ns_end, "up"])?;
-            ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])?;
-            seg.host_ips.push(a);
-        }
-        eprintln!(
-            "segment: bridge {br} {}/27, hosts {:?} in namespaces {:?}",
-            seg.root_ip, seg.host_ips, seg.namespaces
-        );
-        Ok(seg)
-    }
-
-    /// `tc qdisc add dev <link toward host i> root tbf rate <rate> burst 32kbit latency 50ms`.
-    fn shape_toward(&self, i: usize, rate: &str) -> Result<(), String> {
-        let dev = self.links.get(i).ok_or("no link to shape on loopback")?;
-        let out = Command::new("tc")
-            .args(["qdisc", "add", "dev", dev, "root", "tbf", "rate", rate])
-            .args(["burst", "32kbit", "latency", "50ms"])
-            .output()
-            .map_err(|e| format!("tc: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("tc: {}", String::from_utf8_lossy(&out.stderr).trim()));
-        }
-        Ok(())
-    }
-
-    /// Starts `gma args...` as host `i` (inside its namespace).
-    fn start_on_host(&self, i: usize, args: &[&str], marker: &str) -> Proc {
-        match self.namespaces.get(i) {
-            Some(ns) => {
-                let mut cmd = Command::new("ip");
-                cmd.args(["netns", "exec", ns]).arg(gma_bin());
-                Proc::start_cmd(cmd, args, marker)
-            }
-            None => Proc::start(args, marker),
-        }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // Deleting one end of a veth deletes the pair at once (a deleted namespace only takes
-        // its devices along when the kernel gets round to destroying it).
-        for l in &self.links {
-            let _ = ip(&["link", "del", l]);
-        }
-        for ns in &self.namespaces {
-            let _ = ip(&["netns", "del", ns]);
-        }
-        if let Some(br) = &self.bridge {
-            let _ = ip(&["link", "del", br]);
+/// Four hosts on one segment (`common::netns`). Where namespaces cannot be made the hosts
+/// share loopback and nothing can be shaped: under `CI=true` that fails with its reason.
+fn segment() -> Segment {
+    match Segment::new(HOSTS) {
+        Ok(s) => s,
+        Err(e) => {
+            missing_capability(
+                "a network namespace per netprobe host",
+                &format!("{e}; the hosts would share loopback and no link could be shaped"),
+            );
+            Segment::loopback(HOSTS)
         }
     }
 }
@@ -222,7 +58,7 @@ fn host_name(i: usize) -> String {
 
 impl Clique {
     fn start(config: &str) -> Clique {
-        let seg = Segment::new();
+        let seg = segment();
         let tmp = tempdir();
         // Plaintext on the segment's (non-loopback) addresses: a test network of our own.
         let listen = format!("{}:0", seg.root_ip);
@@ -713,7 +549,10 @@ fn a_shaped_link_is_measured_within_10_percent_and_the_broker_uses_the_forecast(
     let shaping = match c.seg.shape_toward(shaped, "20mbit") {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("NOTE: cannot shape a link ({e}); only the broker part runs");
+            missing_capability(
+                "shaping a link with tc",
+                &format!("{e}; only the broker part runs"),
+            );
             false
         }
     };

@@ -19,7 +19,18 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use gma_core::authz::{Action, Door};
+
 use crate::hub::Hub;
+
+/// `gma producer --prometheus ADDR` (served by the `gma` binary with the producer's TLS, client
+/// CA and policy).
+pub const DOORS: &[Door] = &[Door {
+    door: "GET /metrics (gma producer --prometheus)",
+    actions: &[Action::MetricsRead, Action::ProducerQuery],
+    summary_only: "only the gauges of series it may query raw: summary series (host.load.avg1m) \
+                   yes, raw sensor values never",
+}];
 
 /// `host.cpu` + `user` -> `gma_host_cpu_user`.
 pub fn metric_name(event: &str, field: &str) -> String {
@@ -85,6 +96,12 @@ struct Family {
 /// The latest value of every numeric field of every series in `hub`, in Prometheus text
 /// exposition format (version 0.0.4).
 pub fn render(hub: &Hub) -> String {
+    render_filtered(hub, |_| true)
+}
+
+/// [`render`] of the series whose event name `shown` accepts (what the scraping identity may
+/// read raw; the others are left out, their timestamps too).
+pub fn render_filtered(hub: &Hub, shown: impl Fn(&str) -> bool) -> String {
     let mut families: BTreeMap<String, Family> = BTreeMap::new();
     let mut stamps: Vec<(String, String, f64)> = Vec::new();
     {
@@ -93,6 +110,9 @@ pub fn render(hub: &Hub) -> String {
             let Some(info) = inner.series.get(stored.series as usize) else {
                 continue;
             };
+            if !shown(&info.name) {
+                continue;
+            }
             stamps.push((
                 info.name.clone(),
                 info.source.clone(),
@@ -204,5 +224,8 @@ mod tests {
         assert!(!text.contains("note"), "{text}");
         assert_eq!(metric_name("app.x-y", "a.b"), "gma_app_x_y_a_b");
         assert_eq!(metric_name("gma.agent", "rss_mb"), "gma_agent_rss_mb");
+        // What the scraper may not read raw is left out, timestamps included.
+        assert_eq!(render_filtered(&hub, |n| n != "host.cpu"), "");
+        assert_eq!(render_filtered(&hub, |_| true), text);
     }
 }

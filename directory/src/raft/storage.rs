@@ -1,80 +1,91 @@
-//! Raft storage on sled: the log ([`LogStore`], openraft's `RaftLogStorage`) and the state
-//! machine ([`StateMachineStore`], openraft's `RaftStateMachine`).
+//! Raft storage: the log ([`LogStore`], openraft's `RaftLogStorage`) on a
+//! [`gma_durable::Log`], and the state machine ([`StateMachineStore`], openraft's
+//! `RaftStateMachine`) in memory with its snapshot in a file.
 //!
-//! Layout: one sled database, three trees. Values are serde_json (openraft's types carry serde
-//! attributes that bincode-like formats mishandle).
+//! Layout of `DIR` (`data_dir/raft`):
 //!
-//! | tree            | key                          | value                                     |
-//! |-----------------|------------------------------|-------------------------------------------|
-//! | `raft_log`      | log index (u64 BE)           | `Entry<TypeConfig>`                       |
-//! | `raft_meta`     | `format`                     | u64 BE: layout version                    |
-//! |                 | `vote`                       | `Vote`                                    |
-//! |                 | `committed`                  | `Option<LogId>`                           |
-//! |                 | `last_purged`                | `LogId`                                   |
-//! | `raft_snapshot` | `meta`                       | `SnapshotMeta`                            |
-//! |                 | `data`                       | the snapshot bytes (see [`SnapshotBody`]) |
+//! | path              | what                                                                   |
+//! |-------------------|------------------------------------------------------------------------|
+//! | `LOCK`            | held while a process has the storage open                              |
+//! | `log/*.log`       | the raft log: entries, votes, committed, truncations, purges ([`codec`]) |
+//! | `snapshot`        | the current snapshot: header, meta (JSON), data ([`SnapshotBody`]), CRC |
 //!
 //! To ensure correctness (openraft's storage contract):
-//! - The log has no holes: `append` writes contiguous entries, `truncate(id)` removes
-//!   `[id.index, +inf)` and `purge(id)` removes `[0, id.index]` in one batch each.
-//! - Every write runs inside a `&mut self` method, so vote and log writes are serialized.
-//! - `save_vote` and `append` return / report completion only after `flush_async`: durable as
-//!   far as sled 0.34 promises. On Linux that flush is `sync_file_range`, not `fsync`, so it
-//!   survives a process crash but after a power loss up to about the last 500 ms (sled's
-//!   periodic `sync_all`) may be lost (../shared/notes/reliability.md §4.1). `truncate`
-//!   flushes too.
-//!   `purge` flushes the new `last_purged` before deleting entries, and `open` finishes a purge
-//!   that a crash interrupted, so the log never starts with a gap after `last_purged`.
-//!   `save_committed` is written but not flushed: losing it only means re-applying less on
-//!   restart.
+//! - Every write (entry, vote, committed, truncate, purge) is one record appended to one log in
+//!   call order, so vote and log writes are serialized and a durable record implies every
+//!   record before it is durable.
+//! - `append` makes the entries readable at once (in memory) and calls `log_io_completed` only
+//!   after an fdatasync covering them returned; `save_vote`, `truncate` and `purge` return only
+//!   after theirs returned. Concurrent work shares fdatasyncs (group commit in the log's
+//!   writer), and nothing acknowledged ever depends on sled or on the page cache.
+//! - `save_committed` is appended without waiting: losing it means re-applying less on
+//!   restart, and a member restored as leader in its old term makes reads wait until its log
+//!   is applied (`Shared::read_barrier`), since its stored commit index may trail what it
+//!   acknowledged.
+//! - The log has no holes: `open` replays the records (a truncation removes `[i, +inf)`, a
+//!   purge `[0, i]`) and refuses a log whose entries are not contiguous after the last purge.
+//! - Segments: when the current segment passes `segment_bytes` the next write starts a new one,
+//!   which opens with a `state` record (vote, committed, last purged). After a purge is durable,
+//!   the oldest segments whose entries are all purged are deleted (the folder fsynced): what
+//!   they held of the vote and purge state is in the `state` record of a later segment.
 //! - The state machine lives in memory ([`SmShared`]) and is persisted only as snapshots: a
-//!   snapshot (meta and data in one batch) is flushed before `build_snapshot` or
-//!   `install_snapshot` returns, and `open` rebuilds the state from it. openraft then re-applies
-//!   the committed entries after the snapshot from the log (it purges only what a snapshot
-//!   covers).
+//!   snapshot is written to `snapshot.tmp`, fdatasynced, renamed over `snapshot` and the folder
+//!   fsynced before `build_snapshot` or `install_snapshot` returns; `open` rebuilds the state
+//!   from it, and openraft then re-applies the committed entries after it from the log (it
+//!   purges only what a snapshot covers).
 //! - The stored snapshot never goes backwards: a built snapshot older than the stored one (an
 //!   install overtook a concurrent build) is returned but not stored.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
+use gma_durable::{Fs, Log, LogOptions, OsFs};
 use gma_proto::v1 as pb;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
     Entry, EntryPayload, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta, StorageIOError,
     StoredMembership, Vote,
 };
-use serde::de::DeserializeOwned;
+use parking_lot::RwLock as SyncRwLock;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, Mutex, RwLock};
 
+use super::codec::LogRecord;
 use super::types::{Ack, LogId, Node, NodeId, Reply, StorageError, TypeConfig};
 use crate::error::DirError;
-use crate::state::{proto_serde, Change, DirectoryState, Limits, Persisted, RecordFilter};
+use crate::state::{proto_serde, Change, Command, DirectoryState, Limits, Persisted, RecordFilter};
 
-const TREE_LOG: &str = "raft_log";
-const TREE_META: &str = "raft_meta";
-const TREE_SNAPSHOT: &str = "raft_snapshot";
-
-const KEY_FORMAT: &[u8] = b"format";
-const KEY_VOTE: &[u8] = b"vote";
-const KEY_COMMITTED: &[u8] = b"committed";
-const KEY_PURGED: &[u8] = b"last_purged";
-const KEY_SNAP_META: &[u8] = b"meta";
-const KEY_SNAP_DATA: &[u8] = b"data";
-
-/// On-disk layout version of the raft trees; bump on incompatible change.
-const FORMAT: u64 = 1;
 /// Version of [`SnapshotBody`]; a node refuses a snapshot of another version.
 const SNAPSHOT_FORMAT: u32 = 1;
+/// First bytes of the snapshot file (its layout version in the last byte).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"GMASNAP1";
+/// How long `open` waits for the folder's lock held by a handle this process is dropping.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Extension of the raft log's segment files.
+const LOG_EXT: &str = "log";
 
-/// How long `open` retries while another handle in this process still holds sled's file lock.
-const LOCK_RETRY: Duration = Duration::from_secs(5);
+/// Tuning of the raft storage (tests shrink segments and use the storage-fault simulator).
+#[derive(Debug, Clone)]
+pub struct StorageOptions {
+    /// A segment of the log is closed once it holds this many bytes.
+    pub segment_bytes: u64,
+    /// The log's options (its test-only knobs included).
+    pub log: LogOptions,
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        StorageOptions {
+            segment_bytes: 4 << 20,
+            log: LogOptions::new(LOG_EXT),
+        }
+    }
+}
 
 /// Everything the state machine shares with the gRPC service on this node.
 pub struct SmShared {
@@ -93,14 +104,7 @@ pub struct SmState {
     pub last_membership: StoredMembership<NodeId, Node>,
 }
 
-/// The raft log and vote. Cloning shares the same trees (the clone is the log reader).
-#[derive(Clone)]
-pub struct LogStore {
-    log: sled::Tree,
-    meta: sled::Tree,
-}
-
-/// The state machine: [`SmShared`] in memory, snapshots in sled.
+/// The state machine: [`SmShared`] in memory, snapshots in a file.
 pub struct StateMachineStore {
     shared: Arc<SmShared>,
     snapshots: Arc<SnapshotStore>,
@@ -111,16 +115,6 @@ pub struct StateMachineStore {
 pub struct SnapshotBuilder {
     shared: Arc<SmShared>,
     snapshots: Arc<SnapshotStore>,
-}
-
-/// The stored current snapshot.
-struct SnapshotStore {
-    tree: sled::Tree,
-    /// Serializes "compare with the stored snapshot, then replace it" between a build (in its
-    /// own task) and an install.
-    write: Mutex<()>,
-    /// Last counter used in a snapshot id.
-    counter: AtomicU64,
 }
 
 /// The snapshot data: the state machine at `last_applied`.
@@ -184,45 +178,186 @@ impl StateImage {
     }
 }
 
-/// Opens (or creates) the raft storage in `dir` (one sled db; trees for the log, the
-/// vote/committed/purged metadata and the snapshot) and rebuilds the in-memory state from the
-/// latest stored snapshot. Blocking (disk I/O, snapshot decoding, and up to a few seconds of
-/// waiting for sled's file lock): call it before serving or from `spawn_blocking`.
+/// The raft log and vote. Cloning shares the same log (the clone is the log reader).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<LogInner>,
+}
+
+struct LogInner {
+    log: Log,
+    mem: SyncRwLock<Mem>,
+    segment_bytes: u64,
+    /// Held while the storage is open.
+    _lock: Box<dyn Send + Sync + Debug>,
+}
+
+/// What the log holds, in memory (readable at once; durable as the log says).
+#[derive(Default)]
+struct Mem {
+    entries: BTreeMap<u64, Entry<TypeConfig>>,
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId>,
+    purged: Option<LogId>,
+    /// Per segment (its first record seq): the highest entry index it holds (0 = none).
+    seg_max: BTreeMap<u64, u64>,
+}
+
+impl Mem {
+    /// Applies one record (replay and live writes alike).
+    fn apply(&mut self, rec: LogRecord, segment: u64) {
+        match rec {
+            LogRecord::Entry(e) => {
+                let m = self.seg_max.entry(segment).or_default();
+                *m = (*m).max(e.log_id.index);
+                self.entries.insert(e.log_id.index, e);
+            }
+            LogRecord::Vote(v) => self.vote = Some(v),
+            LogRecord::Committed(c) => self.committed = c,
+            LogRecord::Truncate(i) => {
+                self.entries.split_off(&i);
+            }
+            LogRecord::Purge(id) => self.purge(id),
+            LogRecord::State {
+                vote,
+                committed,
+                purged,
+            } => {
+                self.vote = vote;
+                self.committed = committed;
+                if let Some(p) = purged {
+                    self.purge(p);
+                }
+            }
+        }
+        self.seg_max.entry(segment).or_default();
+    }
+
+    fn purge(&mut self, id: LogId) {
+        if self.purged.is_none_or(|p| p < id) {
+            self.purged = Some(id);
+        }
+        self.entries = self.entries.split_off(&(id.index + 1));
+    }
+
+    fn state_record(&self) -> LogRecord {
+        LogRecord::State {
+            vote: self.vote,
+            committed: self.committed,
+            purged: self.purged,
+        }
+    }
+
+    fn last_log_id(&self) -> Option<LogId> {
+        self.entries
+            .values()
+            .next_back()
+            .map(|e| e.log_id)
+            .or(self.purged)
+    }
+}
+
+/// A snapshot's meta and data as read from its file.
+type StoredSnapshot = (SnapshotMeta<NodeId, Node>, Vec<u8>);
+/// The stored snapshot kept in memory.
+type CachedSnapshot = (SnapshotMeta<NodeId, Node>, Arc<Vec<u8>>);
+
+/// The snapshot on disk and its cached copy.
+struct SnapshotStore {
+    fs: Arc<dyn Fs>,
+    path: PathBuf,
+    /// The stored snapshot (meta, data), kept for `get_current_snapshot`.
+    current: SyncRwLock<Option<CachedSnapshot>>,
+    /// Serializes "compare with the stored snapshot, then replace it" between a build (in its
+    /// own task) and an install.
+    write: Mutex<()>,
+    /// Last counter used in a snapshot id.
+    counter: AtomicU64,
+}
+
+/// Opens (or creates) the raft storage in `dir` on the real file system. See [`open_on`].
 pub fn open(
     dir: &Path,
     limits: Limits,
     broadcast_capacity: usize,
 ) -> Result<(LogStore, StateMachineStore, Arc<SmShared>), DirError> {
-    let db = open_db(dir)?;
-    let log = db.open_tree(TREE_LOG)?;
-    let meta = db.open_tree(TREE_META)?;
-    let snap = db.open_tree(TREE_SNAPSHOT)?;
+    open_on(
+        OsFs::new(),
+        dir,
+        limits,
+        broadcast_capacity,
+        StorageOptions::default(),
+    )
+}
 
-    match meta.get(KEY_FORMAT)? {
-        Some(v) => {
-            let format = be_u64(&v)?;
-            if format != FORMAT {
-                return Err(DirError::Storage(format!(
-                    "the raft data in {} has format {format}, this build reads format {FORMAT}: use a matching gma version or a new data_dir",
-                    dir.display()
-                )));
+/// Opens (or creates) the raft storage in `dir` on `fs`: takes the folder's lock, replays the
+/// log (repairing a torn tail), and rebuilds the in-memory state from the stored snapshot.
+/// Blocking (disk I/O and snapshot decoding): call it before serving or from `spawn_blocking`.
+pub fn open_on(
+    fs: Arc<dyn Fs>,
+    dir: &Path,
+    limits: Limits,
+    broadcast_capacity: usize,
+    opts: StorageOptions,
+) -> Result<(LogStore, StateMachineStore, Arc<SmShared>), DirError> {
+    let st =
+        |what: &str, e: &dyn std::fmt::Display| DirError::Storage(format!("{what} {}: {e}", dir.display()));
+    fs.create_dir_all(dir).map_err(|e| st("cannot create", &e))?;
+    refuse_sled_layout(&*fs, dir)?;
+    // A member restarted inside one process (as tests do) may still be dropping the previous
+    // handle: retry the lock for a few seconds before refusing.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let lock = loop {
+        match fs.lock(dir) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
+            Err(e) => return Err(st("cannot lock", &e)),
         }
-        None => {
-            meta.insert(KEY_FORMAT, &FORMAT.to_be_bytes())?;
-            db.flush()?;
+    };
+
+    let (log, recovered) = Log::open(fs.clone(), &dir.join("log"), opts.log.clone())
+        .map_err(|e| st("cannot open the raft log in", &e))?;
+    let mut mem = Mem::default();
+    for r in recovered.records {
+        let rec = LogRecord::decode(&r.payload).map_err(|e| {
+            DirError::Storage(format!(
+                "raft log record {} in {} cannot be decoded: {e}",
+                r.pos.seq,
+                dir.display()
+            ))
+        })?;
+        mem.apply(rec, r.pos.segment);
+    }
+    // No holes: the entries follow the last purged one without a gap.
+    let mut expect = mem.purged.map(|p| p.index + 1);
+    for &i in mem.entries.keys() {
+        if expect.is_some_and(|x| x != i) {
+            return Err(DirError::Storage(format!(
+                "the raft log in {} has a hole before entry {i}: the disk lost synced data; move the folder aside and re-add this member with a new id",
+                dir.display()
+            )));
         }
+        expect = Some(i + 1);
     }
+    // Every segment this process writes opens with a state record, the only thing that lets
+    // older segments go: continue in a new segment (or in the empty tail segment a crash left
+    // right after its creation, whose state record was lost).
+    log.rotate()
+        .and_then(|_| log.append(&mem.state_record().encode()))
+        .map(|p| mem.seg_max.entry(p.segment).or_default())
+        .map_err(|e| st("cannot write the raft log in", &e))?;
 
-    // Finish a purge that a crash interrupted (last_purged is written and flushed first).
-    if let Some(v) = meta.get(KEY_PURGED)? {
-        let purged: LogId = decode(&v).map_err(|e| corrupt("last purged log id", e))?;
-        let batch = range_removal(&log, ..=index_key(purged.index))?;
-        log.apply_batch(batch)?;
-    }
-
+    let snapshots = SnapshotStore {
+        fs: fs.clone(),
+        path: dir.join("snapshot"),
+        current: SyncRwLock::new(None),
+        write: Mutex::new(()),
+        counter: AtomicU64::new(0),
+    };
     let mut counter = 0;
-    let state = match load_snapshot(&snap)? {
+    let state = match snapshots.load()? {
         Some((snap_meta, data)) => {
             counter = snap_meta
                 .snapshot_id
@@ -230,18 +365,20 @@ pub fn open(
                 .next()
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0);
-            let body: SnapshotBody = decode(&data).map_err(|e| corrupt("snapshot", e))?;
+            let body: SnapshotBody = serde_json::from_slice(&data).map_err(|e| corrupt("snapshot", e))?;
             let dir = restore(limits, body)?;
             tracing::info!(
                 snapshot = %snap_meta.snapshot_id,
                 revision = dir.revision(),
                 "raft state machine restored from the stored snapshot"
             );
-            SmState {
+            let st = SmState {
                 dir,
                 last_applied: snap_meta.last_log_id,
-                last_membership: snap_meta.last_membership,
-            }
+                last_membership: snap_meta.last_membership.clone(),
+            };
+            *snapshots.current.write() = Some((snap_meta, Arc::new(data)));
+            st
         }
         None => SmState {
             dir: DirectoryState::new(limits),
@@ -249,40 +386,44 @@ pub fn open(
             last_membership: StoredMembership::default(),
         },
     };
+    snapshots.counter.store(counter, Ordering::Relaxed);
 
     let shared = Arc::new(SmShared {
         state: RwLock::new(state),
         changes: broadcast::channel(broadcast_capacity.max(1)).0,
     });
-    let snapshots = Arc::new(SnapshotStore {
-        tree: snap,
-        write: Mutex::new(()),
-        counter: AtomicU64::new(counter),
-    });
     let sm = StateMachineStore {
         shared: shared.clone(),
-        snapshots,
+        snapshots: Arc::new(snapshots),
         limits,
     };
-    Ok((LogStore { log, meta }, sm, shared))
+    let store = LogStore {
+        inner: Arc::new(LogInner {
+            log,
+            mem: SyncRwLock::new(mem),
+            segment_bytes: opts.segment_bytes.max(1),
+            _lock: lock,
+        }),
+    };
+    Ok((store, sm, shared))
 }
 
-fn open_db(dir: &Path) -> Result<sled::Db, DirError> {
-    let deadline = std::time::Instant::now() + LOCK_RETRY;
-    loop {
-        match sled::Config::new().path(dir).open() {
-            Ok(db) => return Ok(db),
-            // sled holds an exclusive file lock per open database; a previous handle in this
-            // process may still be closing (a restart inside one process, as tests do).
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(DirError::Storage(format!("cannot open {}: {e}", dir.display()))),
+/// Refuses the sled layout of earlier builds (whose flush was not an fsync) with what to do.
+fn refuse_sled_layout(fs: &dyn Fs, dir: &Path) -> Result<(), DirError> {
+    let sled_files = ["db", "conf"];
+    for f in sled_files {
+        if fs.len(&dir.join(f)).ok().flatten().is_some() {
+            return Err(DirError::Storage(format!(
+                "{} holds raft data in the sled layout of an earlier gma build, which this build does not read \
+                 (the raft log is now kept in fsynced segment files): stop this member, move {} aside and start it \
+                 again — a single-node directory starts empty and producers and consumers register again within \
+                 their lease TTL; a cluster member must be re-added with a new id (docs/directory.md, Durability)",
+                dir.display(),
+                dir.display()
+            )));
         }
     }
+    Ok(())
 }
 
 fn restore(limits: Limits, body: SnapshotBody) -> Result<DirectoryState, DirError> {
@@ -295,54 +436,8 @@ fn restore(limits: Limits, body: SnapshotBody) -> Result<DirectoryState, DirErro
     DirectoryState::restore(limits, body.state.into_persisted()?)
 }
 
-/// The stored snapshot's meta and data.
-type StoredSnapshot = (SnapshotMeta<NodeId, Node>, Vec<u8>);
-
-fn load_snapshot(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, DirError> {
-    let (meta, data) = (tree.get(KEY_SNAP_META)?, tree.get(KEY_SNAP_DATA)?);
-    match (meta, data) {
-        (None, None) => Ok(None),
-        (Some(meta), Some(data)) => {
-            let meta = decode(&meta).map_err(|e| corrupt("snapshot meta", e))?;
-            Ok(Some((meta, data.to_vec())))
-        }
-        _ => Err(DirError::Storage(
-            "the stored snapshot has meta without data or data without meta".into(),
-        )),
-    }
-}
-
 fn corrupt(what: &str, e: serde_json::Error) -> DirError {
     DirError::Storage(format!("the stored raft {what} cannot be decoded: {e}"))
-}
-
-fn be_u64(b: &[u8]) -> Result<u64, DirError> {
-    let arr: [u8; 8] = b
-        .try_into()
-        .map_err(|_| DirError::Storage(format!("expected an 8-byte number, found {} bytes", b.len())))?;
-    Ok(u64::from_be_bytes(arr))
-}
-
-fn index_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
-}
-
-fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(v)
-}
-
-fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, serde_json::Error> {
-    serde_json::from_slice(b)
-}
-
-/// A batch removing every key of `tree` in `range`.
-fn range_removal<R: RangeBounds<[u8; 8]>>(tree: &sled::Tree, range: R) -> Result<sled::Batch, sled::Error> {
-    let mut batch = sled::Batch::default();
-    for item in tree.range(range) {
-        let (k, _) = item?;
-        batch.remove(k);
-    }
-    Ok(batch)
 }
 
 /// An inclusive index range, or `None` when `range` is empty.
@@ -362,16 +457,8 @@ fn index_bounds<RB: RangeBounds<u64>>(range: &RB) -> Option<(u64, u64)> {
 
 // ---- error adapters ---------------------------------------------------------------------------
 
-fn read_logs_err(e: impl std::error::Error + 'static) -> StorageError {
-    StorageIOError::read_logs(&e).into()
-}
-
 fn write_logs_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_logs(&e).into()
-}
-
-fn read_vote_err(e: impl std::error::Error + 'static) -> StorageError {
-    StorageIOError::read_vote(&e).into()
 }
 
 fn write_vote_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -392,31 +479,64 @@ fn write_snapshot_err(
     StorageIOError::write_snapshot(meta.map(|m| m.signature()), &e).into()
 }
 
-/// Only the log id of a stored entry (serde_json skips the payload).
-#[derive(Deserialize)]
-struct StoredLogId {
-    log_id: LogId,
-}
-
 // ---- log ----------------------------------------------------------------------------------------
 
-// openraft's StorageError is large; these helpers feed trait methods that return it anyway.
 #[allow(clippy::result_large_err)]
 impl LogStore {
-    fn get_meta<T: DeserializeOwned>(
-        &self,
-        key: &[u8],
-        err: fn(sled::Error) -> StorageError,
-        derr: fn(serde_json::Error) -> StorageError,
-    ) -> Result<Option<T>, StorageError> {
-        match self.meta.get(key).map_err(err)? {
-            Some(v) => decode(&v).map(Some).map_err(derr),
-            None => Ok(None),
+    /// Appends records (applied to the in-memory log at once, in order); returns the seq of the
+    /// last. Starts a new segment, opened by a state record, when the current one is full.
+    fn write(&self, recs: Vec<LogRecord>) -> Result<u64, gma_durable::LogError> {
+        let inner = &self.inner;
+        let mut mem = inner.mem.write();
+        if inner.log.tail_len() >= inner.segment_bytes {
+            inner.log.rotate()?;
+            let p = inner.log.append(&mem.state_record().encode())?;
+            mem.seg_max.entry(p.segment).or_default();
         }
+        let mut last = 0;
+        for r in recs {
+            let p = inner.log.append(&r.encode())?;
+            mem.apply(r, p.segment);
+            last = p.seq;
+        }
+        Ok(last)
     }
 
-    fn last_purged(&self) -> Result<Option<LogId>, StorageError> {
-        self.get_meta(KEY_PURGED, read_logs_err, read_logs_err)
+    /// Waits until everything written so far (a `save_committed` included) is durable.
+    pub async fn sync(&self) -> Result<(), DirError> {
+        self.inner
+            .log
+            .sync_all()
+            .await
+            .map_err(|e| DirError::Storage(format!("raft log: {e}")))
+    }
+
+    /// The in-memory log a reader sees.
+    fn mem(&self) -> parking_lot::RwLockReadGuard<'_, Mem> {
+        self.inner.mem.read()
+    }
+
+    /// Deletes the oldest segments whose entries are all purged (after the purge is durable).
+    async fn drop_purged_segments(&self) -> Result<(), gma_durable::LogError> {
+        let keep_from = {
+            let mem = self.mem();
+            let purged = mem.purged.map_or(0, |p| p.index);
+            // The first segment that still holds an unpurged entry, or the newest one.
+            let segs: Vec<(u64, u64)> = mem.seg_max.iter().map(|(s, m)| (*s, *m)).collect();
+            let Some(&(last, _)) = segs.last() else {
+                return Ok(());
+            };
+            segs.iter().find(|(_, m)| *m > purged).map_or(last, |(s, _)| *s)
+        };
+        let gone = self.inner.log.remove_before(keep_from).await?;
+        if !gone.is_empty() {
+            let mut mem = self.inner.mem.write();
+            for g in &gone {
+                mem.seg_max.remove(g);
+            }
+            tracing::debug!(segments = gone.len(), "purged raft log segments removed");
+        }
+        Ok(())
     }
 }
 
@@ -428,12 +548,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let Some((lo, hi)) = index_bounds(&range) else {
             return Ok(Vec::new());
         };
-        let mut out = Vec::new();
-        for item in self.log.range(index_key(lo)..=index_key(hi)) {
-            let (_, v) = item.map_err(read_logs_err)?;
-            out.push(decode::<Entry<TypeConfig>>(&v).map_err(read_logs_err)?);
-        }
-        Ok(out)
+        Ok(self
+            .mem()
+            .entries
+            .range(lo..=hi)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 }
 
@@ -441,14 +561,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged_log_id = self.last_purged()?;
-        let last_log_id = match self.log.last().map_err(read_logs_err)? {
-            Some((_, v)) => Some(decode::<StoredLogId>(&v).map_err(read_logs_err)?.log_id),
-            None => last_purged_log_id,
-        };
+        let mem = self.mem();
         Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
+            last_purged_log_id: mem.purged,
+            last_log_id: mem.last_log_id(),
         })
     }
 
@@ -457,26 +573,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        let v = encode(vote).map_err(write_vote_err)?;
-        self.meta.insert(KEY_VOTE, v).map_err(write_vote_err)?;
-        self.meta.flush_async().await.map_err(write_vote_err)?;
-        Ok(())
+        let seq = self.write(vec![LogRecord::Vote(*vote)]).map_err(write_vote_err)?;
+        self.inner.log.sync(seq).await.map_err(write_vote_err)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.get_meta(KEY_VOTE, read_vote_err, read_vote_err)
+        Ok(self.mem().vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        let v = encode(&committed).map_err(write_logs_err)?;
-        self.meta.insert(KEY_COMMITTED, v).map_err(write_logs_err)?;
+        // Not waited for: losing it only means re-applying less after a restart.
+        self.write(vec![LogRecord::Committed(committed)])
+            .map_err(write_logs_err)?;
         Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self
-            .get_meta::<Option<LogId>>(KEY_COMMITTED, read_logs_err, read_logs_err)?
-            .flatten())
+        Ok(self.mem().committed)
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
@@ -484,15 +597,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
-        for entry in entries {
-            let v = encode(&entry).map_err(write_logs_err)?;
-            batch.insert(&index_key(entry.log_id.index), v);
-        }
-        self.log.apply_batch(batch).map_err(write_logs_err)?;
-        match self.log.flush_async().await {
-            Ok(_) => {
-                callback.log_io_completed(Ok(()));
+        let recs: Vec<LogRecord> = entries.into_iter().map(LogRecord::Entry).collect();
+        match self.write(recs) {
+            Ok(seq) => {
+                // Completed by the log's writer after the fdatasync that covers `seq`.
+                self.inner.log.on_durable(
+                    seq,
+                    Box::new(move |r| callback.log_io_completed(r.map_err(std::io::Error::other))),
+                );
                 Ok(())
             }
             Err(e) => {
@@ -503,96 +615,105 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let batch = range_removal(&self.log, index_key(log_id.index)..).map_err(write_logs_err)?;
-        self.log.apply_batch(batch).map_err(write_logs_err)?;
-        self.log.flush_async().await.map_err(write_logs_err)?;
-        Ok(())
+        let seq = self
+            .write(vec![LogRecord::Truncate(log_id.index)])
+            .map_err(write_logs_err)?;
+        self.inner.log.sync(seq).await.map_err(write_logs_err)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        // last_purged first and durable: a crash before the deletion leaves extra entries that
-        // `open` removes, never a log whose first entry is beyond last_purged + 1.
-        let v = encode(&log_id).map_err(write_logs_err)?;
-        self.meta.insert(KEY_PURGED, v).map_err(write_logs_err)?;
-        self.meta.flush_async().await.map_err(write_logs_err)?;
-        let batch = range_removal(&self.log, ..=index_key(log_id.index)).map_err(write_logs_err)?;
-        self.log.apply_batch(batch).map_err(write_logs_err)?;
-        Ok(())
+        let seq = self
+            .write(vec![LogRecord::Purge(log_id)])
+            .map_err(write_logs_err)?;
+        self.inner.log.sync(seq).await.map_err(write_logs_err)?;
+        self.drop_purged_segments().await.map_err(write_logs_err)
     }
 }
 
-// ---- state machine ------------------------------------------------------------------------------
+// ---- snapshot file ------------------------------------------------------------------------------
 
-#[allow(clippy::result_large_err)]
 impl SnapshotStore {
-    fn current(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let meta = self
-            .tree
-            .get(KEY_SNAP_META)
-            .map_err(|e| read_snapshot_err(None, e))?;
-        let data = self
-            .tree
-            .get(KEY_SNAP_DATA)
-            .map_err(|e| read_snapshot_err(None, e))?;
-        match (meta, data) {
-            (None, None) => Ok(None),
-            (Some(meta), Some(data)) => {
-                let meta: SnapshotMeta<NodeId, Node> =
-                    decode(&meta).map_err(|e| read_snapshot_err(None, e))?;
-                Ok(Some(Snapshot {
-                    meta,
-                    snapshot: Box::new(Cursor::new(data.to_vec())),
-                }))
-            }
-            _ => Err(read_snapshot_err(
-                None,
-                DirError::Storage("the stored snapshot has meta without data or data without meta".into()),
-            )),
+    /// Reads the snapshot file: `magic | meta len u32 LE | meta JSON | data | crc32 u32 LE` (the
+    /// CRC over everything before it).
+    fn load(&self) -> Result<Option<StoredSnapshot>, DirError> {
+        let bad = |m: String| DirError::Storage(format!("the snapshot {}: {m}", self.path.display()));
+        let b = match self.fs.len(&self.path) {
+            Ok(Some(_)) => self.fs.read(&self.path).map_err(|e| bad(e.to_string()))?,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        if b.len() < 16 || &b[..8] != SNAPSHOT_MAGIC {
+            return Err(bad("not a snapshot file of this gma version".into()));
         }
+        let (body, crc) = b.split_at(b.len() - 4);
+        let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+        if crc32fast::hash(body) != crc {
+            return Err(bad("checksum mismatch (the disk corrupted it)".into()));
+        }
+        let mlen = u32::from_le_bytes([body[8], body[9], body[10], body[11]]) as usize;
+        let meta = body.get(12..12 + mlen).ok_or_else(|| bad("cut short".into()))?;
+        let meta = serde_json::from_slice(meta).map_err(|e| corrupt("snapshot meta", e))?;
+        Ok(Some((meta, body[12 + mlen..].to_vec())))
     }
 
-    fn stored_last_log_id(&self) -> Result<Option<LogId>, StorageError> {
-        match self
-            .tree
-            .get(KEY_SNAP_META)
-            .map_err(|e| read_snapshot_err(None, e))?
-        {
-            Some(v) => {
-                let meta: SnapshotMeta<NodeId, Node> = decode(&v).map_err(|e| read_snapshot_err(None, e))?;
-                Ok(meta.last_log_id)
-            }
-            None => Ok(None),
-        }
+    fn current(&self) -> Option<Snapshot<TypeConfig>> {
+        self.current.read().as_ref().map(|(meta, data)| Snapshot {
+            meta: meta.clone(),
+            snapshot: Box::new(Cursor::new(data.to_vec())),
+        })
     }
 
-    /// Replaces the stored snapshot (meta and data in one batch) and flushes. With
-    /// `only_if_newer`, keeps a stored snapshot that is newer than `meta`; returns whether it
-    /// wrote. Callers hold `self.write`.
+    fn stored_last_log_id(&self) -> Option<LogId> {
+        self.current.read().as_ref().and_then(|(m, _)| m.last_log_id)
+    }
+
+    /// Replaces the stored snapshot durably (temporary file, fdatasync, rename, folder fsync).
+    /// With `only_if_newer`, keeps a stored snapshot that is newer than `meta`; returns whether
+    /// it wrote. Callers hold `self.write`.
     async fn store(
         &self,
         meta: &SnapshotMeta<NodeId, Node>,
-        data: &[u8],
+        data: Arc<Vec<u8>>,
         only_if_newer: bool,
     ) -> Result<bool, StorageError> {
-        if only_if_newer {
-            let stored = self.stored_last_log_id()?;
-            if stored > meta.last_log_id {
-                return Ok(false);
-            }
+        if only_if_newer && self.stored_last_log_id() > meta.last_log_id {
+            return Ok(false);
         }
-        let m = encode(meta).map_err(|e| write_snapshot_err(Some(meta), e))?;
-        let mut batch = sled::Batch::default();
-        batch.insert(KEY_SNAP_META, m);
-        batch.insert(KEY_SNAP_DATA, data);
-        self.tree
-            .apply_batch(batch)
-            .map_err(|e| write_snapshot_err(Some(meta), e))?;
-        self.tree
-            .flush_async()
+        let m = serde_json::to_vec(meta).map_err(|e| write_snapshot_err(Some(meta), e))?;
+        let mut file = Vec::with_capacity(16 + m.len() + data.len());
+        file.extend_from_slice(SNAPSHOT_MAGIC);
+        file.extend_from_slice(&(m.len() as u32).to_le_bytes());
+        file.extend_from_slice(&m);
+        file.extend_from_slice(&data);
+        let crc = crc32fast::hash(&file);
+        file.extend_from_slice(&crc.to_le_bytes());
+        let (fs, path) = (self.fs.clone(), self.path.clone());
+        tokio::task::spawn_blocking(move || gma_durable::fs::write_atomic(&*fs, &path, &file))
             .await
+            .map_err(|e| write_snapshot_err(Some(meta), std::io::Error::other(e.to_string())))?
             .map_err(|e| write_snapshot_err(Some(meta), e))?;
+        *self.current.write() = Some((meta.clone(), data));
         Ok(true)
     }
+}
+
+/// Applies one command and broadcasts its changes (to watchers on this node).
+fn apply_one(
+    dir: &mut DirectoryState,
+    cmd: Command,
+    changes: &broadcast::Sender<Arc<pb::WatchEvent>>,
+) -> Result<Ack, DirError> {
+    dir.apply(cmd).map(|a| {
+        for c in &a.changes {
+            // No receivers (no watchers) is fine.
+            let _ = changes.send(Arc::new(c.to_pb()));
+        }
+        Ack {
+            lease_id: a.lease_id,
+            ttl_ms: a.ttl_ms,
+            revision: a.revision,
+        }
+    })
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -618,16 +739,17 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership,
             snapshot_id,
         };
-        let data = encode(&body).map_err(|e| write_snapshot_err(Some(&meta), e))?;
+        let data = serde_json::to_vec(&body).map_err(|e| write_snapshot_err(Some(&meta), e))?;
+        let data = Arc::new(data);
         {
             let _write = self.snapshots.write.lock().await;
-            if !self.snapshots.store(&meta, &data, true).await? {
+            if !self.snapshots.store(&meta, data.clone(), true).await? {
                 tracing::info!(snapshot = %meta.snapshot_id, "a newer snapshot is stored; not replacing it");
             }
         }
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(Cursor::new(data.to_vec())),
         })
     }
 }
@@ -659,17 +781,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     st.last_membership = StoredMembership::new(Some(entry.log_id), m);
                     Reply::default()
                 }
-                EntryPayload::Normal(cmd) => Reply(st.dir.apply(cmd).map(|a| {
-                    for c in &a.changes {
-                        // No receivers (no watchers) is fine.
-                        let _ = self.shared.changes.send(Arc::new(c.to_pb()));
-                    }
-                    Ack {
-                        lease_id: a.lease_id,
-                        ttl_ms: a.ttl_ms,
-                        revision: a.revision,
-                    }
-                })),
+                EntryPayload::Normal(Command::Batch(cmds)) => {
+                    let each = cmds
+                        .into_iter()
+                        .map(|c| apply_one(&mut st.dir, c, &self.shared.changes))
+                        .collect();
+                    Reply(Ok(Ack::default()), each)
+                }
+                EntryPayload::Normal(cmd) => Reply::one(apply_one(&mut st.dir, cmd, &self.shared.changes)),
             };
             replies.push(reply);
         }
@@ -693,11 +812,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
-        let body: SnapshotBody = decode(&data).map_err(|e| read_snapshot_err(Some(meta), e))?;
+        let body: SnapshotBody =
+            serde_json::from_slice(&data).map_err(|e| read_snapshot_err(Some(meta), e))?;
         let dir = restore(self.limits, body).map_err(|e| read_snapshot_err(Some(meta), e))?;
         {
             let _write = self.snapshots.write.lock().await;
-            self.snapshots.store(meta, &data, false).await?;
+            self.snapshots.store(meta, Arc::new(data), false).await?;
         }
 
         let mut guard = self.shared.state.write().await;
@@ -725,6 +845,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        self.snapshots.current()
+        Ok(self.snapshots.current())
     }
 }

@@ -36,13 +36,21 @@ pub struct Ack {
 }
 
 /// The state machine's answer to one log entry: the command's result (a rejected command is
-/// still a committed entry; it just changed nothing).
+/// still a committed entry; it just changed nothing), and for a [`Command::Batch`] entry the
+/// result of each of its commands, in order (`.0` is then `Ok`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reply(pub Result<Ack, DirError>);
+pub struct Reply(pub Result<Ack, DirError>, pub Vec<Result<Ack, DirError>>);
+
+impl Reply {
+    /// The reply to a single command.
+    pub fn one(r: Result<Ack, DirError>) -> Reply {
+        Reply(r, Vec::new())
+    }
+}
 
 impl Default for Reply {
     fn default() -> Self {
-        Reply(Ok(Ack::default()))
+        Reply::one(Ok(Ack::default()))
     }
 }
 

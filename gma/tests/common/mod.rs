@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 pub mod cdp;
+pub mod linearizable;
+pub mod netns;
+pub mod secure;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
