@@ -3,7 +3,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Build scripts are single threaded; set PROTOC for prost-build.
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto");
+    // Every service decodes with crate::codec: an undecodable message is INVALID_ARGUMENT.
+    let codec = "crate::codec::ProstCodec";
     tonic_prost_build::configure()
+        .codec_path(codec)
         // Probe payloads are slices of one shared buffer, never copied per chunk.
         .bytes(".gma.v1.BulkChunk.data")
         .bytes(".gma.v1.EchoRequest.payload")
@@ -20,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
     // The directory's internal RPCs and its raft log on disk, which embeds gma.v1 records.
     tonic_prost_build::configure()
+        .codec_path(codec)
         .extern_path(".gma.v1", "crate::v1")
         .compile_protos(&["proto/raft.proto"], &["proto"])?;
     // The producer's pre-encoded twins of the streaming services (proto/wire/messages.proto):
@@ -27,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("wire");
     std::fs::create_dir_all(&out)?;
     tonic_prost_build::configure()
+        .codec_path(codec)
         .out_dir(&out)
         .extern_path(".gma.v1", "crate::v1")
         .bytes(".gma.wire")

@@ -18,7 +18,6 @@ use gma_proto::v1::{self as pb, archive_server::ArchiveServer};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::keep::{KeepRule, Keeper};
 use crate::provenance::Stamper;
@@ -271,7 +270,7 @@ pub async fn run_with_rpc(
     let bound = listener.local_addr()?;
     let tls = config
         .tls
-        .server_config(bound)
+        .rustls_config(bound)
         .map_err(|e| ArchiverError::Config(e.to_string()))?;
     let address = config
         .advertise
@@ -340,7 +339,11 @@ pub async fn run_with_rpc(
             address: address.clone(),
             cfg: config.clone(),
         });
-        tokio::spawn(registrar::run(reg, catalog, stop_rx.clone()))
+        let registration = registrar::run(reg, catalog, stop_rx.clone());
+        // A refused registration is logged by the registrar; the archive keeps serving.
+        tokio::spawn(async move {
+            let _ = registration.await;
+        })
     });
     let retention_task = (!retention.is_empty()).then(|| {
         tokio::spawn(retention_loop(
@@ -358,11 +361,7 @@ pub async fn run_with_rpc(
         counters: counters.clone(),
     })
     .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    let incoming = TcpListenerStream::new(listener);
+    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "archiver");
     tracing::info!(%address, %id, "archiver serving");
     let mut stop_serving = stop_rx.clone();
     let signal = async move {
@@ -371,11 +370,10 @@ pub async fn run_with_rpc(
             _ = stop_serving.wait_for(|s| *s) => {}
         }
     };
-    let served = builder
+    let router = gma_core::conn::grpc_server(&config.limits)
         .layer(RpcLayer::new(rpc))
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, signal)
-        .await;
+        .add_service(service);
+    let served = gma_core::conn::serve_grpc(router, incoming, signal).await;
     let _ = stop_tx.send(true);
     if let Some(t) = ingest {
         let _ = t.await;
@@ -428,6 +426,15 @@ async fn ingest_loop(
                         resume.next_seq.saturating_sub(1),
                         events.len() as u64,
                     );
+                    // Defense in depth: producers refuse such timestamps at ingest, but an
+                    // archived one outside the range could never be queried.
+                    let before = events.len();
+                    events.retain(|e| gma_core::time::valid_timestamp_ns(e.timestamp_ns));
+                    if events.len() < before {
+                        let n = (before - events.len()) as u64;
+                        metrics::counter!(crate::telemetry::BAD_TIMESTAMPS).increment(n);
+                        tracing::warn!(%producer, dropped = n, "events with a timestamp outside 1..={} not archived", gma_core::time::MAX_TIMESTAMP_NS);
+                    }
                     let kept = keeper.filter(&mut events);
                     counters.add(&counters.kept_abnormal, kept.abnormal);
                     counters.add(&counters.sampled_out, kept.sampled_out);
@@ -454,6 +461,10 @@ async fn ingest_loop(
                 Delivery::Refused { producer, error } => {
                     tracing::warn!(%producer, %error, "producer refused the archiver's subscription")
                 }
+                Delivery::DirectoryRefused { error } => tracing::error!(
+                    %error,
+                    "the directory refused the archiver's watch: nothing is archived until it is allowed (restart then)"
+                ),
                 _ => {}
             }
         }

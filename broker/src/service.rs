@@ -730,6 +730,9 @@ async fn follow(view: Arc<LiveView>, directory: String, patterns: Vec<String>, s
             Delivery::Refused { producer, error } => {
                 tracing::warn!(%producer, %error, "a producer refused the broker's subscription");
             }
+            Delivery::DirectoryRefused { error } => {
+                tracing::error!(%error, "the directory refused the broker's watch: nothing to rank until it is allowed (restart then)");
+            }
             _ => {}
         }
     }

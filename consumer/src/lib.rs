@@ -51,6 +51,16 @@ impl ConsumerError {
     }
 }
 
+/// Whether a status is a refusal that asking again will not change (not allowed, not
+/// authenticated, or a request the server cannot accept): callers stop and report it rather
+/// than retry. Only UNAVAILABLE and the like are worth retrying.
+pub fn is_refusal(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated | tonic::Code::InvalidArgument
+    )
+}
+
 /// Opens a channel to `addr` (`host:port` or `http(s)://host:port`), with this process's
 /// client TLS when one is installed ([`gma_core::tls::install_client`]).
 pub async fn connect(addr: &str) -> Result<Channel, ConsumerError> {

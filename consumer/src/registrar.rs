@@ -37,16 +37,30 @@ pub struct Registration {
 enum Outcome {
     Stop,
     Retry(String),
+    /// The directory refused the registration ([`crate::is_refusal`]).
+    Refused(String),
 }
 
-/// Runs until `stop` flips; then removes the record (best effort).
-pub async fn run(reg: Registration, catalog: Arc<dyn Catalog>, mut stop: watch::Receiver<bool>) {
+/// Runs until `stop` flips; then removes the record (best effort). A refusal of the first
+/// registration (PERMISSION_DENIED, UNAUTHENTICATED, INVALID_ARGUMENT — a lease TTL outside the
+/// directory's range, a record it does not accept) ends it at once with the directory's
+/// message: asking again would get the same answer, and the role should stop and say so. Once
+/// registered, a refusal is retried like an outage (the role keeps serving).
+pub async fn run(
+    reg: Registration,
+    catalog: Arc<dyn Catalog>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), String> {
     let mut backoff = Duration::from_millis(100);
     let mut registered_once = false;
     loop {
         match session(&reg, &*catalog, &mut stop, &mut registered_once).await {
             Outcome::Stop => break,
-            Outcome::Retry(why) => {
+            Outcome::Refused(why) if !registered_once => {
+                tracing::error!(id = %reg.id, error = %why, "the directory refused the registration");
+                return Err(why);
+            }
+            Outcome::Retry(why) | Outcome::Refused(why) => {
                 metrics::counter!(crate::telemetry::REGISTRATION_RETRIES).increment(1);
                 tracing::debug!(error = %why, "directory session ended; retrying");
             }
@@ -69,6 +83,7 @@ pub async fn run(reg: Registration, catalog: Arc<dyn Catalog>, mut stop: watch::
         req.set_timeout(Duration::from_secs(1));
         let _ = client.remove(req).await;
     }
+    Ok(())
 }
 
 /// Connects to the first reachable member of `addrs` (`a:1,b:2`), starting after the one
@@ -106,7 +121,15 @@ async fn register(
     client: &mut DirectoryClient<Channel>,
     reg: &Registration,
     catalog: &dyn Catalog,
-) -> Result<(u64, u64, u64), String> {
+) -> Result<(u64, u64, u64), Outcome> {
+    let failed = |what: &str, s: tonic::Status| {
+        let msg = format!("{what}: {:?}: {}", s.code(), s.message());
+        if crate::is_refusal(s.code()) {
+            Outcome::Refused(msg)
+        } else {
+            Outcome::Retry(msg)
+        }
+    };
     let (record, schemas, version) = catalog.record();
     let update = pb::UpdateRequest {
         record: Some(record.clone()),
@@ -127,11 +150,11 @@ async fn register(
             let r = client
                 .update(update)
                 .await
-                .map_err(|s| format!("update: {}", s.message()))?
+                .map_err(|s| failed("update", s))?
                 .into_inner();
             Ok((r.lease_id, r.lease_ttl_ms, version))
         }
-        Err(s) => Err(format!("register: {:?}: {}", s.code(), s.message())),
+        Err(s) => Err(failed("register", s)),
     }
 }
 
@@ -147,10 +170,11 @@ async fn session(
     };
     let (mut lease, ttl_ms, mut version) = match register(&mut client, reg, catalog).await {
         Ok(v) => v,
-        Err(e) => {
+        Err(Outcome::Retry(e)) => {
             tracing::warn!(error = %e, "directory registration failed");
             return Outcome::Retry(e);
         }
+        Err(other) => return other,
     };
     if !*registered_once {
         tracing::info!(id = %reg.id, lease, "registered in the directory");
@@ -197,7 +221,7 @@ async fn session(
                         lease = l;
                         version = v;
                     }
-                    Err(e) => return Outcome::Retry(e),
+                    Err(other) => return other,
                 }
             }
             Ok(Ok(None)) => return Outcome::Retry("keepalive stream ended".into()),

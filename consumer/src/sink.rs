@@ -50,6 +50,9 @@ pub struct SinkConfig {
     /// TLS of the `Consumer` endpoint (`cert`, `key`, `client_ca` for mTLS, `allow_plaintext`);
     /// without a certificate it serves plaintext, refused on a non-loopback address.
     pub tls: gma_core::tls::ServerTls,
+    /// Connection caps and timeouts of the endpoint (the `max_connections`... keys of
+    /// `[limits]`, [`gma_core::conn`]).
+    pub limits: gma_core::guard::Limits,
 }
 
 impl Default for SinkConfig {
@@ -66,6 +69,7 @@ impl Default for SinkConfig {
             lease_ttl_ms: 10_000,
             policy: pb::SlowPolicy::DropOldest,
             tls: Default::default(),
+            limits: Default::default(),
         }
     }
 }
@@ -144,14 +148,8 @@ impl Sink {
         let tls = self
             .config
             .tls
-            .server_config(bound)
+            .rustls_config(bound)
             .map_err(|e| ConsumerError::Invalid(e.to_string()))?;
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = tls {
-            builder = builder
-                .tls_config(tls)
-                .map_err(|e| ConsumerError::Invalid(format!("tls: {}", crate::error_chain(&e))))?;
-        }
         let address = self
             .config
             .advertise
@@ -176,18 +174,14 @@ impl Sink {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        let result = builder
+        let router = gma_core::conn::grpc_server(&self.config.limits)
             .layer(gma_core::rpc::RpcLayer::new(gma_core::rpc::RpcStats::new("sink")))
-            .tcp_nodelay(true)
             .add_service(
                 pb::consumer_server::ConsumerServer::new(Service { sink: self.clone() })
                     .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
-            )
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown,
-            )
-            .await;
+            );
+        let incoming = gma_core::conn::Incoming::grpc(listener, tls, &self.config.limits, "sink");
+        let result = gma_core::conn::serve_grpc(router, incoming, shutdown).await;
         if let Some(t) = registrar_task {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
         }

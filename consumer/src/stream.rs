@@ -171,12 +171,7 @@ impl ProducerStream {
     fn broke(&mut self, err: ConsumerError) -> Result<Option<Progress>, ConsumerError> {
         self.inbound = None;
         // A refused subscription (bad filter, not allowed) fails the same way every time.
-        let refused = err.status().is_some_and(|s| {
-            matches!(
-                s.code(),
-                tonic::Code::InvalidArgument | tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
-            )
-        });
+        let refused = err.status().is_some_and(|s| crate::is_refusal(s.code()));
         if !self.opts.reconnect || refused {
             self.ended = true;
             return Err(err);

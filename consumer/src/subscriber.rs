@@ -5,7 +5,9 @@
 //! patterns, runs one [`ProducerStream`] per producer, and forwards everything into one bounded
 //! channel: a slow reader slows the streams (and the producers report gaps), never memory.
 //! Resume points survive a producer's removal, so a producer that comes back is resumed, not
-//! restarted.
+//! restarted. The watch asks for the subscription's pattern when it has one (so an identity
+//! allowed to watch only what it subscribes to can); a refusal of the watch
+//! ([`Delivery::DirectoryRefused`]) ends the subscriber instead of being retried.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,8 +45,12 @@ pub enum Delivery {
     Refused { producer: String, error: String },
     /// The producer left the directory (removed or its lease expired).
     Gone { producer: String, reason: String },
-    /// The directory is unreachable; running streams continue.
+    /// The directory is unreachable; running streams continue and the subscriber retries.
     DirectoryDown { error: String },
+    /// The directory refused the subscriber's watch (PERMISSION_DENIED, UNAUTHENTICATED,
+    /// INVALID_ARGUMENT): asking again would not change it, so the subscriber stops (every
+    /// stream ends) after delivering this.
+    DirectoryRefused { error: String },
 }
 
 #[derive(Debug, Clone)]
@@ -177,11 +183,51 @@ async fn discover(
             Ok(()) => return, // receiver dropped
             Err(e) => e,
         };
-        if tx.send(Delivery::DirectoryDown { error: err }).await.is_err() {
+        let down = match err {
+            WatchError::Down(e) => Delivery::DirectoryDown { error: e },
+            WatchError::Refused(e) => {
+                let ids: Vec<String> = running.keys().cloned().collect();
+                for id in ids {
+                    stop(&mut running, &id);
+                }
+                let _ = tx.send(Delivery::DirectoryRefused { error: e }).await;
+                return;
+            }
+        };
+        if tx.send(down).await.is_err() {
             return;
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Why a directory watch session ended.
+enum WatchError {
+    /// Unreachable or broken: retried.
+    Down(String),
+    /// Refused ([`crate::is_refusal`]): not retried.
+    Refused(String),
+}
+
+impl From<tonic::Status> for WatchError {
+    fn from(s: tonic::Status) -> WatchError {
+        let msg = format!("directory watch: {} ({:?})", s.message(), s.code());
+        if crate::is_refusal(s.code()) {
+            WatchError::Refused(msg)
+        } else {
+            WatchError::Down(msg)
+        }
+    }
+}
+
+/// The event pattern a subscriber watches the directory for: its one pattern (so an identity
+/// allowed to watch only what it subscribes to can), or any when it has several (a local
+/// filter picks the producers it wants).
+fn watch_pattern(patterns: &[String]) -> String {
+    match patterns {
+        [one] if one != "*" => one.clone(),
+        _ => String::new(),
     }
 }
 
@@ -194,14 +240,14 @@ async fn watch_once(
     resume: &Arc<Mutex<HashMap<String, ResumePoint>>>,
     running: &mut HashMap<String, Running>,
     from_revision: &mut u64,
-) -> Result<(), String> {
+) -> Result<(), WatchError> {
     let mut client = directory::client(&opts.directory)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| WatchError::Down(e.to_string()))?;
     let req = pb::WatchRequest {
         from_revision: *from_revision,
         kind: pb::RecordKind::Producer as i32,
-        event_pattern: String::new(),
+        event_pattern: watch_pattern(&opts.stream.patterns),
     };
     let mut stream = match client.watch(req.clone()).await {
         Ok(s) => s.into_inner(),
@@ -213,11 +259,10 @@ async fn watch_once(
                     from_revision: 0,
                     ..req
                 })
-                .await
-                .map_err(|s| s.message().to_string())?
+                .await?
                 .into_inner()
         }
-        Err(s) => return Err(s.message().to_string()),
+        Err(s) => return Err(s.into()),
     };
     // During a re-list (from 0), producers not re-announced before SYNCED are gone.
     let relisting = *from_revision == 0;
@@ -225,8 +270,8 @@ async fn watch_once(
     loop {
         let ev = match stream.message().await {
             Ok(Some(ev)) => ev,
-            Ok(None) => return Err("directory watch ended".into()),
-            Err(s) => return Err(s.message().to_string()),
+            Ok(None) => return Err(WatchError::Down("directory watch ended".into())),
+            Err(s) => return Err(s.into()),
         };
         let ty = pb::WatchEventType::try_from(ev.r#type).unwrap_or(pb::WatchEventType::Unspecified);
         if ty == pb::WatchEventType::Synced {

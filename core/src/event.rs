@@ -36,6 +36,10 @@ pub enum SchemaError {
         version: u32,
         message: String,
     },
+    /// `timestamp_ns` outside [`crate::time::MAX_TIMESTAMP_NS`]'s range (0 is allowed: the
+    /// producer's clock at Ingest).
+    #[error("event {name:?}: {message}")]
+    Timestamp { name: String, message: String },
 }
 
 /// Field counts of a schema, by type.
@@ -113,8 +117,15 @@ pub fn same_definition(a: &pb::EventSchema, b: &pb::EventSchema) -> bool {
 }
 
 /// Converts a self-describing wire event to [`EventData`] checking it against `schema`.
+/// `timestamp_ns` must be 0 (the producer's clock) or valid ([`crate::time::check_timestamp_ns`]).
 pub fn from_wire(e: &pb::Event, schema: &pb::EventSchema) -> Result<EventData, SchemaError> {
     validate_source(&e.source)?;
+    if e.timestamp_ns != 0 {
+        crate::time::check_timestamp_ns(e.timestamp_ns).map_err(|message| SchemaError::Timestamp {
+            name: e.name.clone(),
+            message,
+        })?;
+    }
     let nonconf = |m: String| SchemaError::Nonconforming {
         name: e.name.clone(),
         version: schema.version,

@@ -17,7 +17,9 @@ use tonic::{Request, Status};
 
 use crate::authz::{Action, Decision, Grant, Identity, Policy};
 
-/// Per-identity limits (`[limits]` in role configs).
+/// The limits of a role (`[limits]` in role configs): per identity (request rate), per
+/// connection (open subscriptions) and per listener (connections and their timeouts,
+/// enforced by [`crate::conn`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
@@ -27,6 +29,22 @@ pub struct Limits {
     pub burst: f64,
     /// Open subscriptions (streams) one connection may hold at once.
     pub subscriptions_per_connection: usize,
+    /// Connections one listener holds at once; one more is closed when accepted
+    /// ([`crate::conn`]).
+    pub max_connections: usize,
+    /// Connections one peer IP address may hold at once on one listener.
+    pub max_connections_per_address: usize,
+    /// The TLS handshake and, on gRPC listeners, the HTTP/2 preface must arrive within this
+    /// many milliseconds of the accept.
+    pub handshake_timeout_ms: u64,
+    /// HTTP/1 listeners: a request's headers must arrive within this many milliseconds of the
+    /// server starting to wait for them (also how long an idle keep-alive connection stays).
+    pub header_read_timeout_ms: u64,
+    /// HTTP/2 keep-alive ping interval of gRPC listeners (and the TCP keep-alive idle time of
+    /// every accepted socket).
+    pub keepalive_interval_ms: u64,
+    /// A gRPC connection whose keep-alive ping is not answered within this is closed.
+    pub keepalive_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -35,6 +53,12 @@ impl Default for Limits {
             requests_per_s: 5_000.0,
             burst: 10_000.0,
             subscriptions_per_connection: 256,
+            max_connections: 4096,
+            max_connections_per_address: 1024,
+            handshake_timeout_ms: 10_000,
+            header_read_timeout_ms: 10_000,
+            keepalive_interval_ms: 10_000,
+            keepalive_timeout_ms: 20_000,
         }
     }
 }
@@ -52,6 +76,23 @@ impl Limits {
         }
         if self.subscriptions_per_connection == 0 {
             return Err("limits.subscriptions_per_connection must be at least 1".into());
+        }
+        if self.max_connections == 0 || self.max_connections_per_address == 0 {
+            return Err(
+                "limits.max_connections and limits.max_connections_per_address must be at least 1".into(),
+            );
+        }
+        for (key, ms) in [
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("keepalive_interval_ms", self.keepalive_interval_ms),
+            ("keepalive_timeout_ms", self.keepalive_timeout_ms),
+        ] {
+            if !(100..=86_400_000).contains(&ms) {
+                return Err(format!(
+                    "limits.{key} must lie in [100, 86400000] milliseconds, not {ms}"
+                ));
+            }
         }
         Ok(())
     }
@@ -327,6 +368,7 @@ mod tests {
                 requests_per_s: 1.0,
                 burst: 3.0,
                 subscriptions_per_connection: 1,
+                ..Limits::default()
             },
         );
         let a = req_from("10.0.0.1:5000");

@@ -24,6 +24,7 @@ pub mod addr;
 pub mod authz;
 pub mod codec;
 pub mod config;
+pub mod conn;
 pub mod event;
 pub mod filter;
 pub mod forecast;

@@ -2,6 +2,29 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The largest valid event timestamp: 2099-12-31T23:59:59.999999999Z. Event timestamps are
+/// nanoseconds since the Unix epoch in `1..=MAX_TIMESTAMP_NS`: never negative, and far enough
+/// below `i64::MAX` that every time range over them (`[from, to)`, `to + 1`, a window's end)
+/// stays representable and queryable. 0 is not a timestamp: at `Ingest` it asks for the
+/// producer's clock.
+pub const MAX_TIMESTAMP_NS: i64 = 4_102_444_799_999_999_999;
+
+/// Whether `ns` is a valid event timestamp (`1..=MAX_TIMESTAMP_NS`).
+pub fn valid_timestamp_ns(ns: i64) -> bool {
+    (1..=MAX_TIMESTAMP_NS).contains(&ns)
+}
+
+/// [`valid_timestamp_ns`] with the message callers return (INVALID_ARGUMENT).
+pub fn check_timestamp_ns(ns: i64) -> Result<(), String> {
+    if valid_timestamp_ns(ns) {
+        return Ok(());
+    }
+    Err(format!(
+        "timestamp_ns {ns} is outside the valid range 1..={MAX_TIMESTAMP_NS} (nanoseconds since \
+         1970-01-01 up to the end of 2099); send nanoseconds since the Unix epoch, or 0 for the producer's clock"
+    ))
+}
+
 /// Now, in nanoseconds since the Unix epoch (UTC).
 pub fn now_ns() -> i64 {
     SystemTime::now()
@@ -204,6 +227,22 @@ pub fn format_rfc3339(ns: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamp_range() {
+        for ok in [1, now_ns(), MAX_TIMESTAMP_NS] {
+            assert!(check_timestamp_ns(ok).is_ok(), "{ok}");
+        }
+        for bad in [0, -1, i64::MIN, i64::MAX, MAX_TIMESTAMP_NS + 1] {
+            let e = check_timestamp_ns(bad).unwrap_err();
+            assert!(e.contains(&format!("timestamp_ns {bad} is outside")), "{e}");
+        }
+        // The bound is the last nanosecond of 2099.
+        assert_eq!(
+            parse_rfc3339("2100-01-01T00:00:00Z"),
+            Some(Some(MAX_TIMESTAMP_NS + 1))
+        );
+    }
 
     #[test]
     fn instants_and_durations() {

@@ -1,4 +1,5 @@
-//! TLS for every endpoint (rustls through tonic), and the identity of a peer.
+//! TLS for every endpoint (rustls: servers accept through [`crate::conn`], clients connect through
+//! tonic), and the identity of a peer.
 //!
 //! One process has one TLS identity (certificate + key) and one set of trust anchors:
 //!
@@ -19,7 +20,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
 
 use crate::authz::{identity_from_der, Identity};
 
@@ -76,34 +77,96 @@ impl ServerTls {
         }
     }
 
-    /// The tonic server config, `None` for plaintext. Checks the combination and that plaintext
-    /// is only used where it is allowed.
-    pub fn server_config(&self, bind: SocketAddr) -> Result<Option<ServerTlsConfig>, TlsError> {
-        match (&self.cert, &self.key) {
-            (None, None) => {
-                if self.client_ca.is_some() {
-                    return Err(TlsError::Config(
-                        "a client CA needs a server certificate and key too".into(),
-                    ));
-                }
-                if !bind.ip().is_loopback() && !self.allow_plaintext {
-                    return Err(TlsError::Plaintext(bind));
-                }
-                Ok(None)
+    /// Refuses a plaintext listener on `bind` unless it is a loopback address or plaintext is
+    /// allowed, and a client CA without a certificate. Call it before binding: it needs the
+    /// address only.
+    pub fn check_plaintext(&self, bind: SocketAddr) -> Result<(), TlsError> {
+        if self.cert.is_none() && self.key.is_none() {
+            if self.client_ca.is_some() {
+                return Err(TlsError::Config(
+                    "a client CA needs a server certificate and key too".into(),
+                ));
             }
-            (Some(cert), Some(key)) => {
-                let mut cfg = ServerTlsConfig::new().identity(TlsIdentity::from_pem(read(cert)?, read(key)?));
-                if let Some(ca) = &self.client_ca {
-                    cfg = cfg
-                        .client_ca_root(Certificate::from_pem(read(ca)?))
-                        .client_auth_optional(false);
-                }
-                Ok(Some(cfg))
+            if !bind.ip().is_loopback() && !self.allow_plaintext {
+                return Err(TlsError::Plaintext(bind));
             }
-            _ => Err(TlsError::Config(
-                "give both a certificate and its key (--tls-cert and --tls-key)".into(),
-            )),
         }
+        Ok(())
+    }
+
+    /// [`ServerTls::check_plaintext`] for a listen address given as text (`HOST:PORT`), before
+    /// binding: every address the name resolves to must be allowed. One that does not resolve
+    /// is left to the bind, which says so.
+    pub fn check_listen(&self, listen: &str) -> Result<(), TlsError> {
+        use std::net::ToSocketAddrs;
+        let Ok(addrs) = listen.to_socket_addrs() else {
+            return Ok(());
+        };
+        for a in addrs {
+            self.check_plaintext(a)?;
+        }
+        Ok(())
+    }
+
+    /// The rustls config of a gRPC listener (ALPN `h2`; with `client_ca`, client certificates
+    /// signed by it are required), `None` for plaintext — for [`crate::conn::Incoming::grpc`].
+    pub fn rustls_config(
+        &self,
+        bind: SocketAddr,
+    ) -> Result<Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>, TlsError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls;
+        self.check_plaintext(bind)?;
+        let (cert, key) = match (&self.cert, &self.key) {
+            (None, None) => return Ok(None),
+            (Some(c), Some(k)) => (c, k),
+            _ => {
+                return Err(TlsError::Config(
+                    "give both a certificate and its key (--tls-cert and --tls-key)".into(),
+                ))
+            }
+        };
+        let pems = |path: &Path| -> Result<Vec<CertificateDer<'static>>, TlsError> {
+            let certs = CertificateDer::pem_slice_iter(&read(path)?)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TlsError::Config(format!("{}: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(TlsError::Config(format!(
+                    "{}: no certificate in it",
+                    path.display()
+                )));
+            }
+            Ok(certs)
+        };
+        let chain = pems(cert)?;
+        let key = PrivateKeyDer::from_pem_slice(&read(key)?)
+            .map_err(|e| TlsError::Config(format!("{}: {e}", key.display())))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in pems(ca)? {
+                    roots
+                        .add(c)
+                        .map_err(|e| TlsError::Config(format!("{}: {e}", ca.display())))?;
+                }
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                        .build()
+                        .map_err(|e| TlsError::Config(format!("{}: {e}", ca.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut cfg = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Some(std::sync::Arc::new(cfg)))
     }
 }
 
@@ -198,6 +261,15 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, String> {
         .keep_alive_timeout(Duration::from_secs(20)))
 }
 
+/// The identity (subject CN and O) of the first certificate in the PEM file `path`, e.g. a
+/// role's own `[tls] cert`.
+pub fn pem_identity(path: &Path) -> Result<Identity, TlsError> {
+    let bytes = read(path)?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes)
+        .map_err(|e| TlsError::Config(format!("{}: not a PEM certificate: {e}", path.display())))?;
+    identity_from_der(&pem.contents).map_err(|e| TlsError::Config(format!("{}: {e}", path.display())))
+}
+
 /// The identity of the peer of a request: the subject of its verified client certificate, or
 /// anonymous (plaintext, or TLS without a client certificate).
 pub fn peer_identity<T>(req: &tonic::Request<T>) -> Identity {
@@ -257,10 +329,10 @@ mod tests {
     fn plaintext_only_on_loopback_unless_allowed() {
         let none = ServerTls::default();
         assert!(none
-            .server_config("127.0.0.1:7000".parse().unwrap())
+            .rustls_config("127.0.0.1:7000".parse().unwrap())
             .unwrap()
             .is_none());
-        let e = none.server_config("10.1.2.3:7000".parse().unwrap()).unwrap_err();
+        let e = none.rustls_config("10.1.2.3:7000".parse().unwrap()).unwrap_err();
         assert!(
             e.to_string().contains("refusing plaintext on 10.1.2.3:7000"),
             "{e}"
@@ -270,7 +342,7 @@ mod tests {
             ..ServerTls::default()
         };
         assert!(allowed
-            .server_config("10.1.2.3:7000".parse().unwrap())
+            .rustls_config("10.1.2.3:7000".parse().unwrap())
             .unwrap()
             .is_none());
     }
@@ -282,7 +354,7 @@ mod tests {
             ..ServerTls::default()
         };
         assert!(cert_only
-            .server_config("127.0.0.1:1".parse().unwrap())
+            .rustls_config("127.0.0.1:1".parse().unwrap())
             .unwrap_err()
             .to_string()
             .contains("both a certificate and its key"));
@@ -290,14 +362,14 @@ mod tests {
             client_ca: Some("ca.pem".into()),
             ..ServerTls::default()
         };
-        assert!(ca_only.server_config("127.0.0.1:1".parse().unwrap()).is_err());
+        assert!(ca_only.rustls_config("127.0.0.1:1".parse().unwrap()).is_err());
         let missing = ServerTls {
             cert: Some("/nonexistent/c.pem".into()),
             key: Some("/nonexistent/k.pem".into()),
             ..ServerTls::default()
         };
         assert!(missing
-            .server_config("127.0.0.1:1".parse().unwrap())
+            .rustls_config("127.0.0.1:1".parse().unwrap())
             .unwrap_err()
             .to_string()
             .contains("cannot read /nonexistent/c.pem"));

@@ -26,10 +26,10 @@ use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderName};
 use gma_core::authz::{Action, Decision, Grant, Identity, Policy};
+use gma_core::conn::Peer;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::tls::Peer;
 use crate::{DashboardError, HttpError};
 
 /// `[auth]` of the dashboard config (and the `--auth-*` flags).

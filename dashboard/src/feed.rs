@@ -240,6 +240,11 @@ pub async fn events(
             Some(Delivery::DirectoryDown { error }) => {
                 tracing::debug!(%error, "directory down; streams continue");
             }
+            Some(Delivery::DirectoryRefused { error }) => {
+                tracing::error!(%error, "the directory refused the dashboard's watch: no live events (allow it and restart)");
+                shared.send_status("directory", Some(&error));
+                return;
+            }
             Some(Delivery::Refused { producer, error }) => {
                 tracing::warn!(%producer, %error, "a producer refused the dashboard's subscription");
             }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, Query, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
@@ -24,12 +24,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use gma_core::authz::{Action, Decision, Door, Grant, Identity};
+use gma_core::conn::Peer;
 use gma_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::tls::Peer;
 use crate::view::View;
 use crate::{Frame, HttpError, Shared};
 
@@ -168,7 +168,7 @@ impl FromRequestParts<Arc<Shared>> for Caller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, s: &Arc<Shared>) -> Result<Caller, HttpError> {
-        let peer = parts.extensions.get::<ConnectInfo<Peer>>().map(|c| &c.0);
+        let peer = parts.extensions.get::<Peer>();
         s.auth().identify(peer, &parts.headers).map(Caller)
     }
 }

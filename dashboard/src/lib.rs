@@ -86,6 +86,9 @@ pub struct DashboardConfig {
     /// connections to the directory, producers and archiver. `allow_plaintext`: plain HTTP off
     /// loopback.
     pub tls: gma_core::tls::ServerTls,
+    /// Connection caps and timeouts of the HTTP listener (`[limits]`: `max_connections`,
+    /// `max_connections_per_address`, `handshake_timeout_ms`, `header_read_timeout_ms`).
+    pub limits: gma_core::guard::Limits,
     /// Serve plain HTTP even though `[tls]` has a certificate (then only the identity of the
     /// dashboard's own connections into the fabric): behind an authenticating proxy on the
     /// same host.
@@ -110,6 +113,7 @@ impl Default for DashboardConfig {
             broadcast_capacity: 1024,
             metrics_listen: None,
             tls: Default::default(),
+            limits: Default::default(),
             plain_http: false,
             policy: None,
             auth: Default::default(),
@@ -187,6 +191,7 @@ impl DashboardConfig {
         if self.broadcast_capacity == 0 || self.broadcast_capacity > 1 << 20 {
             return bad("broadcast_capacity must lie in 1..=1048576");
         }
+        self.limits.validate().map_err(DashboardError::Config)?;
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("give both a certificate and its key (--tls-cert and --tls-key)");
         }
@@ -361,9 +366,9 @@ pub async fn run(
         // Ends every SSE stream, so the graceful shutdown does not wait on browsers.
         let _ = stop_tx.send(true);
     };
-    let served = tls::serve(listener, tls_config, app, signal).await;
+    gma_core::conn::serve_http(listener, tls_config, app, &config.limits, "dashboard", signal).await;
     for t in tasks {
         t.abort();
     }
-    served.map_err(DashboardError::from)
+    Ok(())
 }

@@ -1,41 +1,25 @@
-//! HTTPS for the dashboard and the roles' Prometheus endpoints: rustls (the ring provider tonic
-//! uses too) in front of axum. The certificate and key are the role's `[tls]` `cert` and `key`
-//! (or `--tls-cert`/`--tls-key`); with a client CA (`client_ca`, `--tls-client-ca`) the
-//! handshake verifies client certificates against it, required or optional ([`ClientAuth`]),
-//! and the identity of a verified certificate (subject CN and O, like the gRPC roles) travels
-//! with the connection as [`Peer::cert`]. Handshakes run in their own tasks, bounded in time,
-//! so a slow or broken client never holds up the others; a failed handshake is dropped (and
-//! logged at debug).
+//! HTTPS for the dashboard and the roles' Prometheus endpoints: the rustls server config (the
+//! ring provider tonic uses too). The certificate and key are the role's `[tls]` `cert` and
+//! `key` (or `--tls-cert`/`--tls-key`); with a client CA (`client_ca`, `--tls-client-ca`) the
+//! handshake verifies client certificates against it, required or optional ([`ClientAuth`]).
+//!
+//! Connections are accepted by [`gma_core::conn::serve_http`] with this config: the caps and
+//! timeouts of `[limits]`, handshakes in their own tasks bounded by `handshake_timeout_ms` (a
+//! failed one is dropped and logged at debug), and every request carrying a
+//! [`gma_core::conn::Peer`]: the peer's address and the identity (subject CN and O, like the
+//! gRPC roles) of its verified client certificate.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use gma_core::authz::Identity;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_rustls::rustls;
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
 
 use crate::DashboardError;
 
 /// The rustls server configuration [`server_config`] builds.
 pub type ServerConfig = rustls::ServerConfig;
-
-/// How long a TLS handshake may take.
-const HANDSHAKE: Duration = Duration::from_secs(10);
-
-/// Who is at the other end of an HTTP connection: its address and, over TLS, the identity of
-/// its verified client certificate. Handlers get it as `ConnectInfo<Peer>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peer {
-    pub addr: SocketAddr,
-    pub cert: Option<Identity>,
-}
 
 /// Client certificates asked of HTTPS clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,152 +93,13 @@ pub fn server_config(
     Ok(Arc::new(cfg))
 }
 
-/// The identity of the verified client certificate of a TLS connection, if it presented one.
-fn cert_identity(s: &TlsStream<TcpStream>) -> Option<Identity> {
-    let certs = s.get_ref().1.peer_certificates()?;
-    match gma_core::authz::identity_from_der(certs.first()?.as_ref()) {
-        Ok(id) => Some(id),
-        Err(e) => {
-            tracing::debug!(error = %e, "client certificate without a usable subject");
-            None
-        }
-    }
-}
-
-/// A listener of TLS connections for `axum::serve`.
-pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
-    local: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl TlsListener {
-    pub fn new(
-        listener: TcpListener,
-        config: Arc<tokio_rustls::rustls::ServerConfig>,
-    ) -> std::io::Result<TlsListener> {
-        let local = listener.local_addr()?;
-        let acceptor = TlsAcceptor::from(config);
-        let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
-                        Ok(Ok(s)) => {
-                            let peer = Peer {
-                                addr: peer,
-                                cert: cert_identity(&s),
-                            };
-                            let _ = tx.send((s, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { rx, local, task })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(c) => c,
-            // The accept task ended (it does not, but for its abort): no more connections.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(Peer {
-            addr: self.local,
-            cert: None,
-        })
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Peer {
-        stream.remote_addr().clone()
-    }
-}
-
-/// A plain TCP listener for `axum::serve` whose connections carry a [`Peer`] (without a
-/// certificate), so that handlers see one type whether the endpoint is HTTP or HTTPS.
-pub struct PlainListener(pub TcpListener);
-
-impl axum::serve::Listener for PlainListener {
-    type Io = TcpStream;
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (io, addr) = axum::serve::Listener::accept(&mut self.0).await;
-        (io, Peer { addr, cert: None })
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(Peer {
-            addr: self.0.local_addr()?,
-            cert: None,
-        })
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, PlainListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, PlainListener>) -> Peer {
-        stream.remote_addr().clone()
-    }
-}
-
-/// Serves `app` on `listener` (plain HTTP) or, with `tls`, HTTPS, until `shutdown`; handlers
-/// get the [`Peer`] of their connection.
-pub async fn serve(
-    listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    app: axum::Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let app = app.into_make_service_with_connect_info::<Peer>();
-    match tls {
-        Some(cfg) => {
-            axum::serve(TlsListener::new(listener, cfg)?, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-        None => {
-            axum::serve(PlainListener(listener), app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
 
     /// The dashboard answers over HTTPS with the configured certificate.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

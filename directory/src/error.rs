@@ -21,6 +21,10 @@ pub enum DirError {
     /// A watch asked for history that was compacted away. OUT_OF_RANGE.
     #[error("{0}")]
     OutOfRange(String),
+    /// The caller may not do this (the leader's policy refused a forwarded command, or a
+    /// member refused another's raft traffic). PERMISSION_DENIED.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The directory cannot take writes now (shutting down, or storage failed). UNAVAILABLE.
     #[error("{0}")]
     Unavailable(String),
@@ -51,6 +55,7 @@ impl From<DirError> for Status {
             DirError::ResourceExhausted(_) => Status::resource_exhausted(msg),
             DirError::OutOfRange(_) => Status::out_of_range(msg),
             DirError::Unavailable(_) => Status::unavailable(msg),
+            DirError::PermissionDenied(_) => Status::permission_denied(msg),
             DirError::Storage(_) | DirError::Config(_) | DirError::Transport(_) => Status::internal(msg),
         }
     }
@@ -70,6 +75,7 @@ mod tests {
             (DirError::ResourceExhausted("x".into()), Code::ResourceExhausted),
             (DirError::OutOfRange("x".into()), Code::OutOfRange),
             (DirError::Unavailable("x".into()), Code::Unavailable),
+            (DirError::PermissionDenied("x".into()), Code::PermissionDenied),
             (DirError::Storage("x".into()), Code::Internal),
         ];
         for (e, code) in cases {

@@ -9,8 +9,6 @@ use gma_core::rpc::{RpcLayer, RpcStats};
 use gma_core::MAX_MESSAGE_BYTES;
 use gma_proto::v1::directory_server::DirectoryServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 
 use std::collections::BTreeMap;
 
@@ -80,8 +78,14 @@ pub struct DirectoryConfig {
     /// client and every member must present a certificate; raft is mutually authenticated.
     #[serde(default)]
     pub tls: gma_core::tls::ServerTls,
-    /// Glob over certificate CNs of the members (`dir-*`): only they may send raft traffic, and
-    /// their forwarded reads pass the policy. Empty: any certificate of the client CA.
+    /// The members of a TLS cluster (`[[members]]`: `cn`, `org`, optional `id`): only a peer
+    /// whose verified certificate matches an entry may send raft traffic (AppendEntries, Vote,
+    /// InstallSnapshot, Forward) or speak for a client, and only as the node ids its entry
+    /// allows. Required for a cluster with `tls.client_ca`; see docs/directory.md.
+    #[serde(default)]
+    pub members: Vec<Member>,
+    /// Replaced by `[[members]]` (a CN glob alone let any organization's certificate in):
+    /// a config that still sets it is refused with what to write instead.
     #[serde(default)]
     pub member_cn: Option<String>,
     /// Authorization policy file (TOML, see docs/security.md); none allows every identity.
@@ -100,6 +104,30 @@ pub struct DirectoryConfig {
     /// producer `gma directory` runs beside it (0 = no companion). Read by the binary.
     #[serde(default = "defaults::rpc_events_ms")]
     pub rpc_events_ms: u64,
+}
+
+/// One entry of `[[members]]`: the certificate subject of a directory member.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// The node id this certificate may speak for; none: any node id (e.g. one entry
+    /// `cn = "dir-*"` for every member, present and future).
+    #[serde(default)]
+    pub id: Option<NodeId>,
+    /// Glob over the certificate's CN (`dir-2`, `dir-*`).
+    pub cn: String,
+    /// Glob over the certificate's O; required, so a certificate of another organization from
+    /// the same CA never passes for a member.
+    pub org: String,
+}
+
+impl Member {
+    /// Whether the verified identity `who` is this member.
+    pub fn matches(&self, who: &gma_core::authz::Identity) -> bool {
+        !who.is_anonymous()
+            && gma_core::authz::name_glob(&self.cn, &who.cn)
+            && gma_core::authz::name_glob(&self.org, &who.org)
+    }
 }
 
 mod defaults {
@@ -166,6 +194,7 @@ impl Default for DirectoryConfig {
             snapshot_logs: defaults::snapshot_logs(),
             write_timeout_ms: defaults::write_timeout_ms(),
             tls: Default::default(),
+            members: Vec::new(),
             member_cn: None,
             policy: None,
             limits: Default::default(),
@@ -236,6 +265,76 @@ impl DirectoryConfig {
                 "a TLS cluster authenticates its members mutually: set tls.client_ca (--tls-client-ca) too"
                     .into(),
             );
+        }
+        self.validate_members()
+    }
+
+    /// The member rule: with client certificates, a cluster names its members by CN and O.
+    fn validate_members(&self) -> Result<(), DirError> {
+        let bad = |m: String| Err(DirError::Config(m));
+        let example = "[[members]] entries naming each member's certificate, e.g.\n  \
+                       [[members]]\n  id = 1\n  cn = \"dir-1\"\n  org = \"grid\"\n(one per node; \
+                       or one entry without id, cn = \"dir-*\", org = \"grid\", for every member)";
+        if let Some(glob) = self.member_cn.as_deref().filter(|g| !g.is_empty()) {
+            return bad(format!(
+                "member_cn = {glob:?} is no longer accepted: a CN glob alone admits a certificate of any \
+                 organization from the same CA as a member. Replace it with {example}"
+            ));
+        }
+        for m in &self.members {
+            if m.cn.trim().is_empty() || m.org.trim().is_empty() {
+                return bad(format!(
+                    "[[members]] entry {m:?}: give both cn and org (globs over the certificate subject)"
+                ));
+            }
+            if m.id == Some(0) {
+                return bad("[[members]] ids start at 1".into());
+            }
+        }
+        if !self.members.is_empty() && self.tls.client_ca.is_none() {
+            return bad(
+                "[[members]] recognizes members by their certificates: set tls.client_ca (--tls-client-ca) too"
+                    .into(),
+            );
+        }
+        if self.tls.client_ca.is_none() {
+            return Ok(());
+        }
+        let peers = crate::raft::network::parse_peers(&self.peers).map_err(DirError::Config)?;
+        if peers.is_empty() {
+            return Ok(());
+        }
+        if self.members.is_empty() {
+            return bad(format!(
+                "a TLS cluster accepts raft traffic only from its members: add {example}"
+            ));
+        }
+        for id in peers.keys().chain(std::iter::once(&self.node_id)) {
+            if !self.members.iter().any(|m| m.id.is_none_or(|i| i == *id)) {
+                return bad(format!(
+                    "node {id} has no [[members]] entry: add one with id = {id} and the cn and org of its certificate"
+                ));
+            }
+        }
+        // This member's own certificate must pass the others' check (a readable one: an
+        // unreadable one is the TLS setup's error).
+        if let Some(me) = self
+            .tls
+            .cert
+            .as_ref()
+            .and_then(|c| gma_core::tls::pem_identity(c).ok())
+        {
+            let id = self.node_id;
+            if !self
+                .members
+                .iter()
+                .any(|m| m.matches(&me) && m.id.is_none_or(|i| i == id))
+            {
+                return bad(format!(
+                    "this member's certificate is {me}, which no [[members]] entry admits as node {id}: \
+                     the other members would refuse its raft traffic; fix the entry or the certificate"
+                ));
+            }
         }
         Ok(())
     }
@@ -362,7 +461,7 @@ pub async fn run_with_rpc(
     config.validate()?;
     let tls = config
         .tls
-        .server_config(bound)
+        .rustls_config(bound)
         .map_err(|e| DirError::Config(e.to_string()))?;
     // Members connect to each other with the same identity; the client CA is their CA.
     let mut client = config.tls.client();
@@ -380,11 +479,19 @@ pub async fn run_with_rpc(
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let raft_service = {
         let forwarder = shared.clone();
-        let propose: Proposer = Arc::new(move |cmd| {
-            let s = forwarder.clone();
+        let policy = access.clone();
+        let propose: Proposer = Arc::new(move |cmd, caller| {
+            let (s, access) = (forwarder.clone(), policy.clone());
             Box::pin(async move {
+                let cmd = match s.authorize_forwarded(&access, &caller, cmd).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::info!(%caller, error = %e, "forwarded command refused");
+                        return Reply::one(Err(e));
+                    }
+                };
                 let cmd = restamp(cmd, s.now_ms());
-                Reply::one(s.propose(cmd, false).await)
+                Reply::one(s.propose(cmd, None).await)
             })
         });
         RaftServer::new(RaftService {
@@ -395,13 +502,7 @@ pub async fn run_with_rpc(
         .max_decoding_message_size(MAX_MESSAGE_BYTES * 16)
         .max_encoding_message_size(MAX_MESSAGE_BYTES * 16)
     };
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        if let Ok(c) = &conn {
-            // Small request/response messages: do not wait for Nagle.
-            let _ = c.set_nodelay(true);
-        }
-        conn
-    });
+    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "directory");
     let on_shutdown = shared.clone();
     let signal = async move {
         shutdown.await;
@@ -409,18 +510,12 @@ pub async fn run_with_rpc(
         on_shutdown.begin_shutdown();
     };
     let mut stopping = shared.stop_signal();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .map_err(|e| DirError::Config(format!("tls: {e}")))?;
-    }
+    let router = gma_core::conn::grpc_server(&config.limits)
+        .layer(RpcLayer::new(rpc))
+        .add_service(service)
+        .add_service(raft_service);
     let served = tokio::select! {
-        r = builder
-            .layer(RpcLayer::new(rpc))
-            .add_service(service)
-            .add_service(raft_service)
-            .serve_with_incoming_shutdown(incoming, signal) => {
+        r = gma_core::conn::serve_grpc(router, incoming, signal) => {
             r.map_err(|e| DirError::Transport(e.to_string()))
         }
         _ = async {

@@ -28,7 +28,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use gma_core::authz::Action;
+use gma_core::authz::{Action, Identity};
 
 use crate::error::DirError;
 use crate::raft::storage::SmShared;
@@ -127,19 +127,33 @@ fn unavailable(m: impl Into<String>) -> DirError {
     DirError::Unavailable(m.into())
 }
 
-/// Sends a write to the leader and returns its reply.
-async fn forward(leader: &Node, cmd: &Command) -> Result<Ack, DirError> {
+/// Sends a write made for `caller` to the leader (which authorizes it again for `caller`) and
+/// returns its reply.
+async fn forward(leader: &Node, cmd: &Command, caller: &Identity) -> Result<Ack, DirError> {
     let data =
         serde_json::to_vec(cmd).map_err(|e| DirError::Storage(format!("cannot encode command: {e}")))?;
     let mut client = crate::raft::network::client(&leader.rpc_addr).map_err(unavailable)?;
-    let mut req = Request::new(gma_proto::raft::ForwardRequest { command: data });
+    let mut req = Request::new(gma_proto::raft::ForwardRequest {
+        command: data,
+        caller: Some(gma_proto::raft::Caller {
+            cn: caller.cn.clone(),
+            org: caller.org.clone(),
+        }),
+    });
     req.set_timeout(std::time::Duration::from_secs(10));
-    let r = client.forward(req).await.map_err(|s| {
-        unavailable(format!(
+    let r = client.forward(req).await.map_err(|s| match s.code() {
+        // The leader does not take this member's word (not in its [[members]]): retrying
+        // does not help.
+        tonic::Code::PermissionDenied | tonic::Code::InvalidArgument => DirError::PermissionDenied(format!(
+            "the directory leader at {} refused this member's forwarded write: {}",
+            leader.api_addr,
+            s.message()
+        )),
+        _ => unavailable(format!(
             "cannot reach the directory leader at {} ({}); while no majority of members is up no write can commit: retry, and check `gma cluster status`",
             leader.api_addr,
             s.message()
-        ))
+        )),
     })?;
     let reply: Reply = serde_json::from_slice(&r.into_inner().reply)
         .map_err(|e| unavailable(format!("malformed reply from the leader: {e}")))?;
@@ -192,14 +206,16 @@ impl Shared {
         self.clock.now_ms()
     }
 
-    /// Proposes a command built with the current time; forwards it to the leader if needed.
-    pub async fn write(&self, make: impl FnOnce(u64) -> Command) -> Result<Ack, DirError> {
+    /// Proposes a command built with the current time for the client `caller` (who was
+    /// authorized for it); forwards it to the leader, in `caller`'s name, if needed.
+    pub async fn write(&self, caller: &Identity, make: impl FnOnce(u64) -> Command) -> Result<Ack, DirError> {
         let cmd = make(self.clock.now_ms());
-        self.propose(cmd, true).await
+        self.propose(cmd, Some(caller)).await
     }
 
-    /// Proposes `cmd` here if this node leads, else (when `may_forward`) on the leader.
-    pub async fn propose(&self, cmd: Command, may_forward: bool) -> Result<Ack, DirError> {
+    /// Proposes `cmd` here if this node leads, else (when `forward_for` names the client it
+    /// was authorized for) on the leader.
+    pub async fn propose(&self, cmd: Command, forward_for: Option<&Identity>) -> Result<Ack, DirError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(unavailable(
                 "the directory is shutting down: retry on another member",
@@ -218,12 +234,12 @@ impl Shared {
         match written {
             Ok(r) => r,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                let Some(leader) = f.leader_node.filter(|_| may_forward) else {
+                let (Some(leader), Some(caller)) = (f.leader_node, forward_for) else {
                     return Err(unavailable(
                         "no directory leader is known yet (election in progress or no quorum): retry shortly",
                     ));
                 };
-                forward(&leader, &cmd).await
+                forward(&leader, &cmd, caller).await
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(unavailable(format!("membership change in progress: {e}")))
@@ -304,7 +320,7 @@ impl Shared {
                 Command::ExtendAll {
                     now_ms: self.now_ms(),
                 },
-                false,
+                None,
             )
             .await?;
             self.extended_term.store(term, Ordering::SeqCst);
@@ -323,7 +339,7 @@ impl Shared {
             return Ok(0);
         }
         let before = self.sm.state.read().await.dir.counts();
-        self.propose(Command::Expire { now_ms: now }, false).await?;
+        self.propose(Command::Expire { now_ms: now }, None).await?;
         let after = self.sm.state.read().await.dir.counts();
         Ok((before.producers + before.consumers).saturating_sub(after.producers + after.consumers) as usize)
     }
@@ -360,6 +376,109 @@ impl Shared {
             )));
         }
         Ok(requested)
+    }
+
+    /// On the leader: authorizes a command a member forwarded for the client `caller` under
+    /// this member's policy, as if `caller` had called here, and returns it ready to propose
+    /// (owner attributes stamped for `caller`, lease renewals checked against this state).
+    pub async fn authorize_forwarded(
+        &self,
+        access: &crate::access::Access,
+        caller: &Identity,
+        cmd: Command,
+    ) -> Result<Command, DirError> {
+        let denied = |s: Status| DirError::PermissionDenied(s.message().to_string());
+        let register = Action::DirectoryRegister;
+        Ok(match cmd {
+            Command::Register {
+                mut record,
+                schemas,
+                lease_id,
+                ttl_ms,
+                now_ms,
+            } => {
+                crate::validate::record(Some(&record))?;
+                access
+                    .authorize(caller, register, record_id(Some(&record)))
+                    .map_err(denied)?;
+                stamp_owner(Some(&mut record), caller);
+                crate::validate::record(Some(&record))?;
+                crate::validate::schemas(&schemas)?;
+                Command::Register {
+                    record,
+                    schemas,
+                    lease_id,
+                    ttl_ms,
+                    now_ms,
+                }
+            }
+            Command::Update {
+                mut record,
+                schemas,
+                ttl_ms,
+                now_ms,
+            } => {
+                crate::validate::record(Some(&record))?;
+                access
+                    .authorize(caller, register, record_id(Some(&record)))
+                    .map_err(denied)?;
+                stamp_owner(Some(&mut record), caller);
+                crate::validate::record(Some(&record))?;
+                crate::validate::schemas(&schemas)?;
+                Command::Update {
+                    record,
+                    schemas,
+                    ttl_ms,
+                    now_ms,
+                }
+            }
+            Command::Remove { kind, id } => {
+                crate::validate::id(kind, &id)?;
+                access.authorize(caller, register, &id).map_err(denied)?;
+                Command::Remove { kind, id }
+            }
+            Command::KeepAlive {
+                lease_id,
+                now_ms,
+                checked,
+            } => {
+                if !access.restricts() {
+                    Command::KeepAlive {
+                        lease_id,
+                        now_ms,
+                        checked,
+                    }
+                } else {
+                    // What the follower checked, or what the lease holds here; the state
+                    // machine renews only if the lease holds nothing else when it applies.
+                    let held = match checked {
+                        Some(ids) => ids,
+                        None => self.sm.state.read().await.dir.lease_record_ids(lease_id),
+                    };
+                    for id in &held {
+                        access.authorize(caller, register, id).map_err(denied)?;
+                    }
+                    Command::KeepAlive {
+                        lease_id,
+                        now_ms,
+                        checked: Some(held),
+                    }
+                }
+            }
+            Command::Expire { .. } | Command::ExtendAll { .. } => {
+                return Err(DirError::PermissionDenied(
+                    "lease expiry is the leader's own command; a member may only forward client commands"
+                        .into(),
+                ))
+            }
+            Command::Batch(_) => {
+                // A member forwards each client's command on its own (`propose`); batches are
+                // formed by the proposing member's batcher, never forwarded.
+                return Err(DirError::invalid(
+                    "a forwarded write carries one client command, not a batch",
+                ));
+            }
+        })
     }
 }
 
@@ -431,7 +550,7 @@ impl Directory for DirectoryService {
         crate::validate::schemas(&schemas)?;
         let a = self
             .shared
-            .write(|now_ms| Command::Register {
+            .write(&who, |now_ms| Command::Register {
                 record,
                 schemas,
                 lease_id: 0,
@@ -469,7 +588,7 @@ impl Directory for DirectoryService {
         crate::validate::schemas(&schemas)?;
         let a = self
             .shared
-            .write(|now_ms| Command::Update {
+            .write(&who, |now_ms| Command::Update {
                 record,
                 schemas,
                 ttl_ms,
@@ -485,7 +604,8 @@ impl Directory for DirectoryService {
 
     #[tracing::instrument(skip_all)]
     async fn remove(&self, req: Request<pb::RemoveRequest>) -> Result<Response<pb::RemoveResponse>, Status> {
-        self.access
+        let who = self
+            .access
             .check(&req, Action::DirectoryRegister, &req.get_ref().id)?;
         let req = req.into_inner();
         let Some(kind) = Kind::from_pb(req.kind)? else {
@@ -495,7 +615,7 @@ impl Directory for DirectoryService {
         };
         let id = req.id;
         crate::validate::id(kind, &id)?;
-        let a = self.shared.write(|_| Command::Remove { kind, id }).await?;
+        let a = self.shared.write(&who, |_| Command::Remove { kind, id }).await?;
         Ok(Response::new(pb::RemoveResponse { revision: a.revision }))
     }
 
@@ -534,11 +654,11 @@ impl Directory for DirectoryService {
                     .iter()
                     .try_for_each(|id| access.authorize(&who, Action::DirectoryRegister, id));
                 // The leader re-checks against its own state: this member may lag behind it.
-                let checked = access.restricts(&who).then_some(held);
+                let checked = access.restricts().then_some(held);
                 let reply = match allowed {
                     Err(status) => Err(status),
                     Ok(()) => shared
-                        .write(|now_ms| Command::KeepAlive {
+                        .write(&who, |now_ms| Command::KeepAlive {
                             lease_id,
                             now_ms,
                             checked,
@@ -565,11 +685,14 @@ impl Directory for DirectoryService {
     #[tracing::instrument(skip_all)]
     async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
         let q = SearchQuery::from_pb(req.get_ref())?;
-        self.access
+        let who = self
+            .access
             .check(&req, Action::DirectorySearch, &req.get_ref().event_pattern)?;
         if !req.get_ref().stale_ok {
             if let Some(leader) = self.shared.read_barrier().await? {
-                return leader_client(&leader).await?.search(req.into_inner()).await;
+                let mut pass = Request::new(req.into_inner());
+                crate::access::speak_for(&mut pass, &who);
+                return leader_client(&leader).await?.search(pass).await;
             }
         }
         let state = self.shared.sm.state.read().await;
@@ -582,10 +705,13 @@ impl Directory for DirectoryService {
         req: Request<pb::GetSchemaRequest>,
     ) -> Result<Response<pb::GetSchemaResponse>, Status> {
         crate::validate::schema_name(&req.get_ref().name)?;
-        self.access
+        let who = self
+            .access
             .check(&req, Action::DirectorySearch, &req.get_ref().name)?;
         if let Some(leader) = self.shared.read_barrier().await? {
-            return leader_client(&leader).await?.get_schema(req.into_inner()).await;
+            let mut pass = Request::new(req.into_inner());
+            crate::access::speak_for(&mut pass, &who);
+            return leader_client(&leader).await?.get_schema(pass).await;
         }
         let req = req.into_inner();
         let schema = self
@@ -835,7 +961,7 @@ mod tests {
             description: String::new(),
         }];
         shared
-            .write(|now_ms| Command::Register {
+            .write(&Identity::anonymous(), |now_ms| Command::Register {
                 record,
                 schemas,
                 lease_id: 0,
@@ -916,7 +1042,7 @@ mod tests {
         shared.close().await.unwrap();
         // Writes after close are refused, reads still work.
         let e = shared
-            .write(|now_ms| Command::Expire { now_ms })
+            .write(&Identity::anonymous(), |now_ms| Command::Expire { now_ms })
             .await
             .unwrap_err();
         assert!(matches!(e, DirError::Unavailable(_)), "{e:?}");

@@ -1042,6 +1042,9 @@ async fn follow(sh: Arc<Shared>, directory: String) {
             Delivery::Refused { producer, error } => {
                 tracing::warn!(%producer, %error, "a producer refused the federation endpoint's subscription");
             }
+            Delivery::DirectoryRefused { error } => {
+                tracing::error!(%error, "the directory refused the federation endpoint's watch (allow it and restart)");
+            }
             _ => {}
         }
     }

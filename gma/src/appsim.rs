@@ -249,6 +249,9 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         .await
         .map_err(|s| anyhow!("register schemas with {}: {}", a.producer, s.message()))?;
 
+    crate::roles::server_tls_flags()
+        .unwrap_or_default()
+        .check_listen(&a.listen)?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
@@ -257,7 +260,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     // holders of a certificate of that CA, e.g. the rescheduler, may stop and resume it);
     // plaintext only on loopback unless --allow-plaintext.
     let server_tls = crate::roles::server_tls_flags().unwrap_or_default();
-    let tls = server_tls.server_config(bound)?;
+    let tls = server_tls.rustls_config(bound)?;
     if crate::roles::policy_flag().is_some() {
         eprintln!(
             "note: gma app-sim does not apply --access-policy; require client certificates with --tls-client-ca to \
@@ -285,17 +288,15 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         app: app.clone(),
         wake: wake.clone(),
     };
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls).context("AppControl TLS")?;
-    }
-    let server = tokio::spawn(
-        builder
-            .add_service(pb::app_control_server::AppControlServer::new(control))
-            .serve_with_incoming(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            ),
-    );
+    let limits = gma_core::guard::Limits::default();
+    let router = gma_core::conn::grpc_server(&limits)
+        .add_service(pb::app_control_server::AppControlServer::new(control));
+    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &limits, "app-sim");
+    let server = tokio::spawn(gma_core::conn::serve_grpc(
+        router,
+        incoming,
+        std::future::pending::<()>(),
+    ));
 
     let total_predicted = a.predicted_s * a.phases as f64;
     let publish_state = |app: &App| -> pb::Event {

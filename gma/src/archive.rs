@@ -10,7 +10,7 @@ use gma_proto::v1::{self as pb, archive_client::ArchiveClient};
 use tonic::transport::Channel;
 
 use crate::cli::Output;
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct ArchiverArgs {
@@ -64,7 +64,7 @@ pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     let bound = listener.local_addr()?;
     eprintln!("gma archiver listening on {bound}");
     // gma.rpc through a companion producer (the archiver has no hub of its own).

@@ -15,7 +15,7 @@ use gma_proto::v1::{self as pb, broker_client::BrokerClient, reservations_client
 use serde_json::json;
 
 use crate::cli::Output;
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -196,7 +196,7 @@ async fn serve(
         )
         .await?;
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     eprintln!("gma broker listening on {}", listener.local_addr()?);
     gma_broker::service::run(cfg, listener, shutdown_signal())
         .await
@@ -297,7 +297,7 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let listener = bind(cfg.listen.as_deref().unwrap_or("127.0.0.1:7400")).await?;
+    let listener = bind_checked(cfg.listen.as_deref().unwrap_or("127.0.0.1:7400"), &cfg.tls).await?;
     eprintln!("gma simres listening on {}", listener.local_addr()?);
     gma_broker::simres::run(cfg, listener, shutdown_signal())
         .await

@@ -6,7 +6,7 @@ use anyhow::anyhow;
 use clap::Args;
 use gma_dashboard::DashboardConfig;
 
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct DashboardArgs {
@@ -20,7 +20,7 @@ pub struct DashboardArgs {
     #[arg(long)]
     pub archiver: Option<String>,
     /// TOML config (listen, directory, archiver, patterns, cluster_poll_ms, history_points,
-    /// broadcast_capacity, metrics_listen, plain_http, access_policy, [tls], [auth]).
+    /// broadcast_capacity, metrics_listen, plain_http, access_policy, [tls], [auth], [limits]).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Serve plain HTTP although --tls-cert is given (it then only identifies the dashboard's
@@ -80,16 +80,18 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
     // The dashboard always serves /metrics on its own port; --metrics-listen adds another.
     let handle = crate::telemetry::recorder()?;
+    // The dashboard's TLS as it serves browsers: plain with --plain-http even with a
+    // certificate. The metrics endpoint takes it (and the policy); the listener is checked
+    // with it before binding.
+    let mut served = cfg.tls.clone();
+    if !cfg.https() {
+        (served.cert, served.key, served.client_ca) = (None, None, None);
+    }
     if let Some(m) = &cfg.metrics_listen {
-        // The dashboard's TLS as it serves browsers (plain with --plain-http) and its policy.
-        let mut tls = cfg.tls.clone();
-        if !cfg.https() {
-            (tls.cert, tls.key, tls.client_ca) = (None, None, None);
-        }
-        let door = crate::telemetry::MetricsDoor::new(&tls, cfg.policy.as_ref());
+        let door = crate::telemetry::MetricsDoor::new(&served, cfg.policy.as_ref());
         crate::telemetry::serve_metrics("dashboard", m, &door).await?;
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &served).await?;
     let bound = listener.local_addr()?;
     let scheme = if cfg.https() { "https" } else { "http" };
     if scheme == "http" {

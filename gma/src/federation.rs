@@ -17,7 +17,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 
 use crate::cli::Output;
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -221,7 +221,7 @@ async fn serve(
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     eprintln!("gma federation listening on {}", listener.local_addr()?);
     gma_federation::service::run(cfg, listener, shutdown_signal())
         .await

@@ -1099,6 +1099,10 @@ async fn engine(rules: Vec<Rule>, directory: String, id: String, hub: Arc<Hub>, 
                     );
                 }
             }
+            Delivery::DirectoryRefused { error } => tracing::error!(
+                "rule {}: the directory refused its watch; the rule sees no producer until it is allowed (restart then): {error}",
+                rule.name
+            ),
         }
     }
 }

@@ -16,7 +16,7 @@ use gma_proto::v1::{self as pb, clique_client::CliqueClient, producer_client::Pr
 use serde_json::json;
 
 use crate::cli::Output;
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct NetprobeArgs {
@@ -96,7 +96,7 @@ pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
     cfg.validate()
         .map_err(|e| anyhow!("invalid netprobe config: {e}"))?;
     apply_security(&mut cfg.tls, &mut cfg.policy)?;
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     eprintln!("gma netprobe listening on {}", listener.local_addr()?);
     gma_netprobe::run(cfg, listener, shutdown_signal())
         .await

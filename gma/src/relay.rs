@@ -34,7 +34,7 @@ use gma_producer::{Hub, ProducerConfig};
 use gma_proto::v1 as pb;
 use serde::Deserialize;
 
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 /// The summary event the relay publishes.
 pub const SITE_LOAD: &str = "site.load";
@@ -439,7 +439,7 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
         .await?;
     }
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
-    let listener = bind(&listen).await?;
+    let listener = bind_checked(&listen, &cfg.tls).await?;
     let bound = listener.local_addr()?;
     let advertised = gma_core::addr::advertised(bound);
     let id = cfg.id.clone().unwrap_or_else(|| {
@@ -558,6 +558,9 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
                 }
                 Some(Delivery::DirectoryDown { error }) => {
                     tracing::info!(%error, "directory unreachable; streams continue");
+                }
+                Some(Delivery::DirectoryRefused { error }) => {
+                    break Err(anyhow!("the directory refused the relay's watch: {error}"));
                 }
                 Some(Delivery::Refused { producer, error }) => {
                     tracing::warn!(%producer, %error, "producer refused the relay's subscription");

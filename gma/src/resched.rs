@@ -5,7 +5,7 @@ use gma_rescheduler::service::{decision_str, ReschedulerConfig};
 use gma_rescheduler::{decide, Policy};
 
 use crate::cli::{Output, ReschedulerArgs, ReschedulerCommand};
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, bind_checked, shutdown_signal};
 
 pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if let Some(ReschedulerCommand::Evaluate {
@@ -70,7 +70,7 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     eprintln!("gma rescheduler listening on {}", listener.local_addr()?);
     gma_rescheduler::service::run(cfg, listener, shutdown_signal())
         .await

@@ -31,6 +31,13 @@ pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
+/// [`bind`] for a server role with these TLS settings: a plaintext listener off loopback
+/// (without `allow_plaintext`) is refused before the socket is bound.
+pub async fn bind_checked(addr: &str, tls: &gma_core::tls::ServerTls) -> anyhow::Result<TcpListener> {
+    tls.check_listen(addr)?;
+    bind(addr).await
+}
+
 /// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
 fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
     let text = std::fs::read_to_string(path)
@@ -96,7 +103,7 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let listener = bind(&listen).await?;
+    let listener = bind_checked(&listen, &config.tls).await?;
     let bound = listener.local_addr()?;
     eprintln!("gma directory listening on {bound}");
     // gma.rpc: a companion producer publishes this member's RPC figures. On shutdown it stops
@@ -229,7 +236,7 @@ pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     if let Some(m) = &cfg.metrics_listen {
         crate::telemetry::serve_metrics("producer", m, &door).await?;
     }
-    let listener = bind(&cfg.listen).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
     let prometheus = cfg.prometheus.clone();
     let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
     if let Some(addr) = &prometheus {

@@ -19,7 +19,7 @@ use gma_proto::v1 as pb;
 use std::sync::Mutex as StdMutex;
 
 use crate::cli::PolicyArg;
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::roles::{apply_security, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct SinkArgs {
@@ -105,7 +105,8 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     for p in &a.sources {
         gma_core::pattern::Pattern::source(p).map_err(|e| anyhow!("--source {p}: {e}"))?;
     }
-    let listener = bind(&a.listen).await?;
+    let flags = crate::roles::server_tls_flags().unwrap_or_default();
+    let listener = crate::roles::bind_checked(&a.listen, &flags).await?;
     let addr = listener.local_addr()?;
     let mut config = SinkConfig {
         id: a.id.clone().unwrap_or_else(|| format!("sink@{addr}")),

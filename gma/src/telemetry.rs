@@ -20,13 +20,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{anyhow, bail, Context};
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{Extension, State};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use gma_core::authz::{Action, Decision, Identity, Policy};
+use gma_core::conn::Peer;
 use gma_core::rpc::RpcStats;
 use gma_core::tls::ServerTls;
-use gma_dashboard::tls::{ClientAuth, Peer};
+use gma_dashboard::tls::ClientAuth;
 use gma_dashboard::HttpError;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -67,7 +68,7 @@ struct Guard {
 impl Guard {
     /// The identity of the request, authorized for `metrics.read` on the role.
     fn admit(&self, peer: &Peer) -> Result<Identity, HttpError> {
-        let who = peer.cert.clone().unwrap_or_else(Identity::anonymous);
+        let who = peer.identity();
         let Some(policy) = &self.policy else {
             return Ok(who);
         };
@@ -157,11 +158,10 @@ async fn open_door(
             "serving metrics in plain HTTP without authorization (--metrics-insecure)"
         );
     }
-    let listener = bind(bare).await?;
-    let bound = listener.local_addr()?;
     if tls.is_none() {
-        check_plain_http(flag, bound, door.tls.allow_plaintext)?;
+        check_plain_listen(flag, bare, door.tls.allow_plaintext)?;
     }
+    let listener = bind(bare).await?;
     Ok((
         listener,
         tls,
@@ -179,9 +179,8 @@ fn serve_in_background(
     what: &'static str,
 ) {
     tokio::spawn(async move {
-        if let Err(e) = gma_dashboard::tls::serve(listener, tls, app, std::future::pending()).await {
-            tracing::warn!(error = %e, "{what} endpoint stopped");
-        }
+        let limits = gma_core::guard::Limits::default();
+        gma_core::conn::serve_http(listener, tls, app, &limits, what, std::future::pending()).await
     });
 }
 
@@ -249,6 +248,16 @@ pub fn check_plain_http(what: &str, addr: SocketAddr, allow_plaintext: bool) -> 
     ))
 }
 
+/// [`check_plain_http`] for every address `addr` (`HOST:PORT`) resolves to, before binding.
+fn check_plain_listen(what: &str, addr: &str, allow_plaintext: bool) -> anyhow::Result<()> {
+    use std::net::ToSocketAddrs;
+    // An address that does not resolve is left to the bind, which says so.
+    for a in addr.to_socket_addrs().into_iter().flatten() {
+        check_plain_http(what, a, allow_plaintext)?;
+    }
+    Ok(())
+}
+
 /// Serves `GET /metrics` on `addr` for `role` in the background, guarded by the role's
 /// security (`door`, see the module documentation), and prints `gma <role> metrics on ADDR`
 /// on stderr.
@@ -262,7 +271,7 @@ pub async fn serve_metrics(role: &str, addr: &str, door: &MetricsDoor) -> anyhow
                 "/metrics",
                 get(
                     |State(st): State<Arc<(Guard, PrometheusHandle)>>,
-                     ConnectInfo(peer): ConnectInfo<Peer>| async move {
+                     Extension(peer): Extension<Peer>| async move {
                         let (guard, handle) = &*st;
                         match guard.admit(&peer) {
                             Ok(_) => prometheus_text(handle.render()).into_response(),
@@ -298,24 +307,27 @@ pub async fn serve_producer_values(
 ) -> anyhow::Result<SocketAddr> {
     let (listener, tls, guard) = open_door("--prometheus", "producer", addr, door).await?;
     let bound = listener.local_addr()?;
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(
-                |State(st): State<Arc<(Guard, Arc<gma_producer::Hub>)>>,
-                 ConnectInfo(peer): ConnectInfo<Peer>| async move {
-                    let (guard, hub) = &*st;
-                    match guard.admit(&peer) {
-                        Ok(who) => prometheus_text(gma_producer::prometheus::render_filtered(hub, |name| {
-                            guard.raw(&who, name)
-                        }))
-                        .into_response(),
-                        Err(e) => e.into_response(),
-                    }
-                },
-            ),
-        )
-        .with_state(Arc::new((guard, hub)));
+    let app =
+        axum::Router::new()
+            .route(
+                "/metrics",
+                get(
+                    |State(st): State<Arc<(Guard, Arc<gma_producer::Hub>)>>,
+                     Extension(peer): Extension<Peer>| async move {
+                        let (guard, hub) = &*st;
+                        match guard.admit(&peer) {
+                            Ok(who) => {
+                                prometheus_text(gma_producer::prometheus::render_filtered(hub, |name| {
+                                    guard.raw(&who, name)
+                                }))
+                                .into_response()
+                            }
+                            Err(e) => e.into_response(),
+                        }
+                    },
+                ),
+            )
+            .with_state(Arc::new((guard, hub)));
     eprintln!("gma producer prometheus on {bound}");
     serve_in_background(listener, tls, app, "prometheus");
     Ok(bound)

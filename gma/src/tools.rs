@@ -30,6 +30,36 @@ fn rpc_err(e: gma_consumer::ConsumerError) -> anyhow::Error {
 /// How long a command waits for a directory that answers "no leader known yet".
 const ELECTION_WAIT: Duration = Duration::from_secs(15);
 
+/// "waiting for …" lines on stderr while a command retries something UNAVAILABLE, when
+/// stderr is a terminal (scripts read the exit status and the final message instead): one line
+/// when a wait starts, none while it lasts.
+struct Waiting {
+    tty: bool,
+    shown: std::collections::HashSet<String>,
+}
+
+impl Waiting {
+    fn new() -> Waiting {
+        use std::io::IsTerminal;
+        Waiting {
+            tty: std::io::stderr().is_terminal(),
+            shown: Default::default(),
+        }
+    }
+
+    /// Says once that the command waits for `what` (because of `why`).
+    fn wait(&mut self, what: &str, why: &str) {
+        if self.tty && self.shown.insert(what.to_string()) {
+            eprintln!("waiting for {what}: {why}");
+        }
+    }
+
+    /// `what` answers again: the next wait for it is said again.
+    fn done(&mut self, what: &str) {
+        self.shown.remove(what);
+    }
+}
+
 /// Runs `call` again while the directory answers UNAVAILABLE (an election in progress: a
 /// member that has just started, or a failover), for at most [`ELECTION_WAIT`]; any other
 /// answer, or the last UNAVAILABLE, is returned as it is.
@@ -40,6 +70,7 @@ where
 {
     let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
     let mut backoff = Duration::from_millis(50);
+    let mut waiting = Waiting::new();
     loop {
         match call().await {
             Err(e)
@@ -47,6 +78,7 @@ where
                     && tokio::time::Instant::now() + backoff < deadline =>
             {
                 tracing::debug!(error = %e, "directory not ready; retrying");
+                waiting.wait("the directory", &e.to_string());
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
@@ -382,12 +414,15 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
         },
         resume.clone(),
     );
+    let mut waiting = Waiting::new();
     while printed < limit {
         let Some(d) = sub.recv().await else {
             bail!("subscriber stopped");
         };
         match d {
-            Delivery::Events { events, .. } => {
+            Delivery::Events { events, producer, .. } => {
+                waiting.done(&producer);
+                waiting.done("the directory");
                 let mut out = stdout.lock();
                 for e in &events {
                     if printed >= limit {
@@ -407,18 +442,25 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             }
             Delivery::Gap { producer, gap } => report_gaps(&producer, &[gap]),
             Delivery::Reconnecting { producer, error } => {
-                tracing::info!(%producer, %error, "reconnecting")
+                tracing::info!(%producer, %error, "reconnecting");
+                waiting.wait(&producer, &error);
             }
+            // Refusals end the command at once: asking again would get the same answer.
             Delivery::Refused { producer, error } => {
                 return Err(anyhow!("producer {producer} refused the subscription: {error}"))
+            }
+            Delivery::DirectoryRefused { error } => {
+                return Err(anyhow!("the directory refused the subscription: {error}"))
             }
             Delivery::Gone { producer, reason } => {
                 eprintln!("producer {producer} left the directory ({reason})")
             }
             Delivery::DirectoryDown { error } => {
-                tracing::info!(%error, "directory unreachable; streams continue")
+                tracing::info!(%error, "directory unreachable; streams continue");
+                waiting.wait("the directory", &error);
             }
-            Delivery::Discovered { .. } | Delivery::Subscribed { .. } => {}
+            Delivery::Subscribed { producer, .. } => waiting.done(&producer),
+            Delivery::Discovered { .. } => {}
         }
     }
     Ok(())

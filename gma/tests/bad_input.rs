@@ -277,6 +277,28 @@ async fn producer_rpcs_validate_input() {
         .unwrap()
         .into_inner();
     assert_eq!(ok.accepted, 1);
+    // Timestamps outside the valid range (docs/protocol.md: 1 ..= 2099-12-31T23:59:59.999999999Z,
+    // 0 = the producer's clock) are refused, naming the field; the bounds are accepted.
+    let at = |ts: i64| pb::IngestRequest {
+        events: vec![pb::Event {
+            timestamp_ns: ts,
+            ..ev("app.progress", vec![3.0, 4.0])
+        }],
+        schemas: vec![],
+    };
+    for ts in [-1, i64::MIN, i64::MAX, 4_102_444_800_000_000_000] {
+        let e = ingest.push(at(ts)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "timestamp {ts}: {e:?}");
+        assert!(
+            e.message().contains(&format!("timestamp_ns {ts} is outside")),
+            "{}",
+            e.message()
+        );
+    }
+    for ts in [1, 4_102_444_799_999_999_999, 0] {
+        let ok = ingest.push(at(ts)).await.unwrap().into_inner();
+        assert_eq!(ok.accepted, 1, "timestamp {ts}");
+    }
     // A producer without simulated hosts says so.
     let e = sim
         .set(pb::SimSetRequest {
@@ -384,4 +406,83 @@ async fn directory_rejects_bad_records_and_keeps_its_data() {
     let v = c.version(pb::VersionRequest {}).await.unwrap().into_inner();
     assert_eq!(v.interface, "gma.v1");
     drop(prod);
+}
+
+/// A producer whose lease TTL the directory refuses stops at once with the directory's
+/// message (it used to keep serving and retry its registration forever), and a plaintext role
+/// asked to listen off loopback refuses before it binds anything.
+#[test]
+fn roles_refuse_bad_settings_at_start() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let r = gma(
+        &[
+            "producer",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-host-sensors",
+            "--directory",
+            &dir.addr,
+            "--lease-ttl-ms",
+            "100",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_ne!(r.code, -9, "the producer did not stop within 60 s: {}", r.stderr);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("lease_ttl_ms 100 is outside [500, 3600000]"),
+        "{}",
+        r.stderr
+    );
+
+    // Plaintext on 0.0.0.0 (not loopback) is refused before binding: with the port taken on
+    // 127.0.0.1, a role that bound first would fail with "address in use" instead.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let any = format!("0.0.0.0:{port}");
+    let d = tmp.path().join("d2");
+    for args in [
+        vec!["producer", "--listen", &any, "--no-host-sensors"],
+        vec!["directory", "--listen", &any, "--data", d.to_str().unwrap()],
+        vec![
+            "sink",
+            "--listen",
+            &any,
+            "--directory",
+            &dir.addr,
+            "--accept",
+            "*",
+        ],
+    ] {
+        let r = gma(&args, Duration::from_secs(30));
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&format!("refusing plaintext on {any}")),
+            "{args:?}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("listening on"), "{args:?}: {}", r.stderr);
+    }
+    // The same for a plain-HTTP Prometheus endpoint of a plaintext role.
+    let r = gma(
+        &[
+            "producer",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-host-sensors",
+            "--metrics-listen",
+            &any,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "--metrics-listen on {any} would serve plain HTTP off loopback"
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("metrics on"), "{}", r.stderr);
 }

@@ -549,7 +549,7 @@ async fn malformed_protobufs(dir: &str, prod: &str, f: &mut Findings) {
     ];
     for (ch, path, bytes) in truncated_cases {
         let r = call_raw(ch, path, bytes).await;
-        f.status(&format!("truncated {path}"), r, Code::Internal, DECODE);
+        f.status(&format!("truncated {path}"), r, Code::InvalidArgument, DECODE);
     }
     // A stream of KeepAlives whose message is truncated (a varint cut short).
     let r = call_raw(
@@ -558,7 +558,12 @@ async fn malformed_protobufs(dir: &str, prod: &str, f: &mut Findings) {
         truncated(&pb::KeepAliveRequest { lease_id: 300 }, 1),
     )
     .await;
-    f.status("truncated /gma.v1.Directory/KeepAlive", r, Code::Internal, DECODE);
+    f.status(
+        "truncated /gma.v1.Directory/KeepAlive",
+        r,
+        Code::InvalidArgument,
+        DECODE,
+    );
 
     // Other malformed encodings.
     let mut deep = Vec::new();
@@ -624,7 +629,7 @@ async fn malformed_protobufs(dir: &str, prod: &str, f: &mut Findings) {
     ];
     for (ch, path, what, bytes) in other {
         let r = call_raw(ch, path, bytes).await;
-        f.status(&format!("{what} to {path}"), r, Code::Internal, DECODE);
+        f.status(&format!("{what} to {path}"), r, Code::InvalidArgument, DECODE);
     }
 
     // Malformed UTF-8 in string fields, top level and nested.
@@ -658,7 +663,7 @@ async fn malformed_protobufs(dir: &str, prod: &str, f: &mut Findings) {
         f.status(
             &format!("invalid UTF-8 to {path}"),
             r,
-            Code::Internal,
+            Code::InvalidArgument,
             "not UTF-8",
         );
     }

@@ -149,6 +149,10 @@ pub enum ProducerError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Tls(#[from] gma_core::tls::TlsError),
+    /// The directory refused the first registration (a lease TTL outside its range, a policy
+    /// that does not allow it): the producer stops rather than serve unregistered.
+    #[error("the directory refused this producer's registration: {0}")]
+    Registration(String),
 }
 
 /// Reads the kernel host name (no shelling out).
@@ -326,7 +330,7 @@ impl Producer {
             sensors,
         } = self;
         let bound = listener.local_addr()?;
-        let tls = config.tls.server_config(bound)?;
+        let tls = config.tls.rustls_config(bound)?;
         let address = config
             .advertise
             .clone()
@@ -359,6 +363,8 @@ impl Producer {
             ));
         }
         let mut registrar_task = None;
+        // A refusal of the first registration stops the producer (see registrar::run).
+        let (refused_tx, refused_rx) = tokio::sync::oneshot::channel::<String>();
         if let Some(dir) = &config.directory {
             let source = config.source.clone().unwrap_or_default();
             let id = config.id.clone().unwrap_or_else(|| {
@@ -377,7 +383,12 @@ impl Producer {
                 site: config.site.clone(),
                 org: config.org.clone(),
             };
-            registrar_task = Some(tokio::spawn(registrar::run(reg, hub.clone(), stop_rx.clone())));
+            let registration = registrar::run(reg, hub.clone(), stop_rx.clone());
+            registrar_task = Some(tokio::spawn(async move {
+                if let Err(e) = registration.await {
+                    let _ = refused_tx.send(e);
+                }
+            }));
             if config.push {
                 let pusher = push::Pusher {
                     gate: gate.clone(),
@@ -405,8 +416,13 @@ impl Producer {
         // subscription stream so the server's graceful shutdown does not wait on consumers.
         let stopping = stop_tx.clone();
         let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+        let refused = Arc::new(parking_lot::Mutex::new(None::<String>));
+        let refusal = refused.clone();
         let shutdown = async move {
-            shutdown.await;
+            tokio::select! {
+                _ = shutdown => {}
+                Ok(e) = refused_rx => *refusal.lock() = Some(e),
+            }
             // Sensors stop first; then every stream sends the events it has not sent yet and
             // ends (bounded: a consumer that does not read is cut off after DRAIN_TIMEOUT).
             let _ = stopping.send(true);
@@ -423,10 +439,6 @@ impl Producer {
             tracing::info!(cut_off = n, "producer shutting down");
             let _ = drained_tx.send(());
         };
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = tls {
-            builder = builder.tls_config(tls)?;
-        }
         let routes = tonic::service::Routes::new(
             gma_proto::wire::producer_server::ProducerServer::new(producer).max_decoding_message_size(max),
         )
@@ -441,20 +453,14 @@ impl Producer {
             pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
                 .max_decoding_message_size(max),
         );
-        let serve = builder
+        let router = gma_core::conn::grpc_server(&config.limits)
             .layer(gma_core::rpc::RpcLayer::new(rpc))
-            .tcp_nodelay(true)
-            .http2_keepalive_interval(Some(Duration::from_secs(10)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-            .add_routes(extra(routes))
-            .serve_with_incoming_shutdown(
-                // Accepted sockets get TCP_NODELAY: a small batch must not wait for Nagle.
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown,
-            );
+            .add_routes(extra(routes));
+        let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "producer");
+        let serve = gma_core::conn::serve_grpc(router, incoming, shutdown);
         // Closing a connection gracefully (HTTP/2 GOAWAY) waits for the consumer to answer a
         // PING: a consumer that does not run (stopped with SIGSTOP, swapped out) would hold the
-        // producer's exit until its keep-alive timeout (30 s). Once the streams are drained,
+        // producer's exit until its keep-alive timeout. Once the streams are drained,
         // connections get CLOSE_TIMEOUT to close, then are cut.
         let cut = async move {
             if drained_rx.await.is_ok() {
@@ -474,6 +480,9 @@ impl Producer {
         if let Some(t) = registrar_task {
             // The registrar removes our record on the way out (bounded by its own timeout).
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+        }
+        if let Some(e) = refused.lock().take() {
+            return Err(ProducerError::Registration(e));
         }
         result.map_err(ProducerError::from)
     }

@@ -70,8 +70,9 @@ impl Catalog for ProducerCatalog {
     }
 }
 
-/// Runs until `stop` flips; then removes the record (best effort).
-pub async fn run(reg: Registration, hub: Arc<Hub>, stop: watch::Receiver<bool>) {
+/// Runs until `stop` flips; then removes the record (best effort). Ends early with the
+/// directory's message when it refuses the first registration ([`registrar::run`]).
+pub async fn run(reg: Registration, hub: Arc<Hub>, stop: watch::Receiver<bool>) -> Result<(), String> {
     let r = registrar::Registration {
         directory: reg.directory.clone(),
         kind: pb::RecordKind::Producer,

@@ -11,6 +11,8 @@
 //! - [`raft`]: the directory's internal RPCs.
 #![allow(clippy::all)]
 
+pub mod codec;
+
 pub mod v1 {
     tonic::include_proto!("gma.v1");
 }

@@ -207,6 +207,9 @@ pub async fn run(
         let ctx = ctx.clone();
         tokio::spawn(async move {
             while let Some(d) = sub.recv().await {
+                if let Delivery::DirectoryRefused { error } = &d {
+                    tracing::error!(%error, "the directory refused the rescheduler's watch (allow it and restart)");
+                }
                 if let Delivery::Events { events, .. } = d {
                     for e in &events {
                         on_event(&ctx, e, opportunistic).await;

@@ -148,10 +148,14 @@ impl RaftNetwork<TypeConfig> for Connection {
     }
 }
 
-/// Proposes a command on the leader; what `Forward` runs. Supplied by the server so the leader
+/// Authorizes a forwarded command for the client it carries and proposes it on the leader;
+/// what `Forward` runs. Supplied by the server so the leader applies its own policy and
 /// stamps forwarded commands with its own clock.
-pub type Proposer =
-    Arc<dyn Fn(Command) -> futures::future::BoxFuture<'static, super::types::Reply> + Send + Sync>;
+pub type Proposer = Arc<
+    dyn Fn(Command, gma_core::authz::Identity) -> futures::future::BoxFuture<'static, super::types::Reply>
+        + Send
+        + Sync,
+>;
 
 /// The server side of the internal raft service.
 pub struct RaftService {
@@ -176,14 +180,16 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::RaftRequest>,
     ) -> Result<Response<rpb::RaftReply>, Status> {
-        self.access.raft_peer(&req)?;
+        let who = self.access.raft_peer(&req)?;
         let r: AppendEntriesRequest<TypeConfig> = decode(&req.into_inner().data)?;
+        self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
         reply(&self.raft.append_entries(r).await)
     }
 
     async fn vote(&self, req: Request<rpb::RaftRequest>) -> Result<Response<rpb::RaftReply>, Status> {
-        self.access.raft_peer(&req)?;
+        let who = self.access.raft_peer(&req)?;
         let r: VoteRequest<NodeId> = decode(&req.into_inner().data)?;
+        self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
         reply(&self.raft.vote(r).await)
     }
 
@@ -191,8 +197,9 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::RaftRequest>,
     ) -> Result<Response<rpb::RaftReply>, Status> {
-        self.access.raft_peer(&req)?;
+        let who = self.access.raft_peer(&req)?;
         let r: InstallSnapshotRequest<TypeConfig> = decode(&req.into_inner().data)?;
+        self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
         reply(&self.raft.install_snapshot(r).await)
     }
 
@@ -201,8 +208,11 @@ impl rpb::raft_server::Raft for RaftService {
         req: Request<rpb::ForwardRequest>,
     ) -> Result<Response<rpb::ForwardReply>, Status> {
         self.access.raft_peer(&req)?;
-        let cmd: Command = decode(&req.into_inner().command)?;
-        let r = (self.propose)(cmd).await;
+        let req = req.into_inner();
+        // The member authorized its client already; the leader does again, under its policy.
+        let caller = self.access.forwarded_caller(req.caller)?;
+        let cmd: Command = decode(&req.command)?;
+        let r = (self.propose)(cmd, caller).await;
         let reply =
             serde_json::to_vec(&r).map_err(|e| Status::internal(format!("cannot encode reply: {e}")))?;
         Ok(Response::new(rpb::ForwardReply { reply }))

@@ -1,0 +1,700 @@
+//! Connection hygiene for every listener: what a connection must do, and how many it may be,
+//! before a role spends anything on it. Written once; every server role uses it.
+//!
+//! - **Caps.** A listener holds at most [`Limits::max_connections`] connections at once, and
+//!   at most [`Limits::max_connections_per_address`] from one peer IP address. One more is
+//!   closed as soon as it is accepted, before any TLS or HTTP work, with a warning naming the
+//!   listener, the peer and the limit (at most one line per listener every 10 s, with the count
+//!   of the others refused meanwhile) and the `gma_connections_refused_total` counter.
+//! - **Handshakes** run in their own tasks, so a slow peer never holds up the others: the TLS
+//!   handshake and, on gRPC listeners, the HTTP/2 connection preface must arrive within
+//!   [`Limits::handshake_timeout_ms`] of the accept, or the connection is closed. The preface is
+//!   checked byte by byte as it arrives (anything else is closed at once) and replayed to the
+//!   HTTP/2 server.
+//! - **Liveness.** TCP keep-alive on every accepted socket; gRPC servers ping idle HTTP/2
+//!   connections every [`Limits::keepalive_interval_ms`] and close those that do not answer
+//!   within [`Limits::keepalive_timeout_ms`] ([`grpc_server`]). HTTP/1 servers ([`serve_http`])
+//!   close a connection whose request headers have not all arrived within
+//!   [`Limits::header_read_timeout_ms`] — counted from when the server starts waiting for a
+//!   request, so it is also how long an idle keep-alive connection stays open.
+//!
+//! gRPC roles build their server with [`grpc_server`] and serve it with [`serve_grpc`] on
+//! [`Incoming::grpc`]; HTTP roles (dashboard, `/metrics`, the producer's Prometheus endpoint)
+//! call [`serve_http`]. TLS is done here, with the rustls config of
+//! [`crate::tls::ServerTls::rustls_config`] for gRPC (tonic still sees its own `TlsStream`, so
+//! `Request::peer_certs` and `remote_addr` work as before) and, for HTTP, the one the dashboard
+//! builds (`gma_dashboard::tls::server_config`: client certificates optional or required);
+//! every HTTP request carries the [`Peer`]: its address and the identity of its verified
+//! client certificate.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::{Request, Response};
+use tonic::codegen::{Body as HttpBody, Bytes, Service};
+use tonic::transport::server::{Connected, Router, TcpConnectInfo};
+use tower_layer::Layer;
+
+use crate::guard::Limits;
+
+/// The counter of connections closed by a cap (label `role`, `reason`).
+pub const REFUSED: &str = "gma_connections_refused_total";
+
+/// What an HTTP/2 client sends first (RFC 9113, 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Connections accepted but still in their handshake, queued for the server.
+const HANDSHAKEN_QUEUE: usize = 1024;
+
+/// How often a listener logs that a cap bites.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+// ---------------------------------------------------------------------------------------------
+// Caps.
+
+#[derive(Default)]
+struct Count {
+    total: usize,
+    by_ip: HashMap<IpAddr, usize>,
+    last_log: Option<Instant>,
+    unlogged: u64,
+}
+
+/// The open connections of one listener.
+struct Gauge {
+    role: &'static str,
+    local: SocketAddr,
+    max: usize,
+    per_address: usize,
+    count: Mutex<Count>,
+}
+
+impl Gauge {
+    fn new(role: &'static str, local: SocketAddr, limits: &Limits) -> Arc<Gauge> {
+        Arc::new(Gauge {
+            role,
+            local,
+            max: limits.max_connections,
+            per_address: limits.max_connections_per_address,
+            count: Mutex::new(Count::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Count> {
+        match self.count.lock() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// A permit for a connection from `peer`, or `None` (and a log line) over a cap.
+    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<Permit> {
+        let ip = peer.ip();
+        let mut c = self.lock();
+        let from_ip = c.by_ip.get(&ip).copied().unwrap_or(0);
+        let refused = if c.total >= self.max {
+            Some((
+                "listener",
+                format!(
+                    "{} connections are open (limit max_connections = {})",
+                    c.total, self.max
+                ),
+            ))
+        } else if from_ip >= self.per_address {
+            Some((
+                "address",
+                format!(
+                    "{from_ip} connections from {ip} are open (limit max_connections_per_address = {})",
+                    self.per_address
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, why)) = refused {
+            metrics::counter!(REFUSED, "role" => self.role, "reason" => reason).increment(1);
+            let now = Instant::now();
+            if c.last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
+                let others = std::mem::take(&mut c.unlogged);
+                c.last_log = Some(now);
+                drop(c);
+                let more = if others > 0 {
+                    format!(" ({others} more refused since the last report)")
+                } else {
+                    String::new()
+                };
+                tracing::warn!(
+                    "{} listener on {}: closed a new connection from {peer}: {why}; raise it in [limits] if this is legitimate{more}",
+                    self.role,
+                    self.local
+                );
+            } else {
+                c.unlogged += 1;
+            }
+            return None;
+        }
+        c.total += 1;
+        *c.by_ip.entry(ip).or_insert(0) += 1;
+        Some(Permit {
+            gauge: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One open connection's place under the caps; freed on drop.
+struct Permit {
+    gauge: Arc<Gauge>,
+    ip: IpAddr,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut c = self.gauge.lock();
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.by_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.by_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections.
+
+/// An accepted TCP connection holding its place under the listener's caps.
+pub struct Conn {
+    tcp: TcpStream,
+    _permit: Permit,
+}
+
+impl Conn {
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.peer_addr()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo {
+            local_addr: self.tcp.local_addr().ok(),
+            remote_addr: self.tcp.peer_addr().ok(),
+        }
+    }
+}
+
+/// A stream whose first bytes (the HTTP/2 preface, already read and checked) are served again
+/// before the rest.
+pub struct Prefaced<IO> {
+    io: IO,
+    replayed: usize,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Prefaced<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.replayed < PREFACE.len() {
+            let rest = &PREFACE[self.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            self.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefaced<IO> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<IO: Connected> Connected for Prefaced<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> IO::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// Reads the HTTP/2 preface, closing at the first byte that does not belong to it.
+async fn read_preface<IO: AsyncRead + Unpin>(mut io: IO) -> io::Result<Prefaced<IO>> {
+    let mut got = [0u8; PREFACE.len()];
+    let mut n = 0;
+    while n < PREFACE.len() {
+        let k = io.read(&mut got[n..]).await?;
+        if k == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "closed before the HTTP/2 preface",
+            ));
+        }
+        if got[n..n + k] != PREFACE[n..n + k] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not an HTTP/2 connection preface (this port speaks gRPC)",
+            ));
+        }
+        n += k;
+    }
+    Ok(Prefaced { io, replayed: 0 })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accepting.
+
+/// Socket options of every accepted connection.
+fn tune(tcp: &TcpStream, limits: &Limits) {
+    // Small request/response messages: do not wait for Nagle.
+    let _ = tcp.set_nodelay(true);
+    let idle = Duration::from_millis(limits.keepalive_interval_ms);
+    let ka = socket2::TcpKeepalive::new().with_time(idle).with_interval(idle);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "cannot set TCP keep-alive");
+    }
+}
+
+/// Accepts until `closed` resolves; every connection under the caps goes to `each` (spawned).
+async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    limits: Limits,
+    role: &'static str,
+    closed: impl Future<Output = ()>,
+    each: F,
+) where
+    F: Fn(Conn, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let local = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let gauge = Gauge::new(role, local, &limits);
+    tokio::pin!(closed);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut closed => return,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: say so, and do not spin.
+                tracing::warn!(%role, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(permit) = gauge.admit(peer) else {
+            continue;
+        };
+        tune(&tcp, &limits);
+        tokio::spawn(each(Conn { tcp, _permit: permit }, peer));
+    }
+}
+
+/// The accepted, handshaken connections of a gRPC listener, for [`serve_grpc`]: plaintext or
+/// TLS (two types, because tonic learns the peer's certificate from its `TlsStream`).
+pub enum Incoming {
+    Plain(ReceiverStream<io::Result<Prefaced<Conn>>>),
+    Tls(ReceiverStream<io::Result<Prefaced<TlsStream<Conn>>>>),
+}
+
+impl Incoming {
+    /// Accepts on `listener` in the background (until this is dropped) with the caps and
+    /// timeouts of `limits`; `tls` from [`crate::tls::ServerTls::rustls_config`].
+    pub fn grpc(
+        listener: TcpListener,
+        tls: Option<Arc<ServerConfig>>,
+        limits: &Limits,
+        role: &'static str,
+    ) -> Incoming {
+        let timeout = Duration::from_millis(limits.handshake_timeout_ms);
+        match tls {
+            None => {
+                let (tx, rx) = mpsc::channel(HANDSHAKEN_QUEUE);
+                let closed = tx.clone();
+                tokio::spawn(accept_loop(
+                    listener,
+                    limits.clone(),
+                    role,
+                    async move { closed.closed().await },
+                    move |conn, peer| {
+                        let tx = tx.clone();
+                        async move {
+                            match tokio::time::timeout(timeout, read_preface(conn)).await {
+                                Ok(Ok(io)) => {
+                                    let _ = tx.send(Ok(io)).await;
+                                }
+                                Ok(Err(e)) => tracing::debug!(%role, %peer, error = %e, "connection closed"),
+                                Err(_) => tracing::debug!(
+                                    %role, %peer, "no HTTP/2 preface within {timeout:?}; connection closed"
+                                ),
+                            }
+                        }
+                    },
+                ));
+                Incoming::Plain(ReceiverStream::new(rx))
+            }
+            Some(cfg) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+                let (tx, rx) = mpsc::channel(HANDSHAKEN_QUEUE);
+                let closed = tx.clone();
+                tokio::spawn(accept_loop(
+                    listener,
+                    limits.clone(),
+                    role,
+                    async move { closed.closed().await },
+                    move |conn, peer| {
+                        let (tx, acceptor) = (tx.clone(), acceptor.clone());
+                        async move {
+                            let handshake = async {
+                                let tls = acceptor.accept(conn).await?;
+                                read_preface(tls).await
+                            };
+                            match tokio::time::timeout(timeout, handshake).await {
+                                Ok(Ok(io)) => {
+                                    let _ = tx.send(Ok(io)).await;
+                                }
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%role, %peer, error = %e, "TLS handshake or preface failed")
+                                }
+                                Err(_) => tracing::debug!(
+                                    %role, %peer, "no TLS handshake and HTTP/2 preface within {timeout:?}; connection closed"
+                                ),
+                            }
+                        }
+                    },
+                ));
+                Incoming::Tls(ReceiverStream::new(rx))
+            }
+        }
+    }
+}
+
+/// A tonic server with the HTTP/2 keep-alive of `limits` (ping every interval; no answer
+/// within the timeout closes the connection). Add layers and services, then [`serve_grpc`].
+pub fn grpc_server(limits: &Limits) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_millis(limits.keepalive_interval_ms)))
+        .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
+}
+
+/// Serves `router` on `incoming` until `signal` resolves (then stops accepting and drains).
+pub async fn serve_grpc<L, ResBody>(
+    router: Router<L>,
+    incoming: Incoming,
+    signal: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error>
+where
+    L: Layer<tonic::service::Routes>,
+    L::Service: Service<Request<tonic::body::Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    <<L as Layer<tonic::service::Routes>>::Service as Service<Request<tonic::body::Body>>>::Future: Send,
+    <<L as Layer<tonic::service::Routes>>::Service as Service<Request<tonic::body::Body>>>::Error:
+        Into<BoxError> + Send,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    match incoming {
+        Incoming::Plain(s) => router.serve_with_incoming_shutdown(s, signal).await,
+        Incoming::Tls(s) => router.serve_with_incoming_shutdown(s, signal).await,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/1.
+
+/// Who sent an HTTP request served by [`serve_http`] (a request extension): the peer's
+/// address and, over TLS with client certificates, the identity (subject CN and O, as
+/// [`crate::authz::identity_from_der`] reads it for the gRPC roles) of its certificate,
+/// which the handshake verified against the listener's client CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub cert: Option<crate::authz::Identity>,
+}
+
+impl Peer {
+    /// The identity of the peer: its certificate's subject, or anonymous.
+    pub fn identity(&self) -> crate::authz::Identity {
+        self.cert
+            .clone()
+            .unwrap_or_else(crate::authz::Identity::anonymous)
+    }
+}
+
+/// The identity of the verified client certificate of a TLS connection, if it presented one
+/// with a usable subject.
+fn cert_identity<IO>(tls: &TlsStream<IO>) -> Option<crate::authz::Identity> {
+    let der = tls.get_ref().1.peer_certificates()?.first()?;
+    match crate::authz::identity_from_der(der.as_ref()) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::debug!(error = %e, "client certificate without a usable subject");
+            None
+        }
+    }
+}
+
+/// Puts the [`Peer`] into every request's extensions.
+#[derive(Clone)]
+struct WithPeer<S> {
+    inner: S,
+    peer: Peer,
+}
+
+impl<S, B> Service<Request<B>> for WithPeer<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        req.extensions_mut().insert(self.peer.clone());
+        self.inner.call(req)
+    }
+}
+
+/// Serves `service` (an axum `Router`, or any tower service of HTTP requests) over HTTP/1.1 on
+/// `listener` — TLS when `tls` is given — with the caps and timeouts of `limits`, until
+/// `shutdown` resolves; then stops accepting, asks every connection to finish its request
+/// and close, and waits for them (at most 5 s). Each request carries a [`Peer`].
+pub async fn serve_http<S, B>(
+    listener: TcpListener,
+    tls: Option<Arc<ServerConfig>>,
+    service: S,
+    limits: &Limits,
+    role: &'static str,
+    shutdown: impl Future<Output = ()>,
+) where
+    S: Service<Request<hyper::body::Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: HttpBody + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Every connection task holds a clone; all dropped = all closed.
+    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
+    let handshake = Duration::from_millis(limits.handshake_timeout_ms);
+    let header = Duration::from_millis(limits.header_read_timeout_ms);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let each = {
+        let open_tx = open_tx.clone();
+        move |conn: Conn, peer: SocketAddr| {
+            let (service, acceptor, stop, open) = (
+                service.clone(),
+                acceptor.clone(),
+                stop_rx.clone(),
+                open_tx.clone(),
+            );
+            async move {
+                let _open = open;
+                match acceptor {
+                    None => {
+                        let p = Peer {
+                            addr: peer,
+                            cert: None,
+                        };
+                        serve_http_conn(conn, service, p, header, stop).await
+                    }
+                    Some(acceptor) => match tokio::time::timeout(handshake, acceptor.accept(conn)).await {
+                        Ok(Ok(tls)) => {
+                            let p = Peer {
+                                addr: peer,
+                                cert: cert_identity(&tls),
+                            };
+                            serve_http_conn(tls, service, p, header, stop).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(%role, %peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(
+                            %role, %peer, "no TLS handshake within {handshake:?}; connection closed"
+                        ),
+                    },
+                }
+            }
+        }
+    };
+    accept_loop(listener, limits.clone(), role, shutdown, each).await;
+    let _ = stop_tx.send(true);
+    drop(open_tx);
+    if tokio::time::timeout(Duration::from_secs(5), open_rx.recv())
+        .await
+        .is_err()
+    {
+        tracing::warn!(%role, "connections still open 5 s after shutdown; leaving them");
+    }
+}
+
+async fn serve_http_conn<IO, S, B>(
+    io: IO,
+    service: S,
+    peer: Peer,
+    header_timeout: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Service<Request<hyper::body::Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: HttpBody + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let addr = peer.addr;
+    let svc = hyper_util::service::TowerToHyperService::new(WithPeer { inner: service, peer });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let done = tokio::select! {
+        r = conn.as_mut() => Some(r),
+        _ = stop.wait_for(|s| *s) => None,
+    };
+    let r = match done {
+        Some(r) => r,
+        None => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = r {
+        tracing::debug!(peer = %addr, error = %e, "HTTP connection ended");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    fn limits(max: usize, per_address: usize) -> Limits {
+        Limits {
+            max_connections: max,
+            max_connections_per_address: per_address,
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn caps_per_listener_and_per_address_free_on_drop() {
+        let g = Gauge::new("test", "127.0.0.1:1".parse().unwrap(), &limits(3, 2));
+        let a: SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:1000".parse().unwrap();
+        let p1 = g.admit(a).unwrap();
+        let _p2 = g.admit(a).unwrap();
+        assert!(g.admit(a).is_none(), "third from one address");
+        let _p3 = g.admit(b).unwrap();
+        assert!(g.admit(b).is_none(), "over the listener's cap");
+        drop(p1);
+        assert!(g.admit(a).is_some());
+    }
+
+    #[tokio::test]
+    async fn the_preface_is_checked_and_replayed() {
+        let (mut client, server) = tokio::io::duplex(64);
+        client.write_all(PREFACE).await.unwrap();
+        client.write_all(b"rest").await.unwrap();
+        let mut p = read_preface(server).await.unwrap();
+        let mut got = vec![0u8; 28];
+        p.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got[..24], PREFACE);
+        assert_eq!(&got[24..], b"rest");
+        let (mut client, server) = tokio::io::duplex(64);
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let e = read_preface(server).await.err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+}
