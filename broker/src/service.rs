@@ -511,7 +511,8 @@ pub const DOORS: &[Door] = &[
     Door::policy(
         "/gma.v1.Broker/Coallocate",
         &[Action::BrokerSelect],
-        "served: reservations made for the caller",
+        "served: reservations made for the caller (owner = its CN; the broker needs admin on \
+         reservation.on-behalf at the managers)",
     ),
     Door::policy(
         "/gma.v1.Broker/View",

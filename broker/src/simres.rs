@@ -572,6 +572,10 @@ impl Manager {
     }
 }
 
+/// The `admin` operation that lets a certified caller reserve for another owner (a broker
+/// coallocating for its caller).
+pub const ON_BEHALF: &str = "reservation.on-behalf";
+
 /// The way out named to a summary-only identity: reservations have no summaries.
 const RAW_ONLY: &str = "reservations have no summaries: an allow grant of reservation is needed";
 
@@ -614,8 +618,9 @@ pub struct ReservationService {
 }
 
 impl ReservationService {
-    /// The owner of a request: the certificate's CN when the peer has one (a different `owner`
-    /// is refused), else the `owner` field (or "anonymous").
+    /// The owner of a request: the certificate's CN when the peer has one, else the `owner`
+    /// field (or "anonymous"). A certified caller naming another owner (the broker reserving
+    /// for its caller) needs `admin` on [`ON_BEHALF`] allowed; else it is refused.
     fn owner<T>(&self, req: &Request<T>, claimed: &str) -> Result<String, Status> {
         let who = self
             .gate
@@ -625,10 +630,12 @@ impl ReservationService {
         }
         if !who.cn.is_empty() {
             if !claimed.is_empty() && claimed != who.cn {
+                if self.gate.raw_allowed(&who, Action::Admin, ON_BEHALF) {
+                    return Ok(claimed.to_string());
+                }
                 return Err(Status::permission_denied(format!(
-                    "owner {:?} is not the caller ({:?})",
+                    "owner {:?} is not the caller ({who}): reserving for another owner needs admin on {ON_BEHALF:?}",
                     gma_core::clip(claimed, 64),
-                    who.cn
                 )));
             }
             return Ok(who.cn);

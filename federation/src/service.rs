@@ -521,7 +521,7 @@ pub const DOORS: &[Door] = &[
         door: "/gma.v1.Federation/Exchange",
         peers: Peers::LinkedSites,
         actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site exchanges site summaries (per resource class aggregates, no host series)",
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site exchanges site summaries: per resource class (arch, os) aggregates, no host series (a class of one node still shows that node's figures, at the summary period)",
     },
     Door {
         door: "/gma.v1.Federation/ForwardJob",
