@@ -16,6 +16,7 @@ mod certs;
 mod cli;
 mod cluster;
 mod dashboard;
+mod doors;
 mod emit;
 mod federation;
 mod monitor;
@@ -95,5 +96,6 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Net(a) => netprobe::net(a).await,
         Federation(a) => federation::run(a).await,
         Job(a) => federation::job(a).await,
+        Doors(a) => doors::run(a),
     }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cdp;
+pub mod census;
 pub mod linearizable;
 pub mod netns;
 pub mod secure;
