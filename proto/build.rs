@@ -21,6 +21,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ],
             &["proto"],
         )?;
+    // Every public service and the raft service in one FileDescriptorSet
+    // (`gma_proto::FILE_DESCRIPTOR_SET`): what the door census enumerates, and what gRPC
+    // reflection can serve. The code of this run is not used (out_dir is a scratch folder).
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let scratch = out_dir.join("descriptor-scratch");
+    std::fs::create_dir_all(&scratch)?;
+    tonic_prost_build::configure()
+        .codec_path(codec)
+        .build_client(false)
+        .build_server(false)
+        .out_dir(&scratch)
+        .file_descriptor_set_path(out_dir.join("gma_descriptor.bin"))
+        .compile_protos(
+            &[
+                "proto/gma.proto",
+                "proto/services.proto",
+                "proto/broker.proto",
+                "proto/netprobe.proto",
+                "proto/federation.proto",
+                "proto/raft.proto",
+            ],
+            &["proto"],
+        )?;
     // The directory's internal RPCs and its raft log on disk, which embeds gma.v1 records.
     tonic_prost_build::configure()
         .codec_path(codec)
@@ -28,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_protos(&["proto/raft.proto"], &["proto"])?;
     // The producer's pre-encoded twins of the streaming services (proto/wire/messages.proto):
     // every gma.v1 message is the one generated above.
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("wire");
+    let out = out_dir.join("wire");
     std::fs::create_dir_all(&out)?;
     tonic_prost_build::configure()
         .codec_path(codec)

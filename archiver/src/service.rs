@@ -32,29 +32,25 @@ const QUERY_BUFFER: usize = 4;
 
 /// The doors of the `Archive` service.
 pub const DOORS: &[Door] = &[
-    Door {
-        door: "/gma.v1.Archive/Query",
-        actions: &[Action::ArchiveQuery],
-        summary_only: "the archived summary series among the matches (raw and aggregates of raw \
+    Door::policy(
+        "/gma.v1.Archive/Query",
+        &[Action::ArchiveQuery],
+        "the archived summary series among the matches (raw and aggregates of raw \
                        samples never); PERMISSION_DENIED naming the rule when none matches",
-    },
-    Door {
-        door: "/gma.v1.Archive/Series",
-        actions: &[Action::ArchiveQuery],
-        summary_only: "the archived summary series among the matches; PERMISSION_DENIED naming \
+    ),
+    Door::policy(
+        "/gma.v1.Archive/Series",
+        &[Action::ArchiveQuery],
+        "the archived summary series among the matches; PERMISSION_DENIED naming \
                        the rule when none matches",
-    },
-    Door {
-        door: "/gma.v1.Archive/Stats",
-        actions: &[Action::ArchiveQuery],
-        summary_only: "PERMISSION_DENIED: the figures cover every series (archive.query allowed \
+    ),
+    Door::policy(
+        "/gma.v1.Archive/Stats",
+        &[Action::ArchiveQuery],
+        "PERMISSION_DENIED: the figures cover every series (archive.query allowed \
                        on \"*\" is needed)",
-    },
-    Door {
-        door: "/gma.v1.Archive/Version",
-        actions: &[],
-        summary_only: "served (versions only, no data)",
-    },
+    ),
+    Door::open("/gma.v1.Archive/Version", "served (versions only, no data)"),
 ];
 
 pub(crate) struct ArchiveService {

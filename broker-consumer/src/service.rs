@@ -503,27 +503,24 @@ pub fn stats_to_proto(s: &CoStats) -> pb::CoallocateStats {
 
 /// The doors of the `Broker` service.
 pub const DOORS: &[Door] = &[
-    Door {
-        door: "/gma.v1.Broker/Select",
-        actions: &[Action::BrokerSelect],
-        summary_only: "served: a ranking and predicted times (derived, no raw value)",
-    },
-    Door {
-        door: "/gma.v1.Broker/Coallocate",
-        actions: &[Action::BrokerSelect],
-        summary_only: "served: reservations made for the caller",
-    },
-    Door {
-        door: "/gma.v1.Broker/View",
-        actions: &[Action::BrokerSelect, Action::ProducerSubscribe],
-        summary_only: "PERMISSION_DENIED naming the rule: the view holds the raw values of the \
+    Door::policy(
+        "/gma.v1.Broker/Select",
+        &[Action::BrokerSelect],
+        "served: a ranking and predicted times (derived, no raw value)",
+    ),
+    Door::policy(
+        "/gma.v1.Broker/Coallocate",
+        &[Action::BrokerSelect],
+        "served: reservations made for the caller (owner = its CN; the broker needs admin on \
+         reservation.on-behalf at the managers)",
+    ),
+    Door::policy(
+        "/gma.v1.Broker/View",
+        &[Action::BrokerSelect, Action::ProducerSubscribe],
+        "PERMISSION_DENIED naming the rule: the view holds the raw values of the \
                        followed events (producer.subscribe allowed raw on each is needed)",
-    },
-    Door {
-        door: "/gma.v1.Broker/Version",
-        actions: &[],
-        summary_only: "served (versions only, no data)",
-    },
+    ),
+    Door::open("/gma.v1.Broker/Version", "served (versions only, no data)"),
 ];
 
 /// The `Broker` gRPC service.

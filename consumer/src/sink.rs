@@ -9,6 +9,11 @@
 //! hands the events to its [`SinkHandler`] and acks each batch the handler accepted. Either side
 //! ends a stream: the producer by closing it, the sink with [`Sink::end`] (the producer does
 //! not come back until the consumer record changes).
+//!
+//! Who may push: the endpoint's client CA (`tls.client_ca`) decides who may connect, and with a
+//! policy (`access_policy`) `Deliver` is the `ingest` action, allowed outright, on every
+//! pattern the sink accepts when the stream opens and on every event name it carries
+//! ([`DOORS`]); a refused name ends the stream with `PERMISSION_DENIED`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -16,7 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use gma_core::authz::{Action, Decision, Door};
 use gma_core::codec::{BatchDecoder, OwnedEvent};
+use gma_core::guard::Gate;
 use gma_proto::v1 as pb;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -26,6 +33,20 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::registrar::{self, Catalog};
 use crate::stream::ResumePoint;
 use crate::ConsumerError;
+
+/// The doors of a sink's `Consumer` endpoint.
+pub const DOORS: &[Door] = &[
+    Door::policy(
+        "/gma.v1.Consumer/Deliver",
+        &[Action::Ingest],
+        "PERMISSION_DENIED naming the rule: pushing events is ingest, allowed outright (on the \
+         accepted patterns and every event name); the sink serves no data back",
+    ),
+    Door::open("/gma.v1.Consumer/Version", "served (versions only, no data)"),
+];
+
+/// Event names one Deliver stream remembers as authorized (more are asked again per batch).
+const AUTHORIZED_NAMES: usize = 4096;
 
 /// What a sink accepts and where it registers.
 #[derive(Debug, Clone)]
@@ -51,8 +72,11 @@ pub struct SinkConfig {
     /// without a certificate it serves plaintext, refused on a non-loopback address.
     pub tls: gma_core::tls::ServerTls,
     /// Connection caps and timeouts of the endpoint (the `max_connections`... keys of
-    /// `[limits]`, [`gma_core::conn`]).
+    /// `[limits]`, [`gma_core::conn`]); also the rate limit of `Deliver` streams opened.
     pub limits: gma_core::guard::Limits,
+    /// The authorization policy of `Deliver` (`ingest`); none: every peer the endpoint
+    /// accepts may push.
+    pub access_policy: Option<std::path::PathBuf>,
 }
 
 impl Default for SinkConfig {
@@ -70,6 +94,7 @@ impl Default for SinkConfig {
             policy: pb::SlowPolicy::DropOldest,
             tls: Default::default(),
             limits: Default::default(),
+            access_policy: None,
         }
     }
 }
@@ -145,6 +170,9 @@ impl Sink {
         let bound = listener
             .local_addr()
             .map_err(|e| ConsumerError::Address(String::new(), e.to_string()))?;
+        let policy = gma_core::guard::load_policy(self.config.access_policy.as_ref())
+            .map_err(ConsumerError::Invalid)?;
+        let gate = Arc::new(Gate::new(policy, self.config.limits.clone()));
         let tls = self
             .config
             .tls
@@ -177,8 +205,11 @@ impl Sink {
         let router = gma_core::conn::grpc_server(&self.config.limits)
             .layer(gma_core::rpc::RpcLayer::new(gma_core::rpc::RpcStats::new("sink")))
             .add_service(
-                pb::consumer_server::ConsumerServer::new(Service { sink: self.clone() })
-                    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
+                pb::consumer_server::ConsumerServer::new(Service {
+                    sink: self.clone(),
+                    gate,
+                })
+                .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
             );
         let incoming = gma_core::conn::Incoming::grpc(listener, tls, &self.config.limits, "sink");
         let result = gma_core::conn::serve_grpc(router, incoming, shutdown).await;
@@ -222,7 +253,11 @@ impl Catalog for SinkCatalog {
 
 struct Service {
     sink: Arc<Sink>,
+    gate: Arc<Gate>,
 }
+
+/// Pushing is ingest, allowed outright: the way out named to a summary-only identity.
+const INGEST_ONLY: &str = "pushing events to a sink is ingest: an allow grant is needed";
 
 type DeliverStream = Pin<Box<dyn Stream<Item = Result<pb::DeliverResponse, Status>> + Send>>;
 
@@ -234,6 +269,14 @@ impl pb::consumer_server::Consumer for Service {
         &self,
         req: Request<Streaming<pb::DeliverRequest>>,
     ) -> Result<Response<DeliverStream>, Status> {
+        let who = self.gate.admit(&req)?;
+        let accepts: Vec<&str> = self.sink.config.accepts.iter().map(String::as_str).collect();
+        let grant = self.gate.authorize(&who, Action::Ingest, &accepts)?;
+        if grant.decision != Decision::Allow {
+            let first = accepts.first().copied().unwrap_or("*");
+            return Err(self.gate.summary_only(&who, first, &grant, INGEST_ONLY));
+        }
+        let gate = self.gate.clone();
         let mut inbound = req.into_inner();
         let hello = match inbound.message().await? {
             Some(pb::DeliverRequest {
@@ -284,6 +327,7 @@ impl pb::consumer_server::Consumer for Service {
         let _ = tx.send(Ok(first)).await;
         tokio::spawn(async move {
             let mut decoder = BatchDecoder::new();
+            let mut authorized: std::collections::HashSet<String> = Default::default();
             let reason = loop {
                 // Biased, the end first: once the sink has ended the stream, no batch still
                 // in flight is handed to the handler.
@@ -300,6 +344,29 @@ impl pb::consumer_server::Consumer for Service {
                                 Ok(e) => e,
                                 Err(e) => break format!("malformed batch: {e}"),
                             };
+                            let refused = events.iter().find(|e| {
+                                let name = &e.series.name;
+                                if authorized.contains(name) {
+                                    return false;
+                                }
+                                if !gate.raw_allowed(&who, Action::Ingest, name) {
+                                    return true;
+                                }
+                                if authorized.len() < AUTHORIZED_NAMES {
+                                    authorized.insert(name.clone());
+                                }
+                                false
+                            });
+                            if let Some(e) = refused {
+                                let name = e.series.name.clone();
+                                let status = match gate.authorize(&who, Action::Ingest, &[&name]) {
+                                    Err(s) => s,
+                                    Ok(g) => gate.summary_only(&who, &name, &g, INGEST_ONLY),
+                                };
+                                let why = status.message().to_string();
+                                let _ = tx.send(Err(status)).await;
+                                break why;
+                            }
                             let last = events.last().map(|e| e.seq);
                             metrics::counter!(crate::telemetry::SINK_EVENTS).increment(events.len() as u64);
                             if let Err(e) = sink.handler.events(&producer, events, &b.gaps) {

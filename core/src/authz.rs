@@ -307,15 +307,79 @@ impl FromStr for Action {
 }
 
 /// One door of a role: an RPC (`/gma.v1.Archive/Query`) or an HTTP route (`GET
-/// /api/snapshot`), the actions that guard it (empty: served to anyone, it carries no data) and
-/// what an identity granted only summaries gets there. Roles list their doors (`DOORS`) so
-/// that a census can check every RPC and route against an authorization decision; the table
-/// of docs/security.md is the same list.
+/// /api/snapshot`), who may knock at all ([`Peers`]), the actions the policy is asked (empty
+/// with [`Peers::Any`]: served to anyone the listener accepts, it carries no data) and what an
+/// identity granted only summaries gets there. Roles list their doors (`DOORS`); `gma doors`
+/// prints every one, the door census (gma/tests/census.rs) checks every RPC of
+/// `gma_proto::FILE_DESCRIPTOR_SET` and every HTTP route against them and knocks on each, and
+/// the table of docs/security.md is generated from them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Door {
     pub door: &'static str,
+    pub peers: Peers,
     pub actions: &'static [Action],
     pub summary_only: &'static str,
+}
+
+impl Door {
+    /// A door any accepted peer may knock on, guarded by `actions` under the policy.
+    pub const fn policy(door: &'static str, actions: &'static [Action], summary_only: &'static str) -> Door {
+        Door {
+            door,
+            peers: Peers::Any,
+            actions,
+            summary_only,
+        }
+    }
+
+    /// A door that carries no data: served to anyone the listener accepts.
+    pub const fn open(door: &'static str, summary_only: &'static str) -> Door {
+        Door {
+            door,
+            peers: Peers::Any,
+            actions: &[],
+            summary_only,
+        }
+    }
+
+    /// True when nothing but the listener's TLS guards the door.
+    pub fn is_open(&self) -> bool {
+        self.peers == Peers::Any && self.actions.is_empty()
+    }
+
+    /// The method and path of an HTTP door (`GET /api/events`, `GET /metrics
+    /// (--metrics-listen)` -> `("GET", "/metrics")`); `None` for an RPC (`/gma.v1.X/Y`).
+    pub fn http_route(&self) -> Option<(&'static str, &'static str)> {
+        let (method, rest) = self.door.split_once(' ')?;
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return None;
+        }
+        let path = rest.split(' ').next().unwrap_or(rest);
+        path.starts_with('/').then_some((method, path))
+    }
+}
+
+/// Who may knock on a door before the policy is asked anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peers {
+    /// Any peer the listener accepts (its TLS and client CA); the actions decide.
+    Any,
+    /// Directory members only: a verified certificate matching a `[[members]]` entry, CN and O
+    /// (docs/security.md, the member rule); anyone else gets `PERMISSION_DENIED`.
+    Members,
+    /// Linked sites only: the caller names its site, its certificate CN must be that site and
+    /// the site must be linked to this endpoint (docs/federation.md).
+    LinkedSites,
+}
+
+impl Peers {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Peers::Any => "any",
+            Peers::Members => "members",
+            Peers::LinkedSites => "linked sites",
+        }
+    }
 }
 
 /// The answer of [`Policy::authorize`].

@@ -263,6 +263,24 @@ impl Gate {
         Ok((who, grant))
     }
 
+    /// [`Gate::check`] for a door that serves or accepts only raw data (no summary of it
+    /// exists): a summary-only grant is `PERMISSION_DENIED` naming the rule, with `how` as the
+    /// way out. Returns the identity.
+    pub fn check_raw<T>(
+        &self,
+        req: &Request<T>,
+        action: Action,
+        resources: &[&str],
+        how: &str,
+    ) -> Result<Identity, Status> {
+        let (who, grant) = self.check(req, action, resources)?;
+        if grant.decision != Decision::Allow {
+            let r = resources.first().copied().unwrap_or("*");
+            return Err(self.summary_only(&who, r, &grant, how));
+        }
+        Ok(who)
+    }
+
     /// Claims one subscription slot of the connection of `req`, released when the returned
     /// slot is dropped. Over `subscriptions_per_connection` gets `RESOURCE_EXHAUSTED`.
     pub fn open_subscription<T>(&self, req: &Request<T>) -> Result<Slot, Status> {

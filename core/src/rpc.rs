@@ -32,11 +32,11 @@ use crate::event::{dbl, text, EventData};
 
 /// The Prometheus endpoint of every role (`--metrics-listen`, served by the `gma` binary with
 /// the role's TLS, client CA and policy; docs/dashboard.md).
-pub const METRICS_DOORS: &[crate::authz::Door] = &[crate::authz::Door {
-    door: "GET /metrics (--metrics-listen)",
-    actions: &[crate::authz::Action::MetricsRead],
-    summary_only: "served with metrics.read on the role (counters and latencies, no host data)",
-}];
+pub const METRICS_DOORS: &[crate::authz::Door] = &[crate::authz::Door::policy(
+    "GET /metrics (--metrics-listen)",
+    &[crate::authz::Action::MetricsRead],
+    "served with metrics.read on the role (counters and latencies, no host data)",
+)];
 
 /// Name of the events.
 pub const RPC_EVENT: &str = "gma.rpc";

@@ -19,7 +19,7 @@
 //!   cluster without client certificates nobody is verified and the carried identity is
 //!   ignored (the peer's own, anonymous, identity is used).
 
-use gma_core::authz::{Action, Identity};
+use gma_core::authz::{Action, Door, Identity, Peers};
 use gma_core::guard::{load_policy, Gate, Slot};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
@@ -32,6 +32,94 @@ use crate::server::{DirectoryConfig, Member};
 /// of the client it speaks for (raw UTF-8).
 pub(crate) const CALLER_CN: &str = "gma-caller-cn-bin";
 pub(crate) const CALLER_ORG: &str = "gma-caller-org-bin";
+
+/// The doors of a directory member: the client API (`Directory`) and raft (`Raft`), as the
+/// module documentation describes them (docs/security.md).
+pub const DOORS: &[Door] = &[
+    Door::policy(
+        "/gma.v1.Directory/Register",
+        &[Action::DirectoryRegister],
+        "PERMISSION_DENIED: a summary rule denies directory.register (record ids are not events)",
+    ),
+    Door::policy(
+        "/gma.v1.Directory/Update",
+        &[Action::DirectoryRegister],
+        "PERMISSION_DENIED: a summary rule denies directory.register",
+    ),
+    Door::policy(
+        "/gma.v1.Directory/Remove",
+        &[Action::DirectoryRegister],
+        "PERMISSION_DENIED: a summary rule denies directory.register",
+    ),
+    Door::policy(
+        "/gma.v1.Directory/KeepAlive",
+        &[Action::DirectoryRegister],
+        "each renewal PERMISSION_DENIED unless directory.register is allowed on every record the \
+         lease holds",
+    ),
+    Door::policy(
+        "/gma.v1.Directory/Search",
+        &[Action::DirectorySearch],
+        "served: records and schemas (which producers exist, their event names; no event value)",
+    ),
+    Door::policy(
+        "/gma.v1.Directory/GetSchema",
+        &[Action::DirectorySearch],
+        "served: the schema (field names and units, no value)",
+    ),
+    Door::policy(
+        "/gma.v1.Directory/Watch",
+        &[Action::DirectoryWatch],
+        "served: record changes (metadata, no event value); what it may receive is decided by \
+         the producers",
+    ),
+    Door::open(
+        "/gma.v1.Directory/Version",
+        "served (versions only, no data; rate-limited)",
+    ),
+    Door::open(
+        "/gma.v1.Directory/ClusterStatus",
+        "served (members, leader, counts; no record, no data; rate-limited)",
+    ),
+    Door {
+        door: "/gma.raft.v1.Raft/AppendEntries",
+        peers: Peers::Members,
+        actions: &[],
+        summary_only: "PERMISSION_DENIED (not a directory member); a member only as a node id its \
+                       [[members]] entry allows",
+    },
+    Door {
+        door: "/gma.raft.v1.Raft/Vote",
+        peers: Peers::Members,
+        actions: &[],
+        summary_only: "PERMISSION_DENIED (not a directory member); a member only as a node id its \
+                       [[members]] entry allows",
+    },
+    Door {
+        door: "/gma.raft.v1.Raft/InstallSnapshot",
+        peers: Peers::Members,
+        actions: &[],
+        summary_only: "PERMISSION_DENIED (not a directory member); a member only as a node id its \
+                       [[members]] entry allows",
+    },
+    Door {
+        door: "/gma.raft.v1.Raft/Forward",
+        peers: Peers::Members,
+        actions: &[Action::DirectoryRegister],
+        summary_only: "PERMISSION_DENIED (not a directory member); from a member, the leader \
+                       authorizes the carried caller again (directory.register)",
+    },
+    Door::policy(
+        "/gma.raft.v1.Raft/AddLearner",
+        &[Action::Admin],
+        "PERMISSION_DENIED: admin (cluster.add-learner) is never granted by a summary rule",
+    ),
+    Door::policy(
+        "/gma.raft.v1.Raft/ChangeMembership",
+        &[Action::Admin],
+        "PERMISSION_DENIED: admin (cluster.change-membership) is never granted by a summary rule",
+    ),
+];
 
 #[derive(Debug)]
 pub(crate) struct Access {

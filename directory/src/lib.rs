@@ -32,6 +32,7 @@ pub mod state;
 pub mod telemetry;
 mod validate;
 
+pub use access::DOORS;
 pub use error::DirError;
 pub use server::{run, run_with_rpc, DirectoryConfig};
 pub use validate::{

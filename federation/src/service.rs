@@ -24,7 +24,7 @@ use gma_broker::job::Job;
 use gma_broker::view::LiveView;
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber};
-use gma_core::authz::Action;
+use gma_core::authz::{Action, Door, Peers};
 use gma_core::event::{dbl, text, EventData};
 use gma_core::guard::Gate;
 use gma_producer::{Hub, Producer, ProducerConfig};
@@ -505,6 +505,81 @@ impl Shared {
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The doors of a federation endpoint: `Federation` (linked sites, `federation` on the
+/// operation) and `SiteScheduler` (local users, `job` on the operation), on the endpoint of its
+/// own producer (`gma_producer::service::DOORS`). What a linked site receives is site summaries
+/// (per resource class aggregates), never host series.
+pub const DOORS: &[Door] = &[
+    Door {
+        door: "/gma.v1.Federation/OpenSession",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
+    },
+    Door {
+        door: "/gma.v1.Federation/Exchange",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site exchanges site summaries: per resource class (arch, os) aggregates, no host series (a class of one node still shows that node's figures, at the summary period)",
+    },
+    Door {
+        door: "/gma.v1.Federation/ForwardJob",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
+    },
+    Door {
+        door: "/gma.v1.Federation/ConfirmStart",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
+    },
+    Door {
+        door: "/gma.v1.Federation/WatchJobs",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site watches its own jobs only",
+    },
+    Door {
+        door: "/gma.v1.Federation/CancelJob",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
+    },
+    Door {
+        door: "/gma.v1.Federation/ListForwarded",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
+    },
+    Door::policy(
+        "/gma.v1.SiteScheduler/Submit",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job",
+    ),
+    Door::policy(
+        "/gma.v1.SiteScheduler/Status",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job",
+    ),
+    Door::policy(
+        "/gma.v1.SiteScheduler/Cancel",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job",
+    ),
+    Door::policy(
+        "/gma.v1.SiteScheduler/List",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job",
+    ),
+    Door::policy(
+        "/gma.v1.SiteScheduler/FederationStatus",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job (federation.status)",
+    ),
+    Door::open("/gma.v1.SiteScheduler/Version", "served (versions only, no data)"),
+];
 
 /// The `Federation` service (other sites).
 pub struct FederationService {

@@ -5,13 +5,17 @@
 //! producer's cache each phase). It reports each phase to an in-process contract monitor and
 //! publishes `app.contract` and `app.state` events through the producer's `Ingest`. It serves
 //! `AppControl`: Stop (checkpoint at the next phase boundary and wait), Resume (continue on the
-//! new hosts from the checkpoint), Declined (raise the contract limits), Status.
+//! new hosts from the checkpoint), Declined (raise the contract limits), Status. With
+//! `--access-policy` each is the `job` action on its operation (`app.stop`, `app.resume`,
+//! `app.declined`, `app.status`), allowed outright ([`DOORS`]); a summary rule denies.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use gma_core::authz::{Action, Door};
 use gma_core::event::{dbl, text, EventData};
+use gma_core::guard::Gate;
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
 use gma_sensors::contract::{contract_schema, ContractConfig, ContractMonitor, ContractOutput};
@@ -19,6 +23,31 @@ use tokio::sync::{oneshot, Mutex};
 use tonic::{Request, Response, Status};
 
 use crate::cli::AppSimArgs;
+
+/// The doors of `gma app-sim`'s `AppControl` endpoint: `job` on the operation.
+pub const DOORS: &[Door] = &[
+    Door::policy(
+        "/gma.v1.AppControl/Stop",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job (app.stop)",
+    ),
+    Door::policy(
+        "/gma.v1.AppControl/Resume",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job (app.resume)",
+    ),
+    Door::policy(
+        "/gma.v1.AppControl/Declined",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job (app.declined)",
+    ),
+    Door::policy(
+        "/gma.v1.AppControl/Status",
+        &[Action::Job],
+        "PERMISSION_DENIED: a summary rule denies job (app.status); the status is the raw \
+         app.state of the application",
+    ),
+];
 
 /// `app.state`: where an application runs and how far it is (the rescheduler's input).
 pub fn state_schema() -> pb::EventSchema {
@@ -92,11 +121,28 @@ struct App {
 struct Control {
     app: Arc<Mutex<App>>,
     wake: Arc<tokio::sync::Notify>,
+    /// `--access-policy` (allow-all without one) and the default limits.
+    gate: Arc<Gate>,
+}
+
+impl Control {
+    /// `job` on `op`, allowed outright.
+    fn check<T>(&self, req: &Request<T>, op: &str) -> Result<(), Status> {
+        self.gate
+            .check_raw(
+                req,
+                Action::Job,
+                &[op],
+                "application control needs an allow grant of job",
+            )
+            .map(|_| ())
+    }
 }
 
 #[tonic::async_trait]
 impl pb::app_control_server::AppControl for Control {
     async fn stop(&self, req: Request<pb::AppStopRequest>) -> Result<Response<pb::AppStopResponse>, Status> {
+        self.check(&req, "app.stop")?;
         let req = req.into_inner();
         let rx = {
             let mut app = self.app.lock().await;
@@ -125,6 +171,7 @@ impl pb::app_control_server::AppControl for Control {
         &self,
         req: Request<pb::AppResumeRequest>,
     ) -> Result<Response<pb::AppResumeResponse>, Status> {
+        self.check(&req, "app.resume")?;
         let req = req.into_inner();
         if req.hosts.is_empty() {
             return Err(Status::invalid_argument("give the hosts to resume on"));
@@ -151,7 +198,7 @@ impl pb::app_control_server::AppControl for Control {
         &self,
         req: Request<pb::AppDeclinedRequest>,
     ) -> Result<Response<pb::AppDeclinedResponse>, Status> {
-        let _ = req;
+        self.check(&req, "app.declined")?;
         let mut app = self.app.lock().await;
         // The LimitsAdjusted event is published with the next phase's events.
         let adjusted = app.monitor.declined(now_ns());
@@ -165,8 +212,9 @@ impl pb::app_control_server::AppControl for Control {
 
     async fn status(
         &self,
-        _: Request<pb::AppStatusRequest>,
+        req: Request<pb::AppStatusRequest>,
     ) -> Result<Response<pb::AppStatusResponse>, Status> {
+        self.check(&req, "app.status")?;
         let app = self.app.lock().await;
         Ok(Response::new(pb::AppStatusResponse {
             app_id: app.app_id.clone(),
@@ -234,6 +282,11 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         predicted_s: vec![a.predicted_s; a.phases as usize],
     };
     let monitor = ContractMonitor::new(cfg, &a.app_id).map_err(|e| anyhow!("{e}"))?;
+    // A bad policy file is a startup error, before anything is connected or bound.
+    let policy = gma_core::guard::load_policy(crate::roles::policy_flag().as_ref())
+        .map_err(|e| anyhow!("--access-policy: {e}"))?;
+    let limits = gma_core::guard::Limits::default();
+    let gate = Arc::new(Gate::new(policy, limits.clone()));
     let ch = gma_consumer::connect(&a.producer)
         .await
         .map_err(|e| anyhow!("{e}"))?;
@@ -261,12 +314,6 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     // plaintext only on loopback unless --allow-plaintext.
     let server_tls = crate::roles::server_tls_flags().unwrap_or_default();
     let tls = server_tls.rustls_config(bound)?;
-    if crate::roles::policy_flag().is_some() {
-        eprintln!(
-            "note: gma app-sim does not apply --access-policy; require client certificates with --tls-client-ca to \
-             restrict who may stop and resume it"
-        );
-    }
     let scheme = if tls.is_some() { "https" } else { "http" };
     let control_addr = bound.to_string();
     eprintln!("gma app-sim listening on {control_addr}");
@@ -287,8 +334,8 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     let control = Control {
         app: app.clone(),
         wake: wake.clone(),
+        gate,
     };
-    let limits = gma_core::guard::Limits::default();
     let router = gma_core::conn::grpc_server(&limits)
         .add_service(pb::app_control_server::AppControlServer::new(control));
     let incoming = gma_core::conn::Incoming::grpc(listener, tls, &limits, "app-sim");

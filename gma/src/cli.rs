@@ -144,6 +144,9 @@ pub enum Command {
     Netprobe(crate::netprobe::NetprobeArgs),
     /// Read the network sensors: `matrix` (every pair, with forecasts), `status` (the cliques).
     Net(crate::netprobe::NetArgs),
+    /// Every door of every role (each RPC and HTTP route), who may knock, the actions the
+    /// policy is asked and what a summary-only identity gets (docs/security.md).
+    Doors(crate::doors::DoorsArgs),
 }
 
 /// Coallocation replay scenarios (the paper's Tables I and II).

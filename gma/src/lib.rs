@@ -18,6 +18,7 @@ mod certs;
 mod cli;
 mod cluster;
 mod dashboard;
+mod doors;
 mod emit;
 mod federation;
 mod monitor;
@@ -99,5 +100,6 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Net(a) => netprobe::net(a).await,
         Federation(a) => federation::run(a).await,
         Job(a) => federation::job(a).await,
+        Doors(a) => doors::run(a),
     }
 }

@@ -6,7 +6,8 @@
 //! stream after N events (the consumer ending a producer-initiated stream).
 //!
 //! `--tls-cert`/`--tls-key` serve the endpoint over TLS; with `--tls-client-ca` only producers
-//! holding a certificate of that CA may push. Plaintext is refused off loopback.
+//! holding a certificate of that CA may push, and with `--access-policy` only identities allowed
+//! `ingest` on what they push. Plaintext is refused off loopback.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -105,6 +106,9 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     for p in &a.sources {
         gma_core::pattern::Pattern::source(p).map_err(|e| anyhow!("--source {p}: {e}"))?;
     }
+    // A bad policy file is a startup error, before the address is bound.
+    gma_core::guard::load_policy(crate::roles::policy_flag().as_ref())
+        .map_err(|e| anyhow!("--access-policy: {e}"))?;
     let flags = crate::roles::server_tls_flags().unwrap_or_default();
     let listener = crate::roles::bind_checked(&a.listen, &flags).await?;
     let addr = listener.local_addr()?;
@@ -122,16 +126,10 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
         ..SinkConfig::default()
     };
     // TLS from the flags (--tls-cert/--tls-key/--tls-client-ca serve the Consumer endpoint;
-    // --tls-ca is for the directory). Deliver has no authorization action: who may push is
-    // decided by --tls-client-ca, not by a policy.
+    // --tls-ca is for the directory); --access-policy decides who may push (ingest).
     let mut policy = None;
     apply_security(&mut config.tls, &mut policy)?;
-    if policy.is_some() {
-        eprintln!(
-            "note: gma sink does not apply --access-policy; require client certificates with --tls-client-ca to \
-             restrict which producers may push"
-        );
-    }
+    config.access_policy = policy.clone();
     if let Some(m) = &a.metrics.metrics_listen {
         let door = crate::telemetry::MetricsDoor::new(&config.tls, policy.as_ref());
         crate::telemetry::serve_metrics("sink", m, &door).await?;

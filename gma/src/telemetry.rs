@@ -35,6 +35,14 @@ use crate::roles::bind;
 
 static INSECURE: AtomicBool = AtomicBool::new(false);
 
+/// The one route of the Prometheus endpoints: what their routers serve and what `gma doors`
+/// checks against `gma_core::rpc::METRICS_DOORS` and `gma_producer::prometheus::DOORS`.
+const METRICS_PATH: &str = "/metrics";
+/// The routes of `--metrics-listen`.
+pub const METRICS_ROUTES: &[(&str, &str)] = &[("GET", METRICS_PATH)];
+/// The routes of `gma producer --prometheus`.
+pub const PROMETHEUS_ROUTES: &[(&str, &str)] = &[("GET", METRICS_PATH)];
+
 /// `--metrics-insecure`: serve the Prometheus endpoints in plain HTTP without authorization even
 /// next to a TLS role.
 pub fn set_insecure(on: bool) {
@@ -268,7 +276,7 @@ pub async fn serve_metrics(role: &str, addr: &str, door: &MetricsDoor) -> anyhow
     let app =
         axum::Router::new()
             .route(
-                "/metrics",
+                METRICS_PATH,
                 get(
                     |State(st): State<Arc<(Guard, PrometheusHandle)>>,
                      Extension(peer): Extension<Peer>| async move {
@@ -310,7 +318,7 @@ pub async fn serve_producer_values(
     let app =
         axum::Router::new()
             .route(
-                "/metrics",
+                METRICS_PATH,
                 get(
                     |State(st): State<Arc<(Guard, Arc<gma_producer::Hub>)>>,
                      Extension(peer): Extension<Peer>| async move {

@@ -101,7 +101,8 @@ impl pb::probe_server::Probe for ProbeService {
     #[tracing::instrument(skip_all, level = "debug")]
     async fn echo(&self, req: Request<pb::EchoRequest>) -> Result<Response<pb::EchoResponse>, Status> {
         // Taking part in this host's network measurements is ingest of net.* events.
-        self.gate.check(&req, Action::Ingest, &[RTT])?;
+        self.gate
+            .check_raw(&req, Action::Ingest, &[RTT], crate::service::INGEST_ONLY)?;
         let r = req.into_inner();
         if r.payload.len() > MAX_ECHO_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -149,7 +150,8 @@ impl pb::probe_server::Probe for ProbeService {
         &self,
         req: Request<Streaming<pb::BulkChunk>>,
     ) -> Result<Response<pb::BulkResponse>, Status> {
-        self.gate.check(&req, Action::Ingest, &[RTT])?;
+        self.gate
+            .check_raw(&req, Action::Ingest, &[RTT], crate::service::INGEST_ONLY)?;
         let mut stream = req.into_inner();
         let Some(first) = stream.message().await? else {
             return Err(Status::invalid_argument(

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gma_core::authz::Action as AuthzAction;
+use gma_core::authz::{Action as AuthzAction, Door};
 use gma_core::event::EventData;
 use gma_core::guard::Gate;
 use gma_core::pattern::Pattern;
@@ -439,6 +439,45 @@ async fn probe_one(ctx: &Ctx, id: &str, addr: &str, token: &Token) {
     }
 }
 
+/// The way out named to a summary-only identity on the clique's and probe's messages: taking
+/// part in the measurements publishes them.
+pub(crate) const INGEST_ONLY: &str =
+    "taking part in the measurements is ingest of net.*: an allow grant is needed";
+/// ... and on `Clique.Status`: its counters are the raw contents of `net.probe`.
+const STATUS_RAW: &str =
+    "the status is the raw net.probe counters: producer.query allowed on net.probe is needed";
+
+/// The doors of a netprobe: `Probe` (the measurements) and `Clique` (the token), on the
+/// endpoint of its producer (whose doors are `gma_producer::service::DOORS`).
+pub const DOORS: &[Door] = &[
+    Door::policy(
+        "/gma.v1.Probe/Echo",
+        &[AuthzAction::Ingest],
+        "PERMISSION_DENIED naming the rule: taking part in the measurements is ingest of net.rtt",
+    ),
+    Door::policy(
+        "/gma.v1.Probe/Bulk",
+        &[AuthzAction::Ingest],
+        "PERMISSION_DENIED naming the rule: taking part in the measurements is ingest of net.rtt",
+    ),
+    Door::policy(
+        "/gma.v1.Clique/Pass",
+        &[AuthzAction::Ingest],
+        "PERMISSION_DENIED naming the rule: the token is passed between members (ingest of net.rtt)",
+    ),
+    Door::policy(
+        "/gma.v1.Clique/Notice",
+        &[AuthzAction::Ingest],
+        "PERMISSION_DENIED naming the rule: the token is passed between members (ingest of net.rtt)",
+    ),
+    Door::policy(
+        "/gma.v1.Clique/Status",
+        &[AuthzAction::ProducerQuery],
+        "PERMISSION_DENIED naming the rule: the counters are the raw contents of net.probe \
+         (producer.query allowed on net.probe is needed)",
+    ),
+];
+
 /// The `Clique` service: hands inbound messages to the driver.
 struct CliqueService {
     tx: mpsc::Sender<Cmd>,
@@ -471,7 +510,8 @@ impl CliqueService {
 impl pb::clique_server::Clique for CliqueService {
     #[tracing::instrument(skip_all, level = "debug")]
     async fn pass(&self, req: Request<pb::PassRequest>) -> Result<Response<pb::PassResponse>, Status> {
-        self.gate.check(&req, AuthzAction::Ingest, &[RTT])?;
+        self.gate
+            .check_raw(&req, AuthzAction::Ingest, &[RTT], INGEST_ONLY)?;
         let r = req.into_inner();
         self.check_site(&r.site)?;
         let token = token_from_proto(r.token)?;
@@ -485,7 +525,8 @@ impl pb::clique_server::Clique for CliqueService {
 
     #[tracing::instrument(skip_all, level = "debug")]
     async fn notice(&self, req: Request<pb::NoticeRequest>) -> Result<Response<pb::NoticeResponse>, Status> {
-        self.gate.check(&req, AuthzAction::Ingest, &[RTT])?;
+        self.gate
+            .check_raw(&req, AuthzAction::Ingest, &[RTT], INGEST_ONLY)?;
         let r = req.into_inner();
         self.check_site(&r.site)?;
         let token = token_from_proto(r.token)?;
@@ -501,7 +542,8 @@ impl pb::clique_server::Clique for CliqueService {
         &self,
         req: Request<pb::CliqueStatusRequest>,
     ) -> Result<Response<pb::CliqueStatusResponse>, Status> {
-        self.gate.check(&req, AuthzAction::ProducerQuery, &[PROBE])?;
+        self.gate
+            .check_raw(&req, AuthzAction::ProducerQuery, &[PROBE], STATUS_RAW)?;
         let (reply, rx) = oneshot::channel();
         Ok(Response::new(self.ask(Cmd::Status { reply }, rx).await?))
     }

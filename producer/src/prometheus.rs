@@ -25,12 +25,12 @@ use crate::hub::Hub;
 
 /// `gma producer --prometheus ADDR` (served by the `gma` binary with the producer's TLS, client
 /// CA and policy).
-pub const DOORS: &[Door] = &[Door {
-    door: "GET /metrics (gma producer --prometheus)",
-    actions: &[Action::MetricsRead, Action::ProducerQuery],
-    summary_only: "only the gauges of series it may query raw: summary series (host.load.avg1m) \
+pub const DOORS: &[Door] = &[Door::policy(
+    "GET /metrics (gma producer --prometheus)",
+    &[Action::MetricsRead, Action::ProducerQuery],
+    "only the gauges of series it may query raw: summary series (host.load.avg1m) \
                    yes, raw sensor values never",
-}];
+)];
 
 /// `host.cpu` + `user` -> `gma_host_cpu_user`.
 pub fn metric_name(event: &str, field: &str) -> String {

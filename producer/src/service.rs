@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use gma_core::authz::{is_summary_name, summary_base, Action, Decision, Grant, Identity};
+use gma_core::authz::{is_summary_name, summary_base, Action, Decision, Door, Grant, Identity};
 use gma_core::event::from_wire;
 use gma_core::guard::Gate;
 use gma_core::pattern::{event_patterns, source_patterns};
@@ -35,6 +35,44 @@ use crate::hub::{Hub, PublishError};
 use crate::subscription::{
     self, Cursor, Policy, Registry, Selector, Spec, Start, DEFAULT_MAX_BATCH, MAX_MAX_BATCH,
 };
+
+/// The doors of a producer (and of every role built on one: relay, monitor, rescheduler,
+/// netprobe, simres, federation endpoint, the companions of the directory and archiver):
+/// `Producer`, `Ingest` and `Simulator` (docs/security.md, Producers).
+pub const DOORS: &[Door] = &[
+    Door::policy(
+        "/gma.v1.Producer/Query",
+        &[Action::ProducerQuery],
+        "only when every pattern is a summary name (host.load.avg1m); PERMISSION_DENIED naming \
+         the rule and the way out otherwise",
+    ),
+    Door::policy(
+        "/gma.v1.Producer/Subscribe",
+        &[Action::ProducerSubscribe],
+        "only derived summaries (summaries = [\"1m\"], or a summary name); a raw subscription is \
+         PERMISSION_DENIED naming the rule and the way out (--summary 1m)",
+    ),
+    Door::open(
+        "/gma.v1.Producer/Unsubscribe",
+        "served: it ends only subscriptions the same identity opened (no data; rate-limited)",
+    ),
+    Door::open("/gma.v1.Producer/Version", "served (versions only, no data)"),
+    Door::policy(
+        "/gma.v1.Ingest/Push",
+        &[Action::Ingest],
+        "PERMISSION_DENIED: only allow lets an identity publish",
+    ),
+    Door::policy(
+        "/gma.v1.Ingest/Schema",
+        &[Action::Ingest],
+        "PERMISSION_DENIED: schemas are fetched with events or from the directory",
+    ),
+    Door::policy(
+        "/gma.v1.Simulator/Set",
+        &[Action::Admin],
+        "PERMISSION_DENIED: sim.set needs an allow admin grant",
+    ),
+];
 
 /// Most events one Ingest request may carry.
 pub const MAX_INGEST_EVENTS: usize = 10_000;

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod cdp;
+pub mod census;
 pub mod directory;
 pub mod linearizable;
 pub mod netns;

@@ -59,19 +59,23 @@ pub struct Secure {
 impl Secure {
     /// Certificates and the policy file (`policy` appended to [`POLICY`]).
     pub fn new(policy_extra: &str) -> Secure {
+        Secure::with_policy(&format!("{POLICY}{policy_extra}"), &[])
+    }
+
+    /// The certificates of [`Secure::new`] and `extra` leaves (`(ca, name, org)`), and
+    /// `policy` as the whole policy file.
+    pub fn with_policy(policy: &str, extra: &[(&str, &str, &str)]) -> Secure {
         let tmp = tempdir();
         let dir = tmp.path().to_path_buf();
-        make_certs(
-            &dir,
-            &["ca", "other-ca"],
-            &[
-                ("ca", "node1", "site1"),
-                ("ca", "alice", "site1"),
-                ("ca", "bob", "partner"),
-                ("other-ca", "eve", "site1"),
-            ],
-        );
-        std::fs::write(dir.join("policy.toml"), format!("{POLICY}{policy_extra}")).unwrap();
+        let mut leaves = vec![
+            ("ca", "node1", "site1"),
+            ("ca", "alice", "site1"),
+            ("ca", "bob", "partner"),
+            ("other-ca", "eve", "site1"),
+        ];
+        leaves.extend_from_slice(extra);
+        make_certs(&dir, &["ca", "other-ca"], &leaves);
+        std::fs::write(dir.join("policy.toml"), policy).unwrap();
         Secure { _tmp: tmp, dir }
     }
 
