@@ -7,6 +7,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Parser, Debug)]
 #[command(
     name = "gma",
+    // The same usage lines whatever the executable is called (the tests run it as gma-e2e).
+    bin_name = "gma",
     version,
     about = "GMA fabric: grid monitoring producers, consumers and a replicated directory"
 )]

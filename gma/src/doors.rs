@@ -2,7 +2,7 @@
 //! route of each HTTP endpoint — with who may knock, the actions the policy is asked and what an
 //! identity granted only summaries gets there. The lists are the roles' own (`DOORS` beside
 //! each service, `gma_core::authz::Door`); this command gathers them for operators writing a
-//! policy, for the door census (gma/tests/census.rs, which checks them against every RPC of
+//! policy, for the door census (tests/tests/census.rs, which checks them against every RPC of
 //! `gma_proto::FILE_DESCRIPTOR_SET` and every route, and knocks on each) and for the table of
 //! docs/security.md (`gma doors --output markdown`, checked by the census).
 

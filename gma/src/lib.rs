@@ -1,0 +1,105 @@
+//! The `gma` command line as a library: every subcommand, and [`main`], which the `gma` binary
+//! (src/main.rs) calls. A library so that the end-to-end tests (`tests/`) build the same
+//! command as their own binary and run it as real processes.
+
+mod appsim;
+mod archive;
+mod bench;
+mod bench_archive;
+mod bench_broker;
+mod bench_dashboard;
+mod bench_dir;
+mod bench_etcd;
+mod bench_fanout;
+mod bench_resched;
+mod bench_scale;
+mod broker;
+mod certs;
+mod cli;
+mod cluster;
+mod dashboard;
+mod doors;
+mod emit;
+mod federation;
+mod monitor;
+mod netprobe;
+mod relay;
+mod resched;
+mod roles;
+mod sink;
+mod telemetry;
+mod tools;
+
+use clap::Parser;
+
+/// Parses the command line, sets up logging and runs the subcommand; exits 1 with the error
+/// chain on failure.
+pub fn main() {
+    let cli = cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = gma_core::tls::install_client_if_unset(&cli.tls.client()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+    roles::set_security(cli.tls.server(), cli.tls.access_policy.clone());
+    telemetry::set_insecure(cli.tls.metrics_insecure);
+    let result = rt.block_on(run(cli.command));
+    // Streams and watchers may still be parked; do not wait for them.
+    rt.shutdown_background();
+    if let Err(e) = result {
+        let mut msg = e.to_string();
+        for cause in e.chain().skip(1) {
+            let c = cause.to_string();
+            if !msg.contains(&c) {
+                msg.push_str(": ");
+                msg.push_str(&c);
+            }
+        }
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cmd: cli::Command) -> anyhow::Result<()> {
+    use cli::Command::*;
+    match cmd {
+        Directory(a) => roles::directory(a).await,
+        Producer(a) => roles::producer(a).await,
+        Demo(a) => roles::demo(a).await,
+        Search(a) => tools::search(a).await,
+        Subscribe(a) => tools::subscribe(a).await,
+        Query(a) => tools::query(a).await,
+        Emit(a) => emit::run(a).await,
+        Sim { command } => tools::sim(command).await,
+        Cluster(a) => cluster::run(a.command).await,
+        AppSim(a) => appsim::run(a).await,
+        Rescheduler(a) => resched::run(a).await,
+        Bench(a) => bench::run(a).await,
+        Monitor(a) => monitor::run(a).await,
+        Sink(a) => sink::run(a).await,
+        Archiver(a) => archive::archiver(a).await,
+        Archive(a) => archive::run(a).await,
+        Relay(a) => relay::run(a).await,
+        Certs(a) => certs::run(a).await,
+        Broker(a) => broker::run(a).await,
+        Simres(a) => broker::simres(a).await,
+        Dashboard(a) => dashboard::run(a).await,
+        Netprobe(a) => netprobe::netprobe(a).await,
+        Net(a) => netprobe::net(a).await,
+        Federation(a) => federation::run(a).await,
+        Job(a) => federation::job(a).await,
+        Doors(a) => doors::run(a),
+    }
+}

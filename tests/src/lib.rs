@@ -1,0 +1,357 @@
+//! The test kit of the end-to-end tests (`tests/tests/*.rs`): start real `gma` processes on
+//! 127.0.0.1 (port 0), wait on conditions with deadlines (never fixed sleeps as
+//! synchronization), run CLI commands; certificates and HTTPS clients ([`secure`]), network
+//! namespaces ([`netns`]), a headless browser ([`cdp`]) and a linearizability checker
+//! ([`linearizable`]).
+// A test kit: a set-up step that fails is a failed test, so unwrap is the right answer here.
+#![allow(clippy::unwrap_used)]
+
+pub mod cdp;
+pub mod census;
+pub mod directory;
+pub mod linearizable;
+pub mod netns;
+pub mod secure;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The `gma` command under test: this package's `gma-e2e` binary (tests/Cargo.toml), which
+/// cargo builds next to the test executables (`target/<profile>/`; tests run from
+/// `target/<profile>/deps/`).
+pub fn gma_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executables live in target/<profile>/deps");
+    let bin = profile_dir.join(format!("gma-e2e{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} is missing: run the tests through cargo (cargo test -p gma-tests), which builds it",
+        bin.display()
+    );
+    bin
+}
+
+/// Polls `pred` every 20 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if pred() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls `attempt` every 20 ms until it answers `Ok(value)` and returns the value; after
+/// `timeout` the test fails naming `what` and the last `Err` (the diagnostic). The one async
+/// wait of the kit: a hand-written polling loop in a test should be this.
+pub async fn wait_for<T, E, F, Fut>(what: &str, timeout: Duration, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match attempt().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}; last: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// A running `gma` process; killed (SIGKILL) on drop.
+pub struct Proc {
+    pub child: Child,
+    pub addr: String,
+    pub stdout: Arc<Mutex<Vec<String>>>,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    /// Starts `gma args...` and waits until it prints "<marker> <addr>" on stderr.
+    pub fn start(args: &[&str], marker: &str) -> Proc {
+        Proc::start_cmd(Command::new(gma_bin()), args, marker)
+    }
+
+    /// Like [`Proc::start`] with another launcher in front of the arguments (e.g.
+    /// `ip netns exec NS gma`); the launcher must exec, so the child is the process itself.
+    pub fn start_cmd(mut cmd: Command, args: &[&str], marker: &str) -> Proc {
+        let mut child = cmd
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gma");
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().expect("stdout");
+        let err = child.stderr.take().expect("stderr");
+        {
+            let stdout = stdout.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    stdout.lock().unwrap().push(line);
+                }
+            });
+        }
+        {
+            let stderr = stderr.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    stderr.lock().unwrap().push(line);
+                }
+            });
+        }
+        let mut p = Proc {
+            child,
+            addr: String::new(),
+            stdout,
+            stderr,
+        };
+        if !marker.is_empty() {
+            let prefix = format!("{marker} ");
+            let ok = wait_until(Duration::from_secs(30), || {
+                let lines = p.stderr.lock().unwrap();
+                lines.iter().any(|l| l.starts_with(&prefix))
+            });
+            let lines = p.stderr.lock().unwrap().clone();
+            assert!(ok, "gma {args:?} did not print {marker:?}; stderr: {lines:#?}");
+            let line = lines.iter().find(|l| l.starts_with(&prefix)).unwrap();
+            p.addr = line[prefix.len()..].trim().to_string();
+        }
+        p
+    }
+
+    pub fn directory(data: &Path, listen: &str) -> Proc {
+        Proc::start(
+            &["directory", "--listen", listen, "--data", data.to_str().unwrap()],
+            "gma directory listening on",
+        )
+    }
+
+    pub fn producer(extra: &[&str]) -> Proc {
+        let mut args = vec!["producer", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Proc::start(&args, "gma producer listening on")
+    }
+
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Result of a finished CLI command.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `gma args...` to completion (killed after `timeout`).
+pub fn gma(args: &[&str], timeout: Duration) -> Run {
+    let mut child = Command::new(gma_bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gma");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let code = loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            break s.code().unwrap_or(-1);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break -9;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Run {
+        code,
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+    }
+}
+
+/// Parses JSON lines.
+pub fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad json line {l:?}: {e}")))
+        .collect()
+}
+
+/// Producer ids listed by `gma search PATTERN --output json`.
+pub fn search_ids(dir: &str, pattern: &str) -> Option<Vec<(String, String)>> {
+    let r = gma(
+        &["search", pattern, "--directory", dir, "--output", "json"],
+        Duration::from_secs(10),
+    );
+    if r.code != 0 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).ok()?;
+    Some(
+        v.as_array()?
+            .iter()
+            .map(|p| {
+                (
+                    p["id"].as_str().unwrap_or("").to_string(),
+                    p["address"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect(),
+    )
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("gma-test-").tempdir().unwrap()
+}
+
+/// A development PKI made with the real `gma certs`: one CA per name in `cas`
+/// (DIR/<ca>/ca.pem, ca.key) and one leaf per `(ca, name, org)` (DIR/certs/<name>.pem, .key).
+pub fn make_certs(dir: &Path, cas: &[&str], leaves: &[(&str, &str, &str)]) {
+    let d = dir.to_str().expect("utf-8 temp dir");
+    for ca in cas {
+        let r = gma(
+            &["certs", "init", "--out", &format!("{d}/{ca}")],
+            Duration::from_secs(20),
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    for (ca, name, org) in leaves {
+        let (ca_dir, out) = (format!("{d}/{ca}"), format!("{d}/certs"));
+        let args = [
+            "certs", "issue", "--ca", &ca_dir, "--name", name, "--org", org, "--out", &out,
+        ];
+        let r = gma(&args, Duration::from_secs(20));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+}
+
+/// The address a role printed as `gma <role> <what> on ADDR` on stderr (e.g. `metrics`,
+/// `prometheus`), waiting for it.
+pub fn printed_addr(p: &Proc, role: &str, what: &str) -> String {
+    let prefix = format!("gma {role} {what} on ");
+    let mut found = None;
+    let ok = wait_until(Duration::from_secs(30), || {
+        found = p
+            .stderr
+            .lock()
+            .unwrap()
+            .iter()
+            .find_map(|l| l.strip_prefix(&prefix).map(|a| a.trim().to_string()));
+        found.is_some()
+    });
+    assert!(ok, "{role} did not print {prefix:?}; stderr: {}", p.stderr_text());
+    found.unwrap()
+}
+
+/// `GET path` over HTTP/1.1 on `addr` (one connection, `Connection: close`): (status, body).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP header end"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no HTTP status"))?;
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Ok((status, dechunk(body)));
+    }
+    Ok((status, body.to_string()))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A simulation file for `gma producer --simulate`: `hosts` hosts named `<prefix>NN` whose
+/// load walks (so their charts move), sampled every `period_ms`.
+pub fn sim_file(dir: &Path, prefix: &str, hosts: usize, period_ms: u64) -> PathBuf {
+    let mut text = format!("period_ms = {period_ms}\n");
+    for i in 0..hosts {
+        text.push_str(&format!(
+            "[[host]]\nname = \"{prefix}{i:02}\"\ncpus = 8\nmemory_mb = 4096\nwalk = {{ min = 0.5, max = 7.0, step = 0.5, seed = {} }}\n",
+            i + 1
+        ));
+    }
+    let path = dir.join(format!("{prefix}sim.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}

@@ -1,0 +1,198 @@
+//! The federation endpoint's RPCs in one process (no directory): every bad input gets a precise
+//! status, and a crafted forward whose visited list holds the receiver is FAILED_PRECONDITION.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use gma_broker::job::Job;
+use gma_federation::config::FederationConfig;
+use gma_federation::service::with_site;
+use gma_federation::site::{Link, Role};
+use gma_proto::v1 as pb;
+use tonic::Code;
+
+async fn endpoint() -> (String, tokio::sync::oneshot::Sender<()>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let cfg = FederationConfig {
+        site: "B".into(),
+        peer: vec![Link {
+            site: "A".into(),
+            endpoint: "127.0.0.1:1".into(),
+            role: Role::Peer,
+            hops: 0,
+        }],
+        ..FederationConfig::default()
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(gma_federation::service::run(cfg, l, async move {
+        let _ = rx.await;
+    }));
+    (addr, tx)
+}
+
+fn job() -> pb::JobSpec {
+    Job {
+        name: "j".into(),
+        cpus: 1,
+        reference_time_s: 60.0,
+        ..Job::default()
+    }
+    .to_proto()
+}
+
+#[tokio::test]
+async fn bad_federation_calls_get_precise_statuses() {
+    let (addr, _stop) = endpoint().await;
+    // The endpoint serves once its listener task runs: poll, within a deadline.
+    let url = format!("http://{addr}");
+    let ch = gma_tests::wait_for("the endpoint to serve", Duration::from_secs(30), || {
+        let url = url.clone();
+        async move { tonic::transport::Endpoint::from_shared(url)?.connect().await }
+    })
+    .await;
+    let mut fed = pb::federation_client::FederationClient::new(ch.clone());
+    let fwd = |visited: &[&str]| pb::ForwardRequest {
+        global_job_id: "A/1".into(),
+        job: Some(job()),
+        origin_site: "A".into(),
+        visited_sites: visited.iter().map(|s| s.to_string()).collect(),
+        hops_left: 0,
+        origin_lease_ms: 30_000,
+        idempotency_key: "A/1".into(),
+        submitted_ns: 1,
+    };
+    // The receiver in the visited list: a loop.
+    let e = fed
+        .forward_job(with_site("A", fwd(&["A", "B"])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("already been at B"), "{}", e.message());
+    // No site named; a site that is not linked; a site id that is not one.
+    let e = fed.forward_job(fwd(&["A"])).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = fed.forward_job(with_site("Z", fwd(&["Z"]))).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("not a linked site of B"), "{}", e.message());
+    let e = fed.forward_job(with_site("a/b", fwd(&["A"]))).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // No hosts at B: nothing can hold the job.
+    let e = fed.forward_job(with_site("A", fwd(&["A"]))).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("no host of B"), "{}", e.message());
+    // A bad job spec, a bad id.
+    let mut bad = fwd(&["A"]);
+    bad.job.as_mut().unwrap().cpus = 0;
+    let e = fed.forward_job(with_site("A", bad)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("job.cpus"), "{}", e.message());
+    let mut bad = fwd(&["A"]);
+    bad.global_job_id = "no-slash".into();
+    let e = fed.forward_job(with_site("A", bad)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // A start grant for a job B never forwarded: no.
+    let r = fed
+        .confirm_start(with_site(
+            "A",
+            pb::ConfirmStartRequest {
+                global_job_id: "B/x".into(),
+                host: "h".into(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.granted);
+    // A session must be opened by the site it claims, then attached.
+    let e = fed
+        .open_session(with_site(
+            "A",
+            pb::Hello {
+                site_id: "C".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let frames = tokio_stream::iter(vec![pb::Frame {
+        kind: Some(pb::frame::Kind::Heartbeat(pb::Heartbeat { now_ns: 1 })),
+    }]);
+    let e = fed.exchange(with_site("A", frames)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let frames = tokio_stream::iter(vec![pb::Frame {
+        kind: Some(pb::frame::Kind::Attach(pb::Attach {
+            session_id: "nope".into(),
+        })),
+    }]);
+    let e = fed.exchange(with_site("A", frames)).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    // Cancelling what is not there.
+    let e = fed
+        .cancel_job(with_site(
+            "A",
+            pb::CancelJobRequest {
+                global_job_id: "A/404".into(),
+                reason: String::new(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+
+    // The local scheduler API.
+    let mut sched = pb::site_scheduler_client::SiteSchedulerClient::new(ch);
+    let e = sched
+        .submit(pb::SubmitJobRequest {
+            job: None,
+            site: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = sched
+        .submit(pb::SubmitJobRequest {
+            job: Some(job()),
+            site: "Z".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("not a linked site"), "{}", e.message());
+    let e = sched
+        .status(pb::JobStatusRequest {
+            global_job_id: "B/none".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let id = sched
+        .submit(pb::SubmitJobRequest {
+            job: Some(job()),
+            site: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .global_job_id;
+    assert!(id.starts_with("B/"), "{id}");
+    let r = sched
+        .cancel(pb::CancelJobRequest {
+            global_job_id: id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.state, "cancelled");
+    let st = sched
+        .federation_status(pb::FederationStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.site, "B");
+    assert_eq!(st.peers[0].site, "A");
+    assert!(!st.peers[0].eligible);
+}
