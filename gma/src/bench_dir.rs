@@ -175,8 +175,19 @@ impl Cluster {
     pub(crate) async fn spawn(&mut self, i: usize, init: bool) -> anyhow::Result<()> {
         let exe = std::env::current_exe().context("cannot find the gma binary")?;
         let data = self.tmp.path().join(format!("n{}", i + 1));
+        // Every benchmark client is the same anonymous identity on 127.0.0.1: the per-identity
+        // rate limit (`[limits]`, 5,000 requests/s by default) would cap the benchmark, not
+        // the directory, and etcd has none.
+        let config = self.tmp.path().join(format!("n{}.toml", i + 1));
+        let toml = format!(
+            "data_dir = {:?}\n[limits]\nrequests_per_s = 1e9\nburst = 1e9\n",
+            data.display().to_string()
+        );
+        std::fs::write(&config, toml).context("cannot write the benchmark's directory config")?;
         let mut cmd = tokio::process::Command::new(exe);
         cmd.arg("directory")
+            .arg("--config")
+            .arg(&config)
             .args(["--id", &(i + 1).to_string(), "--listen", &self.addrs[i]])
             .arg("--data")
             .arg(&data);
@@ -387,6 +398,7 @@ impl OpFigures {
             "acked_per_s": self.per_s(),
             "acked": self.acked,
             "errors": self.errors,
+            "last_error": self.last_error,
             "latency_ms": pct(&self.latency),
             "server_cpu_cores_used": self.cpu_cores,
         })
