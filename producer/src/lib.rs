@@ -441,19 +441,20 @@ impl Producer {
         };
         let services = gma_core::conn::Services::new()
             .add_service(
-                gma_proto::wire::producer_server::ProducerServer::new(producer).max_decoding_message_size(max),
+                gma_proto::wire::producer_server::ProducerServer::new(producer)
+                    .max_decoding_message_size(max),
             )
             .add_service(
-            pb::ingest_server::IngestServer::new(service::IngestService {
-                hub: hub.clone(),
-                gate: gate.clone(),
-            })
-            .max_decoding_message_size(max),
-        )
-        .add_service(
-            pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
+                pb::ingest_server::IngestServer::new(service::IngestService {
+                    hub: hub.clone(),
+                    gate: gate.clone(),
+                })
                 .max_decoding_message_size(max),
-        );
+            )
+            .add_service(
+                pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
+                    .max_decoding_message_size(max),
+            );
         let server = gma_core::conn::grpc_server(&config.limits).layer(gma_core::rpc::RpcLayer::new(rpc));
         let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "producer");
         let serve = gma_core::conn::serve_grpc(server, extra(services), incoming, shutdown);

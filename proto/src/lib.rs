@@ -175,7 +175,10 @@ mod tests {
             batch: Some(batch.clone()),
         };
         assert_eq!(twin.encode_to_vec(), public.encode_to_vec());
-        assert_eq!(v1::SubscribeResponse::decode(&twin.encode_to_vec()[..]).unwrap(), public);
+        assert_eq!(
+            v1::SubscribeResponse::decode(&twin.encode_to_vec()[..]).unwrap(),
+            public
+        );
         // The first message carries no batch, as the public message with none.
         let first = wire::SubscribeResponse {
             subscription_id: 42,
@@ -207,7 +210,10 @@ mod tests {
             let twin = wire::DeliverRequest { msg: Some(twin) };
             let public = v1::DeliverRequest { msg: Some(public) };
             assert_eq!(twin.encode_to_vec(), public.encode_to_vec());
-            assert_eq!(v1::DeliverRequest::decode(&twin.encode_to_vec()[..]).unwrap(), public);
+            assert_eq!(
+                v1::DeliverRequest::decode(&twin.encode_to_vec()[..]).unwrap(),
+                public
+            );
         }
     }
 
@@ -224,7 +230,10 @@ mod tests {
                 .flat_map(|f| &f.message_type)
                 .find(|m| m.name() == name)
                 .unwrap_or_else(|| panic!("gma.v1.{name} missing"));
-            m.field.iter().map(|f| (f.name().to_string(), f.number())).collect()
+            m.field
+                .iter()
+                .map(|f| (f.name().to_string(), f.number()))
+                .collect()
         };
         assert_eq!(
             fields("SubscribeResponse"),
