@@ -802,6 +802,47 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
 
+    /// The reflection services build from the compiled-in descriptor sets (what serve_grpc
+    /// relies on), and every service a role may name is in them.
+    #[test]
+    fn reflection_builds_from_the_compiled_in_descriptor_sets() {
+        let names: Vec<&str> = gma_proto::rpcs()
+            .unwrap()
+            .iter()
+            .filter_map(|r| {
+                r.path
+                    .rsplit_once('/')
+                    .map(|(s, _)| s.trim_start_matches('/').to_string())
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|s| &*s.leak())
+            .collect();
+        assert!(names.contains(&"gma.v1.Producer") && names.contains(&"gma.raft.v1.Raft"));
+        assert!(reflection(&names).is_ok());
+        // Every standard service has its descriptors, and a door.
+        for (name, set) in STANDARD_SERVICES.iter().zip(STANDARD_DESCRIPTOR_SETS) {
+            let rpcs = gma_proto::rpcs_of(set).unwrap();
+            assert!(!rpcs.is_empty());
+            for r in rpcs {
+                assert!(
+                    r.path.starts_with(&format!("/{name}/")),
+                    "{} in {name}'s set",
+                    r.path
+                );
+                assert!(DOORS.iter().any(|d| d.door == r.path), "{} has no door", r.path);
+            }
+        }
+    }
+
+    /// A role's services are recorded by name, in order.
+    #[test]
+    fn services_record_the_names_of_what_is_added() {
+        let (_, health) = tonic_health::server::health_reporter();
+        let s = Services::new().add_service(health);
+        assert_eq!(s.names(), ["grpc.health.v1.Health"]);
+    }
+
     fn limits(max: usize, per_address: usize) -> Limits {
         Limits {
             max_connections: max,

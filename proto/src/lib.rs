@@ -1,7 +1,9 @@
 //! gma-proto: the `gma.v1` wire protocol.
 //!
 //! Every `.proto` of the fabric lives in `proto/proto/`; `build.rs` compiles them with a
-//! vendored `protoc`, so nothing has to be installed by hand.
+//! vendored `protoc`, so nothing has to be installed by hand. Each service is declared once, so
+//! every file of the folder compiles together in any language (`python -m grpc_tools.protoc -I
+//! proto/proto ... $(find proto/proto -name '*.proto')`; tested here and in tests/tests/wire.rs).
 //!
 //! - [`v1`]: messages (`gma.proto`) and services (`services.proto`, `broker.proto`,
 //!   `netprobe.proto`) — what every client uses.
