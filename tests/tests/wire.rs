@@ -8,7 +8,8 @@
 //! - every role that serves gRPC answers server reflection (the Python `grpcio-reflection`
 //!   client, v1alpha, lists exactly the role's services and the standard ones, and describes
 //!   each; tonic's v1 client lists the same) and the standard health service (the Python
-//!   `grpcio-health-checking` stub: SERVING for the server and for each of its services).
+//!   `grpcio-health-checking` stub: SERVING for the server and for each of its services);
+//! - a health `Watch` open on a role gets NOT_SERVING at shutdown and ends, and the role exits.
 //!
 //! Python comes from a virtual environment under the target directory (`target/tmp/pyvenv`,
 //! made once with `python3 -m venv` and `pip install grpcio grpcio-tools grpcio-reflection
@@ -525,4 +526,80 @@ async fn list_v1(addr: &str) -> BTreeSet<String> {
         Some(MessageResponse::ListServicesResponse(l)) => l.service.into_iter().map(|s| s.name).collect(),
         other => panic!("{addr}: not a list of services: {other:?}"),
     }
+}
+
+/// A health `Watch` open on a role gets NOT_SERVING when the role shuts down, then ends, and
+/// does not hold the role's drain: the process exits cleanly.
+#[test]
+fn a_health_watch_sees_not_serving_and_ends_when_the_role_shuts_down() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let mut arch = Proc::start(
+        &[
+            "archiver",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            &dir.addr,
+            "--data",
+            tmp.path().join("archive").to_str().unwrap(),
+        ],
+        "gma archiver listening on",
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr = arch.addr.clone();
+    let mut watches = rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for service in ["", "gma.v1.Archive"] {
+            let mut s = HealthClient::new(ch.clone())
+                .watch(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let first = s.message().await.unwrap().expect("the current status");
+            assert_eq!(first.status(), ServingStatus::Serving, "{service:?}");
+            out.push((service, s));
+        }
+        out
+    });
+    // Read what follows, in the background, until each stream ends.
+    let rest: Vec<_> = watches
+        .drain(..)
+        .map(|(service, mut s)| {
+            rt.spawn(async move {
+                let mut got = Vec::new();
+                let end = loop {
+                    match tokio::time::timeout(Duration::from_secs(30), s.message()).await {
+                        Ok(Ok(Some(m))) => got.push(m.status()),
+                        Ok(Ok(None)) => break "ended".to_string(),
+                        Ok(Err(e)) => break format!("{:?}: {}", e.code(), e.message()),
+                        Err(_) => break "still open after 30 s".to_string(),
+                    }
+                };
+                (service, got, end)
+            })
+        })
+        .collect();
+    let status = arch.terminate();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the archiver did not exit cleanly within 10 s of SIGTERM with health watches open: {status:?}; {}",
+        arch.stderr_text()
+    );
+    for h in rest {
+        let (service, got, end) = rt.block_on(h).unwrap();
+        assert_eq!(got, vec![ServingStatus::NotServing], "{service:?}: {end}");
+        assert_eq!(end, "ended", "{service:?}");
+    }
+    drop(dir);
 }
