@@ -49,15 +49,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .codec_path(codec)
         .extern_path(".gma.v1", "crate::v1")
         .compile_protos(&["proto/raft.proto"], &["proto"])?;
-    // The producer's pre-encoded twins of the streaming services (proto/wire/messages.proto):
-    // every gma.v1 message is the one generated above.
+    // The producer's side of the two streaming services whose batches travel pre-encoded:
+    // the server of `Producer` and the client of `Consumer`, generated from the one declaration
+    // in services.proto, with the two stream messages that carry an `EventBatch` taken from
+    // `crate::wire` (Rust twins with the batch as bytes; same field numbers, same bytes on the
+    // wire) and every other message from `crate::v1`. Nothing in proto/ declares a service
+    // twice, so every .proto of the folder compiles together in any language.
     let out = out_dir.join("wire");
     std::fs::create_dir_all(&out)?;
     tonic_prost_build::configure()
         .codec_path(codec)
         .out_dir(&out)
         .extern_path(".gma.v1", "crate::v1")
-        .bytes(".gma.wire")
-        .compile_protos(&["proto/wire/services.proto"], &["proto"])?;
+        .extern_path(".gma.v1.SubscribeResponse", "crate::wire::SubscribeResponse")
+        .extern_path(".gma.v1.DeliverRequest", "crate::wire::DeliverRequest")
+        .compile_protos(&["proto/services.proto"], &["proto"])?;
     Ok(())
 }

@@ -2,7 +2,8 @@
 # The whole test suite: formatting, lints, unit and end-to-end tests (real processes on
 # 127.0.0.1, or in network namespaces the tests make). protoc comes from the
 # protoc-bin-vendored crate; the browser test's Chromium is Debian's `chromium` package and the
-# namespace tests' `ip` and `tc` come from `iproute2`, installed here when missing (idempotent,
+# namespace tests' `ip` and `tc` come from `iproute2`, and the Python client test's python3 and
+# venv from `python3`/`python3-venv`, installed here when missing (idempotent,
 # quiet). Under CI=true a test whose capability is missing fails with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,13 @@ apt_install() {
     if [ -z "$apt_updated" ]; then $SUDO apt-get update -qq; apt_updated=1; fi
     $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
+
+# The wire test (tests/tests/wire.rs) makes a Python virtual environment under target/tmp and
+# pip-installs grpcio, grpcio-tools, grpcio-reflection and grpcio-health-checking into it.
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    echo "== installing python3 and python3-venv (Debian packages) for the Python client test"
+    apt_install python3 python3-venv
+fi
 
 if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
     echo "== installing iproute2 (ip, tc) for the network-namespace tests (netprobe, jepsen)"

@@ -370,10 +370,9 @@ pub async fn run_with_rpc(
             _ = stop_serving.wait_for(|s| *s) => {}
         }
     };
-    let router = gma_core::conn::grpc_server(&config.limits)
-        .layer(RpcLayer::new(rpc))
-        .add_service(service);
-    let served = gma_core::conn::serve_grpc(router, incoming, signal).await;
+    let server = gma_core::conn::grpc_server(&config.limits).layer(RpcLayer::new(rpc));
+    let services = gma_core::conn::Services::new().add_service(service);
+    let served = gma_core::conn::serve_grpc(server, services, incoming, signal).await;
     let _ = stop_tx.send(true);
     if let Some(t) = ingest {
         let _ = t.await;

@@ -690,8 +690,8 @@ pub async fn run(
         follow: config.follow.clone(),
     };
     let r = producer
-        .run_with(listener, shutdown, move |routes| {
-            routes.add_service(
+        .run_with(listener, shutdown, move |services| {
+            services.add_service(
                 pb::broker_server::BrokerServer::new(service)
                     .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
             )

@@ -750,8 +750,8 @@ pub async fn run(
         gate: producer.gate.clone(),
     };
     let r = producer
-        .run_with(listener, shutdown, move |routes| {
-            routes.add_service(
+        .run_with(listener, shutdown, move |services| {
+            services.add_service(
                 pb::reservations_server::ReservationsServer::new(service)
                     .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
             )

@@ -202,17 +202,17 @@ impl Sink {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        let router = gma_core::conn::grpc_server(&self.config.limits)
-            .layer(gma_core::rpc::RpcLayer::new(gma_core::rpc::RpcStats::new("sink")))
-            .add_service(
-                pb::consumer_server::ConsumerServer::new(Service {
-                    sink: self.clone(),
-                    gate,
-                })
-                .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
-            );
+        let server = gma_core::conn::grpc_server(&self.config.limits)
+            .layer(gma_core::rpc::RpcLayer::new(gma_core::rpc::RpcStats::new("sink")));
+        let services = gma_core::conn::Services::new().add_service(
+            pb::consumer_server::ConsumerServer::new(Service {
+                sink: self.clone(),
+                gate,
+            })
+            .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
+        );
         let incoming = gma_core::conn::Incoming::grpc(listener, tls, &self.config.limits, "sink");
-        let result = gma_core::conn::serve_grpc(router, incoming, shutdown).await;
+        let result = gma_core::conn::serve_grpc(server, services, incoming, shutdown).await;
         if let Some(t) = registrar_task {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
         }

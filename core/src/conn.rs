@@ -18,8 +18,9 @@
 //!   [`Limits::header_read_timeout_ms`] — counted from when the server starts waiting for a
 //!   request, so it is also how long an idle keep-alive connection stays open.
 //!
-//! gRPC roles build their server with [`grpc_server`] and serve it with [`serve_grpc`] on
-//! [`Incoming::grpc`]; HTTP roles (dashboard, `/metrics`, the producer's Prometheus endpoint)
+//! gRPC roles build their server with [`grpc_server`] and serve their [`Services`] with
+//! [`serve_grpc`] on [`Incoming::grpc`], which adds the standard health and reflection
+//! services to every listener; HTTP roles (dashboard, `/metrics`, the producer's Prometheus endpoint)
 //! call [`serve_http`]. TLS is done here, with the rustls config of
 //! [`crate::tls::ServerTls::rustls_config`] for gRPC (tonic still sees its own `TlsStream`, so
 //! `Request::peer_certs` and `remote_addr` work as before) and, for HTTP, the one the dashboard
@@ -45,7 +46,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::http::{Request, Response};
 use tonic::codegen::{Body as HttpBody, Bytes, Service};
-use tonic::transport::server::{Connected, Router, TcpConnectInfo};
+use tonic::server::NamedService;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 use tower_layer::Layer;
 
 use crate::guard::Limits;
@@ -451,21 +453,140 @@ impl Incoming {
 }
 
 /// A tonic server with the HTTP/2 keep-alive of `limits` (ping every interval; no answer
-/// within the timeout closes the connection). Add layers and services, then [`serve_grpc`].
+/// within the timeout closes the connection). Add layers, then [`serve_grpc`] with the role's
+/// [`Services`].
 pub fn grpc_server(limits: &Limits) -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_millis(limits.keepalive_interval_ms)))
         .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
 }
 
-/// Serves `router` on `incoming` until `signal` resolves (then stops accepting and drains).
+/// The gRPC services of a role, each recorded by its name, so [`serve_grpc`] answers health
+/// and reflection for exactly them: a role adds its services here and nothing else.
+#[derive(Default)]
+pub struct Services {
+    routes: tonic::service::Routes,
+    names: Vec<&'static str>,
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services").field("names", &self.names).finish()
+    }
+}
+
+impl Services {
+    pub fn new() -> Services {
+        Services::default()
+    }
+
+    /// Adds a generated tonic server (`FooServer::new(..)`).
+    pub fn add_service<S>(mut self, svc: S) -> Services
+    where
+        S: Service<Request<tonic::body::Body>, Response = Response<tonic::body::Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.names.push(S::NAME);
+        self.routes = self.routes.add_service(svc);
+        self
+    }
+
+    /// The full names of the services added (`gma.v1.Producer`), in order.
+    pub fn names(&self) -> &[&'static str] {
+        &self.names
+    }
+}
+
+/// The standard services every gRPC listener serves beside the role's own ([`serve_grpc`]):
+/// health (`grpc.health.v1`) and server reflection (v1 and v1alpha).
+pub const STANDARD_SERVICES: [&str; 3] = [
+    tonic_health::pb::health_server::SERVICE_NAME,
+    tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
+    tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME,
+];
+
+/// The encoded descriptor sets of [`STANDARD_SERVICES`] (the door census enumerates their
+/// RPCs; reflection serves them).
+pub const STANDARD_DESCRIPTOR_SETS: [&[u8]; 3] = [
+    tonic_health::pb::FILE_DESCRIPTOR_SET,
+    tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+];
+
+/// The doors of [`STANDARD_SERVICES`], served by every gRPC role to anyone its listener's TLS
+/// admits: they carry no data (docs/security.md).
+pub const DOORS: &[crate::authz::Door] = &[
+    crate::authz::Door::open(
+        "/grpc.health.v1.Health/Check",
+        "served (no data): SERVING or NOT_SERVING for a service of the role, or \"\" for the server",
+    ),
+    crate::authz::Door::open(
+        "/grpc.health.v1.Health/Watch",
+        "served (no data): the serving status of a service of the role, as it changes",
+    ),
+    crate::authz::Door::open(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "served (no data): the names and .proto descriptors of the role's services",
+    ),
+    crate::authz::Door::open(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "served (no data): the names and .proto descriptors of the role's services",
+    ),
+];
+
+/// The reflection services (v1, v1alpha) listing `names` and [`STANDARD_SERVICES`], with the
+/// descriptors of every `.proto` of the fabric (`gma_proto::FILE_DESCRIPTOR_SET`) and of the
+/// standard services.
+#[allow(clippy::type_complexity)]
+pub fn reflection(
+    names: &[&str],
+) -> Result<
+    (
+        tonic_reflection::pb::v1::server_reflection_server::ServerReflectionServer<
+            impl tonic_reflection::pb::v1::server_reflection_server::ServerReflection,
+        >,
+        tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflectionServer<
+            impl tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflection,
+        >,
+    ),
+    tonic_reflection::server::Error,
+> {
+    let builder = || {
+        let mut b = tonic_reflection::server::Builder::configure()
+            .include_reflection_service(false)
+            .register_encoded_file_descriptor_set(gma_proto::FILE_DESCRIPTOR_SET);
+        for set in STANDARD_DESCRIPTOR_SETS {
+            b = b.register_encoded_file_descriptor_set(set);
+        }
+        for name in names.iter().copied().chain(STANDARD_SERVICES) {
+            b = b.with_service_name(name);
+        }
+        b
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
+}
+
+/// Serves `services` on `incoming` with the layers of `server` (from [`grpc_server`]) until
+/// `signal` resolves, then stops accepting and drains.
+///
+/// Beside the role's services, every listener answers the standard health service
+/// (`grpc.health.v1.Health`: SERVING for each of `services` and for the server, `""`, until
+/// `signal`; then NOT_SERVING, and open `Watch` streams end so they do not hold the drain) and
+/// server reflection (v1 and v1alpha, listing the role's services), so `grpcurl list`,
+/// `grpcurl describe` and `grpc_health_probe` work without the .proto files.
 pub async fn serve_grpc<L, ResBody>(
-    router: Router<L>,
+    mut server: tonic::transport::Server<L>,
+    services: Services,
     incoming: Incoming,
     signal: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error>
 where
-    L: Layer<tonic::service::Routes>,
+    L: Layer<tonic::service::Routes> + Clone,
     L::Service: Service<Request<tonic::body::Body>, Response = Response<ResBody>> + Clone + Send + 'static,
     <<L as Layer<tonic::service::Routes>>::Service as Service<Request<tonic::body::Body>>>::Future: Send,
     <<L as Layer<tonic::service::Routes>>::Service as Service<Request<tonic::body::Body>>>::Error:
@@ -473,6 +594,27 @@ where
     ResBody: HttpBody<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    use tonic_health::ServingStatus;
+    let Services { mut routes, names } = services;
+    let (mut reporter, health) = tonic_health::server::health_reporter();
+    for name in &names {
+        reporter.set_service_status(name, ServingStatus::Serving).await;
+    }
+    routes = routes.add_service(health);
+    match reflection(&names) {
+        Ok((v1, v1alpha)) => routes = routes.add_service(v1).add_service(v1alpha),
+        // Not reached: the descriptor sets are compiled in (tested below).
+        Err(e) => tracing::error!(error = %e, "gRPC reflection not served: the descriptor sets do not load"),
+    }
+    let signal = async move {
+        signal.await;
+        for name in names.iter().copied().chain([""]) {
+            reporter.set_service_status(name, ServingStatus::NotServing).await;
+            // Dropping the status ends the Watch streams after they got NOT_SERVING.
+            reporter.clear_service_status(name).await;
+        }
+    };
+    let router = server.add_routes(routes);
     match incoming {
         Incoming::Plain(s) => router.serve_with_incoming_shutdown(s, signal).await,
         Incoming::Tls(s) => router.serve_with_incoming_shutdown(s, signal).await,
@@ -659,6 +801,47 @@ async fn serve_http_conn<IO, S, B>(
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+
+    /// The reflection services build from the compiled-in descriptor sets (what serve_grpc
+    /// relies on), and every service a role may name is in them.
+    #[test]
+    fn reflection_builds_from_the_compiled_in_descriptor_sets() {
+        let names: Vec<&str> = gma_proto::rpcs()
+            .unwrap()
+            .iter()
+            .filter_map(|r| {
+                r.path
+                    .rsplit_once('/')
+                    .map(|(s, _)| s.trim_start_matches('/').to_string())
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|s| &*s.leak())
+            .collect();
+        assert!(names.contains(&"gma.v1.Producer") && names.contains(&"gma.raft.v1.Raft"));
+        assert!(reflection(&names).is_ok());
+        // Every standard service has its descriptors, and a door.
+        for (name, set) in STANDARD_SERVICES.iter().zip(STANDARD_DESCRIPTOR_SETS) {
+            let rpcs = gma_proto::rpcs_of(set).unwrap();
+            assert!(!rpcs.is_empty());
+            for r in rpcs {
+                assert!(
+                    r.path.starts_with(&format!("/{name}/")),
+                    "{} in {name}'s set",
+                    r.path
+                );
+                assert!(DOORS.iter().any(|d| d.door == r.path), "{} has no door", r.path);
+            }
+        }
+    }
+
+    /// A role's services are recorded by name, in order.
+    #[test]
+    fn services_record_the_names_of_what_is_added() {
+        let (_, health) = tonic_health::server::health_reporter();
+        let s = Services::new().add_service(health);
+        assert_eq!(s.names(), ["grpc.health.v1.Health"]);
+    }
 
     fn limits(max: usize, per_address: usize) -> Limits {
         Limits {

@@ -510,12 +510,12 @@ pub async fn run_with_rpc(
         on_shutdown.begin_shutdown();
     };
     let mut stopping = shared.stop_signal();
-    let router = gma_core::conn::grpc_server(&config.limits)
-        .layer(RpcLayer::new(rpc))
+    let server = gma_core::conn::grpc_server(&config.limits).layer(RpcLayer::new(rpc));
+    let services = gma_core::conn::Services::new()
         .add_service(service)
         .add_service(raft_service);
     let served = tokio::select! {
-        r = gma_core::conn::serve_grpc(router, incoming, signal) => {
+        r = gma_core::conn::serve_grpc(server, services, incoming, signal) => {
             r.map_err(|e| DirError::Transport(e.to_string()))
         }
         _ = async {

@@ -1298,8 +1298,8 @@ pub async fn run(
     };
     let max = gma_core::MAX_MESSAGE_BYTES;
     let r = producer
-        .run_with(listener, shutdown, move |routes| {
-            routes
+        .run_with(listener, shutdown, move |services| {
+            services
                 .add_service(pb::federation_server::FederationServer::new(fed).max_decoding_message_size(max))
                 .add_service(
                     pb::site_scheduler_server::SiteSchedulerServer::new(sched).max_decoding_message_size(max),

@@ -336,11 +336,12 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         wake: wake.clone(),
         gate,
     };
-    let router = gma_core::conn::grpc_server(&limits)
-        .add_service(pb::app_control_server::AppControlServer::new(control));
+    let services =
+        gma_core::conn::Services::new().add_service(pb::app_control_server::AppControlServer::new(control));
     let incoming = gma_core::conn::Incoming::grpc(listener, tls, &limits, "app-sim");
     let server = tokio::spawn(gma_core::conn::serve_grpc(
-        router,
+        gma_core::conn::grpc_server(&limits),
+        services,
         incoming,
         std::future::pending::<()>(),
     ));

@@ -51,6 +51,11 @@ pub fn groups() -> Vec<Group> {
         grpc("netprobe", "gma netprobe", gma_netprobe::service::DOORS),
         grpc("federation", "gma federation", gma_federation::service::DOORS),
         grpc("app-sim", "gma app-sim (AppControl)", crate::appsim::DOORS),
+        grpc(
+            "every gRPC role",
+            "every role above that serves gRPC: health (grpc.health.v1) and server reflection",
+            gma_core::conn::DOORS,
+        ),
         Group {
             name: "dashboard",
             kind: "http",

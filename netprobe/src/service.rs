@@ -736,8 +736,8 @@ pub async fn run(
     };
     let max = gma_core::MAX_MESSAGE_BYTES;
     let r = producer
-        .run_with(listener, shutdown, move |routes| {
-            routes
+        .run_with(listener, shutdown, move |services| {
+            services
                 .add_service(pb::probe_server::ProbeServer::new(probe_svc).max_decoding_message_size(max))
                 .add_service(pb::clique_server::CliqueServer::new(clique_svc).max_decoding_message_size(max))
         })

@@ -316,7 +316,7 @@ impl Producer {
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
-        extra: impl FnOnce(tonic::service::Routes) -> tonic::service::Routes,
+        extra: impl FnOnce(gma_core::conn::Services) -> gma_core::conn::Services,
     ) -> Result<(), ProducerError> {
         let Producer {
             config,
@@ -439,25 +439,25 @@ impl Producer {
             tracing::info!(cut_off = n, "producer shutting down");
             let _ = drained_tx.send(());
         };
-        let routes = tonic::service::Routes::new(
-            gma_proto::wire::producer_server::ProducerServer::new(producer).max_decoding_message_size(max),
-        )
-        .add_service(
-            pb::ingest_server::IngestServer::new(service::IngestService {
-                hub: hub.clone(),
-                gate: gate.clone(),
-            })
-            .max_decoding_message_size(max),
-        )
-        .add_service(
-            pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
+        let services = gma_core::conn::Services::new()
+            .add_service(
+                gma_proto::wire::producer_server::ProducerServer::new(producer)
+                    .max_decoding_message_size(max),
+            )
+            .add_service(
+                pb::ingest_server::IngestServer::new(service::IngestService {
+                    hub: hub.clone(),
+                    gate: gate.clone(),
+                })
                 .max_decoding_message_size(max),
-        );
-        let router = gma_core::conn::grpc_server(&config.limits)
-            .layer(gma_core::rpc::RpcLayer::new(rpc))
-            .add_routes(extra(routes));
+            )
+            .add_service(
+                pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
+                    .max_decoding_message_size(max),
+            );
+        let server = gma_core::conn::grpc_server(&config.limits).layer(gma_core::rpc::RpcLayer::new(rpc));
         let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "producer");
-        let serve = gma_core::conn::serve_grpc(router, incoming, shutdown);
+        let serve = gma_core::conn::serve_grpc(server, extra(services), incoming, shutdown);
         // Closing a connection gracefully (HTTP/2 GOAWAY) waits for the consumer to answer a
         // PING: a consumer that does not run (stopped with SIGSTOP, swapped out) would hold the
         // producer's exit until its keep-alive timeout. Once the streams are drained,

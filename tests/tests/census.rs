@@ -2,7 +2,8 @@
 //! written down, and every door keeps it, with real processes over mTLS.
 //!
 //! - **Static**: every RPC of every service in `gma_proto::FILE_DESCRIPTOR_SET` (the public
-//!   services and raft) and every HTTP route of every role has exactly one door in the roles'
+//!   services and raft) and of the standard services of every gRPC listener (health,
+//!   reflection: `gma_core::conn::STANDARD_DESCRIPTOR_SETS`) and every HTTP route of every role has exactly one door in the roles'
 //!   `DOORS` lists (`gma doors`), and no door names an RPC or route that does not exist; the
 //!   door table of docs/security.md is those lists.
 //! - **Dynamic**: the roles that serve those doors run as real processes with mTLS and one
@@ -1492,7 +1493,99 @@ fn knocks(lease: u64) -> Vec<Knock> {
             whole,
         ),
     ]);
+    // Health and reflection, on every gRPC listener.
+    for t in GRPC_TARGETS {
+        out.extend(standard_knocks(t));
+    }
     out
+}
+
+/// Every gRPC listener of the census fabric.
+const GRPC_TARGETS: [&str; 12] = [
+    "directory",
+    "producer",
+    "archiver",
+    "broker",
+    "simres",
+    "netprobe",
+    "federation",
+    "sink",
+    "relay",
+    "monitor",
+    "rescheduler",
+    "app-sim",
+];
+
+/// The knocks on the standard services every gRPC listener serves (`gma_core::conn::DOORS`):
+/// health Check and Watch of the server, and the list of services by reflection v1 and
+/// v1alpha.
+fn standard_knocks(target: &str) -> Vec<Knock> {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_reflection::pb::{v1, v1alpha};
+    let k = |door, call| Knock {
+        door,
+        variant: "",
+        target: target.to_string(),
+        inside_raw: false,
+        call,
+    };
+    vec![
+        k(
+            "/grpc.health.v1.Health/Check",
+            grpc!(
+                unary,
+                HealthClient<Channel>,
+                check,
+                HealthCheckRequest {
+                    service: String::new()
+                },
+                none
+            ),
+        ),
+        k(
+            "/grpc.health.v1.Health/Watch",
+            grpc!(
+                streamed,
+                HealthClient<Channel>,
+                watch,
+                HealthCheckRequest {
+                    service: String::new()
+                },
+                none
+            ),
+        ),
+        k(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            grpc!(
+                streamed,
+                v1::server_reflection_client::ServerReflectionClient<Channel>,
+                server_reflection_info,
+                tokio_stream::iter([v1::ServerReflectionRequest {
+                    host: String::new(),
+                    message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+                        String::new()
+                    )),
+                }]),
+                none
+            ),
+        ),
+        k(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            grpc!(
+                streamed,
+                v1alpha::server_reflection_client::ServerReflectionClient<Channel>,
+                server_reflection_info,
+                tokio_stream::iter([v1alpha::ServerReflectionRequest {
+                    host: String::new(),
+                    message_request: Some(v1alpha::server_reflection_request::MessageRequest::ListServices(
+                        String::new()
+                    )),
+                }]),
+                none
+            ),
+        ),
+    ]
 }
 
 /// A TLS channel to `addr` trusting the site's CA, presenting `who`'s certificate.
@@ -1676,24 +1769,29 @@ fn all_doors() -> Vec<DoorRow> {
     binary_doors().into_iter().flat_map(|g| g.doors).collect()
 }
 
+/// Every RPC every role may serve: the fabric's descriptor set and the standard services
+/// (health, reflection) of every gRPC listener.
 fn fds_rpcs() -> Vec<String> {
-    gma_proto::rpcs()
-        .expect("the descriptor set decodes")
-        .into_iter()
+    let mut rpcs: Vec<String> = std::iter::once(gma_proto::FILE_DESCRIPTOR_SET)
+        .chain(gma_core::conn::STANDARD_DESCRIPTOR_SETS)
+        .flat_map(|set| gma_proto::rpcs_of(set).expect("the descriptor set decodes"))
         .map(|r| r.path)
-        .collect()
+        .collect();
+    rpcs.sort();
+    rpcs
 }
 
 #[test]
 fn every_rpc_and_every_http_route_has_a_door() {
     let rpcs = fds_rpcs();
     let groups = binary_doors();
-    // The descriptor set holds every service: 14 of them, raft included.
+    // The descriptor set holds every service: 14 of them, raft included; and the 3 standard
+    // services of every gRPC listener (health, reflection v1 and v1alpha).
     let services: std::collections::BTreeSet<&str> = rpcs
         .iter()
         .filter_map(|r| r.rsplit_once('/').map(|(s, _)| s))
         .collect();
-    assert_eq!(services.len(), 14, "{services:?}");
+    assert_eq!(services.len(), 17, "{services:?}");
     let problems = static_problems(&rpcs, &groups);
     assert!(
         problems.is_empty(),
