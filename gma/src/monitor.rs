@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail};
 use clap::Args;
 use gma_monitor::MonitorConfig;
 
-use crate::roles::{apply_security, bind, shutdown_signal};
+use crate::serve::{apply_security, bind, shutdown_signal};
 
 /// `gma monitor --config FILE [--directory ADDR] [--listen ADDR]`.
 #[derive(Args, Debug)]
@@ -24,7 +24,7 @@ pub struct MonitorArgs {
     #[arg(long)]
     pub listen: Option<String>,
     #[command(flatten)]
-    pub metrics: crate::cli::MetricsArgs,
+    pub metrics: crate::args::MetricsArgs,
 }
 
 /// `gma monitor`.

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use gma_relay::RelayConfig;
 
-use crate::roles::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct RelayArgs {
@@ -22,7 +22,7 @@ pub struct RelayArgs {
     #[arg(long)]
     pub config: PathBuf,
     #[command(flatten)]
-    pub metrics: crate::cli::MetricsArgs,
+    pub metrics: crate::args::MetricsArgs,
 }
 
 fn load_config(a: &RelayArgs) -> anyhow::Result<RelayConfig> {

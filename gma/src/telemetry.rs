@@ -31,7 +31,7 @@ use gma_dashboard::tls::ClientAuth;
 use gma_dashboard::HttpError;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::roles::bind;
+use crate::serve::bind;
 
 static INSECURE: AtomicBool = AtomicBool::new(false);
 
@@ -228,7 +228,7 @@ pub fn recorder() -> anyhow::Result<PrometheusHandle> {
 /// Refuses plain HTTP off loopback unless plaintext is allowed (`--allow-plaintext` or
 /// `allow_plaintext` in `[tls]`): these endpoints have no TLS.
 pub fn check_plain_http(what: &str, addr: SocketAddr, allow_plaintext: bool) -> anyhow::Result<()> {
-    if addr.ip().is_loopback() || allow_plaintext || crate::roles::allow_plaintext_flag() {
+    if addr.ip().is_loopback() || allow_plaintext || crate::serve::allow_plaintext_flag() {
         return Ok(());
     }
     Err(anyhow!(
