@@ -491,4 +491,6 @@ pub struct AppSimArgs {
     pub lower: f64,
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }

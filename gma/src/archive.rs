@@ -31,6 +31,8 @@ pub struct ArchiverArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 /// `gma archiver`.

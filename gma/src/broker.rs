@@ -33,6 +33,8 @@ pub struct BrokerArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -116,6 +118,8 @@ pub struct SimresArgs {
     pub directory: Option<String>,
     #[command(flatten)]
     pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Subcommand, Debug)]

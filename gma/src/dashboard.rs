@@ -42,6 +42,8 @@ pub struct DashboardArgs {
     pub auth_tokens: Option<PathBuf>,
     #[command(flatten)]
     pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {

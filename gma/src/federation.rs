@@ -30,6 +30,8 @@ pub struct FederationArgs {
     /// The site's directory (overrides the config).
     #[arg(long)]
     pub directory: Option<String>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]

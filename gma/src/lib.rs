@@ -46,8 +46,9 @@ pub fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-    serve::set_security(cli.tls.server(), cli.tls.access_policy.clone());
-    telemetry::set_insecure(cli.tls.metrics_insecure);
+    let server = cli.command.server().cloned().unwrap_or_default();
+    serve::set_security(cli.tls.server(&server), server.access_policy.clone());
+    telemetry::set_insecure(server.metrics_insecure);
     let result = rt.block_on(run(cli.command));
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();

@@ -25,6 +25,8 @@ pub struct MonitorArgs {
     pub listen: Option<String>,
     #[command(flatten)]
     pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 /// `gma monitor`.

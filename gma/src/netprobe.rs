@@ -38,6 +38,8 @@ pub struct NetprobeArgs {
     /// docs/netprobe.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Args, Debug)]

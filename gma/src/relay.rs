@@ -23,6 +23,8 @@ pub struct RelayArgs {
     pub config: PathBuf,
     #[command(flatten)]
     pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 fn load_config(a: &RelayArgs) -> anyhow::Result<RelayConfig> {

@@ -96,6 +96,8 @@ pub struct ReschedulerArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Subcommand, Debug)]

@@ -465,6 +465,8 @@ pub struct DirectoryArgs {
     /// producer (0 = none; default 10000).
     #[arg(long)]
     pub rpc_events_ms: Option<u64>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Args, Debug)]
@@ -508,6 +510,8 @@ pub struct ProducerArgs {
     /// Period of the gma.rpc events about this producer's RPCs (0 = none; default 10000).
     #[arg(long)]
     pub rpc_events_ms: Option<u64>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Args, Debug)]
@@ -521,4 +525,6 @@ pub struct DemoArgs {
     /// Where the demo's dashboard listens (any free port if this one is taken).
     #[arg(long, default_value = "127.0.0.1:7500")]
     pub dashboard_listen: String,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }

@@ -50,6 +50,8 @@ pub struct SinkArgs {
     pub end_after: Option<u64>,
     #[command(flatten)]
     pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 struct Printer {
