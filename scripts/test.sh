@@ -40,6 +40,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== no import cycles among the modules of gma, gma-bench, gma-monitor, gma-relay"
+python3 scripts/module_cycles.py gma/src bench/src monitor/src relay/src
+
 if cargo nextest --version >/dev/null 2>&1; then
     # One process per test, a hung test killed after 5 min (.config/nextest.toml).
     echo "== cargo nextest run"

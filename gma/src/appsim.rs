@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use gma_core::authz::{Action, Door};
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::EventData;
 use gma_core::guard::Gate;
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
@@ -22,7 +22,8 @@ use gma_sensors::contract::{contract_schema, ContractConfig, ContractMonitor, Co
 use tokio::sync::{oneshot, Mutex};
 use tonic::{Request, Response, Status};
 
-use crate::cli::AppSimArgs;
+use clap::Args;
+use std::path::PathBuf;
 
 /// The doors of `gma app-sim`'s `AppControl` endpoint: `job` on the operation.
 pub const DOORS: &[Door] = &[
@@ -48,38 +49,6 @@ pub const DOORS: &[Door] = &[
          app.state of the application",
     ),
 ];
-
-/// `app.state`: where an application runs and how far it is (the rescheduler's input).
-pub fn state_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: "app.state".into(),
-        version: 1,
-        fields: vec![
-            dbl("phase", "", "phases completed"),
-            dbl("phases", "", "phases in all"),
-            dbl(
-                "fraction_completed",
-                "",
-                "predicted work done / all predicted work",
-            ),
-            dbl(
-                "total_predicted_s",
-                "s",
-                "predicted run time of all phases on an unloaded host",
-            ),
-            dbl(
-                "avg_ratio",
-                "",
-                "running average of actual / predicted phase times",
-            ),
-            text("app_id", "application id"),
-            text("state", "running, stopping, stopped, resuming, completed"),
-            text("hosts", "comma-separated hosts the application runs on"),
-            text("control", "address of the application's AppControl service"),
-        ],
-        description: "an application's placement and progress".into(),
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RunState {
@@ -283,7 +252,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     };
     let monitor = ContractMonitor::new(cfg, &a.app_id).map_err(|e| anyhow!("{e}"))?;
     // A bad policy file is a startup error, before anything is connected or bound.
-    let policy = gma_core::guard::load_policy(crate::roles::policy_flag().as_ref())
+    let policy = gma_core::guard::load_policy(crate::serve::policy_flag().as_ref())
         .map_err(|e| anyhow!("--access-policy: {e}"))?;
     let limits = gma_core::guard::Limits::default();
     let gate = Arc::new(Gate::new(policy, limits.clone()));
@@ -293,7 +262,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     let mut ingest = pb::ingest_client::IngestClient::new(ch.clone());
     let mut producer = pb::producer_client::ProducerClient::new(ch);
     let cschema = contract_schema();
-    let sschema = state_schema();
+    let sschema = gma_rescheduler::app_state_schema();
     ingest
         .push(pb::IngestRequest {
             events: vec![],
@@ -302,7 +271,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         .await
         .map_err(|s| anyhow!("register schemas with {}: {}", a.producer, s.message()))?;
 
-    crate::roles::server_tls_flags()
+    crate::serve::server_tls_flags()
         .unwrap_or_default()
         .check_listen(&a.listen)?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -312,7 +281,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     // AppControl serves TLS with --tls-cert/--tls-key (mTLS with --tls-client-ca: then only
     // holders of a certificate of that CA, e.g. the rescheduler, may stop and resume it);
     // plaintext only on loopback unless --allow-plaintext.
-    let server_tls = crate::roles::server_tls_flags().unwrap_or_default();
+    let server_tls = crate::serve::server_tls_flags().unwrap_or_default();
     let tls = server_tls.rustls_config(bound)?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let control_addr = bound.to_string();
@@ -496,4 +465,33 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     );
     server.abort();
     Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct AppSimArgs {
+    #[arg(long, default_value = "app1")]
+    pub app_id: String,
+    #[arg(long, default_value_t = 20)]
+    pub phases: u32,
+    /// Predicted time of each phase on an unloaded host, in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub predicted_s: f64,
+    /// The (simulated) host it starts on.
+    #[arg(long)]
+    pub host: String,
+    /// Producer to publish through (Ingest) and to read host load from.
+    #[arg(long)]
+    pub producer: String,
+    /// Listen address of its AppControl service.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Contract tolerance band on actual/predicted.
+    #[arg(long, default_value_t = 1.5)]
+    pub upper: f64,
+    #[arg(long, default_value_t = 0.5)]
+    pub lower: f64,
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }

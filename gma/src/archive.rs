@@ -9,8 +9,8 @@ use gma_archiver::ArchiverConfig;
 use gma_proto::v1::{self as pb, archive_client::ArchiveClient};
 use tonic::transport::Channel;
 
-use crate::cli::Output;
-use crate::roles::{apply_security, bind_checked, shutdown_signal};
+use crate::args::Output;
+use crate::serve::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct ArchiverArgs {
@@ -30,7 +30,9 @@ pub struct ArchiverArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: crate::cli::MetricsArgs,
+    pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 /// `gma archiver`.

@@ -14,8 +14,8 @@ use gma_core::time::{format_rfc3339, now_ns};
 use gma_proto::v1::{self as pb, broker_client::BrokerClient, reservations_client::ReservationsClient};
 use serde_json::json;
 
-use crate::cli::Output;
-use crate::roles::{apply_security, bind_checked, shutdown_signal};
+use crate::args::Output;
+use crate::serve::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -32,7 +32,9 @@ pub struct BrokerArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: crate::cli::MetricsArgs,
+    pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -115,7 +117,9 @@ pub struct SimresArgs {
     #[arg(long)]
     pub directory: Option<String>,
     #[command(flatten)]
-    pub metrics: crate::cli::MetricsArgs,
+    pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Subcommand, Debug)]

@@ -5,7 +5,9 @@ use gma_proto::raft::raft_client::RaftClient;
 use gma_proto::raft::{AddLearnerRequest, ChangeMembershipRequest};
 use gma_proto::v1 as pb;
 
-use crate::cli::{ClusterCommand, Output};
+use clap::{Args, Subcommand};
+
+use crate::args::Output;
 
 async fn status_of(addr: &str) -> anyhow::Result<pb::ClusterStatusResponse> {
     let mut c = gma_consumer::directory::client(addr)
@@ -159,4 +161,47 @@ async fn change(leader: &str, voters: Vec<u64>, retain: bool) -> anyhow::Result<
         .into_inner();
     println!("{}", r.message);
     Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Members, leader, term and applied index, as each listed member sees them.
+    Status {
+        /// One or more members: ADDR[,ADDR...].
+        #[arg(long)]
+        directory: String,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Add a new member as a learner (it replicates but does not vote yet).
+    AddLearner {
+        #[arg(long)]
+        directory: String,
+        /// The new member's node id.
+        #[arg(long)]
+        id: u64,
+        /// The new member's HOST:PORT.
+        #[arg(long)]
+        address: String,
+    },
+    /// Make a learner a voter.
+    Promote {
+        #[arg(long)]
+        directory: String,
+        #[arg(long)]
+        id: u64,
+    },
+    /// Remove a member from the voters (and from the cluster).
+    Remove {
+        #[arg(long)]
+        directory: String,
+        #[arg(long)]
+        id: u64,
+    },
 }

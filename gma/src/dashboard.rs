@@ -6,7 +6,7 @@ use anyhow::anyhow;
 use clap::Args;
 use gma_dashboard::DashboardConfig;
 
-use crate::roles::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct DashboardArgs {
@@ -41,7 +41,9 @@ pub struct DashboardArgs {
     #[arg(long)]
     pub auth_tokens: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: crate::cli::MetricsArgs,
+    pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {

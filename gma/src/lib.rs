@@ -4,15 +4,7 @@
 
 mod appsim;
 mod archive;
-mod bench;
-mod bench_archive;
-mod bench_broker;
-mod bench_dashboard;
-mod bench_dir;
-mod bench_etcd;
-mod bench_fanout;
-mod bench_resched;
-mod bench_scale;
+mod args;
 mod broker;
 mod certs;
 mod cli;
@@ -26,6 +18,7 @@ mod netprobe;
 mod relay;
 mod resched;
 mod roles;
+mod serve;
 mod sink;
 mod telemetry;
 mod tools;
@@ -53,8 +46,9 @@ pub fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-    roles::set_security(cli.tls.server(), cli.tls.access_policy.clone());
-    telemetry::set_insecure(cli.tls.metrics_insecure);
+    let server = cli.command.server().cloned().unwrap_or_default();
+    serve::set_security(cli.tls.server(&server), server.access_policy.clone());
+    telemetry::set_insecure(server.metrics_insecure);
     let result = rt.block_on(run(cli.command));
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();
@@ -86,7 +80,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Cluster(a) => cluster::run(a.command).await,
         AppSim(a) => appsim::run(a).await,
         Rescheduler(a) => resched::run(a).await,
-        Bench(a) => bench::run(a).await,
+        Bench(a) => gma_bench::run(a).await,
         Monitor(a) => monitor::run(a).await,
         Sink(a) => sink::run(a).await,
         Archiver(a) => archive::archiver(a).await,

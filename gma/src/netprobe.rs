@@ -15,8 +15,8 @@ use gma_netprobe::NetprobeConfig;
 use gma_proto::v1::{self as pb, clique_client::CliqueClient, producer_client::ProducerClient};
 use serde_json::json;
 
-use crate::cli::Output;
-use crate::roles::{apply_security, bind_checked, shutdown_signal};
+use crate::args::Output;
+use crate::serve::{apply_security, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct NetprobeArgs {
@@ -38,6 +38,8 @@ pub struct NetprobeArgs {
     /// docs/netprobe.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 #[derive(Args, Debug)]

@@ -4,8 +4,11 @@ use anyhow::{anyhow, bail};
 use gma_rescheduler::service::{decision_str, ReschedulerConfig};
 use gma_rescheduler::{decide, Policy};
 
-use crate::cli::{Output, ReschedulerArgs, ReschedulerCommand};
-use crate::roles::{apply_security, bind_checked, shutdown_signal};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+use crate::args::{MetricsArgs, Output};
+use crate::serve::{apply_security, bind_checked, shutdown_signal};
 
 pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if let Some(ReschedulerCommand::Evaluate {
@@ -75,4 +78,43 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     gma_rescheduler::service::run(cfg, listener, shutdown_signal())
         .await
         .map_err(|e| anyhow!("{e}"))
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ReschedulerArgs {
+    #[command(subcommand)]
+    pub command: Option<ReschedulerCommand>,
+    /// Listen address of the rescheduler's own producer (its decision events).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Directory address(es).
+    #[arg(long)]
+    pub directory: Option<String>,
+    /// TOML config (cost_s, threshold, max_age_ms, opportunistic, action, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ReschedulerCommand {
+    /// The decision rule alone: gain = (ret_current - (ret_new + cost)) / ret_current.
+    Evaluate {
+        #[arg(long)]
+        ret_current: f64,
+        #[arg(long)]
+        ret_new: f64,
+        /// Worst-case rescheduling cost C in seconds.
+        #[arg(long, default_value_t = 900.0)]
+        cost: f64,
+        /// Migrate only if gain > threshold.
+        #[arg(long, default_value_t = 0.30)]
+        threshold: f64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
 }

@@ -5,38 +5,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use gma_directory::DirectoryConfig;
 use gma_producer::ProducerConfig;
-use tokio::net::TcpListener;
 
-use crate::cli::{DemoArgs, DirectoryArgs, ProducerArgs};
+use clap::Args;
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = ctrl_c.await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term.recv() => {}
-    }
-}
-
-pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))
-}
-
-/// [`bind`] for a server role with these TLS settings: a plaintext listener off loopback
-/// (without `allow_plaintext`) is refused before the socket is bound.
-pub async fn bind_checked(addr: &str, tls: &gma_core::tls::ServerTls) -> anyhow::Result<TcpListener> {
-    tls.check_listen(addr)?;
-    bind(addr).await
-}
+use crate::args::MetricsArgs;
+use crate::serve::{apply_security, bind, bind_checked, shutdown_signal};
 
 /// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
 fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
@@ -141,46 +114,6 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
     gma_directory::run_with_rpc(config, listener, shutdown, rpc)
         .await
         .map_err(|e| anyhow!("directory failed: {e}"))
-}
-
-/// `--allow-plaintext` was given.
-pub fn allow_plaintext_flag() -> bool {
-    server_tls_flags().is_some_and(|t| t.allow_plaintext)
-}
-
-type Security = (Option<gma_core::tls::ServerTls>, Option<PathBuf>);
-static SECURITY: std::sync::OnceLock<Security> = std::sync::OnceLock::new();
-
-/// The server TLS and policy given by flags (`--tls-cert`, `--access-policy`, ...), overriding role
-/// configs.
-pub fn set_security(tls: Option<gma_core::tls::ServerTls>, policy: Option<PathBuf>) {
-    let _ = SECURITY.set((tls, policy));
-}
-
-/// The `[tls]` given by flags, if any TLS flag was given.
-pub fn server_tls_flags() -> Option<gma_core::tls::ServerTls> {
-    SECURITY.get().and_then(|s| s.0.clone())
-}
-
-/// The `--access-policy` file, if given.
-pub fn policy_flag() -> Option<PathBuf> {
-    SECURITY.get().and_then(|s| s.1.clone())
-}
-
-/// Applies the flags over a role config's `[tls]` and `policy`, and installs the config's
-/// client side for outgoing connections when the flags did not set one.
-pub fn apply_security(
-    tls: &mut gma_core::tls::ServerTls,
-    policy: &mut Option<PathBuf>,
-) -> anyhow::Result<()> {
-    if let Some(t) = server_tls_flags() {
-        *tls = t;
-    }
-    if let Some(p) = policy_flag() {
-        *policy = Some(p);
-    }
-    gma_core::tls::install_client_if_unset(&tls.client())?;
-    Ok(())
 }
 
 pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
@@ -504,4 +437,94 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     }
     println!("GMA demo stopped.");
     Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct DirectoryArgs {
+    /// Listen address, e.g. 127.0.0.1:7000.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Data directory (created if missing).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// This member's node id (>= 1; default 1). Never reuse the id of a wiped node.
+    #[arg(long)]
+    pub id: Option<u64>,
+    /// Initial members: ID=HOST:PORT,... (omit for a single-node directory).
+    #[arg(long)]
+    pub peers: Option<String>,
+    /// Initialize a new cluster from --peers (give it on one member only, once).
+    #[arg(long)]
+    pub init: bool,
+    /// TOML config file (keys: listen, data_dir, node_id, peers, init, default_ttl_ms, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    /// Period of the gma.rpc events about this member's RPCs, published by a companion
+    /// producer (0 = none; default 10000).
+    #[arg(long)]
+    pub rpc_events_ms: Option<u64>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ProducerArgs {
+    /// Listen address, e.g. 127.0.0.1:7001.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Directory address(es) to register with, ADDR[,ADDR...] (omit to run standalone).
+    #[arg(long)]
+    pub directory: Option<String>,
+    /// Source name for this host's events (default: host name).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Host sensor sample period in milliseconds (default 1000).
+    #[arg(long)]
+    pub period_ms: Option<u64>,
+    /// Directory lease TTL in milliseconds (default 10000).
+    #[arg(long)]
+    pub lease_ttl_ms: Option<u64>,
+    /// Events kept for resuming consumers (default 100000).
+    #[arg(long)]
+    pub buffer_events: Option<usize>,
+    /// Simulated hosts, from a TOML file (see docs/simulation.md).
+    #[arg(long)]
+    pub simulate: Option<PathBuf>,
+    /// Do not run the real host sensors (e.g. a simulation-only producer).
+    #[arg(long)]
+    pub no_host_sensors: bool,
+    /// Record id in the directory (default: <source>@<address>).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    /// Serve the latest sensor values as Prometheus gauges at /metrics on this address
+    /// (gma_host_cpu_user{source="hostA"}, ...; see docs/dashboard.md).
+    #[arg(long)]
+    pub prometheus: Option<String>,
+    /// Period of the gma.rpc events about this producer's RPCs (0 = none; default 10000).
+    #[arg(long)]
+    pub rpc_events_ms: Option<u64>,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Exit after this many seconds (default: run until Ctrl-C).
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Number of simulated hosts.
+    #[arg(long, default_value_t = 8)]
+    pub sim_hosts: u32,
+    /// Where the demo's dashboard listens (any free port if this one is taken).
+    #[arg(long, default_value = "127.0.0.1:7500")]
+    pub dashboard_listen: String,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }

@@ -19,8 +19,8 @@ use gma_core::codec::OwnedEvent;
 use gma_proto::v1 as pb;
 use std::sync::Mutex as StdMutex;
 
-use crate::cli::PolicyArg;
-use crate::roles::{apply_security, shutdown_signal};
+use crate::args::PolicyArg;
+use crate::serve::{apply_security, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct SinkArgs {
@@ -49,7 +49,9 @@ pub struct SinkArgs {
     #[arg(long)]
     pub end_after: Option<u64>,
     #[command(flatten)]
-    pub metrics: crate::cli::MetricsArgs,
+    pub metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pub server: crate::args::ServerArgs,
 }
 
 struct Printer {
@@ -107,10 +109,10 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
         gma_core::pattern::Pattern::source(p).map_err(|e| anyhow!("--source {p}: {e}"))?;
     }
     // A bad policy file is a startup error, before the address is bound.
-    gma_core::guard::load_policy(crate::roles::policy_flag().as_ref())
+    gma_core::guard::load_policy(crate::serve::policy_flag().as_ref())
         .map_err(|e| anyhow!("--access-policy: {e}"))?;
-    let flags = crate::roles::server_tls_flags().unwrap_or_default();
-    let listener = crate::roles::bind_checked(&a.listen, &flags).await?;
+    let flags = crate::serve::server_tls_flags().unwrap_or_default();
+    let listener = crate::serve::bind_checked(&a.listen, &flags).await?;
     let addr = listener.local_addr()?;
     let mut config = SinkConfig {
         id: a.id.clone().unwrap_or_else(|| format!("sink@{addr}")),

@@ -31,7 +31,7 @@ use gma_dashboard::tls::ClientAuth;
 use gma_dashboard::HttpError;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::roles::bind;
+use crate::serve::bind;
 
 static INSECURE: AtomicBool = AtomicBool::new(false);
 
@@ -192,27 +192,6 @@ fn serve_in_background(
     });
 }
 
-/// Metrics of the roles that live in this binary (relay, monitor).
-pub const RELAY_EVENTS: &str = "gma_relay_events_relayed_total";
-pub const RELAY_SITE_LOAD: &str = "gma_relay_site_load_published_total";
-pub const MONITOR_FIRINGS: &str = "gma_monitor_firings_total";
-pub const MONITOR_COMMAND_SECONDS: &str = "gma_monitor_command_seconds";
-
-fn describe() {
-    use metrics::{describe_counter, describe_histogram, Unit};
-    describe_counter!(RELAY_EVENTS, "events republished unchanged by the relay");
-    describe_counter!(RELAY_SITE_LOAD, "site.load summaries published");
-    describe_counter!(
-        MONITOR_FIRINGS,
-        "rule firings whose command ran, by outcome (ok, failed)"
-    );
-    describe_histogram!(
-        MONITOR_COMMAND_SECONDS,
-        Unit::Seconds,
-        "run time of firing commands"
-    );
-}
-
 /// Histogram buckets, seconds: 100 µs to 10 s.
 pub const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -237,7 +216,8 @@ pub fn recorder() -> anyhow::Result<PrometheusHandle> {
     gma_archiver::telemetry::describe();
     gma_rescheduler::telemetry::describe();
     gma_dashboard::telemetry::describe();
-    describe();
+    gma_monitor::telemetry::describe();
+    gma_relay::telemetry::describe();
     let _ = HANDLE.set(handle);
     HANDLE
         .get()
@@ -248,7 +228,7 @@ pub fn recorder() -> anyhow::Result<PrometheusHandle> {
 /// Refuses plain HTTP off loopback unless plaintext is allowed (`--allow-plaintext` or
 /// `allow_plaintext` in `[tls]`): these endpoints have no TLS.
 pub fn check_plain_http(what: &str, addr: SocketAddr, allow_plaintext: bool) -> anyhow::Result<()> {
-    if addr.ip().is_loopback() || allow_plaintext || crate::roles::allow_plaintext_flag() {
+    if addr.ip().is_loopback() || allow_plaintext || crate::serve::allow_plaintext_flag() {
         return Ok(());
     }
     Err(anyhow!(

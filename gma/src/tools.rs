@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
@@ -14,7 +14,9 @@ use gma_core::event::push_json_str;
 use gma_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{Output, QueryArgs, SearchArgs, SimCommand, SubscribeArgs};
+use clap::{Args, Subcommand};
+
+use crate::args::{Output, PolicyArg};
 
 fn status_line(what: &str, s: &tonic::Status) -> anyhow::Error {
     anyhow!("{what}: {} ({:?})", gma_core::tls::explain(s), s.code())
@@ -191,8 +193,7 @@ fn record_json(e: &pb::RecordEntry) -> Option<serde_json::Value> {
 
 /// Prints one event as a table row.
 /// Stream options carrying the producer-side subscription parameters.
-pub fn filter_options(f: &crate::cli::FilterArgs) -> StreamOptions {
-    use crate::cli::PolicyArg;
+pub fn filter_options(f: &FilterArgs) -> StreamOptions {
     StreamOptions {
         when: f.when.clone().unwrap_or_default(),
         delta_pct: f.delta_pct.unwrap_or(0.0),
@@ -638,6 +639,112 @@ pub async fn sim(cmd: SimCommand) -> anyhow::Result<()> {
         .map_err(|s| status_line("sim set", &s))?;
     println!("set {} on {host}", values.join(" "));
     Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    /// Event-name pattern, e.g. 'host.*' (default: all).
+    #[arg(default_value = "*")]
+    pub pattern: String,
+    #[arg(long)]
+    pub directory: String,
+    /// Only producers serving this source (pattern).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Search consumer records instead of producers.
+    #[arg(long)]
+    pub consumers: bool,
+    /// Answer from the member asked, without confirming with the leader (may be slightly
+    /// stale; scales reads across members).
+    #[arg(long)]
+    pub stale_ok: bool,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct SubscribeArgs {
+    /// Event-name pattern, e.g. host.cpu or 'host.*'.
+    pub pattern: String,
+    /// Directory address (discover producers); or use --producer.
+    #[arg(long, required_unless_present = "producer")]
+    pub directory: Option<String>,
+    /// Subscribe to this producer directly, bypassing the directory.
+    #[arg(long)]
+    pub producer: Option<String>,
+    /// Only events from this source (pattern).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Exit after this many events.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// At most one event per series per interval.
+    #[arg(long)]
+    pub min_interval_ms: Option<u64>,
+    /// Resume state file: read at start, rewritten after every batch, so a restarted
+    /// subscriber resumes where it stopped.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+/// Subscription parameters evaluated by the producer.
+#[derive(Args, Debug, Default, Clone)]
+pub struct FilterArgs {
+    /// Threshold crossing: only events where this expression changes value, marked enter or
+    /// leave, e.g. 'host.cpu.user > 50' or 'load1 > 4 and free_cpus < 1'.
+    #[arg(long)]
+    pub when: Option<String>,
+    /// Change filter: only events where a numeric field moved by more than this percent since
+    /// the last event delivered for its series.
+    #[arg(long)]
+    pub delta_pct: Option<f64>,
+    /// Rolling summaries instead of raw events (1m, 10m, 60m; repeatable): <name>.avg1m ...
+    #[arg(long = "summary")]
+    pub summaries: Vec<String>,
+    /// Adaptive forecasts instead of raw events: <name>.forecast.
+    #[arg(long)]
+    pub forecast: bool,
+    /// Slow-consumer policy (default: latest for *.load patterns, else drop-oldest).
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyArg>,
+    /// How far behind (producer events) before the policy acts.
+    #[arg(long)]
+    pub queue_events: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct QueryArgs {
+    /// Event-name pattern.
+    pub pattern: String,
+    #[arg(long, required_unless_present = "producer")]
+    pub directory: Option<String>,
+    /// Query this producer directly.
+    #[arg(long)]
+    pub producer: Option<String>,
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Only events at most this old.
+    #[arg(long)]
+    pub max_age_ms: Option<u64>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SimCommand {
+    /// Set values of a simulated host: gma sim set hostA load=3.5 free_cpus=0 --producer ADDR
+    Set {
+        host: String,
+        /// key=value pairs (load, free_cpus, queue_waiting, cpus, memory_mb, bench_<name>).
+        #[arg(required = true)]
+        values: Vec<String>,
+        #[arg(long)]
+        producer: String,
+    },
 }
 
 #[cfg(test)]

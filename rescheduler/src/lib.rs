@@ -29,3 +29,36 @@ pub mod telemetry;
 pub use plan::{
     decide, gain, plan, slowdown, AppState, Decision, Force, HostLoad, Mode, Plan, PlanError, Policy,
 };
+
+/// `app.state`: where an application runs and how far it is (the rescheduler's input; published
+/// by applications such as `gma app-sim`).
+pub fn app_state_schema() -> gma_proto::v1::EventSchema {
+    gma_proto::v1::EventSchema {
+        name: "app.state".into(),
+        version: 1,
+        fields: vec![
+            gma_core::event::dbl("phase", "", "phases completed"),
+            gma_core::event::dbl("phases", "", "phases in all"),
+            gma_core::event::dbl(
+                "fraction_completed",
+                "",
+                "predicted work done / all predicted work",
+            ),
+            gma_core::event::dbl(
+                "total_predicted_s",
+                "s",
+                "predicted run time of all phases on an unloaded host",
+            ),
+            gma_core::event::dbl(
+                "avg_ratio",
+                "",
+                "running average of actual / predicted phase times",
+            ),
+            gma_core::event::text("app_id", "application id"),
+            gma_core::event::text("state", "running, stopping, stopped, resuming, completed"),
+            gma_core::event::text("hosts", "comma-separated hosts the application runs on"),
+            gma_core::event::text("control", "address of the application's AppControl service"),
+        ],
+        description: "an application's placement and progress".into(),
+    }
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 
 /// The monitor's log filter: its decisions are logged at debug/info.
-const LOG: &str = "warn,gma::monitor=debug";
+const LOG: &str = "warn,gma_monitor=debug";
 
 /// Removes ANSI colour sequences from a log line.
 fn strip_ansi(s: &str) -> String {

@@ -72,9 +72,9 @@ use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
-use crate::bench::{cores, proc_usage};
-use crate::bench_dir::Cluster;
-use crate::cli::Output;
+use crate::args::Output;
+use crate::dir::Cluster;
+use crate::report::{cores, proc_usage};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The producers' resume window (`--buffer-events`), passed explicitly so the report can say
@@ -1528,7 +1528,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         "processes": procs,
     });
     match output {
-        Output::Json => crate::bench::emit(report),
+        Output::Json => crate::report::emit(report),
         Output::Table => {
             println!(
                 "scale: {hosts} simulated hosts in {producers} producer processes, 3-node directory, archiver, broker, {consumers} consumers, {seconds:.0} s ({} cores){}",

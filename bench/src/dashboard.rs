@@ -18,8 +18,8 @@ use hdrhistogram::Histogram;
 use std::sync::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::bench::{cores, proc_usage};
-use crate::cli::Output;
+use crate::args::Output;
+use crate::report::{cores, proc_usage};
 
 struct Child {
     child: tokio::process::Child,
@@ -278,7 +278,7 @@ pub async fn run(
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let per_client = |n: u64| n as f64 / secs / clients.max(1) as f64;
     match output {
-        Output::Json => crate::bench::emit(serde_json::json!({
+        Output::Json => crate::report::emit(serde_json::json!({
             "scenario": "dashboard",
             "machine_cores": cores(),
             "hosts": hosts,

@@ -19,7 +19,7 @@ use gma_rescheduler::service::ReschedulerConfig;
 use gma_rescheduler::{plan, AppState, HostLoad, Mode, Policy};
 use hdrhistogram::Histogram;
 
-use crate::cli::Output;
+use crate::args::Output;
 
 const HOSTS: usize = 1000;
 
@@ -69,7 +69,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
     })
     .map_err(|e| anyhow!("{e}"))?;
     let cschema = gma_sensors::contract::contract_schema();
-    let sschema = crate::appsim::state_schema();
+    let sschema = gma_rescheduler::app_state_schema();
     producer
         .hub
         .add_schemas(&[cschema.clone(), sschema.clone()])
@@ -198,8 +198,8 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
 
     let q = |h: &Histogram<u64>, p: f64| h.value_at_quantile(p) as f64 / 1000.0;
     match output {
-        Output::Json => crate::bench::emit(serde_json::json!({
-            "scenario": "resched", "machine_cores": crate::bench::cores(), "trials": trials,
+        Output::Json => crate::report::emit(serde_json::json!({
+            "scenario": "resched", "machine_cores": crate::report::cores(), "trials": trials,
             "hosts": HOSTS,
             "request_to_decision_ms": {"p50": q(&e2e, 0.5), "p99": q(&e2e, 0.99), "max": e2e.max() as f64 / 1000.0},
             "inside_rescheduler_ms": {"p50": q(&inside, 0.5), "p99": q(&inside, 0.99)},
@@ -209,7 +209,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
             println!(
                 "resched: contract violation -> published decision, {HOSTS} simulated hosts, loopback gRPC"
             );
-            println!("  machine cores                 {}", crate::bench::cores());
+            println!("  machine cores                 {}", crate::report::cores());
             println!(
                 "  request -> decision received  p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms ({trials} trials)",
                 q(&e2e, 0.5),

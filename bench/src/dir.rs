@@ -36,8 +36,8 @@ use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 use tonic::transport::Channel;
 
-use crate::bench::{cores, proc_usage};
-use crate::cli::Output;
+use crate::args::Output;
+use crate::report::{cores, proc_usage};
 
 pub(crate) type DirClient = DirectoryClient<Channel>;
 
@@ -810,7 +810,7 @@ fn print(f: &Figures, output: Output) {
         (median, p90, max, s)
     });
     match output {
-        Output::Json => crate::bench::emit(serde_json::json!({
+        Output::Json => crate::report::emit(serde_json::json!({
             "scenario": "directory",
             "nodes": f.nodes,
             "machine_cores": cores(),

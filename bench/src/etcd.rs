@@ -26,13 +26,13 @@ use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
-use crate::bench::{cores, proc_usage};
-use crate::bench_dir::{
+use crate::args::Output;
+use crate::dir::{
     dir_channels, free_port, histogram, op_phase, pct, register_req, Cluster, DirClient, OpFigures,
 };
-use crate::cli::Output;
+use crate::report::{cores, proc_usage};
 
-/// The etcd v3 API subset of gma/proto/etcd.proto.
+/// The etcd v3 API subset of bench/proto/etcd.proto.
 pub mod etcdpb {
     tonic::include_proto!("etcdserverpb");
 }
@@ -411,7 +411,7 @@ fn print(nodes: usize, duration: u64, version: &str, ours: &Side, theirs: &(Side
                     "linearizable_read_ms": pct(&s.read),
                 })
             };
-            crate::bench::emit(serde_json::json!({
+            crate::report::emit(serde_json::json!({
                 "scenario": "etcd",
                 "nodes": nodes,
                 "machine_cores": cores(),

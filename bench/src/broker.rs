@@ -23,9 +23,8 @@ use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::bench::{cores, proc_usage};
-use crate::cli::Output;
-use crate::roles::bind;
+use crate::args::Output;
+use crate::report::{cores, proc_usage};
 
 type Stop = tokio::sync::watch::Receiver<bool>;
 
@@ -46,7 +45,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
     }
     let tmp = tempfile::Builder::new().prefix("gma-bench-broker-").tempdir()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let dir_l = bind("127.0.0.1:0").await?;
+    let dir_l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let dir_addr = dir_l.local_addr()?.to_string();
     let dir_task = tokio::spawn(gma_directory::run(
         gma_directory::DirectoryConfig::new(tmp.path().join("dir")),
@@ -61,7 +60,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
              benchmarks = {{ specint = 1500, specfp = 1400 }}\n"
         ),
     )?;
-    let prod_l = bind("127.0.0.1:0").await?;
+    let prod_l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let producer = gma_producer::Producer::new(ProducerConfig {
         directory: Some(dir_addr.clone()),
         host_sensors: false,
@@ -72,7 +71,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
     })
     .map_err(|e| anyhow!("{e}"))?;
     let prod_task = tokio::spawn(producer.run(prod_l, stopper(&stop_rx)));
-    let broker_l = bind("127.0.0.1:0").await?;
+    let broker_l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let broker_addr = broker_l.local_addr()?.to_string();
     let broker_task = tokio::spawn(gma_broker::service::run(
         BrokerConfig {
@@ -89,7 +88,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
         stopper(&stop_rx),
     ));
     // Wait until the broker's view holds every host.
-    let mut c = crate::broker::client(&broker_addr).await?;
+    let mut c = client(&broker_addr).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let n = c
@@ -124,7 +123,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
         let addr = broker_addr.clone();
         let job = job.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = crate::broker::client(&addr).await?;
+            let mut c = client(&addr).await?;
             let mut lat = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
             let mut server = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
             let mut n = 0u64;
@@ -171,7 +170,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
     let rate = total as f64 / wall;
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     match output {
-        Output::Json => crate::bench::emit(json!({
+        Output::Json => crate::report::emit(json!({
             "scenario": "broker", "resources": resources, "clients": clients, "duration_s": wall,
             "decisions": total, "decisions_per_s": rate,
             "cpu_cores_used": cpu / wall, "decisions_per_cpu_s": total as f64 / cpu.max(1e-9),
@@ -260,7 +259,7 @@ pub async fn coalloc(
                 },
                 ..SimresConfig::default()
             };
-            let l = bind("127.0.0.1:0").await?;
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let a = l.local_addr()?.to_string();
             let task = tokio::spawn(gma_broker::simres::run(cfg, l, stopper(&stop_rx)));
             (a, Some(task))
@@ -310,7 +309,7 @@ pub async fn coalloc(
                     j
                 })
                 .collect();
-            crate::bench::emit(json!({"scenario": "coalloc", "simres": addr, "results": v}));
+            crate::report::emit(json!({"scenario": "coalloc", "simres": addr, "results": v}));
         }
         Output::Table => {
             println!(
@@ -377,7 +376,7 @@ pub fn placement(
     }
     let ttd = rows[0].1;
     match output {
-        Output::Json => crate::bench::emit(json!({
+        Output::Json => crate::report::emit(json!({
             "scenario": "placement", "hosts": hosts, "jobs": jobs, "utilization": utilization, "seeds": seeds,
             "results": rows.iter().map(|(p, m, p95, w)| json!({
                 "placement": p.as_str(), "mean_completion_s": m, "p95_completion_s": p95, "mean_wait_s": w,
@@ -406,4 +405,10 @@ pub fn placement(
         }
     }
     Ok(())
+}
+
+/// A Broker client with the fabric's message-size bound.
+async fn client(addr: &str) -> anyhow::Result<pb::broker_client::BrokerClient<tonic::transport::Channel>> {
+    let ch = gma_consumer::connect(addr).await?;
+    Ok(pb::broker_client::BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
 }

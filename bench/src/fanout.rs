@@ -43,8 +43,9 @@ use prost::Message;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::bench::{bench_events, bench_schema, cores, proc_usage, start_producer};
-use crate::cli::Output;
+use crate::args::Output;
+use crate::report::{cores, proc_usage};
+use crate::stream::{bench_events, bench_schema, start_producer};
 
 /// Ring (resume buffer) of the fan-out producer, in events.
 const FANOUT_RING: usize = 1 << 20;
@@ -432,7 +433,7 @@ fn print_fanout(rows: &[FanoutRow], distinct: bool, rate: u64, output: Output) {
                     })
                 })
                 .collect();
-            crate::bench::emit(serde_json::json!({
+            crate::report::emit(serde_json::json!({
                 "scenario": "fanout",
                 "machine_cores": cores(),
                 "distinct_filters": distinct,
@@ -752,7 +753,7 @@ fn print_stall(phases: &[StallPhase], rate: u64, output: Output) {
                     })
                 })
                 .collect();
-            crate::bench::emit(serde_json::json!({
+            crate::report::emit(serde_json::json!({
                 "scenario": "stall",
                 "machine_cores": cores(),
                 "rate_events_per_s": rate,
@@ -954,7 +955,7 @@ pub fn filter(events: usize, output: Output) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            crate::bench::emit(
+            crate::report::emit(
                 serde_json::json!({"scenario": "filter", "sources": FILTER_SOURCES, "runs": FILTER_RUNS, "rows": list}),
             );
         }
@@ -1084,7 +1085,7 @@ pub fn forecast(trace: Option<PathBuf>, output: Output) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            crate::bench::emit(serde_json::json!({"scenario": "forecast", "traces": list}));
+            crate::report::emit(serde_json::json!({"scenario": "forecast", "traces": list}));
         }
         Output::Table => {
             println!(

@@ -1,4 +1,5 @@
-//! `gma bench`: benchmarks that print figures (never pass/fail thresholds).
+//! `gma bench stream` and `gma bench agent`, and the producer set-up the other in-process
+//! scenarios share.
 //!
 //! - `stream`: one producer -> one consumer over loopback gRPC, in this process. Phase 1 pushes
 //!   as many 3-value events as the consumer can take (the publisher keeps at most half the
@@ -26,236 +27,10 @@ use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
 use tokio::io::AsyncBufReadExt;
 
-use crate::cli::{BenchArgs, BenchScenario, Output};
+use crate::args::Output;
+use crate::report::{cores, emit, proc_usage};
 
-/// Clock ticks per second of /proc/<pid>/stat times (USER_HZ; 100 on Linux x86_64 and arm64).
-const CLK_TCK: f64 = 100.0;
-
-pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
-    match a.scenario {
-        BenchScenario::Stream {
-            duration,
-            rate,
-            tls,
-            output,
-        } => stream(duration, rate, tls, output).await,
-        BenchScenario::Directory {
-            duration,
-            trials,
-            output,
-        } => crate::bench_dir::run(duration, trials, output).await,
-        BenchScenario::Etcd { duration, output } => crate::bench_etcd::run(duration, output).await,
-        BenchScenario::Resched { trials, output } => crate::bench_resched::run(trials, output).await,
-        BenchScenario::Archive {
-            samples,
-            duration,
-            output,
-        } => crate::bench_archive::run(samples, duration, output).await,
-        BenchScenario::Agent {
-            duration,
-            period_ms,
-            output,
-        } => agent(duration, period_ms, output).await,
-        BenchScenario::Fanout {
-            duration,
-            consumers,
-            rate,
-            distinct,
-            output,
-        } => crate::bench_fanout::fanout(duration, consumers, rate, distinct, output).await,
-        BenchScenario::Stall {
-            duration,
-            rate,
-            output,
-        } => crate::bench_fanout::stall(duration, rate, output).await,
-        BenchScenario::Federation {
-            jobs,
-            seeds,
-            hosts,
-            cpus_per_host,
-            shapes,
-            changes,
-            output,
-        } => crate::federation::bench(jobs, seeds, (hosts, cpus_per_host, shapes), changes, output).await,
-        BenchScenario::Filter { events, output } => crate::bench_fanout::filter(events, output),
-        BenchScenario::Forecast { trace, output } => crate::bench_fanout::forecast(trace, output),
-        BenchScenario::All { duration, output } => all(duration, output).await,
-        BenchScenario::Scale {
-            hosts,
-            producers,
-            consumers,
-            duration,
-            no_churn,
-            no_archiver_kill,
-            no_consumer_stop,
-            no_producer_restart,
-            no_leader_kill,
-            no_producer_kill,
-            consumer_stop_s,
-            lossy_keep,
-            output,
-        } => {
-            let faults = if no_churn {
-                crate::bench_scale::Faults::NONE
-            } else {
-                crate::bench_scale::Faults {
-                    archiver_kill: !no_archiver_kill,
-                    consumer_stop: !no_consumer_stop,
-                    producer_restart: !no_producer_restart,
-                    leader_kill: !no_leader_kill,
-                    producer_kill: !no_producer_kill,
-                }
-            };
-            crate::bench_scale::scale(crate::bench_scale::ScaleOptions {
-                hosts,
-                producers,
-                consumers,
-                duration,
-                faults,
-                consumer_stop_s,
-                lossy_keep,
-                output,
-            })
-            .await
-        }
-        BenchScenario::Broker {
-            resources,
-            duration,
-            clients,
-            output,
-        } => crate::bench_broker::broker(resources, duration, clients, output).await,
-        BenchScenario::Coalloc {
-            trials,
-            scenario,
-            simres,
-            seed,
-            output,
-        } => {
-            use gma_broker::replay::Scenario;
-            let scenarios = match scenario {
-                crate::cli::CoallocScenario::Homogeneous => vec![Scenario::Homogeneous],
-                crate::cli::CoallocScenario::Heterogeneous => vec![Scenario::Heterogeneous],
-                crate::cli::CoallocScenario::Both => vec![Scenario::Homogeneous, Scenario::Heterogeneous],
-            };
-            crate::bench_broker::coalloc(trials, scenarios, simres, seed, output).await
-        }
-        BenchScenario::Placement {
-            hosts,
-            jobs,
-            utilization,
-            seeds,
-            output,
-        } => crate::bench_broker::placement(hosts, jobs, utilization, seeds, output),
-        BenchScenario::Dashboard {
-            duration,
-            hosts,
-            clients,
-            period_ms,
-            output,
-        } => crate::bench_dashboard::run(duration, hosts, clients, period_ms, output).await,
-    }
-}
-
-/// Prints one scenario's JSON object (one line) with the fields every scenario has:
-/// `machine_cores`, and `processes` — the scenario's own list when it runs several processes,
-/// else this process (the scenario ran in it): CPU seconds, peak and final RSS.
-pub(crate) fn emit(mut v: serde_json::Value) {
-    if let Some(o) = v.as_object_mut() {
-        o.entry("machine_cores").or_insert(serde_json::json!(cores()));
-        o.entry("processes").or_insert_with(|| {
-            let me = std::process::id().to_string();
-            let (cpu, rss) = proc_usage(&me).unwrap_or((f64::NAN, f64::NAN));
-            serde_json::json!([{
-                "name": "gma bench (every role of the scenario, in process)",
-                "cpu_seconds": cpu,
-                "rss_mib_peak": peak_rss_mib(&me),
-                "rss_mib_end": rss,
-            }])
-        });
-    }
-    println!("{v}");
-}
-
-/// Peak RSS (VmHWM) of a process, MiB.
-pub(crate) fn peak_rss_mib(pid: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
-}
-
-/// `gma bench all`: every scenario of the suite in turn, each in its own process, one JSON
-/// object per line (or its table).
-async fn all(duration: u64, output: Output) -> anyhow::Result<()> {
-    let d = duration.max(1).to_string();
-    let out = match output {
-        Output::Json => "json",
-        Output::Table => "table",
-    };
-    let scale_d = (duration * 6).max(10).to_string();
-    let runs: Vec<Vec<&str>> = vec![
-        vec!["stream", "--duration", &d],
-        vec!["fanout", "--duration", &d],
-        vec!["directory", "--duration", &d, "--trials", "3"],
-        vec!["archive", "--duration", &d],
-        vec!["broker", "--duration", &d],
-        vec!["agent", "--duration", &scale_d],
-        vec!["scale", "--duration", &scale_d],
-    ];
-    let exe = std::env::current_exe().context("cannot find the gma binary")?;
-    for r in runs {
-        let status = tokio::process::Command::new(&exe)
-            .arg("bench")
-            .args(&r)
-            .args(["--output", out])
-            .status()
-            .await
-            .with_context(|| format!("gma bench {}", r[0]))?;
-        if !status.success() {
-            bail!("gma bench {} failed ({status})", r[0]);
-        }
-    }
-    Ok(())
-}
-
-pub(crate) fn cores() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-}
-
-/// (utime + stime) in seconds of a process, and its RSS in MiB, from /proc.
-pub(crate) fn proc_usage(pid: &str) -> anyhow::Result<(f64, f64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("cannot read /proc stat")?;
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| anyhow!("bad /proc stat"))?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = f
-        .get(11)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow!("bad utime"))?;
-    let stime: f64 = f
-        .get(12)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow!("bad stime"))?;
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).context("cannot read /proc status")?;
-    let rss_kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    Ok(((utime + stime) / CLK_TCK, rss_kb / 1024.0))
-}
-
-pub(crate) fn bench_schema() -> pb::EventSchema {
+pub fn bench_schema() -> pb::EventSchema {
     pb::EventSchema {
         name: "bench.x".into(),
         version: 1,
@@ -264,7 +39,7 @@ pub(crate) fn bench_schema() -> pb::EventSchema {
     }
 }
 
-pub(crate) fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
+pub fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
     (0..n)
         .map(|i| EventData {
             name: "bench.x".into(),
@@ -276,7 +51,7 @@ pub(crate) fn bench_events(n: usize, sources: usize) -> Vec<EventData> {
         .collect()
 }
 
-pub(crate) async fn start_producer(
+pub async fn start_producer(
     buffer: usize,
 ) -> anyhow::Result<(Arc<gma_producer::Hub>, String, tokio::sync::oneshot::Sender<()>)> {
     start_producer_with(buffer, ServerTls::default()).await
@@ -307,7 +82,7 @@ async fn start_producer_with(
 }
 
 /// Stamps every event with now (the sample time latency is measured from) and publishes.
-pub(crate) fn stamp_and_publish(hub: &gma_producer::Hub, batch: &mut [EventData]) {
+pub fn stamp_and_publish(hub: &gma_producer::Hub, batch: &mut [EventData]) {
     let ts = now_ns();
     for e in batch.iter_mut() {
         e.timestamp_ns = ts;
@@ -405,7 +180,7 @@ struct StreamFigures {
     latency: Histogram<u64>,
 }
 
-async fn stream(duration: u64, rate: u64, tls: bool, output: Output) -> anyhow::Result<()> {
+pub async fn stream(duration: u64, rate: u64, tls: bool, output: Output) -> anyhow::Result<()> {
     if duration == 0 || rate == 0 {
         bail!("--duration and --rate must be positive");
     }
@@ -561,7 +336,7 @@ fn print_stream(f: &StreamFigures, output: Output) {
     let cores_used = (f.cpu_seconds / f.seconds).max(0.01);
     let q = |p: f64| f.latency.value_at_quantile(p) as f64 / 1000.0;
     match output {
-        Output::Json => crate::bench::emit(serde_json::json!({
+        Output::Json => emit(serde_json::json!({
             "scenario": "stream",
             "tls": f.tls,
             "machine_cores": cores(),
@@ -600,7 +375,7 @@ fn print_stream(f: &StreamFigures, output: Output) {
     }
 }
 
-async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<()> {
+pub async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<()> {
     if duration < 2 {
         bail!("--duration must be at least 2 seconds");
     }
@@ -675,7 +450,7 @@ async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<
     let _ = child.kill().await;
     let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
     match output {
-        Output::Json => crate::bench::emit(serde_json::json!({
+        Output::Json => emit(serde_json::json!({
             "scenario": "agent",
             "machine_cores": cores(),
             "period_ms": period_ms,

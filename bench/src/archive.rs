@@ -12,8 +12,8 @@ use gma_core::codec::{Mark, OwnedEvent, SeriesInfo};
 use gma_core::pattern::Pattern;
 use gma_proto::v1 as pb;
 
-use crate::bench::{cores, proc_usage};
-use crate::cli::Output;
+use crate::args::Output;
+use crate::report::{cores, proc_usage};
 
 /// 1 s gauges: `hosts` streams of 3 doubles (load-like, 2 decimals), ns jitter up to 1 ms.
 fn streams(hosts: usize) -> Vec<Arc<SeriesInfo>> {
@@ -207,7 +207,7 @@ pub async fn run(samples: u64, duration: Option<u64>, output: Output) -> anyhow:
         "rss_mib": rss_mib,
     });
     match output {
-        Output::Json => crate::bench::emit(j),
+        Output::Json => crate::report::emit(j),
         Output::Table => {
             println!("archive: the archiver's store (sled), in process");
             println!("  machine cores            {}", cores());

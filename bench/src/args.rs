@@ -1,0 +1,287 @@
+//! The arguments of `gma bench` (the `gma` command line flattens [`BenchArgs`] in).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+/// How a scenario prints its figures.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Coallocation replay scenarios (the paper's Tables I and II).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CoallocScenario {
+    /// Every job can use every machine.
+    Homogeneous,
+    /// The last job can use only one machine.
+    Heterogeneous,
+    Both,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub scenario: BenchScenario,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchScenario {
+    /// One producer -> one consumer over loopback gRPC: max events/s, then latency at a fixed rate.
+    Stream {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Events per second for the latency phase.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Over mTLS, with throwaway certificates made for the run.
+        #[arg(long)]
+        tls: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The directory, 1 and 3 nodes (real processes): registrations/s at 1 and 64 clients,
+    /// Search and Watch latency percentiles, leader failover time.
+    Directory {
+        /// Seconds per throughput phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Leader failover trials (3 nodes).
+        #[arg(long, default_value_t = 10)]
+        trials: u32,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The directory and etcd side by side (real processes, both fsync every acked write, the
+    /// same client harness): lease + write and plain writes at 1 and 64 clients, linearizable
+    /// reads; 1 and 3 nodes. Needs `etcd` on the PATH (Debian's etcd-server).
+    Etcd {
+        /// Seconds per throughput phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The rescheduler: violation -> published decision latency (real gRPC, in one process)
+    /// and the cost of one decision over 1,000 candidate hosts.
+    Resched {
+        #[arg(long, default_value_t = 200)]
+        trials: u32,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The archiver's store: ingest samples/s with group commit, bytes/sample on disk, query
+    /// time over 1,000,000 samples (raw and 1m p99), RSS.
+    Archive {
+        /// Samples ingested (1,000 hosts x 3 fields, 1 s gauges).
+        #[arg(long, default_value_t = 3_000_000)]
+        samples: u64,
+        /// Stop the ingest after this many seconds if --samples is not reached by then.
+        #[arg(long)]
+        duration: Option<u64>,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The host agent (a real `gma producer` process at 1 s sampling): CPU% and RSS.
+    Agent {
+        #[arg(long, default_value_t = 60)]
+        duration: u64,
+        /// Sample period of the agent under test.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// One producer -> N consumers of the same pattern (encode-once fan-out), loopback gRPC:
+    /// events/s per consumer and per core, encodings per published event, then latency
+    /// percentiles across all consumers at a fixed rate.
+    Fanout {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Consumer counts to measure, e.g. 1,10,100.
+        #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+        consumers: Vec<usize>,
+        /// Events per second for the latency phase.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Give each consumer its own filter (encode-once off), for comparison.
+        #[arg(long)]
+        distinct: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Slow-consumer isolation: a fast consumer at a fixed rate alone, then next to a stalled
+    /// drop-oldest consumer, then next to a stalled latest consumer (throughput, latency, RSS).
+    Stall {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Events per second published.
+        #[arg(long, default_value_t = 20_000)]
+        rate: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Cost per event of subscription filters (none, when, delta_pct, min_interval_ms),
+    /// reading a hub through a cursor without gRPC.
+    Filter {
+        /// Events in the hub (1,000 sources, 3 fields).
+        #[arg(long, default_value_t = 1_000_000)]
+        events: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Every scenario of the suite in turn (stream, fanout, directory, archive, broker, agent,
+    /// scale), each in its own process: one JSON object per line with --output json.
+    All {
+        /// Seconds per phase (agent and scale run 6x this).
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The fabric at grid scale: simulated hosts in several producer processes, a 3-node
+    /// directory, an archiver, a broker and dashboard-style consumers; loss by seq accounting
+    /// (producer -> archiver, read back from the archive), latency, CPU and RSS of every
+    /// process; with churn (the archiver, a producer and the directory leader killed with
+    /// SIGKILL, a producer restarted, a consumer stopped with SIGSTOP).
+    Scale {
+        #[arg(long, default_value_t = 1000)]
+        hosts: u32,
+        #[arg(long, default_value_t = 4)]
+        producers: u32,
+        #[arg(long, default_value_t = 100)]
+        consumers: u32,
+        /// Seconds of measurement (after setup).
+        #[arg(long, default_value_t = 300)]
+        duration: u64,
+        /// No faults at all (none of those below).
+        #[arg(long)]
+        no_churn: bool,
+        /// Churn without killing the archiver (SIGKILL and restart at 0.10 and 0.85 of the run).
+        #[arg(long)]
+        no_archiver_kill: bool,
+        /// Churn without stopping the consumer process (SIGSTOP at 0.15 of the run).
+        #[arg(long)]
+        no_consumer_stop: bool,
+        /// Churn without restarting producer 0 (SIGTERM at 1/3 of the run).
+        #[arg(long)]
+        no_producer_restart: bool,
+        /// Churn without killing the directory leader (SIGKILL at half the run).
+        #[arg(long)]
+        no_leader_kill: bool,
+        /// Churn without killing producer 1 (SIGKILL at 0.70 of the run).
+        #[arg(long)]
+        no_producer_kill: bool,
+        /// Seconds the consumer process stays stopped (default: a sixth of the run, at most 40).
+        #[arg(long)]
+        consumer_stop_s: Option<f64>,
+        /// Shows that the per-seq check finds loss: the archiver keeps one host.cpu event in N
+        /// (a keep rule), so the others are reported missing.
+        #[arg(long)]
+        lossy_keep: Option<u64>,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The broker: Select decisions/s and latency through gRPC with N live resources.
+    Broker {
+        #[arg(long, default_value_t = 1000)]
+        resources: u32,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Concurrent clients (one connection each).
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The paper's randomized coallocation experiment against a gma simres over gRPC (one is
+    /// started in this process unless --simres is given): success rates and iteration counts.
+    Coalloc {
+        #[arg(long, default_value_t = 1000)]
+        trials: u32,
+        #[arg(long, value_enum, default_value = "both")]
+        scenario: CoallocScenario,
+        /// Use this running gma simres (it must offer machines m0..m3 with 1 CPU each).
+        #[arg(long)]
+        simres: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Placement quality: mean job completion time under ttd vs random and round-robin in a
+    /// discrete-event simulation of heterogeneous hosts.
+    Placement {
+        #[arg(long, default_value_t = 50)]
+        hosts: usize,
+        #[arg(long, default_value_t = 5000)]
+        jobs: usize,
+        /// Offered load (fraction of all CPUs at reference speed).
+        #[arg(long, default_value_t = 0.7)]
+        utilization: f64,
+        #[arg(long, default_value_t = 5)]
+        seeds: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The dashboard (real processes): its CPU% and RSS with no browser and with N SSE clients
+    /// over H simulated hosts (3 live series each), and the fan-out latency of chart points
+    /// (event timestamp -> client receipt).
+    Dashboard {
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 30)]
+        duration: u64,
+        /// Simulated hosts (3 live series each: host.load, host.cpu, host.mem).
+        #[arg(long, default_value_t = 34)]
+        hosts: usize,
+        /// SSE clients ("browsers") in the second phase.
+        #[arg(long, default_value_t = 10)]
+        clients: usize,
+        /// Sample period of the simulated hosts.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Federation: mean job completion with federation vs local-only (3 simulated sites of 64
+    /// CPUs, imbalanced and balanced load, the real route() and job manager), summary size,
+    /// route() latency with 100 peers, summary propagation latency over real gRPC.
+    Federation {
+        /// Jobs submitted per site in each simulated run.
+        #[arg(long, default_value_t = 3000)]
+        jobs: usize,
+        /// Seeds (runs) per load pattern.
+        #[arg(long, default_value_t = 3)]
+        seeds: u64,
+        /// Hosts per site.
+        #[arg(long, default_value_t = 16)]
+        hosts: u32,
+        /// CPUs per host.
+        #[arg(long, default_value_t = 4)]
+        cpus_per_host: u32,
+        /// Job sizes in CPUs, drawn uniformly (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,4")]
+        shapes: Vec<u32>,
+        /// Summary changes timed for the propagation latency.
+        #[arg(long, default_value_t = 300)]
+        changes: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Forecast accuracy: MAE of the served forecast next to every fixed predictor on
+    /// synthetic load traces and, optionally, a recorded trace.
+    Forecast {
+        /// Recorded trace: one number per line, or JSON lines of `gma subscribe host.load
+        /// --output json` (their load1 values).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
