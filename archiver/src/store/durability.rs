@@ -33,8 +33,12 @@ impl Store {
         for e in events {
             let ptr = std::sync::Arc::as_ptr(&e.series) as usize;
             let sid = match cache.get(&ptr) {
-                Some(s) => *s,
+                Some(s) => {
+                    stats.series_cache_hits += 1;
+                    *s
+                }
                 None => {
+                    stats.series_cache_misses += 1;
                     let s = match inner.resolve(&e.series, &mut defs, &mut stats) {
                         Ok(s) => s,
                         Err(err) => return Err(inner.poison(err)),
@@ -114,6 +118,8 @@ impl Store {
         if stats.sealed_chunks > 0 {
             metrics::counter!(crate::telemetry::CHUNKS_SEALED).increment(stats.sealed_chunks);
         }
+        metrics::counter!(crate::telemetry::SERIES_CACHE_HITS).increment(stats.series_cache_hits);
+        metrics::counter!(crate::telemetry::SERIES_CACHE_MISSES).increment(stats.series_cache_misses);
         Ok(stats)
     }
 
@@ -334,6 +340,9 @@ pub(super) fn seal(st: &mut Stream, pending: &mut Pending, next_ctr: &mut u32) -
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use gma_core::codec::SeriesInfo;
     use std::time::Duration;
 
     use super::super::{Agg, StoreOptions};
@@ -367,6 +376,48 @@ mod tests {
         );
         assert_eq!(got[0].values, vec![10.0, 10.0, 5.0]);
         assert_eq!(got[0].ts, vec![0, 10 * SEC, 20 * SEC]);
+    }
+
+    #[test]
+    fn the_series_cache_hits_for_events_sharing_their_series() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), opts(100)).unwrap();
+        let (a, b) = (cpu("a"), cpu("b"));
+        // Events of one series share its Arc (as the decoder delivers them): one miss per
+        // series per append, every other event a hit.
+        let events: Vec<_> = (0..10)
+            .map(|i| {
+                ev(
+                    if i % 2 == 0 { &a } else { &b },
+                    i + 1,
+                    i as i64,
+                    &[1.0, 2.0],
+                    &["ok"],
+                )
+            })
+            .collect();
+        let st = store.append("p1", rp(1, 11), &events).unwrap();
+        assert_eq!(
+            (st.events, st.series_cache_misses, st.series_cache_hits),
+            (10, 2, 8)
+        );
+        // A fresh Arc per event (what the decoder once did) misses every time.
+        let events: Vec<_> = (10..20)
+            .map(|i| {
+                ev(
+                    &Arc::new(SeriesInfo::clone(&a)),
+                    i + 1,
+                    i as i64,
+                    &[1.0, 2.0],
+                    &["ok"],
+                )
+            })
+            .collect();
+        let st = store.append("p1", rp(1, 21), &events).unwrap();
+        assert_eq!(
+            (st.events, st.series_cache_misses, st.series_cache_hits),
+            (10, 10, 0)
+        );
     }
 
     #[tokio::test]

@@ -224,6 +224,11 @@ pub struct AppendStats {
     pub sealed_chunks: u64,
     /// Bytes of the write-ahead record.
     pub wal_bytes: u64,
+    /// Events whose stream was found in the append's series cache (keyed on the event's
+    /// `Arc<SeriesInfo>`: the events of one series decoded by one stream share it) ...
+    pub series_cache_hits: u64,
+    /// ... and events whose stream had to be resolved (the first of each series in the batch).
+    pub series_cache_misses: u64,
 }
 
 /// Figures of the store.
