@@ -3,7 +3,8 @@
 submodules): edges A -> B when a file of module A names crate::B
 (use lines or inline paths) or, from a child module, super:: of a sibling. Prints the strongly
 connected components with more than one module (each is a cycle). Test code (#[cfg(test)] mod
-tests blocks) is ignored."""
+tests blocks) is ignored, and so are a parent's uses of its own submodules (nesting, not a
+cycle). Exit status 1 when a cycle is found."""
 import os, re, sys
 
 def modules(src):
@@ -56,10 +57,22 @@ def graph(src, depth=1):
             continue
         targets = set()
         # crate::x::y and use crate::{x, y::z}
-        for g in re.finditer(r'crate::\{([^}]*)\}', text):
-            for part in g.group(1).split(','):
-                part = part.strip()
-                if part: targets.add(part.split('::')[0])
+        for g in re.finditer(r'crate::\{', text):
+            # the top-level items of a (possibly nested) use group
+            nest, item, j = 1, '', g.end()
+            while j < len(text) and nest > 0:
+                ch = text[j]
+                if ch == '{':
+                    nest += 1
+                elif ch == '}':
+                    nest -= 1
+                if nest == 1 and ch == ',' or nest == 0:
+                    name = item.strip().split('::')[0].strip('{} \n')
+                    if name: targets.add(name)
+                    item = ''
+                elif nest == 1:
+                    item += ch
+                j += 1
         for g in re.finditer(r'crate::(\w+)', text):
             targets.add(g.group(1))
         # super:: from a submodule (a sibling of m's parent)
