@@ -82,8 +82,20 @@ impl Stamper {
     pub fn stamp(&mut self, producer: &str, epoch: u64, events: &mut [OwnedEvent]) -> u64 {
         let label = run_label(producer, epoch);
         let mut skipped = 0;
+        // The events of one series share its Arc (the decoder's): look each series up once.
+        // The map holds the Arc it is keyed on, so no address is reused during the call.
+        type Seen = (Arc<SeriesInfo>, Option<Arc<SeriesInfo>>);
+        let mut seen: HashMap<*const SeriesInfo, Seen> = HashMap::new();
         for e in events.iter_mut() {
-            let Some(series) = self.extended(&e.series) else {
+            let ext = match seen.get(&Arc::as_ptr(&e.series)) {
+                Some((_, x)) => x.clone(),
+                None => {
+                    let x = self.extended(&e.series);
+                    seen.insert(Arc::as_ptr(&e.series), (e.series.clone(), x.clone()));
+                    x
+                }
+            };
+            let Some(series) = ext else {
                 skipped += 1;
                 continue;
             };

@@ -5,6 +5,11 @@ pub const SAMPLES: &str = "gma_archiver_samples_total";
 pub const GAP_EVENTS: &str = "gma_archiver_gap_events_total";
 pub const CHUNKS_SEALED: &str = "gma_archiver_chunks_sealed_total";
 pub const BAD_TIMESTAMPS: &str = "gma_archiver_bad_timestamps_total";
+/// Events whose stream an append found in its series cache (the events of one series share
+/// one `Arc` from the decoder) ...
+pub const SERIES_CACHE_HITS: &str = "gma_archiver_series_cache_hits_total";
+/// ... and events whose stream it had to resolve (the first of each series in a batch).
+pub const SERIES_CACHE_MISSES: &str = "gma_archiver_series_cache_misses_total";
 
 /// Registers the descriptions (HELP lines) of this crate's metrics with the installed recorder.
 pub fn describe() {
@@ -15,5 +20,13 @@ pub fn describe() {
     describe_counter!(
         BAD_TIMESTAMPS,
         "events not archived: timestamp outside the valid range"
+    );
+    describe_counter!(
+        SERIES_CACHE_HITS,
+        "appended events whose stream was found in the batch's series cache"
+    );
+    describe_counter!(
+        SERIES_CACHE_MISSES,
+        "appended events whose stream had to be resolved (first of its series in a batch)"
     );
 }

@@ -233,7 +233,10 @@ impl BatchEncoder {
 /// One event of a decoded batch, borrowing its values from the batch.
 #[derive(Debug, Clone, Copy)]
 pub struct EventRef<'a> {
-    pub series: &'a SeriesInfo,
+    /// The series, shared: [`EventRef::to_owned_event`] clones this `Arc` (no allocation), so
+    /// every event of one series decoded by one [`BatchDecoder`] points at the same
+    /// [`SeriesInfo`].
+    pub series: &'a Arc<SeriesInfo>,
     pub seq: u64,
     pub timestamp_ns: i64,
     pub numbers: &'a [f64],
@@ -290,9 +293,10 @@ impl<'a> EventRef<'a> {
         None
     }
 
+    /// The event with its values copied; the series is shared (an `Arc` clone).
     pub fn to_owned_event(&self) -> OwnedEvent {
         OwnedEvent {
-            series: Arc::new(self.series.clone()),
+            series: Arc::clone(self.series),
             seq: self.seq,
             timestamp_ns: self.timestamp_ns,
             numbers: self.numbers.to_vec(),
@@ -327,9 +331,12 @@ impl OwnedEvent {
 }
 
 /// Decodes the batches of one stream.
+///
+/// Keeps one `Arc` per declared series (at most [`MAX_SERIES_PER_STREAM`]): the events it
+/// decodes share it, and a declaration repeated unchanged keeps it.
 #[derive(Debug, Default)]
 pub struct BatchDecoder {
-    series: foldhash::HashMap<u32, SeriesInfo>,
+    series: foldhash::HashMap<u32, Arc<SeriesInfo>>,
     last_seq: Option<u64>,
 }
 
@@ -350,6 +357,17 @@ impl BatchDecoder {
                     "more than {MAX_SERIES_PER_STREAM} series declared"
                 )));
             }
+            // The same declaration again (a stream declares what it is unsure the peer has):
+            // keep the series' Arc, so what holds it (e.g. a cache keyed on it) stays valid.
+            let same = self.series.get(&d.id).is_some_and(|s| {
+                s.name == d.name
+                    && s.source == d.source
+                    && s.schema_version == d.schema_version
+                    && s.fields[..] == d.fields[..]
+            });
+            if same {
+                continue;
+            }
             let info = SeriesInfo {
                 id: d.id,
                 name: d.name.clone(),
@@ -358,7 +376,7 @@ impl BatchDecoder {
                 layout: Layout::of(&d.fields),
                 fields: d.fields.clone().into(),
             };
-            self.series.insert(d.id, info);
+            self.series.insert(d.id, Arc::new(info));
         }
         let n = b.series_ids.len();
         if b.seq_deltas.len() != n || b.ts_deltas.len() != n {
@@ -449,21 +467,7 @@ impl BatchDecoder {
     /// Decodes a batch into owned events.
     pub fn decode(&mut self, b: &pb::EventBatch) -> Result<Vec<OwnedEvent>, CodecError> {
         let mut out = Vec::with_capacity(b.series_ids.len());
-        let mut cache: foldhash::HashMap<u32, Arc<SeriesInfo>> = Default::default();
-        self.decode_each(b, |e| {
-            let s = cache
-                .entry(e.series.id)
-                .or_insert_with(|| Arc::new(e.series.clone()))
-                .clone();
-            out.push(OwnedEvent {
-                series: s,
-                seq: e.seq,
-                timestamp_ns: e.timestamp_ns,
-                numbers: e.numbers.to_vec(),
-                strings: e.strings.to_vec(),
-                mark: e.mark,
-            });
-        })?;
+        self.decode_each(b, |e| out.push(e.to_owned_event()))?;
         Ok(out)
     }
 
@@ -514,6 +518,59 @@ mod tests {
         assert_eq!(e2[0].as_ref().text("rx"), None);
         // Replaying an old batch is a seq error.
         assert!(dec.decode(&b1).is_err());
+    }
+
+    #[test]
+    fn events_of_one_series_share_one_arc() {
+        let (a, b) = (series(0, "a"), series(1, "b"));
+        let mut enc = BatchEncoder::new();
+        for i in 0..4 {
+            enc.push(&a, 2 * i + 1, 10, &[1.0, 2.0], &["x".into()]);
+            enc.push(&b, 2 * i + 2, 10, &[1.0, 2.0], &["y".into()]);
+        }
+        let b1 = enc.finish(1);
+        enc.push(&a, 9, 20, &[1.0, 2.0], &["x".into()]);
+        let mut b2 = enc.finish(1);
+        // A declaration repeated unchanged keeps the series' Arc.
+        b2.series = b1.series.clone();
+        let mut dec = BatchDecoder::new();
+        let e1 = dec.decode(&b1).unwrap();
+        let e2 = dec.decode(&b2).unwrap();
+        let of = |src: &str| -> Vec<&Arc<SeriesInfo>> {
+            e1.iter()
+                .chain(&e2)
+                .filter(|e| e.series.source == src)
+                .map(|e| &e.series)
+                .collect()
+        };
+        let (sa, sb) = (of("a"), of("b"));
+        assert_eq!((sa.len(), sb.len()), (5, 4));
+        assert!(sa.iter().all(|s| Arc::ptr_eq(s, sa[0])), "one Arc for series a");
+        assert!(sb.iter().all(|s| Arc::ptr_eq(s, sb[0])), "one Arc for series b");
+        assert!(!Arc::ptr_eq(sa[0], sb[0]));
+        // decode_each hands out the same Arc that to_owned_event clones.
+        let mut c = BatchEncoder::new();
+        c.push(&a, 10, 30, &[1.0, 2.0], &["x".into()]);
+        let mut b3 = c.finish(1);
+        b3.series.clear();
+        dec.decode_each(&b3, |e| assert!(Arc::ptr_eq(&e.to_owned_event().series, sa[0])))
+            .unwrap();
+        // A changed declaration of the same id is a new series.
+        let mut changed = b1.series[0].clone();
+        changed.schema_version = 2;
+        let b4 = pb::EventBatch {
+            series: vec![changed],
+            epoch: 1,
+            ..Default::default()
+        };
+        dec.decode(&b4).unwrap();
+        let mut c = BatchEncoder::new();
+        c.push(&a, 11, 40, &[1.0, 2.0], &["x".into()]);
+        let mut b5 = c.finish(1);
+        b5.series.clear();
+        let e5 = dec.decode(&b5).unwrap();
+        assert_eq!(e5[0].series.schema_version, 2);
+        assert!(!Arc::ptr_eq(&e5[0].series, sa[0]));
     }
 
     #[test]

@@ -24,9 +24,9 @@ use gma_core::guard::{load_policy, Gate, Slot};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
 
+use crate::config::DirectoryConfig;
 use crate::error::DirError;
-use crate::raft::types::NodeId;
-use crate::server::{DirectoryConfig, Member};
+use crate::member::{Member, NodeId};
 
 /// Binary metadata a member sets when it passes a client's read to the leader: the CN and O
 /// of the client it speaks for (raw UTF-8).

@@ -14,8 +14,11 @@
 //! - `service`: the tonic `Directory` implementation: writes are raft proposals (forwarded to
 //!   the leader from a follower), reads are linearizable by default; watchers fan out from the
 //!   state machine's broadcast and catch up from history.
-//! - `server`: [`DirectoryConfig`] and [`run`] (start raft, lease upkeep on the leader, serve,
-//!   graceful stop).
+//! - `config`: [`DirectoryConfig`], its defaults and its checks.
+//! - [`member`]: node ids and addresses (`--peers`, [`member::parse_peers`]) and the
+//!   certificate subjects of `[[members]]`.
+//! - `kind`: the two record kinds (re-exported as `state::Kind`).
+//! - `server`: [`run`] (start raft, lease upkeep on the leader, serve, graceful stop).
 //! - `validate`: syntax checks of records and schemas (limits, addresses, names).
 //! - [`telemetry`]: the names of the Prometheus metrics this crate records.
 //! - [`error`]: [`DirError`] and its one mapping to gRPC status codes.
@@ -24,7 +27,10 @@
 
 mod access;
 pub mod batch;
+mod config;
 pub mod error;
+mod kind;
+pub mod member;
 pub mod raft;
 mod server;
 mod service;
@@ -33,8 +39,9 @@ pub mod telemetry;
 mod validate;
 
 pub use access::DOORS;
+pub use config::DirectoryConfig;
 pub use error::DirError;
-pub use server::{run, run_with_rpc, DirectoryConfig};
+pub use server::{run, run_with_rpc};
 pub use validate::{
     MAX_ACCEPTS, MAX_ATTRIBUTES, MAX_EVENTS, MAX_FIELD_LEN, MAX_SCHEMAS, MAX_SERVICES, MAX_SOURCES,
 };

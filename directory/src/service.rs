@@ -30,10 +30,10 @@ use tonic::{Request, Response, Status, Streaming};
 
 use gma_core::authz::{Action, Identity};
 
+use crate::config::DirectoryConfig;
 use crate::error::DirError;
 use crate::raft::storage::SmShared;
 use crate::raft::types::{Ack, Node, NodeId, Raft, Reply};
-use crate::server::DirectoryConfig;
 use crate::state::{Command, Kind, RecordFilter, SearchQuery};
 
 /// Changes buffered for watchers before a slow one lags (and catches up from history).

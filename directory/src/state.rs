@@ -14,7 +14,6 @@
 //! ones are compacted and a resume before them is OUT_OF_RANGE.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::fmt;
 use std::ops::{Bound, RangeInclusive};
 
 use gma_core::event::same_definition;
@@ -23,6 +22,7 @@ use gma_proto::v1::{self as pb, record::Record as Body};
 use serde::{Deserialize, Serialize};
 
 use crate::error::DirError;
+pub use crate::kind::Kind;
 use crate::validate;
 
 /// DELETE reason of an explicit Remove.
@@ -33,66 +33,6 @@ pub const REASON_EXPIRED: &str = "lease expired";
 pub const DEFAULT_PAGE_SIZE: usize = 100;
 /// Largest Search page.
 pub const MAX_PAGE_SIZE: usize = 1000;
-
-/// The two kinds of records. Ordered producer first: Search results sort by (kind, id).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Kind {
-    Producer,
-    Consumer,
-}
-
-impl Kind {
-    pub fn of(body: &Body) -> Kind {
-        match body {
-            Body::Producer(_) => Kind::Producer,
-            Body::Consumer(_) => Kind::Consumer,
-        }
-    }
-
-    /// The kind of a request field: `None` for RECORD_KIND_UNSPECIFIED (any).
-    pub fn from_pb(kind: i32) -> Result<Option<Kind>, DirError> {
-        match pb::RecordKind::try_from(kind) {
-            Ok(pb::RecordKind::Unspecified) => Ok(None),
-            Ok(pb::RecordKind::Producer) => Ok(Some(Kind::Producer)),
-            Ok(pb::RecordKind::Consumer) => Ok(Some(Kind::Consumer)),
-            Err(_) => Err(DirError::invalid(format!(
-                "unknown record kind {kind}: use RECORD_KIND_PRODUCER (1) or RECORD_KIND_CONSUMER (2)"
-            ))),
-        }
-    }
-
-    pub fn to_pb(self) -> pb::RecordKind {
-        match self {
-            Kind::Producer => pb::RecordKind::Producer,
-            Kind::Consumer => pb::RecordKind::Consumer,
-        }
-    }
-
-    /// One-byte tag used in storage keys and page tokens.
-    pub(crate) fn tag(self) -> u8 {
-        match self {
-            Kind::Producer => 1,
-            Kind::Consumer => 2,
-        }
-    }
-
-    pub(crate) fn from_tag(tag: u8) -> Option<Kind> {
-        match tag {
-            1 => Some(Kind::Producer),
-            2 => Some(Kind::Consumer),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Producer => "producer",
-            Kind::Consumer => "consumer",
-        })
-    }
-}
 
 /// Identity of a record: unique per kind.
 pub type RecordKey = (Kind, String);

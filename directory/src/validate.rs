@@ -11,7 +11,7 @@ use gma_core::pattern::{validate_event_name, validate_source, Pattern};
 use gma_proto::v1::{self as pb, record::Record as Body};
 
 use crate::error::DirError;
-use crate::state::Kind;
+use crate::kind::Kind;
 
 /// Most event names one producer record may offer.
 pub const MAX_EVENTS: usize = 10_000;

@@ -26,8 +26,7 @@
 
 use std::path::PathBuf;
 
-use gma_broker::rank::RankConfig;
-use gma_broker::view::Annotation;
+use gma_broker::{Annotation, RankConfig};
 use serde::Deserialize;
 
 use crate::route::RoutePolicy;

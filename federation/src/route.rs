@@ -35,8 +35,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use gma_broker::job::Job;
-use gma_broker::rank::{rank, Limits, Policy, RankConfig, Ranked, Snapshot};
+use gma_broker::{rank_candidates, Job, Policy, RankConfig, Ranked, Snapshot};
 use serde::Deserialize;
 
 use crate::summary::{ClassStats, Summary, HIST_GRADES};
@@ -201,9 +200,7 @@ fn transfer(t: Option<f64>) -> f64 {
 }
 
 fn ranked(local: &LocalView<'_>, job: &Job) -> Vec<Ranked> {
-    rank(local.snapshot, job, Policy::Ttd, local.rank, Limits::default())
-        .map(|r| r.ranked)
-        .unwrap_or_default()
+    rank_candidates(local.snapshot, job, Policy::Ttd, local.rank).unwrap_or_default()
 }
 
 /// The first ranked host (best predicted completion) with the job's CPUs free now.

@@ -20,8 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use gma_broker::job::Job;
-use gma_broker::view::LiveView;
+use gma_broker::{Job, LiveView};
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::authz::{Action, Door, Peers};

@@ -12,8 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
-use gma_broker::job::Job;
-use gma_broker::rank::{Resource, Snapshot};
+use gma_broker::{Job, Resource, Snapshot};
 use gma_proto::v1 as pb;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::route::{route, LocalView, PeerView, Release, RouteJob, RoutePolicy};
 use crate::site::{Effect, ForwardOutcome, Grant, Link, Params, Reject, Role, SiteState};
 use crate::summary::{SiteLoad, Summary};
-use gma_broker::rank::RankConfig;
+use gma_broker::RankConfig;
 use hdrhistogram::Histogram;
 use std::time::Instant;
 

@@ -36,8 +36,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use gma_broker::job::Job;
-use gma_broker::rank::{RankConfig, Resource, Snapshot};
+use gma_broker::{rank_candidates, Job, Policy, RankConfig, Resource, Snapshot};
 use gma_proto::v1 as pb;
 use prost::Message;
 use rand::{Rng, SeedableRng};
@@ -897,15 +896,7 @@ impl SiteState {
         if !self.p.accepts_foreign {
             return Err(Reject::Busy(format!("{me} accepts no jobs from other sites")));
         }
-        let ranked = gma_broker::rank::rank(
-            snap,
-            &job,
-            gma_broker::rank::Policy::Ttd,
-            &self.p.rank,
-            Default::default(),
-        )
-        .map(|r| r.ranked.len())
-        .unwrap_or(0);
+        let ranked = rank_candidates(snap, &job, Policy::Ttd, &self.p.rank).map_or(0, |r| r.len());
         if ranked == 0 {
             return Err(Reject::Infeasible(format!(
                 "no host of {me} meets the job's requirements ({} CPUs, {} MiB, arch {:?})",
@@ -1761,16 +1752,10 @@ impl SiteState {
             };
             match decision {
                 Route::Local { host } => {
-                    let exec = gma_broker::rank::rank(
-                        &snapshot,
-                        &j.job,
-                        gma_broker::rank::Policy::Ttd,
-                        &self.p.rank,
-                        Default::default(),
-                    )
-                    .ok()
-                    .and_then(|r| r.ranked.into_iter().find(|x| x.resource == host))
-                    .map_or(j.job.reference_time_s, |x| x.exec_s);
+                    let exec = rank_candidates(&snapshot, &j.job, Policy::Ttd, &self.p.rank)
+                        .ok()
+                        .and_then(|r| r.into_iter().find(|x| x.resource == host))
+                        .map_or(j.job.reference_time_s, |x| x.exec_s);
                     let dur = self.duration_ns(&j.job, exec);
                     let cpus = j.job.cpus;
                     let foreign = j.foreign();

@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gma_broker::rank::Snapshot;
+use gma_broker::Snapshot;
 use gma_core::event::{dbl, text, EventData};
 use gma_proto::v1 as pb;
 use prost::Message;
@@ -674,7 +674,7 @@ pub fn merge_all<'a>(items: impl IntoIterator<Item = &'a Summary>) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gma_broker::rank::Resource;
+    use gma_broker::Resource;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 

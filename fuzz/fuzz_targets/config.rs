@@ -23,7 +23,7 @@ use gma_core::event::{validate_schema, EventData, Layout};
 #[cfg(feature = "roles")]
 use gma_core::pattern::{event_patterns, validate_source};
 #[cfg(feature = "roles")]
-use gma_directory::{raft::network::parse_peers, DirectoryConfig};
+use gma_directory::{member::parse_peers, DirectoryConfig};
 use gma_fuzz::MAX_INPUT;
 #[cfg(feature = "roles")]
 use gma_producer::ProducerConfig;

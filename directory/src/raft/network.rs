@@ -6,7 +6,7 @@
 //! [`RaftService`] hands each message to the local `Raft` and returns its result; it also takes
 //! writes forwarded by followers and membership changes from `gma cluster`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -281,33 +281,4 @@ fn admin_status(e: RaftError<NodeId, openraft::error::ClientWriteError<NodeId, N
         }
         RaftError::Fatal(f) => Status::unavailable(format!("raft stopped: {f}")),
     }
-}
-
-/// Node map from `--peers 1=host:port,2=host:port`.
-pub fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, Node>, String> {
-    let mut out = BTreeMap::new();
-    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (id, addr) = part
-            .split_once('=')
-            .ok_or_else(|| format!("peer {part:?} is not ID=HOST:PORT"))?;
-        let id: NodeId = id
-            .trim()
-            .parse()
-            .map_err(|_| format!("peer id {id:?} is not a number"))?;
-        if id == 0 {
-            return Err("node ids start at 1".into());
-        }
-        let addr = addr.trim().trim_start_matches("http://").to_string();
-        if !addr.contains(':') {
-            return Err(format!("peer address {addr:?} is not HOST:PORT"));
-        }
-        out.insert(
-            id,
-            Node {
-                rpc_addr: addr.clone(),
-                api_addr: addr,
-            },
-        );
-    }
-    Ok(out)
 }

@@ -3,7 +3,6 @@
 //! The log carries [`Command`]s (each stamped with the leader's time); applying one yields a
 //! [`Reply`]. Node addresses travel inside the replicated membership as [`Node`].
 
-use std::fmt;
 use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
@@ -11,21 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::DirError;
 use crate::state::Command;
 
-pub type NodeId = u64;
-
-/// A member's addresses: `rpc_addr` for raft traffic, `api_addr` for the Directory service
-/// (both `host:port`; the same port serves both).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Node {
-    pub rpc_addr: String,
-    pub api_addr: String,
-}
-
-impl fmt::Display for Node {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.api_addr)
-    }
-}
+pub use crate::member::{Node, NodeId};
 
 /// What a successful command returns to its client.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

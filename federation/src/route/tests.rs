@@ -1,6 +1,6 @@
 use super::*;
 use crate::summary::{SiteLoad, Summary};
-use gma_broker::rank::Resource;
+use gma_broker::Resource;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

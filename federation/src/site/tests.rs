@@ -1,5 +1,5 @@
 use super::*;
-use gma_broker::rank::Resource;
+use gma_broker::Resource;
 
 const NOW: i64 = 1_000_000_000_000;
 

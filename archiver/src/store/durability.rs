@@ -1,0 +1,461 @@
+//! Appends, group-commit flushes and checkpoints (see Durability in the module documentation).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use gma_consumer::stream::ResumePoint;
+use gma_core::codec::OwnedEvent;
+
+use super::codec::{encode_checkpoint, encode_record};
+use super::layout::*;
+use super::{corrupt, AppendStats, ChunkKey, Inner, Pending, PendingChunk, Store, StoreError, Stream};
+use crate::chunk::ChunkWriter;
+
+impl Store {
+    /// Appends one producer batch: its rows go to the open chunks, its write-ahead record
+    /// (with the resume point and new dictionary entries) is queued, and the chunks that
+    /// became full are sealed into the pending set. Not durable until [`Store::flush`].
+    pub fn append(
+        &self,
+        producer: &str,
+        resume: ResumePoint,
+        events: &[OwnedEvent],
+    ) -> Result<AppendStats, StoreError> {
+        let mut g = self.inner.lock();
+        let inner = &mut *g;
+        inner.check()?;
+        let mut defs = Vec::new();
+        let mut stats = AppendStats::default();
+
+        // Resolve (and create) the streams, refuse events that do not fit them.
+        let mut cache: HashMap<usize, Option<u32>> = HashMap::new();
+        let mut accepted: Vec<(u32, &OwnedEvent)> = Vec::with_capacity(events.len());
+        for e in events {
+            let ptr = std::sync::Arc::as_ptr(&e.series) as usize;
+            let sid = match cache.get(&ptr) {
+                Some(s) => {
+                    stats.series_cache_hits += 1;
+                    *s
+                }
+                None => {
+                    stats.series_cache_misses += 1;
+                    let s = match inner.resolve(&e.series, &mut defs, &mut stats) {
+                        Ok(s) => s,
+                        Err(err) => return Err(inner.poison(err)),
+                    };
+                    cache.insert(ptr, s);
+                    s
+                }
+            };
+            let fits = sid
+                .and_then(|sid| inner.streams.get(&sid))
+                .is_some_and(|st| e.numbers.len() == st.n_doubles && e.strings.len() == st.n_strings);
+            match sid {
+                Some(sid) if fits => accepted.push((sid, e)),
+                _ => stats.rejected += 1,
+            }
+        }
+        if stats.rejected > 0 {
+            tracing::warn!(
+                producer,
+                rejected = stats.rejected,
+                "events not matching their schema were not stored"
+            );
+        }
+
+        let rec = encode_record(producer, resume, &defs, &accepted);
+        let seq = match self.wal.append(&rec) {
+            Ok(p) => p.seq,
+            Err(e) => return Err(inner.poison(e.into())),
+        };
+        if seq != inner.next_wal {
+            return Err(inner.poison(corrupt(format!(
+                "write-ahead record numbered {seq}, expected {}",
+                inner.next_wal
+            ))));
+        }
+        stats.wal_bytes = (gma_durable::log::HEADER + rec.len()) as u64;
+        inner.next_wal += 1;
+        inner.wal_bytes += stats.wal_bytes;
+        let chunk_rows = self.opts.chunk_rows;
+        let Inner {
+            streams,
+            next_ctr,
+            pending,
+            ..
+        } = inner;
+        let mut strs: Vec<&str> = Vec::new();
+        let mut failed = None;
+        for (sid, e) in &accepted {
+            let Some(st) = streams.get_mut(sid) else {
+                failed = Some(corrupt(format!("stream {sid} vanished")));
+                break;
+            };
+            let j = if st.head.0 == seq { st.head.1 + 1 } else { 1 };
+            st.head = (seq, j);
+            strs.clear();
+            strs.extend(e.strings.iter().map(String::as_str));
+            if let Err(err) = st.open.push(e.timestamp_ns, &e.numbers, &strs) {
+                failed = Some(err.into());
+                break;
+            }
+            stats.events += 1;
+            stats.samples += st.values();
+            if st.open.rows() >= chunk_rows {
+                match seal(st, pending, next_ctr) {
+                    Ok(_) => stats.sealed_chunks += 1,
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(err) = failed {
+            return Err(inner.poison(err));
+        }
+        inner.resume.insert(producer.to_string(), resume);
+        if stats.sealed_chunks > 0 {
+            metrics::counter!(crate::telemetry::CHUNKS_SEALED).increment(stats.sealed_chunks);
+        }
+        metrics::counter!(crate::telemetry::SERIES_CACHE_HITS).increment(stats.series_cache_hits);
+        metrics::counter!(crate::telemetry::SERIES_CACHE_MISSES).increment(stats.series_cache_misses);
+        Ok(stats)
+    }
+
+    /// Makes everything appended so far durable: waits until the write-ahead log is
+    /// fdatasynced up to the last record appended. Group commit: append several batches, then
+    /// flush once (and concurrent flushes share the log's fdatasyncs).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let last = {
+            let g = self.inner.lock();
+            g.check()?;
+            g.next_wal - 1
+        };
+        match self.wal.sync(last).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.inner.lock().poison(e.into())),
+        }
+    }
+
+    /// True when the write-ahead log passed `checkpoint_wal_bytes`, or is not empty and
+    /// `checkpoint_interval` passed since the last checkpoint.
+    pub fn needs_checkpoint(&self) -> bool {
+        let g = self.inner.lock();
+        g.wal_bytes >= self.opts.checkpoint_wal_bytes
+            || (g.wal_bytes > 0 && g.last_checkpoint.elapsed() >= self.opts.checkpoint_interval)
+    }
+
+    /// Folds the write-ahead log into the chunk log: seals every open chunk, writes the chunk
+    /// operations, the dictionary and the resume points as one chunk-log record, fdatasyncs it,
+    /// updates the index, then deletes the write-ahead segments it covers and the chunk
+    /// segments no live chunk needs (see Durability for the order).
+    pub async fn checkpoint(&self) -> Result<(), StoreError> {
+        let _turn = self.flushing.lock().await;
+        let r = self.checkpoint_inner(true).await;
+        if let Err(e) = &r {
+            self.inner.lock().poison(e.clone());
+        }
+        r
+    }
+
+    /// Makes the chunk operations so far durable (chunks sealed when full, retention's
+    /// removals and rewrites) without sealing the open chunks or dropping write-ahead
+    /// segments: a checkpoint record whose `C` stays the previous one.
+    pub async fn commit(&self) -> Result<(), StoreError> {
+        let _turn = self.flushing.lock().await;
+        let r = self.checkpoint_inner(false).await;
+        if let Err(e) = &r {
+            self.inner.lock().poison(e.clone());
+        }
+        r
+    }
+
+    async fn checkpoint_inner(&self, seal_all: bool) -> Result<(), StoreError> {
+        // 1. Under the lock: seal, cut the write-ahead log at `c`, take what goes out.
+        let (c, ops, dict, resume) = {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            inner.check()?;
+            if !seal_all && inner.pending.ops.is_empty() {
+                return Ok(());
+            }
+            let Inner {
+                streams,
+                next_ctr,
+                pending,
+                ..
+            } = inner;
+            let mut sealed = 0u64;
+            if seal_all {
+                for st in streams.values_mut() {
+                    if seal(st, pending, next_ctr)? {
+                        sealed += 1;
+                    }
+                }
+            }
+            metrics::counter!(crate::telemetry::CHUNKS_SEALED).increment(sealed);
+            let c = if seal_all {
+                self.wal.rotate()?;
+                inner.covered = inner.next_wal;
+                inner.next_wal
+            } else {
+                inner.covered
+            };
+            let ops = std::mem::take(&mut inner.pending.ops);
+            inner.pending.in_flight = ops.clone();
+            let dict: Vec<StreamMeta> = inner.streams.values().map(|st| st.meta.clone()).collect();
+            let resume: Vec<(String, ResumePoint)> =
+                inner.resume.iter().map(|(p, r)| (p.clone(), *r)).collect();
+            tracing::debug!(
+                sealed,
+                chunk_ops = ops.len(),
+                wal_bytes = inner.wal_bytes,
+                "checkpoint"
+            );
+            if seal_all {
+                inner.wal_bytes = 0;
+                inner.last_checkpoint = Instant::now();
+            }
+            (c, ops, dict, resume)
+        };
+        // 2. The write-ahead records the chunks come from are durable (a commit's chunks come
+        //    from records before the last one appended).
+        let from = if seal_all { c - 1 } else { self.wal.next_seq() - 1 };
+        self.wal.sync(from).await?;
+        // 3. One chunk-log record, fdatasynced. `oldest`: the first segment a live chunk (or
+        //    this record) needs once this record is applied.
+        if self.chunks.tail_len() >= self.opts.chunk_segment_bytes {
+            self.chunks.rotate()?;
+        }
+        let tail = self.chunks.tail_segment();
+        let oldest = {
+            let g = self.inner.lock();
+            g.streams
+                .values()
+                .flat_map(|st| st.chunks.values())
+                .filter_map(|m| m.loc.map(|(seg, _)| seg))
+                .fold(tail, u64::min)
+        };
+        let mut ops: Vec<(ChunkKey, PendingChunk)> = ops.into_iter().collect();
+        ops.sort_by_key(|o| o.0);
+        let (payload, offsets) = encode_checkpoint(c, oldest, &dict, &resume, &ops)?;
+        let pos = self.chunks.append(&payload)?;
+        self.chunks.sync(pos.seq).await?;
+        // 4. The index: in memory (chunks now read from the file) and in sled.
+        let mut batch = sled::Batch::default();
+        {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            for ((k, op), off) in ops.iter().zip(&offsets) {
+                let Some((sid, tk, ctr)) = parse_chunk_key(k) else {
+                    continue;
+                };
+                match (op, off) {
+                    (Some(_), Some(off)) => {
+                        let loc = (pos.segment, pos.offset + *off);
+                        // Still live (not removed again since)? Then it lives in the file now.
+                        if let Some(m) = inner
+                            .streams
+                            .get_mut(&sid)
+                            .and_then(|st| st.chunks.get_mut(&(tk, ctr)))
+                        {
+                            if m.loc.is_none() {
+                                m.loc = Some(loc);
+                            }
+                        }
+                        let bytes = op.as_deref().unwrap_or_default();
+                        let m = ChunkMeta {
+                            loc: Some(loc),
+                            ..figures(bytes)?
+                        };
+                        batch.insert(&k[..], &m.encode().unwrap_or([0; 40])[..]);
+                    }
+                    _ => batch.remove(&k[..]),
+                }
+            }
+            inner.pending.in_flight.clear();
+        }
+        for m in &dict {
+            batch.insert(stream_key(&m.name, &m.source, m.schema_version), encode_meta(m)?);
+        }
+        for (p, rp) in &resume {
+            batch.insert(resume_key(p), resume_value(*rp).to_vec());
+        }
+        batch.insert(META_NEXT_WAL, &c.to_be_bytes()[..]);
+        batch.insert(META_APPLIED, &pos.seq.to_be_bytes()[..]);
+        batch.insert(META_OLDEST, &oldest.to_be_bytes()[..]);
+        self.db.apply_batch(batch)?;
+        // 5. What the chunk log now covers goes.
+        self.wal.remove_before(c).await?;
+        let gone = self.chunks.remove_before(oldest).await?;
+        if !gone.is_empty() {
+            tracing::info!(
+                segments = gone.len(),
+                "chunk segments without a live chunk removed"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A counter for a new chunk of `st` starting at `tk`, unused by its chunks and by `taken`.
+pub(super) fn free_counter(st: &Stream, tk: u64, next: &mut u32, taken: &[(u64, u32)]) -> u32 {
+    loop {
+        let c = *next;
+        *next = next.wrapping_add(1);
+        if !st.chunks.contains_key(&(tk, c)) && !taken.contains(&(tk, c)) {
+            return c;
+        }
+    }
+}
+
+/// Seals the open chunk of `st` into the pending set and advances the stream's sealed position
+/// (both durable together at the next checkpoint). Returns false when there was nothing to
+/// seal.
+pub(super) fn seal(st: &mut Stream, pending: &mut Pending, next_ctr: &mut u32) -> Result<bool, StoreError> {
+    if st.open.is_empty() {
+        return Ok(false);
+    }
+    let (Some(first), Some(lo), Some(hi)) = (st.open.first_ts(), st.open.min_ts(), st.open.max_ts()) else {
+        return Err(corrupt("open chunk with rows but no timestamps"));
+    };
+    let bytes = st.open.encode();
+    let tk = ts_key(first);
+    let ctr = free_counter(st, tk, next_ctr, &[]);
+    let m = ChunkMeta {
+        min_ts: lo,
+        max_ts: hi,
+        rows: st.open.rows() as u32,
+        bytes: bytes.len() as u32,
+        loc: None,
+    };
+    pending.put_chunk(chunk_key(st.meta.id, tk, ctr), bytes);
+    st.meta.sealed_wal = st.head.0;
+    st.meta.sealed_rows = st.head.1;
+    st.add_chunk((tk, ctr), m);
+    st.open = ChunkWriter::new(st.n_doubles, st.n_strings);
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gma_core::codec::SeriesInfo;
+    use std::time::Duration;
+
+    use super::super::{Agg, StoreOptions};
+
+    use super::*;
+    use crate::store::testkit::*;
+
+    #[test]
+    fn chunks_seal_at_chunk_rows_and_queries_span_sealed_and_open_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), opts(10)).unwrap();
+        // Batches of 7 rows: seals happen in the middle of records.
+        let reference = fill(&store, 25, 7, 0);
+        let s = store.stats();
+        assert_eq!((s.streams, s.series, s.chunks, s.open_rows), (2, 6, 4, 10));
+        assert_eq!(s.samples, 2 * 25 * 3);
+        check_raw(&store, &reference, 0, 25 * SEC);
+        check_raw(&store, &reference, 8 * SEC, 22 * SEC);
+        check_raw(&store, &reference, 19 * SEC, 21 * SEC);
+        // One record of 25 rows per stream: two full chunks and 5 open rows each.
+        let dir2 = tempfile::tempdir().unwrap();
+        let store2 = Store::open(dir2.path(), opts(10)).unwrap();
+        let reference = fill(&store2, 25, 25, 0);
+        let s = store2.stats();
+        assert_eq!((s.chunks, s.open_rows), (4, 10));
+        check_raw(&store2, &reference, 0, 25 * SEC);
+        // Aggregate across sealed and open rows.
+        let got = run(
+            &store2,
+            &spec("host.cpu", Some("sys"), 0, 25 * SEC, Some(10 * SEC), Agg::Count),
+        );
+        assert_eq!(got[0].values, vec![10.0, 10.0, 5.0]);
+        assert_eq!(got[0].ts, vec![0, 10 * SEC, 20 * SEC]);
+    }
+
+    #[test]
+    fn the_series_cache_hits_for_events_sharing_their_series() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), opts(100)).unwrap();
+        let (a, b) = (cpu("a"), cpu("b"));
+        // Events of one series share its Arc (as the decoder delivers them): one miss per
+        // series per append, every other event a hit.
+        let events: Vec<_> = (0..10)
+            .map(|i| {
+                ev(
+                    if i % 2 == 0 { &a } else { &b },
+                    i + 1,
+                    i as i64,
+                    &[1.0, 2.0],
+                    &["ok"],
+                )
+            })
+            .collect();
+        let st = store.append("p1", rp(1, 11), &events).unwrap();
+        assert_eq!(
+            (st.events, st.series_cache_misses, st.series_cache_hits),
+            (10, 2, 8)
+        );
+        // A fresh Arc per event (what the decoder once did) misses every time.
+        let events: Vec<_> = (10..20)
+            .map(|i| {
+                ev(
+                    &Arc::new(SeriesInfo::clone(&a)),
+                    i + 1,
+                    i as i64,
+                    &[1.0, 2.0],
+                    &["ok"],
+                )
+            })
+            .collect();
+        let st = store.append("p1", rp(1, 21), &events).unwrap();
+        assert_eq!(
+            (st.events, st.series_cache_misses, st.series_cache_hits),
+            (10, 10, 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn checkpoint_seals_everything_and_empties_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reference;
+        {
+            let store = Store::open(
+                dir.path(),
+                StoreOptions {
+                    chunk_rows: 10,
+                    checkpoint_wal_bytes: 1000,
+                    checkpoint_interval: Duration::from_secs(3600),
+                    ..StoreOptions::default()
+                },
+            )
+            .unwrap();
+            assert!(!store.needs_checkpoint());
+            reference = fill(&store, 23, 5, 0);
+            assert!(store.needs_checkpoint());
+            store.checkpoint().await.unwrap();
+            assert!(!store.needs_checkpoint());
+            let s = store.stats();
+            assert_eq!((s.wal_bytes, s.open_rows, s.chunks), (0, 0, 6));
+            check_raw(&store, &reference, i64::MIN, i64::MAX);
+        }
+        {
+            let store = Store::open(dir.path(), opts(10)).unwrap();
+            let s = store.stats();
+            assert_eq!((s.wal_bytes, s.open_rows, s.chunks), (0, 0, 6));
+            check_raw(&store, &reference, i64::MIN, i64::MAX);
+            // Records written after the checkpoint must not be taken for sealed ones.
+            reference.extend(fill(&store, 4, 2, 23));
+            store.flush().await.unwrap();
+        }
+        let store = Store::open(dir.path(), opts(10)).unwrap();
+        assert_eq!(store.stats().open_rows, 8);
+        check_raw(&store, &reference, i64::MIN, i64::MAX);
+        assert_eq!(store.resume_points().get("p1"), Some(&rp(7, 28)));
+    }
+}
