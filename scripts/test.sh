@@ -40,8 +40,8 @@ cargo fmt --all -- --check
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== no import cycles among the modules of gma, gma-bench, gma-monitor, gma-relay"
-python3 scripts/module_cycles.py gma/src bench/src monitor/src relay/src
+echo "== no import cycles among the modules of any crate (submodules included)"
+DEPTH=2 python3 scripts/module-cycles.py */src
 
 if cargo nextest --version >/dev/null 2>&1; then
     # One process per test, a hung test killed after 5 min (.config/nextest.toml).

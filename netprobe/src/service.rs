@@ -30,7 +30,7 @@ use crate::clique::{Action, Clique, PassOutcome, Token};
 use crate::config::{validate_host, NetprobeConfig};
 use crate::events::{self, Measurement, BW, PROBE, RTT};
 use crate::membership::{self, Members};
-use crate::probe::{probe_peer, Local, ProbeService};
+use crate::probe::{probe_peer, Local, ProbeService, INGEST_ONLY};
 use crate::telemetry::{Counters, TOKENS_DROPPED, TOKENS_REGENERATED};
 
 #[derive(Debug, thiserror::Error)]
@@ -439,10 +439,6 @@ async fn probe_one(ctx: &Ctx, id: &str, addr: &str, token: &Token) {
     }
 }
 
-/// The way out named to a summary-only identity on the clique's and probe's messages: taking
-/// part in the measurements publishes them.
-pub(crate) const INGEST_ONLY: &str =
-    "taking part in the measurements is ingest of net.*: an allow grant is needed";
 /// ... and on `Clique.Status`: its counters are the raw contents of `net.probe`.
 const STATUS_RAW: &str =
     "the status is the raw net.probe counters: producer.query allowed on net.probe is needed";
