@@ -11,7 +11,7 @@ use futures::FutureExt;
 use gma_consumer::registrar::{self, Catalog, Registration};
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
-use gma_core::guard::{load_policy, Gate, Limits};
+use gma_core::guard::{load_policy, Gate};
 use gma_core::pattern::Pattern;
 use gma_core::rpc::{RpcLayer, RpcStats};
 use gma_proto::v1::{self as pb, archive_server::ArchiveServer};
@@ -95,15 +95,10 @@ pub struct ArchiverConfig {
     /// the setting it was created with.
     pub provenance: bool,
     pub store: StoreTuning,
-    pub tls: gma_core::tls::ServerTls,
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    pub limits: Limits,
-    /// Where `gma archiver` serves Prometheus `/metrics`; none = not served (binary only).
-    pub metrics_listen: Option<String>,
-    /// Period of the `gma.rpc` events about this archiver's RPCs, published by the companion
-    /// producer `gma archiver` runs beside it (0 = none; binary only).
-    pub rpc_events_ms: u64,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for ArchiverConfig {
@@ -125,11 +120,7 @@ impl Default for ArchiverConfig {
             keep: Vec::new(),
             provenance: false,
             store: StoreTuning::default(),
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
-            metrics_listen: None,
-            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
+            endpoint: Default::default(),
         }
     }
 }
@@ -184,12 +175,12 @@ impl ArchiverConfig {
             ));
         }
         let keeper = Keeper::new(&self.keep).map_err(bad)?;
-        self.limits.validate().map_err(bad)?;
-        let policy = load_policy(self.policy.as_ref()).map_err(bad)?;
+        self.endpoint.validate().map_err(bad)?;
+        let policy = load_policy(self.endpoint.access_policy.as_ref()).map_err(bad)?;
         Ok(Checked {
             retention,
             keeper,
-            gate: Gate::new(policy, self.limits.clone()),
+            gate: Gate::new(policy, self.endpoint.limits.clone()),
             store: StoreOptions {
                 chunk_rows: self.store.chunk_rows,
                 checkpoint_wal_bytes: self.store.checkpoint_wal_mib << 20,
@@ -269,6 +260,7 @@ pub async fn run_with_rpc(
     } = config.check()?;
     let bound = listener.local_addr()?;
     let tls = config
+        .endpoint
         .tls
         .rustls_config(bound)
         .map_err(|e| ArchiverError::Config(e.to_string()))?;
@@ -361,7 +353,7 @@ pub async fn run_with_rpc(
         counters: counters.clone(),
     })
     .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
-    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "archiver");
+    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.endpoint.limits, "archiver");
     tracing::info!(%address, %id, "archiver serving");
     let mut stop_serving = stop_rx.clone();
     let signal = async move {
@@ -370,7 +362,7 @@ pub async fn run_with_rpc(
             _ = stop_serving.wait_for(|s| *s) => {}
         }
     };
-    let server = gma_core::conn::grpc_server(&config.limits).layer(RpcLayer::new(rpc));
+    let server = gma_core::conn::grpc_server(&config.endpoint.limits).layer(RpcLayer::new(rpc));
     let services = gma_core::conn::Services::new().add_service(service);
     let served = gma_core::conn::serve_grpc(server, services, incoming, signal).await;
     let _ = stop_tx.send(true);

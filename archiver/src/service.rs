@@ -305,10 +305,6 @@ impl Archive for ArchiveService {
     }
 
     async fn version(&self, _: Request<pb::VersionRequest>) -> Result<Response<pb::VersionResponse>, Status> {
-        Ok(Response::new(pb::VersionResponse {
-            interface: gma_proto::INTERFACE_VERSION.to_string(),
-            server: gma_core::SERVER_VERSION.to_string(),
-            role: "archiver".to_string(),
-        }))
+        gma_core::endpoint::version("archiver")
     }
 }

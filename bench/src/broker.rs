@@ -77,9 +77,12 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
         BrokerConfig {
             directory: Some(dir_addr.clone()),
             // The default per-identity rate limit (5,000 requests/s) would be the figure.
-            limits: gma_core::guard::Limits {
-                requests_per_s: 1e9,
-                burst: 1e9,
+            endpoint: gma_core::endpoint::Endpoint {
+                limits: gma_core::guard::Limits {
+                    requests_per_s: 1e9,
+                    burst: 1e9,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             ..BrokerConfig::default()
@@ -252,9 +255,12 @@ pub async fn coalloc(
                     })
                     .collect(),
                 // The replay is far faster than the default per-identity rate limit.
-                limits: gma_core::guard::Limits {
-                    requests_per_s: 1e9,
-                    burst: 1e9,
+                endpoint: gma_core::endpoint::Endpoint {
+                    limits: gma_core::guard::Limits {
+                        requests_per_s: 1e9,
+                        burst: 1e9,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 ..SimresConfig::default()

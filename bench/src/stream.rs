@@ -66,7 +66,10 @@ async fn start_producer_with(
         host_sensors: false,
         buffer_events: buffer,
         source: Some("bench".into()),
-        tls,
+        endpoint: gma_core::endpoint::Endpoint {
+            tls,
+            ..Default::default()
+        },
         ..ProducerConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;

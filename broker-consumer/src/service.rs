@@ -12,7 +12,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,7 +22,7 @@ use gma_core::authz::{Action, Decision, Door};
 use gma_core::event::{dbl, text, EventData};
 use gma_core::guard::Gate;
 use gma_core::time::now_ns;
-use gma_producer::{Hub, Producer, ProducerConfig};
+use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1::{self as pb, broker_server::Broker};
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -58,15 +57,10 @@ pub struct BrokerConfig {
     /// `reservation.state` found in the directory.
     pub reservations: Vec<String>,
     pub lease_ttl_ms: u64,
-    /// TLS (`[tls]`) of the endpoint and of the connections the broker makes.
-    pub tls: gma_core::tls::ServerTls,
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    pub limits: gma_core::guard::Limits,
-    /// Where `gma broker` serves Prometheus `/metrics`; none = not served (binary only).
-    pub metrics_listen: Option<String>,
-    /// Period of the `gma.rpc` events about the broker's RPCs (0 = none).
-    pub rpc_events_ms: u64,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for BrokerConfig {
@@ -88,11 +82,7 @@ impl Default for BrokerConfig {
             resources: Vec::new(),
             reservations: Vec::new(),
             lease_ttl_ms: 10_000,
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
-            metrics_listen: None,
-            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
+            endpoint: Default::default(),
         }
     }
 }
@@ -627,11 +617,7 @@ impl Broker for BrokerService {
         &self,
         _req: Request<pb::VersionRequest>,
     ) -> Result<Response<pb::VersionResponse>, Status> {
-        Ok(Response::new(pb::VersionResponse {
-            interface: gma_proto::INTERFACE_VERSION.into(),
-            server: gma_core::SERVER_VERSION.into(),
-            role: "broker".into(),
-        }))
+        gma_core::endpoint::version("broker")
     }
 }
 
@@ -651,24 +637,16 @@ pub async fn run(
     gma_core::pattern::event_patterns(&config.follow)
         .map_err(|e| BrokerError::Config(format!("follow: {e}")))?;
     let view = Arc::new(LiveView::new(config.resources.clone()).map_err(BrokerError::Config)?);
-    let producer = Producer::new(ProducerConfig {
-        directory: Some(directory.clone()),
-        host_sensors: false,
-        source: Some(config.source.clone()),
-        lease_ttl_ms: config.lease_ttl_ms,
-        buffer_events: 100_000,
-        tls: config.tls.clone(),
-        policy: config.policy.clone(),
-        limits: config.limits.clone(),
-        rpc_events_ms: config.rpc_events_ms,
-        role: "broker".into(),
-        ..ProducerConfig::default()
-    })
+    let producer = Producer::embedded(
+        "broker",
+        &config.endpoint,
+        Identity {
+            lease_ttl_ms: config.lease_ttl_ms,
+            ..Identity::new(&config.source, Some(directory.clone()))
+        },
+        &[decision_schema()],
+    )
     .map_err(|e| BrokerError::Producer(e.to_string()))?;
-    producer
-        .hub
-        .add_schemas(&[decision_schema()])
-        .map_err(|e| BrokerError::Producer(e.to_string()))?;
     let core = Arc::new(BrokerCore {
         view: view.clone(),
         rank: config.rank.clone(),

@@ -30,7 +30,6 @@
 //! ```
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +37,7 @@ use gma_core::authz::{Action, Door};
 use gma_core::event::{dbl, text, EventData};
 use gma_core::guard::Gate;
 use gma_core::time::now_ns;
-use gma_producer::{Hub, Producer, ProducerConfig};
+use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1::{self as pb, reservations_server::Reservations};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
@@ -101,14 +100,10 @@ pub struct SimresConfig {
     pub resources: Vec<ResourceSpec>,
     pub random_background: Option<RandomBackground>,
     pub lease_ttl_ms: u64,
-    pub tls: gma_core::tls::ServerTls,
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    pub limits: gma_core::guard::Limits,
-    /// Where `gma simres` serves Prometheus `/metrics`; none = not served (binary only).
-    pub metrics_listen: Option<String>,
-    /// Period of the `gma.rpc` events about the manager's RPCs (0 = none).
-    pub rpc_events_ms: u64,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for SimresConfig {
@@ -122,11 +117,7 @@ impl Default for SimresConfig {
             resources: Vec::new(),
             random_background: None,
             lease_ttl_ms: 10_000,
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
-            metrics_listen: None,
-            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
+            endpoint: Default::default(),
         }
     }
 }
@@ -707,25 +698,18 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let producer = Producer::new(ProducerConfig {
-        directory: config.directory.clone(),
-        host_sensors: false,
-        source: Some(config.source.clone()),
-        lease_ttl_ms: config.lease_ttl_ms,
-        tls: config.tls.clone(),
-        policy: config.policy.clone(),
-        limits: config.limits.clone(),
-        // Nobody's archive: reservation events are pulled by who wants them.
-        push: false,
-        rpc_events_ms: config.rpc_events_ms,
-        role: "simres".into(),
-        ..ProducerConfig::default()
-    })
+    let producer = Producer::embedded(
+        "simres",
+        &config.endpoint,
+        Identity {
+            lease_ttl_ms: config.lease_ttl_ms,
+            // Nobody's archive: reservation events are pulled by who wants them.
+            push: false,
+            ..Identity::new(&config.source, config.directory.clone())
+        },
+        &[reservation_schema()],
+    )
     .map_err(|e| e.to_string())?;
-    producer
-        .hub
-        .add_schemas(&[reservation_schema()])
-        .map_err(|e| e.to_string())?;
     let manager = Arc::new(Manager::new(
         &config,
         now_ns() / 1_000_000_000,

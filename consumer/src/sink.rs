@@ -402,10 +402,6 @@ impl pb::consumer_server::Consumer for Service {
     }
 
     async fn version(&self, _: Request<pb::VersionRequest>) -> Result<Response<pb::VersionResponse>, Status> {
-        Ok(Response::new(pb::VersionResponse {
-            interface: gma_proto::INTERFACE_VERSION.into(),
-            server: gma_core::SERVER_VERSION.into(),
-            role: "consumer".into(),
-        }))
+        gma_core::endpoint::version("consumer")
     }
 }

@@ -24,19 +24,42 @@ pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
 /// Parses TOML text; `origin` names it in errors.
 pub fn parse_toml<T: DeserializeOwned>(text: &str, origin: &str) -> Result<T, ConfigError> {
     toml::from_str(text).map_err(|e| {
+        let at_span = |span: std::ops::Range<usize>| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            (line, col)
+        };
+        // A key left over for a flattened section is reported on the whole table: name its line.
+        let whole = |span: &std::ops::Range<usize>| span.start == 0 && span.end >= text.trim_end().len();
         let at = e
             .span()
-            .map(|span| {
-                let before = &text[..span.start.min(text.len())];
-                let line = before.matches('\n').count() + 1;
-                let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-                format!("line {line}, column {col}: ")
-            })
+            .filter(|s| !whole(s))
+            .map(at_span)
+            .or_else(|| unknown_key_at(text, e.message()))
+            .or_else(|| e.span().map(at_span))
+            .map(|(line, col)| format!("line {line}, column {col}: "))
             .unwrap_or_default();
         ConfigError::Parse {
             path: origin.to_string(),
             message: format!("{at}{}", e.message()),
         }
+    })
+}
+
+/// The line of the key an `unknown field` error names, when the parser gave no position: keys
+/// left over for a flattened section (`gma_core::endpoint::Endpoint`) are rejected after the
+/// whole table was read. The first line that assigns the key is the one meant.
+fn unknown_key_at(text: &str, message: &str) -> Option<(usize, usize)> {
+    let key = message.strip_prefix("unknown field `")?.split('`').next()?;
+    text.lines().enumerate().find_map(|(i, line)| {
+        let l = line.trim_start();
+        let rest = l
+            .strip_prefix(key)
+            .or_else(|| l.strip_prefix(&format!("\"{key}\"")))
+            .or_else(|| l.strip_prefix(&format!("'{key}'")));
+        rest.is_some_and(|r| r.trim_start().starts_with('='))
+            .then(|| (i + 1, line.len() - l.len() + 1))
     })
 }
 

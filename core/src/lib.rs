@@ -8,6 +8,8 @@
 //! - [`filter`]: filter expressions over events (`host.cpu.user > 50`), parsed once, checked
 //!   against schemas, compiled per schema to index-only three-valued evaluation.
 //! - [`config`]: TOML loading with unknown keys rejected.
+//! - [`endpoint`]: the endpoint section every serving role shares (`[tls]`, `access_policy`,
+//!   `[limits]`, `metrics_listen`, `rpc_events_ms`) and the `Version` answer.
 //! - [`addr`]: endpoint address helpers and the loopback-only rules.
 //! - [`tls`]: TLS settings for servers and clients (rustls via tonic) and the peer's identity.
 //! - [`time`]: UTC nanosecond clock.
@@ -25,6 +27,7 @@ pub mod authz;
 pub mod codec;
 pub mod config;
 pub mod conn;
+pub mod endpoint;
 pub mod event;
 pub mod filter;
 pub mod forecast;

@@ -131,12 +131,12 @@ pub(crate) struct Access {
 
 impl Access {
     pub fn new(config: &DirectoryConfig) -> Result<Access, DirError> {
-        config.limits.validate().map_err(DirError::Config)?;
-        let policy = load_policy(config.policy.as_ref()).map_err(DirError::Config)?;
+        config.endpoint.limits.validate().map_err(DirError::Config)?;
+        let policy = load_policy(config.endpoint.access_policy.as_ref()).map_err(DirError::Config)?;
         Ok(Access {
-            gate: Gate::new(policy, config.limits.clone()),
+            gate: Gate::new(policy, config.endpoint.limits.clone()),
             members: config.members.clone(),
-            verify_members: config.tls.client_ca.is_some(),
+            verify_members: config.endpoint.tls.client_ca.is_some(),
         })
     }
 
@@ -276,7 +276,7 @@ mod tests {
     fn config(members: &str) -> DirectoryConfig {
         let mut c: DirectoryConfig =
             gma_core::config::parse_toml(&format!("data_dir = \"/tmp/x\"\n{members}"), "t").unwrap();
-        c.tls.client_ca = Some("ca.pem".into());
+        c.endpoint.tls.client_ca = Some("ca.pem".into());
         c
     }
 

@@ -57,11 +57,10 @@ pub struct DirectoryConfig {
     /// A write not committed within this time answers UNAVAILABLE (e.g. no quorum).
     #[serde(default = "defaults::write_timeout_ms")]
     pub write_timeout_ms: u64,
-    /// TLS (`[tls]`: cert, key, client_ca for the endpoint, ca for connections to other
-    /// members; the client CA doubles as `ca` when `ca` is not given). With `client_ca` every
-    /// client and every member must present a certificate; raft is mutually authenticated.
-    #[serde(default)]
-    pub tls: gma_core::tls::ServerTls,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
     /// The members of a TLS cluster (`[[members]]`: `cn`, `org`, optional `id`): only a peer
     /// whose verified certificate matches an entry may send raft traffic (AppendEntries, Vote,
     /// InstallSnapshot, Forward) or speak for a client, and only as the node ids its entry
@@ -72,22 +71,6 @@ pub struct DirectoryConfig {
     /// a config that still sets it is refused with what to write instead.
     #[serde(default)]
     pub member_cn: Option<String>,
-    /// Authorization policy file (TOML, see docs/security.md); none allows every identity.
-    #[serde(default)]
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    /// Per-identity limits (`[limits]`: requests_per_s, burst, subscriptions_per_connection
-    /// (Watch streams per connection)).
-    #[serde(default)]
-    pub limits: gma_core::guard::Limits,
-    /// Where `gma directory` serves Prometheus `/metrics` (`--metrics-listen`); none = not
-    /// served. Read by the binary, not by [`run`].
-    #[serde(default)]
-    pub metrics_listen: Option<String>,
-    /// Period of the `gma.rpc` events about this member's RPCs, published by the companion
-    /// producer `gma directory` runs beside it (0 = no companion). Read by the binary.
-    #[serde(default = "defaults::rpc_events_ms")]
-    pub rpc_events_ms: u64,
 }
 
 mod defaults {
@@ -129,9 +112,6 @@ mod defaults {
     pub fn write_timeout_ms() -> u64 {
         5_000
     }
-    pub fn rpc_events_ms() -> u64 {
-        gma_core::rpc::DEFAULT_PERIOD_MS
-    }
 }
 
 impl Default for DirectoryConfig {
@@ -153,13 +133,9 @@ impl Default for DirectoryConfig {
             election_max_ms: defaults::election_max_ms(),
             snapshot_logs: defaults::snapshot_logs(),
             write_timeout_ms: defaults::write_timeout_ms(),
-            tls: Default::default(),
+            endpoint: Default::default(),
             members: Vec::new(),
             member_cn: None,
-            policy: None,
-            limits: Default::default(),
-            metrics_listen: None,
-            rpc_events_ms: defaults::rpc_events_ms(),
         }
     }
 }
@@ -219,8 +195,11 @@ impl DirectoryConfig {
         if self.snapshot_logs == 0 {
             return bad("snapshot_logs must be at least 1".into());
         }
-        self.limits.validate().map_err(DirError::Config)?;
-        if self.tls.enabled() && !self.peers.trim().is_empty() && self.tls.client_ca.is_none() {
+        self.endpoint.validate().map_err(DirError::Config)?;
+        if self.endpoint.tls.enabled()
+            && !self.peers.trim().is_empty()
+            && self.endpoint.tls.client_ca.is_none()
+        {
             return bad(
                 "a TLS cluster authenticates its members mutually: set tls.client_ca (--tls-client-ca) too"
                     .into(),
@@ -251,13 +230,13 @@ impl DirectoryConfig {
                 return bad("[[members]] ids start at 1".into());
             }
         }
-        if !self.members.is_empty() && self.tls.client_ca.is_none() {
+        if !self.members.is_empty() && self.endpoint.tls.client_ca.is_none() {
             return bad(
                 "[[members]] recognizes members by their certificates: set tls.client_ca (--tls-client-ca) too"
                     .into(),
             );
         }
-        if self.tls.client_ca.is_none() {
+        if self.endpoint.tls.client_ca.is_none() {
             return Ok(());
         }
         let peers = crate::member::parse_peers(&self.peers).map_err(DirError::Config)?;
@@ -279,6 +258,7 @@ impl DirectoryConfig {
         // This member's own certificate must pass the others' check (a readable one: an
         // unreadable one is the TLS setup's error).
         if let Some(me) = self
+            .endpoint
             .tls
             .cert
             .as_ref()

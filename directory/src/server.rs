@@ -135,15 +135,16 @@ pub async fn run_with_rpc(
     );
     config.validate()?;
     let tls = config
+        .endpoint
         .tls
         .rustls_config(bound)
         .map_err(|e| DirError::Config(e.to_string()))?;
     // Members connect to each other with the same identity; the client CA is their CA.
-    let mut client = config.tls.client();
-    if client.ca.is_none() && config.tls.enabled() {
-        client.ca = config.tls.client_ca.clone();
-        client.cert = config.tls.cert.clone().filter(|_| client.ca.is_some());
-        client.key = config.tls.key.clone().filter(|_| client.ca.is_some());
+    let mut client = config.endpoint.tls.client();
+    if client.ca.is_none() && config.endpoint.tls.enabled() {
+        client.ca = config.endpoint.tls.client_ca.clone();
+        client.cert = config.endpoint.tls.cert.clone().filter(|_| client.ca.is_some());
+        client.key = config.endpoint.tls.key.clone().filter(|_| client.ca.is_some());
     }
     gma_core::tls::install_client_if_unset(&client).map_err(|e| DirError::Config(e.to_string()))?;
     let access = Arc::new(crate::access::Access::new(&config)?);
@@ -177,7 +178,7 @@ pub async fn run_with_rpc(
         .max_decoding_message_size(MAX_MESSAGE_BYTES * 16)
         .max_encoding_message_size(MAX_MESSAGE_BYTES * 16)
     };
-    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "directory");
+    let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.endpoint.limits, "directory");
     let on_shutdown = shared.clone();
     let signal = async move {
         shutdown.await;
@@ -185,7 +186,7 @@ pub async fn run_with_rpc(
         on_shutdown.begin_shutdown();
     };
     let mut stopping = shared.stop_signal();
-    let server = gma_core::conn::grpc_server(&config.limits).layer(RpcLayer::new(rpc));
+    let server = gma_core::conn::grpc_server(&config.endpoint.limits).layer(RpcLayer::new(rpc));
     let services = gma_core::conn::Services::new()
         .add_service(service)
         .add_service(raft_service);

@@ -764,11 +764,7 @@ impl Directory for DirectoryService {
         &self,
         _req: Request<pb::VersionRequest>,
     ) -> Result<Response<pb::VersionResponse>, Status> {
-        Ok(Response::new(pb::VersionResponse {
-            interface: gma_proto::INTERFACE_VERSION.to_string(),
-            server: gma_core::SERVER_VERSION.to_string(),
-            role: "directory".to_string(),
-        }))
+        gma_core::endpoint::version("directory")
     }
 
     async fn cluster_status(

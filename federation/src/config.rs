@@ -59,10 +59,10 @@ pub struct FederationConfig {
     pub route: RoutePolicy,
     pub resources: Vec<Annotation>,
     pub peer: Vec<Link>,
-    pub tls: gma_core::tls::ServerTls,
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    pub limits: gma_core::guard::Limits,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for FederationConfig {
@@ -91,9 +91,7 @@ impl Default for FederationConfig {
             route: RoutePolicy::default(),
             resources: Vec::new(),
             peer: Vec::new(),
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
+            endpoint: Default::default(),
         }
     }
 }
@@ -115,6 +113,7 @@ pub fn validate_site(site: &str) -> Result<(), String> {
 impl FederationConfig {
     pub fn validate(&self) -> Result<(), String> {
         validate_site(&self.site)?;
+        self.endpoint.validate()?;
         self.rank.validate()?;
         self.route.validate()?;
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {

@@ -26,7 +26,7 @@ use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::authz::{Action, Door, Peers};
 use gma_core::event::{dbl, text, EventData};
 use gma_core::guard::Gate;
-use gma_producer::{Hub, Producer, ProducerConfig};
+use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1::{self as pb, federation_client::FederationClient};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -883,11 +883,7 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
         &self,
         _req: Request<pb::VersionRequest>,
     ) -> Result<Response<pb::VersionResponse>, Status> {
-        Ok(Response::new(pb::VersionResponse {
-            interface: gma_proto::INTERFACE_VERSION.into(),
-            server: gma_core::SERVER_VERSION.into(),
-            role: "federation".into(),
-        }))
+        gma_core::endpoint::version("federation")
     }
 }
 
@@ -1174,25 +1170,18 @@ pub async fn run(
 ) -> Result<(), FederationError> {
     cfg.validate().map_err(FederationError::Config)?;
     let view = Arc::new(LiveView::new(cfg.resources.clone()).map_err(FederationError::Config)?);
-    let producer = Producer::new(ProducerConfig {
-        directory: cfg.directory.clone(),
-        host_sensors: false,
-        source: Some(cfg.site.clone()),
-        id: None,
-        site: cfg.site.clone(),
-        lease_ttl_ms: cfg.lease_ttl_ms,
-        buffer_events: 100_000,
-        push: false,
-        tls: cfg.tls.clone(),
-        policy: cfg.policy.clone(),
-        limits: cfg.limits.clone(),
-        ..ProducerConfig::default()
-    })
+    let producer = Producer::embedded(
+        "federation",
+        &cfg.endpoint,
+        Identity {
+            site: cfg.site.clone(),
+            lease_ttl_ms: cfg.lease_ttl_ms,
+            push: false,
+            ..Identity::new(&cfg.site, cfg.directory.clone())
+        },
+        &[job_state_schema(), summary_schema(), status_schema()],
+    )
     .map_err(|e| FederationError::Producer(e.to_string()))?;
-    producer
-        .hub
-        .add_schemas(&[job_state_schema(), summary_schema(), status_schema()])
-        .map_err(|e| FederationError::Producer(e.to_string()))?;
     let store = match &cfg.data {
         Some(d) => Some(Store::open(d)?),
         None => None,
@@ -1217,7 +1206,7 @@ pub async fn run(
         None => SiteState::new(cfg.params(), epoch),
     };
     let (sim_tx, sim_rx) = mpsc::unbounded_channel();
-    let mtls = cfg.tls.client_ca.is_some();
+    let mtls = cfg.endpoint.tls.client_ca.is_some();
     let shared = Arc::new(Shared {
         state: Mutex::new(state),
         view,

@@ -10,7 +10,7 @@ use gma_proto::v1::{self as pb, archive_client::ArchiveClient};
 use tonic::transport::Channel;
 
 use crate::args::Output;
-use crate::serve::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct ArchiverArgs {
@@ -53,36 +53,23 @@ pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     if !a.patterns.is_empty() {
         cfg.patterns = a.patterns;
     }
-    if a.metrics.metrics_listen.is_some() {
-        cfg.metrics_listen = a.metrics.metrics_listen;
-    }
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
-    if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics(
-            "archiver",
-            m,
-            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
-        )
-        .await?;
-    }
-    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
+    crate::telemetry::serve_endpoint_metrics("archiver", &cfg.endpoint).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     let bound = listener.local_addr()?;
     eprintln!("gma archiver listening on {bound}");
     // gma.rpc through a companion producer (the archiver has no hub of its own).
     let rpc = gma_core::rpc::RpcStats::new("archiver");
     let (companion_tx, companion_rx) = tokio::sync::watch::channel(false);
-    let companion = match (&cfg.directory, cfg.rpc_events_ms) {
+    let companion = match (&cfg.directory, cfg.endpoint.rpc_events_ms) {
         (Some(directory), ms) if ms > 0 => {
             let c = crate::telemetry::Companion {
                 role: "archiver",
                 rpc: rpc.clone(),
                 directory: directory.clone(),
                 near: bound,
-                period_ms: ms,
-                tls: cfg.tls.clone(),
-                policy: cfg.policy.clone(),
-                limits: cfg.limits.clone(),
+                endpoint: cfg.endpoint.clone(),
             };
             let mut rx = companion_rx;
             Some(

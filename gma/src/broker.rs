@@ -15,7 +15,7 @@ use gma_proto::v1::{self as pb, broker_client::BrokerClient, reservations_client
 use serde_json::json;
 
 use crate::args::Output;
-use crate::serve::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -188,19 +188,9 @@ async fn serve(
     if cfg.directory.is_none() {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     }
-    if metrics_listen.is_some() {
-        cfg.metrics_listen = metrics_listen;
-    }
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
-    if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics(
-            "broker",
-            m,
-            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
-        )
-        .await?;
-    }
-    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
+    apply_endpoint(&mut cfg.endpoint, metrics_listen)?;
+    crate::telemetry::serve_endpoint_metrics("broker", &cfg.endpoint).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     eprintln!("gma broker listening on {}", listener.local_addr()?);
     gma_broker::service::run(cfg, listener, shutdown_signal())
         .await
@@ -289,19 +279,13 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
     }
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
-    if a.metrics.metrics_listen.is_some() {
-        cfg.metrics_listen = a.metrics.metrics_listen;
-    }
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
-    if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics(
-            "simres",
-            m,
-            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
-        )
-        .await?;
-    }
-    let listener = bind_checked(cfg.listen.as_deref().unwrap_or("127.0.0.1:7400"), &cfg.tls).await?;
+    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
+    crate::telemetry::serve_endpoint_metrics("simres", &cfg.endpoint).await?;
+    let listener = bind_checked(
+        cfg.listen.as_deref().unwrap_or("127.0.0.1:7400"),
+        &cfg.endpoint.tls,
+    )
+    .await?;
     eprintln!("gma simres listening on {}", listener.local_addr()?);
     gma_broker::simres::run(cfg, listener, shutdown_signal())
         .await

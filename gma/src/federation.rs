@@ -14,7 +14,7 @@ use gma_proto::v1::{self as pb, site_scheduler_client::SiteSchedulerClient};
 use serde_json::json;
 
 use crate::args::Output;
-use crate::serve::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -30,6 +30,8 @@ pub struct FederationArgs {
     /// The site's directory (overrides the config).
     #[arg(long)]
     pub directory: Option<String>,
+    #[command(flatten)]
+    pub metrics: crate::args::MetricsArgs,
     #[command(flatten)]
     pub server: crate::args::ServerArgs,
 }
@@ -198,7 +200,7 @@ pub async fn run(a: FederationArgs) -> anyhow::Result<()> {
                 bail!("give --federation ADDR (a running endpoint) or --directory ADDR (its link records)")
             }
         },
-        None => serve(a.config, a.listen, a.directory).await,
+        None => serve(a.config, a.listen, a.directory, a.metrics.metrics_listen).await,
     }
 }
 
@@ -206,6 +208,7 @@ async fn serve(
     config: Option<PathBuf>,
     listen: Option<String>,
     directory: Option<String>,
+    metrics_listen: Option<String>,
 ) -> anyhow::Result<()> {
     let Some(path) = config else {
         bail!("give the endpoint's config with --config FILE (site = \"...\" at least; docs/federation.md)");
@@ -219,8 +222,9 @@ async fn serve(
     }
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
-    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
+    apply_endpoint(&mut cfg.endpoint, metrics_listen)?;
+    crate::telemetry::serve_endpoint_metrics("federation", &cfg.endpoint).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     eprintln!("gma federation listening on {}", listener.local_addr()?);
     gma_federation::service::run(cfg, listener, shutdown_signal())
         .await

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail};
 use clap::Args;
 use gma_monitor::MonitorConfig;
 
-use crate::serve::{apply_security, bind, shutdown_signal};
+use crate::serve::{apply_endpoint, bind, shutdown_signal};
 
 /// `gma monitor --config FILE [--directory ADDR] [--listen ADDR]`.
 #[derive(Args, Debug)]
@@ -39,21 +39,11 @@ pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
         cfg.listen = a.listen.clone();
     }
     gma_monitor::validate(&cfg).map_err(|e| anyhow!("invalid config file {}: {e}", a.config.display()))?;
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
     if cfg.directory.as_deref().is_none_or(|d| d.trim().is_empty()) {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     }
-    if a.metrics.metrics_listen.is_some() {
-        cfg.metrics_listen = a.metrics.metrics_listen.clone();
-    }
-    if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics(
-            "monitor",
-            m,
-            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
-        )
-        .await?;
-    }
+    crate::telemetry::serve_endpoint_metrics("monitor", &cfg.endpoint).await?;
     let listener = bind(cfg.listen.as_deref().unwrap_or("127.0.0.1:0")).await?;
     eprintln!("gma monitor listening on {}", listener.local_addr()?);
     Ok(gma_monitor::run(cfg, listener, shutdown_signal()).await?)

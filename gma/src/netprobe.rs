@@ -16,7 +16,7 @@ use gma_proto::v1::{self as pb, clique_client::CliqueClient, producer_client::Pr
 use serde_json::json;
 
 use crate::args::Output;
-use crate::serve::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct NetprobeArgs {
@@ -38,6 +38,8 @@ pub struct NetprobeArgs {
     /// docs/netprobe.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: crate::args::MetricsArgs,
     #[command(flatten)]
     pub server: crate::args::ServerArgs,
 }
@@ -97,8 +99,9 @@ pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
     }
     cfg.validate()
         .map_err(|e| anyhow!("invalid netprobe config: {e}"))?;
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
-    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
+    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
+    crate::telemetry::serve_endpoint_metrics("netprobe", &cfg.endpoint).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     eprintln!("gma netprobe listening on {}", listener.local_addr()?);
     gma_netprobe::run(cfg, listener, shutdown_signal())
         .await

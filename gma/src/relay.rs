@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use gma_relay::RelayConfig;
 
-use crate::serve::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub struct RelayArgs {
@@ -43,23 +43,13 @@ fn load_config(a: &RelayArgs) -> anyhow::Result<RelayConfig> {
 /// `gma relay`.
 pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
     let mut cfg = load_config(&a)?;
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
     if cfg.directory.is_none() {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     }
-    if a.metrics.metrics_listen.is_some() {
-        cfg.metrics_listen = a.metrics.metrics_listen.clone();
-    }
-    if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics(
-            "relay",
-            m,
-            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
-        )
-        .await?;
-    }
+    crate::telemetry::serve_endpoint_metrics("relay", &cfg.endpoint).await?;
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
-    let listener = bind_checked(&listen, &cfg.tls).await?;
+    let listener = bind_checked(&listen, &cfg.endpoint.tls).await?;
     eprintln!("gma relay listening on {}", listener.local_addr()?);
     Ok(gma_relay::run(cfg, listener, shutdown_signal()).await?)
 }

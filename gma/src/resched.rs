@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
 use crate::args::{MetricsArgs, Output};
-use crate::serve::{apply_security, bind_checked, shutdown_signal};
+use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
 
 pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if let Some(ReschedulerCommand::Evaluate {
@@ -59,21 +59,11 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if cfg.directory.is_none() {
         bail!("give the directory with --directory ADDR (or directory in --config)");
     }
-    if a.metrics.metrics_listen.is_some() {
-        cfg.metrics_listen = a.metrics.metrics_listen;
-    }
     // --tls-*/--access-policy override [tls]/access_policy; [tls] ca turns on TLS for the directory, the
     // producers followed and the applications' AppControl.
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
-    if let Some(m) = &cfg.metrics_listen {
-        crate::telemetry::serve_metrics(
-            "rescheduler",
-            m,
-            &crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref()),
-        )
-        .await?;
-    }
-    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
+    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
+    crate::telemetry::serve_endpoint_metrics("rescheduler", &cfg.endpoint).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     eprintln!("gma rescheduler listening on {}", listener.local_addr()?);
     gma_rescheduler::service::run(cfg, listener, shutdown_signal())
         .await

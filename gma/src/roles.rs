@@ -9,7 +9,7 @@ use gma_producer::ProducerConfig;
 use clap::Args;
 
 use crate::args::MetricsArgs;
-use crate::serve::{apply_security, bind, bind_checked, shutdown_signal};
+use crate::serve::{apply_endpoint, bind, bind_checked, shutdown_signal};
 
 /// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
 fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
@@ -53,46 +53,31 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
     if a.init {
         config.init = true;
     }
-    apply_security(&mut config.tls, &mut config.policy)?;
+    apply_endpoint(&mut config.endpoint, a.metrics.metrics_listen.clone())?;
     let listen = a
         .listen
         .or(file_listen)
         .unwrap_or_else(|| "127.0.0.1:7000".into());
     if let Some(ms) = a.rpc_events_ms {
-        config.rpc_events_ms = ms;
+        config.endpoint.rpc_events_ms = ms;
     }
     config.validate().map_err(|e| anyhow!("{e}"))?;
-    gma_core::guard::load_policy(config.policy.as_ref()).map_err(|e| anyhow!("{e}"))?;
-    if let Some(m) = a
-        .metrics
-        .metrics_listen
-        .as_ref()
-        .or(config.metrics_listen.as_ref())
-    {
-        crate::telemetry::serve_metrics(
-            "directory",
-            m,
-            &crate::telemetry::MetricsDoor::new(&config.tls, config.policy.as_ref()),
-        )
-        .await?;
-    }
-    let listener = bind_checked(&listen, &config.tls).await?;
+    gma_core::guard::load_policy(config.endpoint.access_policy.as_ref()).map_err(|e| anyhow!("{e}"))?;
+    crate::telemetry::serve_endpoint_metrics("directory", &config.endpoint).await?;
+    let listener = bind_checked(&listen, &config.endpoint.tls).await?;
     let bound = listener.local_addr()?;
     eprintln!("gma directory listening on {bound}");
     // gma.rpc: a companion producer publishes this member's RPC figures. On shutdown it stops
     // first (removing its record) while the directory still serves.
     let rpc = gma_core::rpc::RpcStats::new("directory");
     let (companion_tx, companion_rx) = tokio::sync::watch::channel(false);
-    let companion = if config.rpc_events_ms > 0 {
+    let companion = if config.endpoint.rpc_events_ms > 0 {
         let c = crate::telemetry::Companion {
             role: "directory",
             rpc: rpc.clone(),
             directory: gma_core::addr::advertised(bound),
             near: bound,
-            period_ms: config.rpc_events_ms,
-            tls: config.tls.clone(),
-            policy: config.policy.clone(),
-            limits: config.limits.clone(),
+            endpoint: config.endpoint.clone(),
         };
         let mut rx = companion_rx.clone();
         Some(
@@ -150,26 +135,23 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.id.is_some() {
         cfg.id = a.id.clone();
     }
-    if a.metrics.metrics_listen.is_some() {
-        cfg.metrics_listen = a.metrics.metrics_listen.clone();
-    }
     if a.prometheus.is_some() {
         cfg.prometheus = a.prometheus.clone();
     }
     if let Some(ms) = a.rpc_events_ms {
-        cfg.rpc_events_ms = ms;
+        cfg.endpoint.rpc_events_ms = ms;
     }
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
+    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
     Ok(cfg)
 }
 
 pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     let cfg = producer_config(&a)?;
-    let door = crate::telemetry::MetricsDoor::new(&cfg.tls, cfg.policy.as_ref());
-    if let Some(m) = &cfg.metrics_listen {
+    let door = crate::telemetry::MetricsDoor::new(&cfg.endpoint.tls, cfg.endpoint.access_policy.as_ref());
+    if let Some(m) = &cfg.endpoint.metrics_listen {
         crate::telemetry::serve_metrics("producer", m, &door).await?;
     }
-    let listener = bind_checked(&cfg.listen, &cfg.tls).await?;
+    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     let prometheus = cfg.prometheus.clone();
     let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
     if let Some(addr) = &prometheus {
@@ -323,10 +305,7 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
             rpc,
             directory: dir_addr.to_string(),
             near,
-            period_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
+            endpoint: Default::default(),
         };
         crate::telemetry::companion(c, stop()).await?;
     }

@@ -75,3 +75,15 @@ pub fn apply_security(
     gma_core::tls::install_client_if_unset(&tls.client())?;
     Ok(())
 }
+
+/// Applies the shared serving flags over a role's endpoint section: `--metrics-listen` (when
+/// given), then the TLS and policy flags ([`apply_security`]).
+pub fn apply_endpoint(
+    endpoint: &mut gma_core::endpoint::Endpoint,
+    metrics_listen: Option<String>,
+) -> anyhow::Result<()> {
+    if metrics_listen.is_some() {
+        endpoint.metrics_listen = metrics_listen;
+    }
+    apply_security(&mut endpoint.tls, &mut endpoint.access_policy)
+}

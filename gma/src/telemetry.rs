@@ -331,10 +331,17 @@ pub struct Companion {
     /// The role's own bound address: the companion listens on the same IP (any port) and its
     /// source and record id are `<role>@<this address>`.
     pub near: SocketAddr,
-    pub period_ms: u64,
-    pub tls: gma_core::tls::ServerTls,
-    pub policy: Option<std::path::PathBuf>,
-    pub limits: gma_core::guard::Limits,
+    /// The role's endpoint section: TLS, policy, limits and the `gma.rpc` period.
+    pub endpoint: gma_core::endpoint::Endpoint,
+}
+
+/// Serves the role's Prometheus `/metrics` on its endpoint's `metrics_listen`, when set, behind
+/// the endpoint's TLS and policy.
+pub async fn serve_endpoint_metrics(role: &str, e: &gma_core::endpoint::Endpoint) -> anyhow::Result<()> {
+    if let Some(m) = &e.metrics_listen {
+        serve_metrics(role, m, &MetricsDoor::new(&e.tls, e.access_policy.as_ref())).await?;
+    }
+    Ok(())
 }
 
 /// Starts a producer beside a role that has no hub of its own (the directory, the archiver):
@@ -346,19 +353,16 @@ pub async fn companion(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = bind(&SocketAddr::new(c.near.ip(), 0).to_string()).await?;
     let source = format!("{}@{}", c.role, c.near);
-    let p = gma_producer::Producer::new(gma_producer::ProducerConfig {
-        directory: Some(c.directory),
-        host_sensors: false,
-        source: Some(source.clone()),
-        id: Some(source),
-        push: false,
-        rpc_events_ms: c.period_ms,
-        role: c.role.into(),
-        tls: c.tls,
-        policy: c.policy,
-        limits: c.limits,
-        ..gma_producer::ProducerConfig::default()
-    })
+    let p = gma_producer::Producer::embedded(
+        c.role,
+        &c.endpoint,
+        gma_producer::Identity {
+            id: Some(source.clone()),
+            push: false,
+            ..gma_producer::Identity::new(source, Some(c.directory))
+        },
+        &[],
+    )
     .map_err(|e| anyhow!("{} companion producer: {e}", c.role))?
     .with_rpc_stats(c.rpc);
     let addr = listener.local_addr().context("companion address")?;

@@ -18,7 +18,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,7 +26,7 @@ use gma_consumer::subscriber::{Delivery, Exclusions, Subscriber, SubscriberOptio
 use gma_core::codec::{Mark, OwnedEvent};
 use gma_core::event::{dbl, text, EventData};
 use gma_core::filter::{Bound, Filter};
-use gma_producer::{Hub, Producer, ProducerConfig};
+use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1 as pb;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -108,24 +107,10 @@ pub struct MonitorConfig {
     pub source: Option<String>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<RuleConfig>,
-    /// TLS (`[tls]`, as for a producer): `cert`, `key`, `client_ca`, `allow_plaintext` for the
-    /// monitor's endpoint; `ca` for its connections to the directory and the producers it
-    /// watches. The `--tls-*` flags override it.
-    #[serde(default)]
-    pub tls: gma_core::tls::ServerTls,
-    /// Authorization policy file of the monitor's endpoint; `--access-policy` overrides.
-    #[serde(default)]
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    /// Per-identity limits of the monitor's endpoint (`[limits]`).
-    #[serde(default)]
-    pub limits: gma_core::guard::Limits,
-    /// Serve Prometheus `/metrics` here; `--metrics-listen` overrides.
-    #[serde(default)]
-    pub metrics_listen: Option<String>,
-    /// Period of the monitor's `gma.rpc` events (0 = none; default 10000).
-    #[serde(default)]
-    pub rpc_events_ms: Option<u64>,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 /// One `[[rule]]` table, as written.
@@ -801,23 +786,16 @@ pub async fn run(
                 .trim_start_matches("https://")
         )
     });
-    let producer = Producer::new(ProducerConfig {
-        directory: Some(directory.clone()),
-        host_sensors: false,
-        source: Some(source.clone()),
-        id: Some(id.clone()),
-        tls: cfg.tls.clone(),
-        policy: cfg.policy.clone(),
-        limits: cfg.limits.clone(),
-        rpc_events_ms: cfg.rpc_events_ms.unwrap_or(gma_core::rpc::DEFAULT_PERIOD_MS),
-        role: "monitor".into(),
-        ..ProducerConfig::default()
-    })
+    let producer = Producer::embedded(
+        "monitor",
+        &cfg.endpoint,
+        Identity {
+            id: Some(id.clone()),
+            ..Identity::new(&source, Some(directory.clone()))
+        },
+        &[firing_schema()],
+    )
     .map_err(|e| MonitorError::Producer(e.to_string()))?;
-    producer
-        .hub
-        .add_schemas(&[firing_schema()])
-        .map_err(|e| MonitorError::Producer(e.to_string()))?;
     let engine = tokio::spawn(engine(rules, directory, id, producer.hub.clone(), source));
     let r = producer.run(listener, shutdown).await;
     engine.abort();

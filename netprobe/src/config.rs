@@ -1,7 +1,5 @@
 //! `gma netprobe --config FILE`: one TOML table, unknown keys rejected, validated once.
 
-use std::path::PathBuf;
-
 use serde::Deserialize;
 
 use crate::clique::Settings;
@@ -55,11 +53,10 @@ pub struct NetprobeConfig {
     pub lease_ttl_ms: u64,
     /// Events kept for resuming consumers.
     pub buffer_events: usize,
-    /// TLS (`[tls]`) of the endpoint and of the connections to the directory and the peers.
-    pub tls: gma_core::tls::ServerTls,
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    pub limits: gma_core::guard::Limits,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for NetprobeConfig {
@@ -85,9 +82,7 @@ impl Default for NetprobeConfig {
             report_ms: 10_000,
             lease_ttl_ms: 10_000,
             buffer_events: 20_000,
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
+            endpoint: Default::default(),
         }
     }
 }
@@ -137,7 +132,7 @@ impl NetprobeConfig {
         if self.site.len() > 256 {
             return Err("site: at most 256 bytes".into());
         }
-        self.limits.validate()?;
+        self.endpoint.validate()?;
         Ok(())
     }
 

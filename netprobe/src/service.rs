@@ -17,7 +17,7 @@ use gma_core::guard::Gate;
 use gma_core::pattern::Pattern;
 use gma_core::time::now_ns;
 use gma_producer::subscription::Selector;
-use gma_producer::{Hub, Producer, ProducerConfig};
+use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1::{self as pb, clique_client::CliqueClient};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -644,27 +644,21 @@ pub async fn run(
                 .trim_start_matches("https://")
         )
     });
-    let producer = Producer::new(ProducerConfig {
-        directory: Some(directory.clone()),
-        advertise: Some(address.clone()),
-        id: Some(id.clone()),
-        source: Some(host.clone()),
-        host_sensors: false,
-        site: config.site.clone(),
-        org: config.org.clone(),
-        lease_ttl_ms: config.lease_ttl_ms,
-        buffer_events: config.buffer_events,
-        tls: config.tls.clone(),
-        policy: config.policy.clone(),
-        limits: config.limits.clone(),
-        role: "netprobe".into(),
-        ..ProducerConfig::default()
-    })
+    let producer = Producer::embedded(
+        "netprobe",
+        &config.endpoint,
+        Identity {
+            advertise: Some(address.clone()),
+            id: Some(id.clone()),
+            site: config.site.clone(),
+            org: config.org.clone(),
+            lease_ttl_ms: config.lease_ttl_ms,
+            buffer_events: config.buffer_events,
+            ..Identity::new(&host, Some(directory.clone()))
+        },
+        &events::schemas(),
+    )
     .map_err(|e| NetprobeError::Producer(e.to_string()))?;
-    producer
-        .hub
-        .add_schemas(&events::schemas())
-        .map_err(|e| NetprobeError::Producer(e.to_string()))?;
     // Forecasts of every link, by the producer's forecaster: net.rtt.forecast, net.bw.forecast.
     let links = Selector {
         patterns: [RTT, BW]

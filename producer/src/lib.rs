@@ -85,18 +85,10 @@ pub struct ProducerConfig {
     pub push: bool,
     /// Watched processes (`[[process]]` tables): `proc.event` and `proc.usage`.
     pub process: Vec<gma_sensors::process::ProcessWatch>,
-    /// TLS (`[tls]`: cert, key, client_ca, allow_plaintext for the endpoint; ca for the
-    /// connections to the directory and consumers).
-    pub tls: gma_core::tls::ServerTls,
-    /// Authorization policy file (TOML, see gma_core::authz); none allows every identity.
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    /// Per-identity limits (`[limits]`: requests_per_s, burst, subscriptions_per_connection).
-    pub limits: gma_core::guard::Limits,
-    /// Period of the `gma.rpc` events this producer publishes about its own RPCs (0 = none).
-    pub rpc_events_ms: u64,
-    /// Where the binary serves Prometheus `/metrics` (`--metrics-listen`); none = not served.
-    pub metrics_listen: Option<String>,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`: the `gma.rpc` period of this producer's own RPCs, 0 = none).
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
     /// Where the binary serves the latest sensor values as Prometheus gauges (`--prometheus`).
     pub prometheus: Option<String>,
     /// The role this producer serves (`producer`, or the role embedding it: `rescheduler`,
@@ -126,13 +118,49 @@ impl Default for ProducerConfig {
             forecasts: Vec::new(),
             push: true,
             process: Vec::new(),
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
-            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
-            metrics_listen: None,
+            endpoint: Default::default(),
             prometheus: None,
             role: "producer".into(),
+        }
+    }
+}
+
+/// Who a role's own producer is ([`Producer::embedded`]); the rest comes from the role's
+/// endpoint.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// Source name of its events.
+    pub source: String,
+    /// Directory to register in; none = standalone.
+    pub directory: Option<String>,
+    /// Record id in the directory; default `<source>@<advertised address>`.
+    pub id: Option<String>,
+    /// Address advertised in the directory; default: the bound address.
+    pub advertise: Option<String>,
+    pub site: String,
+    pub org: String,
+    /// Directory lease TTL.
+    pub lease_ttl_ms: u64,
+    /// Events kept for resuming consumers.
+    pub buffer_events: usize,
+    /// Stream its events to consumers that accept pushed events (archives).
+    pub push: bool,
+}
+
+impl Identity {
+    /// Source `source`, registered in `directory`, with the producer defaults for the rest.
+    pub fn new(source: impl Into<String>, directory: Option<String>) -> Identity {
+        let d = ProducerConfig::default();
+        Identity {
+            source: source.into(),
+            directory,
+            id: None,
+            advertise: None,
+            site: d.site,
+            org: d.org,
+            lease_ttl_ms: d.lease_ttl_ms,
+            buffer_events: d.buffer_events,
+            push: d.push,
         }
     }
 }
@@ -195,11 +223,11 @@ impl Producer {
         }
         let source = config.source.clone().unwrap_or_else(host_name);
         gma_core::pattern::validate_source(&source).map_err(|e| ProducerError::Config(e.to_string()))?;
-        config.limits.validate().map_err(ProducerError::Config)?;
+        config.endpoint.validate().map_err(ProducerError::Config)?;
         // The error names the file (cannot read / line and column of the mistake).
-        let policy = gma_core::guard::load_policy(config.policy.as_ref())
+        let policy = gma_core::guard::load_policy(config.endpoint.access_policy.as_ref())
             .map_err(|e| ProducerError::Config(format!("policy: {e}")))?;
-        let gate = Arc::new(gma_core::guard::Gate::new(policy, config.limits.clone()));
+        let gate = Arc::new(gma_core::guard::Gate::new(policy, config.endpoint.limits.clone()));
         let epoch = now_ns().max(1) as u64;
         let hub = Hub::new(epoch, config.buffer_events);
         let counters = Arc::new(AgentCounters::default());
@@ -244,7 +272,7 @@ impl Producer {
                 )));
             }
         }
-        if config.rpc_events_ms > 0 {
+        if config.endpoint.rpc_events_ms > 0 {
             hub.add_schemas(&[gma_core::rpc::rpc_schema()])
                 .map_err(|e| ProducerError::Config(format!("gma.rpc: {e}")))?;
         }
@@ -292,6 +320,50 @@ impl Producer {
         })
     }
 
+    /// The producer of a role's own events (a broker's decisions, a relay's site load, the
+    /// directory's and the archiver's `gma.rpc`): no host sensors; TLS, policy, limits and the
+    /// `gma.rpc` period from the role's `endpoint`; `role` names its metrics and `gma.rpc`
+    /// events; `who` says which source and record it is; `schemas` are registered in its hub.
+    pub fn embedded(
+        role: &str,
+        endpoint: &gma_core::endpoint::Endpoint,
+        who: Identity,
+        schemas: &[pb::EventSchema],
+    ) -> Result<Producer, ProducerError> {
+        let Identity {
+            source,
+            directory,
+            id,
+            advertise,
+            site,
+            org,
+            lease_ttl_ms,
+            buffer_events,
+            push,
+        } = who;
+        let p = Producer::new(ProducerConfig {
+            directory,
+            advertise,
+            id,
+            source: Some(source),
+            lease_ttl_ms,
+            buffer_events,
+            host_sensors: false,
+            site,
+            org,
+            push,
+            endpoint: endpoint.clone(),
+            role: role.into(),
+            ..ProducerConfig::default()
+        })?;
+        if !schemas.is_empty() {
+            p.hub
+                .add_schemas(schemas)
+                .map_err(|e| ProducerError::Config(format!("{role} schemas: {e}")))?;
+        }
+        Ok(p)
+    }
+
     /// Records this producer's RPCs into `stats` (and publishes `stats` as `gma.rpc`) instead
     /// of its own: a role without a hub of its own (the directory, the archiver) runs a
     /// companion producer that shares the role's figures.
@@ -330,7 +402,7 @@ impl Producer {
             sensors,
         } = self;
         let bound = listener.local_addr()?;
-        let tls = config.tls.rustls_config(bound)?;
+        let tls = config.endpoint.tls.rustls_config(bound)?;
         let address = config
             .advertise
             .clone()
@@ -353,12 +425,12 @@ impl Producer {
             )));
         }
         tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
-        if config.rpc_events_ms > 0 {
+        if config.endpoint.rpc_events_ms > 0 {
             tokio::spawn(publish_rpc(
                 rpc.clone(),
                 hub.clone(),
                 config.source.clone().unwrap_or_default(),
-                Duration::from_millis(config.rpc_events_ms),
+                Duration::from_millis(config.endpoint.rpc_events_ms),
                 stop_rx.clone(),
             ));
         }
@@ -455,8 +527,9 @@ impl Producer {
                 pb::simulator_server::SimulatorServer::new(service::SimulatorService { sim, gate })
                     .max_decoding_message_size(max),
             );
-        let server = gma_core::conn::grpc_server(&config.limits).layer(gma_core::rpc::RpcLayer::new(rpc));
-        let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.limits, "producer");
+        let server =
+            gma_core::conn::grpc_server(&config.endpoint.limits).layer(gma_core::rpc::RpcLayer::new(rpc));
+        let incoming = gma_core::conn::Incoming::grpc(listener, tls, &config.endpoint.limits, "producer");
         let serve = gma_core::conn::serve_grpc(server, extra(services), incoming, shutdown);
         // Closing a connection gracefully (HTTP/2 GOAWAY) waits for the consumer to answer a
         // PING: a consumer that does not run (stopped with SIGSTOP, swapped out) would hold the

@@ -454,11 +454,7 @@ impl wire::producer_server::Producer for ProducerService {
     }
 
     async fn version(&self, _: Request<pb::VersionRequest>) -> Result<Response<pb::VersionResponse>, Status> {
-        Ok(Response::new(pb::VersionResponse {
-            interface: gma_proto::INTERFACE_VERSION.into(),
-            server: gma_core::SERVER_VERSION.into(),
-            role: "producer".into(),
-        }))
+        gma_core::endpoint::version("producer")
     }
 }
 

@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,28 +110,10 @@ pub struct RelayConfig {
     /// Directory lease TTL.
     #[serde(default = "default_lease_ttl_ms")]
     pub lease_ttl_ms: u64,
-    /// TLS (`[tls]`, as for a producer): `cert`, `key`, `client_ca`, `allow_plaintext` for the
-    /// relay's endpoint; `ca` for its connections to the directory and the producers it
-    /// follows. The `--tls-*` flags override it.
-    #[serde(default)]
-    pub tls: gma_core::tls::ServerTls,
-    /// Authorization policy file of the relay's endpoint; `--access-policy` overrides.
-    #[serde(default)]
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    /// Per-identity limits of the relay's endpoint (`[limits]`).
-    #[serde(default)]
-    pub limits: gma_core::guard::Limits,
-    /// Serve Prometheus `/metrics` here; `--metrics-listen` overrides.
-    #[serde(default)]
-    pub metrics_listen: Option<String>,
-    /// Period of the relay's `gma.rpc` events (0 = none).
-    #[serde(default = "default_rpc_events_ms")]
-    pub rpc_events_ms: u64,
-}
-
-fn default_rpc_events_ms() -> u64 {
-    gma_core::rpc::DEFAULT_PERIOD_MS
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 fn default_period_ms() -> u64 {
@@ -165,6 +146,7 @@ impl RelayConfig {
             }
         }
         gma_core::pattern::source_patterns(&self.sources).map_err(|e| config_err!("sources: {e}"))?;
+        self.endpoint.validate().map_err(RelayError::Config)?;
         Ok(())
     }
 }
@@ -437,7 +419,6 @@ pub async fn run(
         bail!("a directory address is required (directory in the config)");
     };
     let bound = listener.local_addr()?;
-    let listen = cfg.listen.clone().unwrap_or_else(|| bound.to_string());
     let advertised = gma_core::addr::advertised(bound);
     let id = cfg.id.clone().unwrap_or_else(|| {
         format!(
@@ -448,29 +429,23 @@ pub async fn run(
                 .trim_start_matches("https://")
         )
     });
-    let p = gma_producer::Producer::new(ProducerConfig {
-        listen,
-        directory: Some(directory.clone()),
-        id: Some(id.clone()),
-        source: Some(cfg.site.clone()),
-        host_sensors: false,
-        site: cfg.site.clone(),
-        buffer_events: cfg.buffer_events,
-        lease_ttl_ms: cfg.lease_ttl_ms,
-        // Archives get relayed events from their origin producers; pushing them again from
-        // here would store them twice. Consumers of the relay subscribe to it.
-        push: false,
-        tls: cfg.tls.clone(),
-        policy: cfg.policy.clone(),
-        limits: cfg.limits.clone(),
-        rpc_events_ms: cfg.rpc_events_ms,
-        role: "relay".into(),
-        ..ProducerConfig::default()
-    })
+    let p = gma_producer::Producer::embedded(
+        "relay",
+        &cfg.endpoint,
+        gma_producer::Identity {
+            id: Some(id.clone()),
+            site: cfg.site.clone(),
+            buffer_events: cfg.buffer_events,
+            lease_ttl_ms: cfg.lease_ttl_ms,
+            // Archives get relayed events from their origin producers; pushing them again from
+            // here would store them twice. Consumers of the relay subscribe to it.
+            push: false,
+            ..gma_producer::Identity::new(&cfg.site, Some(directory.clone()))
+        },
+        &[site_load_schema()],
+    )
     .map_err(|e| RelayError::Producer(e.to_string()))?;
     let hub = p.hub.clone();
-    hub.add_schemas(&[site_load_schema()])
-        .map_err(|e| RelayError::Producer(e.to_string()))?;
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let mut producer = tokio::spawn(p.run(listener, async move {

@@ -12,7 +12,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +20,7 @@ use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::codec::OwnedEvent;
 use gma_core::event::{dbl, text, EventData};
 use gma_core::time::now_ns;
-use gma_producer::{Producer, ProducerConfig};
+use gma_producer::{Identity, Producer};
 use gma_proto::v1 as pb;
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -51,19 +50,10 @@ pub struct ReschedulerConfig {
     pub reference_specint: f64,
     pub action: ActionConfig,
     pub lease_ttl_ms: u64,
-    /// TLS (`[tls]`): `cert`, `key`, `client_ca`, `allow_plaintext` for the endpoint serving
-    /// the decisions; `ca` (with `cert`/`key` as the client identity) for the connections to
-    /// the directory, the producers followed and the applications' AppControl.
-    pub tls: gma_core::tls::ServerTls,
-    /// Authorization policy file of the endpoint (TOML, see gma_core::authz); none allows all.
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
-    /// Per-identity limits of the endpoint (`[limits]`).
-    pub limits: gma_core::guard::Limits,
-    /// Where `gma rescheduler` serves Prometheus `/metrics`; none = not served (binary only).
-    pub metrics_listen: Option<String>,
-    /// Period of the `gma.rpc` events about the rescheduler's RPCs (0 = none).
-    pub rpc_events_ms: u64,
+    /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
+    /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for ReschedulerConfig {
@@ -79,11 +69,7 @@ impl Default for ReschedulerConfig {
             reference_specint: f64::NAN,
             action: ActionConfig::Grpc,
             lease_ttl_ms: 10_000,
-            tls: Default::default(),
-            policy: None,
-            limits: Default::default(),
-            metrics_listen: None,
-            rpc_events_ms: gma_core::rpc::DEFAULT_PERIOD_MS,
+            endpoint: Default::default(),
         }
     }
 }
@@ -167,24 +153,16 @@ pub async fn run(
     let Some(directory) = config.directory.clone() else {
         return Err(ReschedulerError::Config("a directory address is required".into()));
     };
-    let producer = Producer::new(ProducerConfig {
-        directory: Some(directory.clone()),
-        host_sensors: false,
-        source: Some(config.source.clone()),
-        lease_ttl_ms: config.lease_ttl_ms,
-        buffer_events: 100_000,
-        tls: config.tls.clone(),
-        policy: config.policy.clone(),
-        limits: config.limits.clone(),
-        rpc_events_ms: config.rpc_events_ms,
-        role: "rescheduler".into(),
-        ..ProducerConfig::default()
-    })
+    let producer = Producer::embedded(
+        "rescheduler",
+        &config.endpoint,
+        Identity {
+            lease_ttl_ms: config.lease_ttl_ms,
+            ..Identity::new(&config.source, Some(directory.clone()))
+        },
+        &[decision_schema()],
+    )
     .map_err(|e| ReschedulerError::Producer(e.to_string()))?;
-    producer
-        .hub
-        .add_schemas(&[decision_schema()])
-        .map_err(|e| ReschedulerError::Producer(e.to_string()))?;
     let ctx = Arc::new(Ctx {
         view: Mutex::new(View::default()),
         policy,

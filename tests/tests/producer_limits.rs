@@ -25,7 +25,10 @@ async fn start(limits: Limits) -> Fixture {
     let p = Producer::new(ProducerConfig {
         host_sensors: false,
         source: Some("t".into()),
-        limits,
+        endpoint: gma_core::endpoint::Endpoint {
+            limits,
+            ..Default::default()
+        },
         ..ProducerConfig::default()
     })
     .unwrap();
@@ -189,8 +192,11 @@ fn invalid_limits_and_policy_files_are_config_errors() {
     let cfg = |limits: Limits, policy: Option<std::path::PathBuf>| ProducerConfig {
         host_sensors: false,
         source: Some("t".into()),
-        limits,
-        policy,
+        endpoint: gma_core::endpoint::Endpoint {
+            limits,
+            access_policy: policy,
+            ..Default::default()
+        },
         ..ProducerConfig::default()
     };
     let err = |c: ProducerConfig| match Producer::new(c) {
