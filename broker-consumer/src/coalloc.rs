@@ -1026,13 +1026,16 @@ mod tests {
         }
     }
 
+    /// Blocks taken on a resource before the coallocation: (CPUs, start, length).
+    type Blocks = Vec<(u32, i64, i64)>;
+
     /// A random instance: per resource its capacity (1 or 2 CPUs) and 0 to 3 blocks (CPUs, start,
     /// length) taken before the coallocation; whether modifies are non-atomic (3 in 10); 2 to 4
     /// jobs of (candidate resources in rank order, CPUs (2 one in 5), memory, duration, offset
     /// (non-zero 3 in 10)); the end of the window and epsilon.
     #[derive(Debug, Clone)]
     struct Instance {
-        resources: Vec<(u32, Vec<(u32, i64, i64)>)>,
+        resources: Vec<(u32, Blocks)>,
         non_atomic: bool,
         jobs: Vec<(Vec<usize>, u32, u32, i64, i64)>,
         window_end_s: i64,
