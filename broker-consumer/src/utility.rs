@@ -193,6 +193,8 @@ pub fn combine(class: UserClass, op: Operator, partials: &[f64], weights: &[f64]
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn req(intervals: &[(Option<f64>, Option<f64>, f64)]) -> Requirement {
@@ -239,19 +241,25 @@ mod tests {
         assert!((combine(UserClass::Guest, Operator::And, &u, &[0.0; 3]) - 2.3 / 3.0).abs() < 1e-12);
     }
 
-    #[test]
-    fn product_min_mean_max_are_ordered_for_random_utilities() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(19);
-        for _ in 0..2000 {
-            let n = rng.random_range(1..6);
-            let u: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..=1.0)).collect();
-            let w: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..1.0)).collect();
+    /// 1 to 5 (utility, weight) pairs: utilities in [0, 1], weights in [0, 1).
+    fn utilities_and_weights() -> impl Strategy<Value = (Vec<f64>, Vec<f64>)> {
+        (1..6usize).prop_flat_map(|n| {
+            (
+                prop::collection::vec(0.0..=1.0f64, n),
+                prop::collection::vec(0.0..1.0f64, n),
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn product_min_mean_max_are_ordered_for_random_utilities((u, w) in utilities_and_weights()) {
             let p = combine(UserClass::OtherVo, Operator::And, &u, &w);
             let m = combine(UserClass::Local, Operator::And, &u, &w);
             let g = combine(UserClass::Guest, Operator::And, &u, &w);
             let x = combine(UserClass::Local, Operator::Or, &u, &w);
-            assert!(p <= m + 1e-12 && m <= g + 1e-12 && g <= x + 1e-12, "{u:?} {w:?}");
+            prop_assert!(p <= m + 1e-12 && m <= g + 1e-12 && g <= x + 1e-12, "{} {} {} {}", p, m, g, x);
         }
     }
 
