@@ -26,6 +26,8 @@ use gma_core::event::{dbl, text, EventData};
 use gma_proto::v1 as pb;
 use prost::Message;
 
+use crate::error::Error;
+
 /// The event name.
 pub const SUMMARY_EVENT: &str = "site.summary";
 /// Probe job shapes (CPUs on one node) whose predicted start a summary carries.
@@ -421,32 +423,41 @@ impl Summary {
     }
 
     /// Decodes and validates a peer's summary; errors name the field.
-    pub fn from_proto(p: &pb::SiteSummary) -> Result<Summary, String> {
-        let name = |what: &str, s: &str| -> Result<(), String> {
+    pub fn from_proto(p: &pb::SiteSummary) -> Result<Summary, Error> {
+        let name = |what: &str, s: &str| -> Result<(), Error> {
             if s.len() > MAX_NAME {
-                return Err(format!("{what}: at most {MAX_NAME} bytes"));
+                return Err(Error::InvalidArgument(format!(
+                    "{what}: at most {MAX_NAME} bytes"
+                )));
             }
             Ok(())
         };
         name("site", &p.site)?;
         if p.contributing_sites.len() > MAX_LIST {
-            return Err(format!("contributing_sites: at most {MAX_LIST} entries"));
+            return Err(Error::InvalidArgument(format!(
+                "contributing_sites: at most {MAX_LIST} entries"
+            )));
         }
         for s in &p.contributing_sites {
             name("contributing_sites", s)?;
         }
         if p.classes.len() > MAX_CLASSES {
-            return Err(format!("classes: at most {MAX_CLASSES} classes"));
+            return Err(Error::InvalidArgument(format!(
+                "classes: at most {MAX_CLASSES} classes"
+            )));
         }
         if p.probe_start_s.len() != PROBE_CPUS.len() {
-            return Err(format!("probe_start_s: give {} values", PROBE_CPUS.len()));
+            return Err(Error::InvalidArgument(format!(
+                "probe_start_s: give {} values",
+                PROBE_CPUS.len()
+            )));
         }
         let mut probe_start_s = [f64::INFINITY; 4];
         for (i, v) in p.probe_start_s.iter().enumerate() {
             if v.is_nan() || *v < 0.0 {
-                return Err(format!(
+                return Err(Error::InvalidArgument(format!(
                     "probe_start_s[{i}]: must be a number >= 0 (inf: unknown)"
-                ));
+                )));
             }
             probe_start_s[i] = *v;
         }
@@ -455,21 +466,23 @@ impl Summary {
             name(&format!("classes[{i}].arch"), &c.arch)?;
             name(&format!("classes[{i}].os"), &c.os)?;
             if c.free_cpu_hist.len() != HIST_GRADES.len() {
-                return Err(format!(
+                return Err(Error::InvalidArgument(format!(
                     "classes[{i}].free_cpu_hist: give {} counts",
                     HIST_GRADES.len()
-                ));
+                )));
             }
             if c.nodes_up > c.nodes_total
                 || c.cpus_free_sum > c.cpus_total
                 || c.cpus_free_max_node > c.cpus_free_sum
             {
-                return Err(format!(
+                return Err(Error::InvalidArgument(format!(
                     "classes[{i}]: inconsistent (nodes_up <= nodes_total, free_max <= free_sum <= total)"
-                ));
+                )));
             }
             if c.benchmarks.len() > MAX_LIST {
-                return Err(format!("classes[{i}].benchmarks: at most {MAX_LIST}"));
+                return Err(Error::InvalidArgument(format!(
+                    "classes[{i}].benchmarks: at most {MAX_LIST}"
+                )));
             }
             let mut free_hist = [0u32; 8];
             free_hist.copy_from_slice(&c.free_cpu_hist);
@@ -477,10 +490,10 @@ impl Summary {
             for b in &c.benchmarks {
                 name(&format!("classes[{i}].benchmarks.name"), &b.name)?;
                 if !(b.min.is_finite() && b.max.is_finite() && b.min > 0.0 && b.min <= b.max) {
-                    return Err(format!(
+                    return Err(Error::InvalidArgument(format!(
                         "classes[{i}].benchmarks.{}: min and max must be finite, > 0, min <= max",
                         gma_core::clip(&b.name, 32)
-                    ));
+                    )));
                 }
                 benchmarks.insert(
                     b.name.clone(),
@@ -510,7 +523,9 @@ impl Summary {
                 benchmarks,
             };
             if classes.insert(key, stats).is_some() {
-                return Err(format!("classes[{i}]: the class is listed twice"));
+                return Err(Error::InvalidArgument(format!(
+                    "classes[{i}]: the class is listed twice"
+                )));
             }
         }
         Ok(Summary {
@@ -871,7 +886,7 @@ mod tests {
             prop_assert_eq!(&back, &s);
             let mut p = s.to_proto();
             p.probe_start_s.pop();
-            prop_assert!(Summary::from_proto(&p).unwrap_err().starts_with("probe_start_s"));
+            prop_assert!(Summary::from_proto(&p).unwrap_err().to_string().starts_with("probe_start_s"));
             let mut p = s.to_proto();
             // In place of the last class when the summary already has as many as allowed.
             if p.classes.len() == MAX_CLASSES {
@@ -883,7 +898,7 @@ mod tests {
                 free_cpu_hist: vec![0; 8],
                 ..Default::default()
             });
-            let e = Summary::from_proto(&p).unwrap_err();
+            let e = Summary::from_proto(&p).unwrap_err().to_string();
             prop_assert!(e.contains("inconsistent"), "{}", e);
         }
     }
