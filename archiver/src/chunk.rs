@@ -1511,6 +1511,7 @@ impl<'a> ChunkReader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -1822,16 +1823,18 @@ mod tests {
         check(&bytes, &rows[..3], 1, 0);
     }
 
-    #[test]
-    fn chunk_bucket_widths_are_optimal() {
-        let mut rng = StdRng::seed_from_u64(5);
-        for _ in 0..200 {
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn chunk_bucket_widths_are_optimal(
+            lengths in prop::collection::vec((1..=64usize, 1..1000u32), 1..7),
+        ) {
             let mut hist = [0u32; 65];
-            for _ in 0..rng.random_range(1..7) {
-                hist[rng.random_range(1..=64)] += rng.random_range(1..1000);
+            for (l, n) in lengths {
+                hist[l] += n;
             }
             let (c, opt) = TS_CODES.optimize(&hist);
-            assert_eq!(c.cost_of(&hist) + 24, opt, "{c:?}");
+            prop_assert_eq!(c.cost_of(&hist) + 24, opt, "{:?}", c);
             // brute force over every width tuple drawn from the lengths present
             let mut ls: Vec<u32> = (1..=64).filter(|&l| hist[l as usize] > 0).collect();
             ls.push(64);
@@ -1849,7 +1852,7 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(best + 24, opt);
+            prop_assert_eq!(best + 24, opt);
         }
     }
 
@@ -1940,24 +1943,28 @@ mod tests {
     #[test]
     fn chunk_byte_flips_and_garbage_never_panic() {
         let chunks = sample_chunks();
-        let mut rng = StdRng::seed_from_u64(1234);
-        let mut valid = 0;
-        for i in 0..30_000 {
-            let mut b = chunks[i % chunks.len()].clone();
-            for _ in 0..rng.random_range(1..4) {
-                let at = rng.random_range(0..b.len());
-                b[at] ^= rng.random_range(1..=255u8);
+        let valid = std::cell::Cell::new(0usize);
+        // One of the sample chunks with 1 to 3 bytes flipped (position, non-zero xor).
+        let flips = (
+            any::<prop::sample::Index>(),
+            prop::collection::vec((any::<prop::sample::Index>(), 1..=255u8), 1..4),
+        );
+        proptest!(ProptestConfig::with_cases(30_000), |((which, flips) in flips)| {
+            let mut b = which.get(&chunks).clone();
+            for (at, x) in flips {
+                let at = at.index(b.len());
+                b[at] ^= x;
             }
-            valid += usize::from(decode_everything(&b));
-        }
-        for _ in 0..20_000 {
-            let mut b: Vec<u8> = (0..rng.random_range(0..64)).map(|_| rng.random()).collect();
+            valid.set(valid.get() + usize::from(decode_everything(&b)));
+        });
+        // Garbage after the magic byte.
+        proptest!(ProptestConfig::with_cases(20_000), |(mut b in prop::collection::vec(any::<u8>(), 0..64))| {
             if let Some(x) = b.first_mut() {
                 *x = MAGIC;
             }
             decode_everything(&b);
-        }
-        eprintln!("byte flips: {valid} of 30000 still decode");
+        });
+        eprintln!("byte flips: {} of 30000 still decode", valid.get());
     }
 
     #[test]

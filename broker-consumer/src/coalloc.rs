@@ -555,11 +555,11 @@ pub async fn coallocate<R: Reserver>(req: &CoRequest, r: &R) -> Result<CoOutcome
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use parking_lot::Mutex;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
+    use proptest::prelude::*;
 
     use super::*;
     use crate::calendar::{Calendar, Calendars, MemoryReserver};
@@ -1026,96 +1026,133 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn random_instances_never_leak_and_succeed_consistently() {
-        let mut rng = ChaCha8Rng::seed_from_u64(0xC0A1_110C);
-        let (mut successes, mut failures, mut augmented, mut non_atomic_runs) = (0, 0, 0, 0);
-        for case in 0..300 {
-            let n_res = rng.random_range(2..=5usize);
-            let names: Vec<String> = (0..n_res).map(|i| format!("R{i}")).collect();
-            let non_atomic = rng.random_bool(0.3);
-            non_atomic_runs += usize::from(non_atomic);
+    /// Blocks taken on a resource before the coallocation: (CPUs, start, length).
+    type Blocks = Vec<(u32, i64, i64)>;
+
+    /// A random instance: per resource its capacity (1 or 2 CPUs) and 0 to 3 blocks (CPUs, start,
+    /// length) taken before the coallocation; whether modifies are non-atomic (3 in 10); 2 to 4
+    /// jobs of (candidate resources in rank order, CPUs (2 one in 5), memory, duration, offset
+    /// (non-zero 3 in 10)); the end of the window and epsilon.
+    #[derive(Debug, Clone)]
+    struct Instance {
+        resources: Vec<(u32, Blocks)>,
+        non_atomic: bool,
+        jobs: Vec<(Vec<usize>, u32, u32, i64, i64)>,
+        window_end_s: i64,
+        epsilon_s: i64,
+    }
+
+    fn instance() -> impl Strategy<Value = Instance> {
+        let resources = prop::collection::vec(
+            (1..=2u32).prop_flat_map(|cap| {
+                (
+                    Just(cap),
+                    prop::collection::vec((1..=cap, 0..14_400i64, 300..=3600i64), 0..=3),
+                )
+            }),
+            2..=5,
+        );
+        resources.prop_flat_map(|resources| {
+            let n = resources.len();
+            let job = (
+                prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n).prop_shuffle(),
+                prop::sample::select(vec![1u32, 1, 1, 1, 2]),
+                0..4u32,
+                300..=3600i64,
+                prop::option::weighted(0.3, 0..=900i64).prop_map(|o| o.unwrap_or(0)),
+            );
+            (
+                Just(resources),
+                prop::bool::weighted(0.3),
+                prop::collection::vec(job, 2..=4),
+                0..=7200i64,
+                60..=600i64,
+            )
+                .prop_map(
+                    |(resources, non_atomic, jobs, window_end_s, epsilon_s)| Instance {
+                        resources,
+                        non_atomic,
+                        jobs,
+                        window_end_s,
+                        epsilon_s,
+                    },
+                )
+        })
+    }
+
+    #[test]
+    fn random_instances_never_leak_and_succeed_consistently() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (successes, failures, augmented, non_atomic_runs) =
+            (Cell::new(0), Cell::new(0), Cell::new(0), Cell::new(0));
+        proptest!(ProptestConfig::with_cases(300), |(inst in instance())| rt.block_on(async {
+            let names: Vec<String> = (0..inst.resources.len()).map(|i| format!("R{i}")).collect();
+            non_atomic_runs.set(non_atomic_runs.get() + usize::from(inst.non_atomic));
             let mut cals = Calendars::new();
-            let mut caps = Vec::new();
-            for name in &names {
-                let cap = rng.random_range(1..=2u32);
-                caps.push(cap);
-                cals.insert(Calendar::new(name.clone(), cap).with_non_atomic_modify(non_atomic));
+            for (name, (cap, _)) in names.iter().zip(&inst.resources) {
+                cals.insert(Calendar::new(name.clone(), *cap).with_non_atomic_modify(inst.non_atomic));
             }
             let m = MemoryReserver::new(cals);
-            for (name, &cap) in names.iter().zip(&caps) {
-                for _ in 0..rng.random_range(0..=3) {
-                    let start = rng.random_range(0..14_400i64);
-                    let len = rng.random_range(300..=3600i64);
+            for (name, (_, blocks)) in names.iter().zip(&inst.resources) {
+                for &(cpus, start, len) in blocks {
                     // Overlapping blocks beyond capacity are simply refused.
-                    block(&m, name, rng.random_range(1..=cap), start, start + len).await;
+                    block(&m, name, cpus, start, start + len).await;
                 }
             }
-            let n_jobs = rng.random_range(2..=4usize);
-            let jobs: Vec<CoJob> = (0..n_jobs)
-                .map(|i| {
-                    let mut cands: Vec<String> =
-                        names.iter().filter(|_| rng.random_bool(0.6)).cloned().collect();
-                    if cands.is_empty() {
-                        cands.push(names[rng.random_range(0..n_res)].clone());
-                    }
-                    // Random rank order.
-                    for k in (1..cands.len()).rev() {
-                        cands.swap(k, rng.random_range(0..=k));
-                    }
-                    CoJob {
-                        name: format!("J{i}"),
-                        cpus: if rng.random_bool(0.8) { 1 } else { 2 },
-                        memory_mb: f64::from(rng.random_range(0..4u32)) * 512.0,
-                        duration_s: rng.random_range(300..=3600),
-                        offset_s: if rng.random_bool(0.7) {
-                            0
-                        } else {
-                            rng.random_range(0..=900)
-                        },
-                        candidates: cands,
-                    }
+            let jobs: Vec<CoJob> = inst
+                .jobs
+                .iter()
+                .enumerate()
+                .map(|(i, (cands, cpus, mem, duration_s, offset_s))| CoJob {
+                    name: format!("J{i}"),
+                    cpus: *cpus,
+                    memory_mb: f64::from(*mem) * 512.0,
+                    duration_s: *duration_s,
+                    offset_s: *offset_s,
+                    candidates: cands.iter().map(|&c| names[c].clone()).collect(),
                 })
                 .collect();
-            let req = request(jobs, 0, rng.random_range(0..=7200), rng.random_range(60..=600));
+            let req = request(jobs, 0, inst.window_end_s, inst.epsilon_s);
             let out = coallocate(&req, &m).await.unwrap();
-            assert!(m.within_capacity(), "case {case}: over capacity");
+            prop_assert!(m.within_capacity(), "over capacity");
             match &out {
                 CoOutcome::Failed { .. } => {
-                    failures += 1;
+                    failures.set(failures.get() + 1);
                     let left = m.list("", "co").await.unwrap();
-                    assert!(left.is_empty(), "case {case}: leaked {left:?} ({out:?})");
+                    prop_assert!(left.is_empty(), "leaked {:?} ({:?})", left, out);
                 }
                 CoOutcome::Success { reservations, stats } => {
-                    successes += 1;
-                    augmented += usize::from(stats.augmentations > 0);
-                    assert_eq!(reservations.len(), req.jobs.len(), "case {case}");
+                    successes.set(successes.get() + 1);
+                    augmented.set(augmented.get() + usize::from(stats.augmentations > 0));
+                    prop_assert_eq!(reservations.len(), req.jobs.len());
                     let mut commons = Vec::new();
                     for (j, (name, r)) in req.jobs.iter().zip(reservations) {
-                        assert_eq!(&j.name, name);
-                        assert!(
+                        prop_assert_eq!(&j.name, name);
+                        prop_assert!(
                             j.candidates.contains(&r.resource),
-                            "case {case}: {name} on {}",
+                            "{} on {}",
+                            name,
                             r.resource
                         );
-                        assert_eq!(
-                            (r.cpus, r.end_s - r.start_s),
-                            (j.cpus, j.duration_s),
-                            "case {case}"
-                        );
+                        prop_assert_eq!((r.cpus, r.end_s - r.start_s), (j.cpus, j.duration_s));
                         let c = r.start_s - j.offset_s;
-                        assert!(
+                        prop_assert!(
                             req.window_start_s <= c && c <= req.window_end_s,
-                            "case {case}: start {c} outside [{}, {}]",
+                            "start {} outside [{}, {}]",
+                            c,
                             req.window_start_s,
                             req.window_end_s
                         );
                         commons.push(c);
                     }
                     let spread = commons.iter().max().unwrap() - commons.iter().min().unwrap();
-                    assert!(
+                    prop_assert!(
                         spread <= req.epsilon_s,
-                        "case {case}: spread {spread} > ε {}",
+                        "spread {} > ε {}",
+                        spread,
                         req.epsilon_s
                     );
                     let mut held: Vec<String> = m
@@ -1128,14 +1165,20 @@ mod tests {
                     let mut ours: Vec<String> = reservations.iter().map(|(_, r)| r.id.clone()).collect();
                     held.sort();
                     ours.sort();
-                    assert_eq!(held, ours, "case {case}: exactly one reservation per job is held");
+                    prop_assert_eq!(held, ours, "exactly one reservation per job is held");
                     for (_, r) in reservations {
                         m.release(&r.id, "co").await.unwrap();
                     }
                 }
             }
-        }
-        println!("random instances: {successes} successes ({augmented} with an exchange), {failures} failures, {non_atomic_runs} non-atomic");
+            Ok::<(), TestCaseError>(())
+        })?);
+        let (successes, failures) = (successes.get(), failures.get());
+        println!(
+            "random instances: {successes} successes ({} with an exchange), {failures} failures, {} non-atomic",
+            augmented.get(),
+            non_atomic_runs.get()
+        );
         assert!(
             successes > 20 && failures > 20,
             "the generator should exercise both outcomes"

@@ -181,11 +181,13 @@ impl Job {
             return Err(field(f("utility"), "at most 64 requirements"));
         }
         for (i, r) in self.utility.iter().enumerate() {
-            r.check(&f(&format!("utility[{i}]")))
-                .map_err(|m| match m.split_once(": ") {
+            r.check(&f(&format!("utility[{i}]"))).map_err(|e| {
+                let m = e.to_string();
+                match m.split_once(": ") {
                     Some((fld, msg)) => field(fld, msg),
                     None => field(f("utility"), m),
-                })?;
+                }
+            })?;
         }
         if self.offset_s.unsigned_abs() > 365 * 86_400 {
             return Err(field(f("offset_s"), "at most a year"));

@@ -37,6 +37,7 @@
 
 pub mod calendar;
 pub mod coalloc;
+pub mod error;
 pub mod job;
 pub mod placement;
 pub mod rank;

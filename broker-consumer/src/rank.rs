@@ -174,15 +174,17 @@ impl Default for RankConfig {
 }
 
 impl RankConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks every field; the error (INVALID_ARGUMENT) names the first bad one.
+    pub fn validate(&self) -> Result<(), crate::error::Error> {
+        let bad = |m: &str| Err(crate::error::Error::InvalidArgument(m.into()));
         if self.max_age_ms == 0 {
-            return Err("rank.max_age_ms must be > 0".into());
+            return bad("rank.max_age_ms must be > 0");
         }
         if !self.typical_job_s.is_finite() || self.typical_job_s < 0.0 {
-            return Err("rank.typical_job_s must be a finite number >= 0".into());
+            return bad("rank.typical_job_s must be a finite number >= 0");
         }
         if !self.default_bandwidth_mbps.is_finite() || self.default_bandwidth_mbps <= 0.0 {
-            return Err("rank.default_bandwidth_mbps must be a finite number > 0".into());
+            return bad("rank.default_bandwidth_mbps must be a finite number > 0");
         }
         Ok(())
     }

@@ -87,13 +87,8 @@ impl Default for BrokerConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum BrokerError {
-    #[error("invalid broker config: {0}")]
-    Config(String),
-    #[error("producer: {0}")]
-    Producer(String),
-}
+/// The broker's one error type ([`crate::error::Error`]) under the name `run` has always used.
+pub use crate::error::Error as BrokerError;
 
 /// `broker.decision`: every Select and Coallocate, with what decided it.
 pub fn decision_schema() -> pb::EventSchema {
@@ -142,13 +137,17 @@ pub fn decision_schema() -> pb::EventSchema {
     }
 }
 
-fn policy_of(p: i32) -> Result<Policy, Status> {
+fn policy_of(p: i32) -> Result<Policy, BrokerError> {
     Ok(match pb::BrokerPolicy::try_from(p) {
         Ok(pb::BrokerPolicy::Unspecified) | Ok(pb::BrokerPolicy::Ttd) => Policy::Ttd,
         Ok(pb::BrokerPolicy::Tts) => Policy::Tts,
         Ok(pb::BrokerPolicy::Utility) => Policy::Utility,
         Ok(pb::BrokerPolicy::Cost) => Policy::Cost,
-        Err(_) => return Err(Status::invalid_argument(format!("policy: unknown policy {p}"))),
+        Err(_) => {
+            return Err(BrokerError::InvalidArgument(format!(
+                "policy: unknown policy {p}"
+            )))
+        }
     })
 }
 
@@ -159,10 +158,6 @@ pub fn policy_to_proto(p: Policy) -> pb::BrokerPolicy {
         Policy::Utility => pb::BrokerPolicy::Utility,
         Policy::Cost => pb::BrokerPolicy::Cost,
     }
-}
-
-fn job_status(e: JobError) -> Status {
-    Status::invalid_argument(e.to_string())
 }
 
 fn ranked_to_proto(r: &Ranked) -> pb::RankedResource {
@@ -277,11 +272,11 @@ impl BrokerCore {
 
     /// The resource managers to coallocate with: configured ones plus the producers of
     /// `reservation.state` in the directory.
-    async fn managers(&self) -> Result<Vec<String>, Status> {
+    async fn managers(&self) -> Result<Vec<String>, BrokerError> {
         let mut out = self.reservations.clone();
         if let Some(dir) = &self.directory {
             let unreachable = |e: gma_consumer::ConsumerError| {
-                Status::unavailable(format!("cannot search the directory for resource managers: {e}"))
+                BrokerError::Unavailable(format!("cannot search the directory for resource managers: {e}"))
             };
             let mut client = gma_consumer::directory::client(dir).await.map_err(unreachable)?;
             let found = gma_consumer::directory::producers(&mut client, RESERVATION_EVENT, "")
@@ -301,13 +296,13 @@ impl BrokerCore {
         &self,
         req: &pb::CoallocateRequest,
         owner: &str,
-    ) -> Result<pb::CoallocateResponse, Status> {
+    ) -> Result<pb::CoallocateResponse, BrokerError> {
         let t0 = Instant::now();
         if req.jobs.is_empty() {
-            return Err(Status::invalid_argument("jobs: give at least one job"));
+            return Err(BrokerError::InvalidArgument("jobs: give at least one job".into()));
         }
         if req.jobs.len() > MAX_COALLOC_JOBS {
-            return Err(Status::invalid_argument(format!(
+            return Err(BrokerError::InvalidArgument(format!(
                 "jobs: at most {MAX_COALLOC_JOBS} jobs"
             )));
         }
@@ -317,12 +312,11 @@ impl BrokerCore {
             .iter()
             .enumerate()
             .map(|(i, j)| Job::from_proto(j, &format!("jobs[{i}].")))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(job_status)?;
+            .collect::<Result<Vec<_>, JobError>>()?;
         let mut names = std::collections::HashSet::new();
         for (i, j) in jobs.iter().enumerate() {
             if !names.insert(j.name.as_str()) {
-                return Err(Status::invalid_argument(format!(
+                return Err(BrokerError::InvalidArgument(format!(
                     "jobs[{i}].name: {:?} is used twice",
                     j.name
                 )));
@@ -345,24 +339,24 @@ impl BrokerCore {
             req.epsilon_s
         };
         if end < start {
-            return Err(Status::invalid_argument(
-                "window_end_s: must not be before window_start_s",
+            return Err(BrokerError::InvalidArgument(
+                "window_end_s: must not be before window_start_s".into(),
             ));
         }
         if !(1..=86_400).contains(&eps) {
-            return Err(Status::invalid_argument(
-                "epsilon_s: must be within 1..=86400 seconds",
+            return Err(BrokerError::InvalidArgument(
+                "epsilon_s: must be within 1..=86400 seconds".into(),
             ));
         }
         let managers = self.managers().await?;
         if managers.is_empty() {
-            return Err(Status::failed_precondition(
-                "no resource manager: none publishes reservation.state in the directory and none is configured (reservations = [...])",
+            return Err(BrokerError::FailedPrecondition(
+                "no resource manager: none publishes reservation.state in the directory and none is configured (reservations = [...])".into(),
             ));
         }
         let reserver = RemoteReserver::connect(&managers)
             .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+            .map_err(|e| BrokerError::Unavailable(e.to_string()))?;
         // Candidates of each job: the reservable resources that pass its requirements, in the
         // order the policy ranks them on the live view; reservable resources the view does not
         // know (no load stream) follow, by name.
@@ -395,10 +389,10 @@ impl BrokerCore {
                 stale: crate::rank::StaleMode::Conservative,
                 ..self.rank.clone()
             };
-            let ranking = rank(&sub, j, policy, &cfg, Limits::default()).map_err(job_status)?;
+            let ranking = rank(&sub, j, policy, &cfg, Limits::default())?;
             let candidates: Vec<String> = ranking.ranked.into_iter().map(|r| r.resource).collect();
             if candidates.is_empty() {
-                return Err(Status::failed_precondition(format!(
+                return Err(BrokerError::FailedPrecondition(format!(
                     "jobs[{i}] ({}): no reservable resource meets its requirements",
                     j.name
                 )));
@@ -425,7 +419,7 @@ impl BrokerCore {
             owner,
         };
         let outcome = coallocate(&co, &reserver).await.map_err(|e| {
-            Status::unavailable(format!("coallocation aborted (every reservation released): {e}"))
+            BrokerError::Unavailable(format!("coallocation aborted (every reservation released): {e}"))
         })?;
         let elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -531,8 +525,8 @@ impl Broker for BrokerService {
         let spec = r
             .job
             .as_ref()
-            .ok_or_else(|| Status::invalid_argument("job: give the job to place"))?;
-        let job = Job::from_proto(spec, "job.").map_err(job_status)?;
+            .ok_or_else(|| BrokerError::InvalidArgument("job: give the job to place".into()))?;
+        let job = Job::from_proto(spec, "job.").map_err(BrokerError::from)?;
         let limits = Limits {
             limit: r.limit as usize,
             rejected: r.include_rejected,
@@ -540,7 +534,7 @@ impl Broker for BrokerService {
         self.core
             .select(&job, policy, limits)
             .map(Response::new)
-            .map_err(job_status)
+            .map_err(|e| BrokerError::from(e).into())
     }
 
     async fn coallocate(
@@ -557,6 +551,7 @@ impl Broker for BrokerService {
             .coallocate(req.get_ref(), &owner)
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 
     async fn view(
@@ -627,7 +622,10 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BrokerError> {
-    config.rank.validate().map_err(BrokerError::Config)?;
+    config
+        .rank
+        .validate()
+        .map_err(|e| BrokerError::Config(e.to_string()))?;
     let Some(directory) = config.directory.clone() else {
         return Err(BrokerError::Config("a directory address is required".into()));
     };
@@ -636,7 +634,8 @@ pub async fn run(
     }
     gma_core::pattern::event_patterns(&config.follow)
         .map_err(|e| BrokerError::Config(format!("follow: {e}")))?;
-    let view = Arc::new(LiveView::new(config.resources.clone()).map_err(BrokerError::Config)?);
+    let view =
+        Arc::new(LiveView::new(config.resources.clone()).map_err(|e| BrokerError::Config(e.to_string()))?);
     let producer = Producer::embedded(
         "broker",
         &config.endpoint,

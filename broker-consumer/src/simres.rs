@@ -46,8 +46,9 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use crate::calendar::{Calendar, Calendars};
+use crate::error::Error;
 use crate::remote::{answer_to_proto, reservation_to_proto};
-use crate::reserve::{Answer, Reservation, ReserveError, ReserveRequest};
+use crate::reserve::{Answer, Reservation, ReserveRequest};
 use crate::service::RESERVATION_EVENT;
 
 /// Owner of the reservations a simulation starts with.
@@ -124,56 +125,59 @@ impl Default for SimresConfig {
 
 impl SimresConfig {
     /// Checks every field; the message names the first bad one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Simres(m));
         if self.resources.is_empty() {
-            return Err("resource: give at least one [[resource]] table".into());
+            return bad("resource: give at least one [[resource]] table".into());
         }
         if self.resources.len() > 100_000 {
-            return Err("resource: at most 100000 resources".into());
+            return bad("resource: at most 100000 resources".into());
         }
         if !(0..=MAX_SPAN_S).contains(&self.horizon_s) {
-            return Err(format!(
+            return bad(format!(
                 "horizon_s: must be within 0..={MAX_SPAN_S} (0 = no horizon)"
             ));
         }
-        gma_core::pattern::validate_source(&self.source).map_err(|e| format!("source: {e}"))?;
+        gma_core::pattern::validate_source(&self.source)
+            .map_err(|e| Error::Simres(format!("source: {e}")))?;
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.resources.iter().enumerate() {
             let at = format!("resource[{i}]");
-            gma_core::pattern::validate_source(&r.name).map_err(|e| format!("{at}.name: {e}"))?;
+            gma_core::pattern::validate_source(&r.name)
+                .map_err(|e| Error::Simres(format!("{at}.name: {e}")))?;
             if !names.insert(r.name.as_str()) {
-                return Err(format!("{at}.name: {:?} is used twice", r.name));
+                return bad(format!("{at}.name: {:?} is used twice", r.name));
             }
             if r.cpus == 0 {
-                return Err(format!("{at}.cpus: must be at least 1"));
+                return bad(format!("{at}.cpus: must be at least 1"));
             }
             if !r.memory_mb.is_finite() || r.memory_mb < 0.0 {
-                return Err(format!("{at}.memory_mb: must be a finite number >= 0"));
+                return bad(format!("{at}.memory_mb: must be a finite number >= 0"));
             }
             for (k, b) in r.background.iter().enumerate() {
                 let at = format!("{at}.background[{k}]");
                 if !(0..=MAX_SPAN_S).contains(&b.start_in_s) {
-                    return Err(format!("{at}.start_in_s: must be within 0..={MAX_SPAN_S}"));
+                    return bad(format!("{at}.start_in_s: must be within 0..={MAX_SPAN_S}"));
                 }
                 if !(1..=MAX_SPAN_S).contains(&b.duration_s) {
-                    return Err(format!("{at}.duration_s: must be within 1..={MAX_SPAN_S}"));
+                    return bad(format!("{at}.duration_s: must be within 1..={MAX_SPAN_S}"));
                 }
                 if b.cpus.is_some_and(|c| c == 0 || c > r.cpus) {
-                    return Err(format!("{at}.cpus: must be within 1..={}", r.cpus));
+                    return bad(format!("{at}.cpus: must be within 1..={}", r.cpus));
                 }
             }
         }
         if let Some(rb) = &self.random_background {
             if rb.count > 1000 {
-                return Err("random_background.count: at most 1000".into());
+                return bad("random_background.count: at most 1000".into());
             }
             if !(1..=MAX_SPAN_S).contains(&rb.duration_s) {
-                return Err(format!(
+                return bad(format!(
                     "random_background.duration_s: must be within 1..={MAX_SPAN_S}"
                 ));
             }
             if rb.within_s < rb.duration_s || rb.within_s > MAX_SPAN_S {
-                return Err("random_background.within_s: must be at least duration_s".into());
+                return bad("random_background.within_s: must be at least duration_s".into());
             }
         }
         Ok(())
@@ -210,21 +214,13 @@ pub struct Manager {
     source: String,
 }
 
-fn invalid(m: impl Into<String>) -> Status {
-    Status::invalid_argument(m.into())
-}
-
-fn reserve_status(e: ReserveError) -> Status {
-    match e {
-        ReserveError::NotFound { id } => Status::not_found(format!("reservation {id:?} not found")),
-        ReserveError::Invalid(m) => Status::permission_denied(m),
-        other => Status::internal(other.to_string()),
-    }
+fn invalid(m: impl Into<String>) -> Error {
+    Error::InvalidArgument(m.into())
 }
 
 impl Manager {
     /// Builds the calendars (with the background reservations placed relative to `now_s`).
-    pub fn new(config: &SimresConfig, now_s: i64, hub: Option<Arc<Hub>>) -> Result<Manager, String> {
+    pub fn new(config: &SimresConfig, now_s: i64, hub: Option<Arc<Hub>>) -> Result<Manager, Error> {
         config.validate()?;
         let mut cals = Calendars::new();
         for r in &config.resources {
@@ -268,10 +264,10 @@ impl Manager {
                         owner: BACKGROUND_OWNER.into(),
                     });
                     if a.granted().is_none() {
-                        return Err(format!(
+                        return Err(Error::Simres(format!(
                             "resource {:?}: cannot place its background reservations",
                             r.name
-                        ));
+                        )));
                     }
                 }
             }
@@ -302,9 +298,9 @@ impl Manager {
         r
     }
 
-    fn local_id<'a>(&self, id: &'a str) -> Result<&'a str, Status> {
+    fn local_id<'a>(&self, id: &'a str) -> Result<&'a str, Error> {
         id.strip_prefix(&self.prefix)
-            .ok_or_else(|| Status::not_found(format!("reservation {:?} not found", gma_core::clip(id, 64))))
+            .ok_or_else(|| Error::NotFound(format!("reservation {:?} not found", gma_core::clip(id, 64))))
     }
 
     fn publish(&self, r: &Reservation, state: &str) {
@@ -330,7 +326,7 @@ impl Manager {
         earliest: i64,
         latest: i64,
         now_s: i64,
-    ) -> Result<Result<(i64, i64), Answer>, Status> {
+    ) -> Result<Result<(i64, i64), Answer>, Error> {
         if cpus == 0 {
             return Err(invalid("cpus: must be at least 1"));
         }
@@ -387,7 +383,7 @@ impl Manager {
         }
     }
 
-    pub fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Status> {
+    pub fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Error> {
         let now_s = now_ns() / 1_000_000_000;
         let (earliest, latest) = match self.checked(
             &req.resource,
@@ -433,7 +429,7 @@ impl Manager {
         &self,
         req: &pb::ModifyReservationRequest,
         owner: &str,
-    ) -> Result<pb::ReserveResponse, Status> {
+    ) -> Result<pb::ReserveResponse, Error> {
         let now_s = now_ns() / 1_000_000_000;
         let local = self.local_id(&req.id)?;
         let holder = {
@@ -442,7 +438,7 @@ impl Manager {
             found
         };
         let resource = holder.ok_or_else(|| {
-            Status::not_found(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
+            Error::NotFound(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
         })?;
         let (earliest, latest) = match self.checked(
             &resource,
@@ -467,7 +463,7 @@ impl Manager {
         let (out, released) = {
             let mut cals = self.calendars.lock();
             let before = cals.list(&resource, "").into_iter().find(|x| x.id == local);
-            let m = cals.modify(local, &r).map_err(reserve_status)?;
+            let m = cals.modify(local, &r)?;
             match m.answer {
                 Answer::Granted(g) if self.horizon_s > 0 && g.end_s > now_s + self.horizon_s => {
                     // Past the horizon: put the original back (atomic) or drop it (non-atomic).
@@ -522,13 +518,9 @@ impl Manager {
         Ok(answer_to_proto(&out, released))
     }
 
-    pub fn release(&self, id: &str, owner: &str) -> Result<(), Status> {
+    pub fn release(&self, id: &str, owner: &str) -> Result<(), Error> {
         let local = self.local_id(id)?;
-        let r = self
-            .calendars
-            .lock()
-            .release(local, owner)
-            .map_err(reserve_status)?;
+        let r = self.calendars.lock().release(local, owner)?;
         self.publish(&self.wire(r), "released");
         Ok(())
     }
@@ -612,7 +604,7 @@ impl ReservationService {
     /// The owner of a request: the certificate's CN when the peer has one, else the `owner`
     /// field (or "anonymous"). A certified caller naming another owner (the broker reserving
     /// for its caller) needs `admin` on [`ON_BEHALF`] allowed; else it is refused.
-    fn owner<T>(&self, req: &Request<T>, claimed: &str) -> Result<String, Status> {
+    fn owner<T>(&self, req: &Request<T>, claimed: &str) -> Result<String, Error> {
         let who = self
             .gate
             .check_raw(req, Action::Reserve, &[RESERVATION_EVENT], RAW_ONLY)?;
@@ -624,7 +616,7 @@ impl ReservationService {
                 if self.gate.raw_allowed(&who, Action::Admin, ON_BEHALF) {
                     return Ok(claimed.to_string());
                 }
-                return Err(Status::permission_denied(format!(
+                return Err(Error::PermissionDenied(format!(
                     "owner {:?} is not the caller ({who}): reserving for another owner needs admin on {ON_BEHALF:?}",
                     gma_core::clip(claimed, 64),
                 )));
@@ -657,7 +649,10 @@ impl Reservations for ReservationService {
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
         let owner = self.owner(&req, &req.get_ref().owner)?;
-        self.manager.reserve(req.get_ref(), &owner).map(Response::new)
+        self.manager
+            .reserve(req.get_ref(), &owner)
+            .map(Response::new)
+            .map_err(Status::from)
     }
 
     async fn modify(
@@ -665,7 +660,10 @@ impl Reservations for ReservationService {
         req: Request<pb::ModifyReservationRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
         let owner = self.owner(&req, &req.get_ref().owner)?;
-        self.manager.modify(req.get_ref(), &owner).map(Response::new)
+        self.manager
+            .modify(req.get_ref(), &owner)
+            .map(Response::new)
+            .map_err(Status::from)
     }
 
     async fn release(
@@ -684,7 +682,7 @@ impl Reservations for ReservationService {
         self.gate
             .check_raw(&req, Action::Reserve, &[RESERVATION_EVENT], RAW_ONLY)?;
         if req.get_ref().resource.len() > 256 || req.get_ref().owner.len() > 256 {
-            return Err(invalid("resource and owner: at most 256 bytes"));
+            return Err(invalid("resource and owner: at most 256 bytes").into());
         }
         Ok(Response::new(pb::ListReservationsResponse {
             reservations: self.manager.list(req.get_ref()),
@@ -697,7 +695,7 @@ pub async fn run(
     config: SimresConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let producer = Producer::embedded(
         "simres",
         &config.endpoint,
@@ -709,7 +707,7 @@ pub async fn run(
         },
         &[reservation_schema()],
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Error::Simres(e.to_string()))?;
     let manager = Arc::new(Manager::new(
         &config,
         now_ns() / 1_000_000_000,
@@ -742,7 +740,7 @@ pub async fn run(
         })
         .await;
     expirer.abort();
-    r.map_err(|e| e.to_string())
+    r.map_err(|e| Error::Simres(e.to_string()))
 }
 
 #[cfg(test)]
@@ -764,7 +762,7 @@ mod tests {
             ("[[resource]]\nname = \"a\"\ncpus = 1\n[[resource.background]]\nstart_in_s = 0\nduration_s = 0\n", "resource[0].background[0].duration_s"),
             ("horizon_s = -1\n[[resource]]\nname = \"a\"\ncpus = 1\n", "horizon_s"),
         ] {
-            let e = config(text).validate().unwrap_err();
+            let e = config(text).validate().unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
         let e = gma_core::config::parse_toml::<SimresConfig>("[[resource]]\nname = \"a\"\ncpu = 1\n", "s")
@@ -803,13 +801,16 @@ mod tests {
         assert_eq!(b.retry_from_s, base + 10);
         // Only the holder may release.
         assert_eq!(
-            m.release(&g.id, "v").unwrap_err().code(),
+            Status::from(m.release(&g.id, "v").unwrap_err()).code(),
             tonic::Code::PermissionDenied
         );
         m.release(&g.id, "u").unwrap();
-        assert_eq!(m.release(&g.id, "u").unwrap_err().code(), tonic::Code::NotFound);
         assert_eq!(
-            m.release("nonsense", "u").unwrap_err().code(),
+            Status::from(m.release(&g.id, "u").unwrap_err()).code(),
+            tonic::Code::NotFound
+        );
+        assert_eq!(
+            Status::from(m.release("nonsense", "u").unwrap_err()).code(),
             tonic::Code::NotFound
         );
         // In the past: never.
@@ -817,11 +818,11 @@ mod tests {
         assert_eq!(p.answer, pb::ReserveAnswer::Never as i32);
         // Bad input is INVALID_ARGUMENT, not an answer.
         assert_eq!(
-            m.reserve(&req(1, 0, base, base), "u").unwrap_err().code(),
+            Status::from(m.reserve(&req(1, 0, base, base), "u").unwrap_err()).code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            m.reserve(&req(1, 5, base + 1, base), "u").unwrap_err().code(),
+            Status::from(m.reserve(&req(1, 5, base + 1, base), "u").unwrap_err()).code(),
             tonic::Code::InvalidArgument
         );
         let l = m.list(&pb::ListReservationsRequest::default());

@@ -17,6 +17,8 @@
 
 use serde::Deserialize;
 
+use crate::error::Error;
+
 /// Attributes a requirement may name (besides `bench_<name>`).
 pub const ATTRIBUTES: [&str; 9] = [
     "free_cpus",
@@ -123,39 +125,51 @@ impl Requirement {
     }
 
     /// Why this requirement is malformed, if it is (`at` names it in the message).
-    pub fn check(&self, at: &str) -> Result<(), String> {
+    pub fn check(&self, at: &str) -> Result<(), Error> {
         let known = ATTRIBUTES.contains(&self.attribute.as_str())
             || self
                 .attribute
                 .strip_prefix("bench_")
                 .is_some_and(|b| !b.is_empty());
         if !known {
-            return Err(format!(
+            return Err(Error::InvalidArgument(format!(
                 "{at}.attribute: unknown attribute {:?} (one of {}, bench_<name>)",
                 gma_core::clip(&self.attribute, 64),
                 ATTRIBUTES.join(", ")
-            ));
+            )));
         }
         if self.intervals.is_empty() {
-            return Err(format!("{at}.intervals: give at least one interval"));
+            return Err(Error::InvalidArgument(format!(
+                "{at}.intervals: give at least one interval"
+            )));
         }
         if self.intervals.len() > 64 {
-            return Err(format!("{at}.intervals: at most 64 intervals"));
+            return Err(Error::InvalidArgument(format!(
+                "{at}.intervals: at most 64 intervals"
+            )));
         }
         if !self.weight.is_finite() || self.weight < 0.0 {
-            return Err(format!("{at}.weight: must be a finite number >= 0"));
+            return Err(Error::InvalidArgument(format!(
+                "{at}.weight: must be a finite number >= 0"
+            )));
         }
         for (k, i) in self.intervals.iter().enumerate() {
             if !(0.0..=1.0).contains(&i.utility) {
-                return Err(format!("{at}.intervals[{k}].utility: must be within 0..=1"));
+                return Err(Error::InvalidArgument(format!(
+                    "{at}.intervals[{k}].utility: must be within 0..=1"
+                )));
             }
             let bad = |b: Option<f64>| b.is_some_and(|v| v.is_nan());
             if bad(i.min) || bad(i.max) {
-                return Err(format!("{at}.intervals[{k}]: bounds must be numbers"));
+                return Err(Error::InvalidArgument(format!(
+                    "{at}.intervals[{k}]: bounds must be numbers"
+                )));
             }
             if let (Some(lo), Some(hi)) = (i.min, i.max) {
                 if lo >= hi {
-                    return Err(format!("{at}.intervals[{k}]: min must be below max"));
+                    return Err(Error::InvalidArgument(format!(
+                        "{at}.intervals[{k}]: min must be below max"
+                    )));
                 }
             }
         }
@@ -193,6 +207,8 @@ pub fn combine(class: UserClass, op: Operator, partials: &[f64], weights: &[f64]
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn req(intervals: &[(Option<f64>, Option<f64>, f64)]) -> Requirement {
@@ -239,19 +255,25 @@ mod tests {
         assert!((combine(UserClass::Guest, Operator::And, &u, &[0.0; 3]) - 2.3 / 3.0).abs() < 1e-12);
     }
 
-    #[test]
-    fn product_min_mean_max_are_ordered_for_random_utilities() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(19);
-        for _ in 0..2000 {
-            let n = rng.random_range(1..6);
-            let u: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..=1.0)).collect();
-            let w: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..1.0)).collect();
+    /// 1 to 5 (utility, weight) pairs: utilities in [0, 1], weights in [0, 1).
+    fn utilities_and_weights() -> impl Strategy<Value = (Vec<f64>, Vec<f64>)> {
+        (1..6usize).prop_flat_map(|n| {
+            (
+                prop::collection::vec(0.0..=1.0f64, n),
+                prop::collection::vec(0.0..1.0f64, n),
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn product_min_mean_max_are_ordered_for_random_utilities((u, w) in utilities_and_weights()) {
             let p = combine(UserClass::OtherVo, Operator::And, &u, &w);
             let m = combine(UserClass::Local, Operator::And, &u, &w);
             let g = combine(UserClass::Guest, Operator::And, &u, &w);
             let x = combine(UserClass::Local, Operator::Or, &u, &w);
-            assert!(p <= m + 1e-12 && m <= g + 1e-12 && g <= x + 1e-12, "{u:?} {w:?}");
+            prop_assert!(p <= m + 1e-12 && m <= g + 1e-12 && g <= x + 1e-12, "{} {} {} {}", p, m, g, x);
         }
     }
 
@@ -261,13 +283,26 @@ mod tests {
         assert!(r
             .check("utility[0]")
             .unwrap_err()
+            .to_string()
             .contains("utility[0].intervals[0]: min must be below max"));
         r = req(&[(None, None, 1.5)]);
-        assert!(r.check("u").unwrap_err().contains("u.intervals[0].utility"));
+        assert!(r
+            .check("u")
+            .unwrap_err()
+            .to_string()
+            .contains("u.intervals[0].utility"));
         r.attribute = "colour".into();
-        assert!(r.check("u").unwrap_err().contains("unknown attribute \"colour\""));
+        assert!(r
+            .check("u")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown attribute \"colour\""));
         r = req(&[]);
-        assert!(r.check("u").unwrap_err().contains("at least one interval"));
+        assert!(r
+            .check("u")
+            .unwrap_err()
+            .to_string()
+            .contains("at least one interval"));
         r = req(&[(None, None, 1.0)]);
         r.attribute = "bench_specfp".into();
         assert!(r.check("u").is_ok());

@@ -24,6 +24,7 @@ use gma_core::pattern::Pattern;
 use parking_lot::Mutex;
 use serde::Deserialize;
 
+use crate::error::Error;
 use crate::rank::{Resource, Snapshot};
 
 /// The forecast of every measured link (`gma netprobe`), series `<src>/<dst>`.
@@ -53,19 +54,24 @@ pub struct Annotation {
 }
 
 impl Annotation {
-    pub fn validate(&self, at: &str) -> Result<(), String> {
+    /// Checks every field; the error (INVALID_ARGUMENT) names the first bad one under `at`.
+    pub fn validate(&self, at: &str) -> Result<(), Error> {
         gma_core::pattern::source_patterns(std::slice::from_ref(&self.pattern))
-            .map_err(|e| format!("{at}.match: {e}"))?;
+            .map_err(|e| Error::InvalidArgument(format!("{at}.match: {e}")))?;
         for (name, v) in [
             ("bandwidth_mbps", self.bandwidth_mbps),
             ("cost_per_cpu_hour", self.cost_per_cpu_hour),
         ] {
             if v.is_some_and(|x| !x.is_finite() || x < 0.0) {
-                return Err(format!("{at}.{name}: must be a finite number >= 0"));
+                return Err(Error::InvalidArgument(format!(
+                    "{at}.{name}: must be a finite number >= 0"
+                )));
             }
         }
         if self.benchmarks.values().any(|s| !s.is_finite() || *s <= 0.0) {
-            return Err(format!("{at}.benchmarks: scores must be finite numbers > 0"));
+            return Err(Error::InvalidArgument(format!(
+                "{at}.benchmarks: scores must be finite numbers > 0"
+            )));
         }
         Ok(())
     }
@@ -103,12 +109,12 @@ pub struct LiveView {
 }
 
 impl LiveView {
-    pub fn new(annotations: Vec<Annotation>) -> Result<LiveView, String> {
+    pub fn new(annotations: Vec<Annotation>) -> Result<LiveView, Error> {
         let mut compiled = Vec::with_capacity(annotations.len());
         for (i, a) in annotations.into_iter().enumerate() {
             a.validate(&format!("resources[{i}]"))?;
             let mut p = gma_core::pattern::source_patterns(std::slice::from_ref(&a.pattern))
-                .map_err(|e| format!("resources[{i}].match: {e}"))?;
+                .map_err(|e| Error::InvalidArgument(format!("resources[{i}].match: {e}")))?;
             if let Some(p) = p.pop() {
                 compiled.push((p, a));
             }
@@ -573,7 +579,8 @@ mod tests {
             ..Annotation::default()
         }])
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(e.starts_with("resources[0].match"), "{e}");
         let e = LiveView::new(vec![Annotation {
             pattern: "a".into(),
@@ -581,7 +588,8 @@ mod tests {
             ..Annotation::default()
         }])
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(e.starts_with("resources[0].cost_per_cpu_hour"), "{e}");
     }
 }

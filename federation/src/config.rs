@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use gma_broker::{Annotation, RankConfig};
 use serde::Deserialize;
 
+use crate::error::Error;
 use crate::route::RoutePolicy;
 use crate::site::{Link, Params};
 
@@ -97,27 +98,32 @@ impl Default for FederationConfig {
 }
 
 /// A site id: a source name (printable ASCII, no spaces) without `/` (it starts job ids).
-pub fn validate_site(site: &str) -> Result<(), String> {
+pub fn validate_site(site: &str) -> Result<(), Error> {
     if site.is_empty() {
-        return Err("give the site id (site = \"...\")".into());
+        return Err(Error::InvalidArgument("give the site id (site = \"...\")".into()));
     }
-    gma_core::pattern::validate_source(site).map_err(|e| format!("site {site:?}: {e}"))?;
+    gma_core::pattern::validate_source(site)
+        .map_err(|e| Error::InvalidArgument(format!("site {site:?}: {e}")))?;
     if site.contains('/') || site.contains('*') || site.contains('?') || site.len() > 128 {
-        return Err(format!(
+        return Err(Error::InvalidArgument(format!(
             "site {site:?}: at most 128 bytes, without '/', '*' or '?'"
-        ));
+        )));
     }
     Ok(())
 }
 
 impl FederationConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Error> {
         validate_site(&self.site)?;
-        self.endpoint.validate()?;
-        self.rank.validate()?;
+        self.endpoint.validate().map_err(Error::InvalidArgument)?;
+        self.rank
+            .validate()
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         self.route.validate()?;
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
-            return Err("time_scale must be a finite number > 0".into());
+            return Err(Error::InvalidArgument(
+                "time_scale must be a finite number > 0".into(),
+            ));
         }
         for (name, v, lo) in [
             ("heartbeat_ms", self.heartbeat_ms, 10),
@@ -128,35 +134,48 @@ impl FederationConfig {
             ("lease_ttl_ms", self.lease_ttl_ms, 500),
         ] {
             if v < lo || v > 86_400_000 {
-                return Err(format!("{name} must be within {lo}..=86400000"));
+                return Err(Error::InvalidArgument(format!(
+                    "{name} must be within {lo}..=86400000"
+                )));
             }
         }
         if self.push_debounce_ms > 3_600_000 {
-            return Err("push_debounce_ms must be at most 3600000".into());
+            return Err(Error::InvalidArgument(
+                "push_debounce_ms must be at most 3600000".into(),
+            ));
         }
         if self.session_misses == 0 || self.session_misses > 100 {
-            return Err("session_misses must be within 1..=100".into());
+            return Err(Error::InvalidArgument(
+                "session_misses must be within 1..=100".into(),
+            ));
         }
         if self.valid_for_ms < 10 {
-            return Err("valid_for_ms must be at least 10".into());
+            return Err(Error::InvalidArgument("valid_for_ms must be at least 10".into()));
         }
         if self.max_hops > 16 {
-            return Err("max_hops must be at most 16".into());
+            return Err(Error::InvalidArgument("max_hops must be at most 16".into()));
         }
         if self.follow.is_empty() {
-            return Err("follow: give at least one event name".into());
+            return Err(Error::InvalidArgument(
+                "follow: give at least one event name".into(),
+            ));
         }
-        gma_core::pattern::event_patterns(&self.follow).map_err(|e| format!("follow: {e}"))?;
+        gma_core::pattern::event_patterns(&self.follow)
+            .map_err(|e| Error::InvalidArgument(format!("follow: {e}")))?;
         for (i, p) in self.peer.iter().enumerate() {
-            validate_site(&p.site).map_err(|e| format!("peer[{i}]: {e}"))?;
+            validate_site(&p.site).map_err(|e| Error::InvalidArgument(format!("peer[{i}]: {e}")))?;
             if p.site == self.site {
-                return Err(format!("peer[{i}]: a site is not its own peer"));
+                return Err(Error::InvalidArgument(format!(
+                    "peer[{i}]: a site is not its own peer"
+                )));
             }
             if p.endpoint.is_empty() {
-                return Err(format!("peer[{i}].endpoint: give HOST:PORT"));
+                return Err(Error::InvalidArgument(format!(
+                    "peer[{i}].endpoint: give HOST:PORT"
+                )));
             }
             if p.hops > 16 {
-                return Err(format!("peer[{i}].hops: at most 16"));
+                return Err(Error::InvalidArgument(format!("peer[{i}].hops: at most 16")));
             }
         }
         Ok(())
@@ -198,7 +217,7 @@ mod tests {
         let bad = |text: &str, want: &str| {
             let e = match gma_core::config::parse_toml::<FederationConfig>(text, "t") {
                 Err(e) => e.to_string(),
-                Ok(c) => c.validate().unwrap_err(),
+                Ok(c) => c.validate().unwrap_err().to_string(),
             };
             assert!(e.contains(want), "{text}: {e}");
         };

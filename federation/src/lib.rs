@@ -18,6 +18,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod config;
+pub mod error;
 pub mod links;
 pub mod route;
 pub mod service;

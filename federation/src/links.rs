@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
+use crate::error::Error;
 use crate::site::{Link, Role};
 use crate::summary::SUMMARY_EVENT;
 
@@ -71,10 +72,10 @@ fn consumer_of(e: &pb::RecordEntry) -> Option<&pb::ConsumerRecord> {
     }
 }
 
-async fn client(dir: &str) -> Result<DirectoryClient<Channel>, String> {
+async fn client(dir: &str) -> Result<DirectoryClient<Channel>, Error> {
     gma_consumer::directory::client(dir)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| Error::Unavailable(e.to_string()))
 }
 
 fn reg(link: &Link, ttl_ms: u64) -> pb::RegisterRequest {
@@ -107,17 +108,17 @@ pub async fn put(c: &mut DirectoryClient<Channel>, link: &Link, ttl_ms: u64) -> 
 }
 
 /// `gma federation add`.
-pub async fn add(dir: &str, link: &Link) -> Result<(), String> {
+pub async fn add(dir: &str, link: &Link) -> Result<(), Error> {
     let mut c = client(dir).await?;
     // Long enough for the endpoint to adopt it; the endpoint then keeps it.
     put(&mut c, link, 60_000)
         .await
         .map(|_| ())
-        .map_err(|s| format!("{} ({:?})", s.message(), s.code()))
+        .map_err(|s| Error::Unavailable(format!("{} ({:?})", s.message(), s.code())))
 }
 
 /// `gma federation remove`.
-pub async fn remove(dir: &str, site: &str) -> Result<(), String> {
+pub async fn remove(dir: &str, site: &str) -> Result<(), Error> {
     let mut c = client(dir).await?;
     c.remove(pb::RemoveRequest {
         kind: pb::RecordKind::Consumer as i32,
@@ -125,11 +126,11 @@ pub async fn remove(dir: &str, site: &str) -> Result<(), String> {
     })
     .await
     .map(|_| ())
-    .map_err(|s| format!("{} ({:?})", s.message(), s.code()))
+    .map_err(|s| Error::Unavailable(format!("{} ({:?})", s.message(), s.code())))
 }
 
 /// The links recorded in the directory.
-pub async fn list(dir: &str) -> Result<Vec<Link>, String> {
+pub async fn list(dir: &str) -> Result<Vec<Link>, Error> {
     let mut c = client(dir).await?;
     let (entries, _) = gma_consumer::directory::search_all(
         &mut c,
@@ -139,7 +140,7 @@ pub async fn list(dir: &str) -> Result<Vec<Link>, String> {
         },
     )
     .await
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Error::Unavailable(e.to_string()))?;
     let mut out: Vec<Link> = entries.iter().filter_map(consumer_of).filter_map(parse).collect();
     out.sort_by(|a, b| a.site.cmp(&b.site));
     Ok(out)
@@ -183,12 +184,12 @@ async fn session(
     leases: &mut HashMap<String, u64>,
     ttl_ms: u64,
     tx: &mpsc::UnboundedSender<Vec<Link>>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let mut c = client(dir).await?;
     for l in links.values() {
         let lease = put(&mut c, l, ttl_ms)
             .await
-            .map_err(|s| s.message().to_string())?;
+            .map_err(|s| Error::Unavailable(s.message().to_string()))?;
         leases.insert(l.site.clone(), lease);
     }
     let mut watch = c
@@ -198,13 +199,13 @@ async fn session(
             event_pattern: String::new(),
         })
         .await
-        .map_err(|s| s.message().to_string())?
+        .map_err(|s| Error::Unavailable(s.message().to_string()))?
         .into_inner();
     let (ka_tx, ka_rx) = mpsc::channel(64);
     let mut ka = c
         .keep_alive(ReceiverStream::new(ka_rx))
         .await
-        .map_err(|s| s.message().to_string())?
+        .map_err(|s| Error::Unavailable(s.message().to_string()))?
         .into_inner();
     let mut tick = tokio::time::interval(Duration::from_millis((ttl_ms / 3).max(100)));
     loop {
@@ -212,20 +213,20 @@ async fn session(
             _ = tick.tick() => {
                 for lease in leases.values() {
                     if ka_tx.send(pb::KeepAliveRequest { lease_id: *lease }).await.is_err() {
-                        return Err("keepalive stream closed".into());
+                        return Err(Error::Unavailable("keepalive stream closed".into()));
                     }
                 }
             }
             r = ka.message() => match r {
                 Ok(Some(_)) => {}
-                Ok(None) => return Err("keepalive stream ended".into()),
-                Err(s) => return Err(s.message().to_string()),
+                Ok(None) => return Err(Error::Unavailable("keepalive stream ended".into())),
+                Err(s) => return Err(Error::Unavailable(s.message().to_string())),
             },
             ev = watch.message() => {
                 let ev = match ev {
                     Ok(Some(ev)) => ev,
-                    Ok(None) => return Err("watch ended".into()),
-                    Err(s) => return Err(s.message().to_string()),
+                    Ok(None) => return Err(Error::Unavailable("watch ended".into())),
+                    Err(s) => return Err(Error::Unavailable(s.message().to_string())),
                 };
                 let Some(entry) = ev.entry.as_ref() else { continue };
                 let Some(rec) = consumer_of(entry) else { continue };
@@ -238,7 +239,7 @@ async fn session(
                         if leases.get(&link.site) == Some(&entry.lease_id) && links.get(&link.site) == Some(&link) {
                             continue; // our own
                         }
-                        let lease = put(&mut c, &link, ttl_ms).await.map_err(|s| s.message().to_string())?;
+                        let lease = put(&mut c, &link, ttl_ms).await.map_err(|s| Error::Unavailable(s.message().to_string()))?;
                         leases.insert(link.site.clone(), lease);
                         tracing::info!(site = %link.site, endpoint = %link.endpoint, role = link.role.as_str(), "federation link");
                         links.insert(link.site.clone(), link);
@@ -251,7 +252,7 @@ async fn session(
                         if ev.reason.contains("expired") {
                             // Our lease lapsed (we were stopped): put it back.
                             if let Some(l) = links.get(&link.site).cloned() {
-                                let lease = put(&mut c, &l, ttl_ms).await.map_err(|s| s.message().to_string())?;
+                                let lease = put(&mut c, &l, ttl_ms).await.map_err(|s| Error::Unavailable(s.message().to_string()))?;
                                 leases.insert(l.site.clone(), lease);
                             }
                         } else {

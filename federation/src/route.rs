@@ -38,6 +38,7 @@ use std::collections::BinaryHeap;
 use gma_broker::{rank_candidates, Job, Policy, RankConfig, Ranked, Snapshot};
 use serde::Deserialize;
 
+use crate::error::Error;
 use crate::summary::{ClassStats, Summary, HIST_GRADES};
 
 /// Queued jobs replayed exactly by [`local_estimate`]; the rest of the queue counts as a fluid
@@ -76,7 +77,7 @@ impl Default for RoutePolicy {
 }
 
 impl RoutePolicy {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Error> {
         for (name, v) in [
             ("hysteresis", self.hysteresis),
             ("min_gain_s", self.min_gain_s),
@@ -85,14 +86,18 @@ impl RoutePolicy {
             ("stale_penalty", self.stale_penalty),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("route.{name} must be a finite number >= 0"));
+                return Err(Error::InvalidArgument(format!(
+                    "route.{name} must be a finite number >= 0"
+                )));
             }
         }
         if !(self.in_flight_fraction.is_finite()
             && self.in_flight_fraction > 0.0
             && self.in_flight_fraction <= 1.0)
         {
-            return Err("route.in_flight_fraction must be within (0, 1]".into());
+            return Err(Error::InvalidArgument(
+                "route.in_flight_fraction must be within (0, 1]".into(),
+            ));
         }
         Ok(())
     }
@@ -411,42 +416,49 @@ pub fn peer_check(
     job: &RouteJob<'_>,
     policy: &RoutePolicy,
     now_ns: i64,
-) -> Result<f64, String> {
+) -> Result<f64, Error> {
     let j = job.job;
     if !p.live {
-        return Err("session not live".into());
+        return Err(Error::FailedPrecondition("session not live".into()));
     }
     if !p.fresh(now_ns) {
-        return Err(format!(
+        return Err(Error::FailedPrecondition(format!(
             "summary stale ({} ms old, valid for {} ms)",
             p.age_ms(now_ns),
             p.summary.valid_for_ms
-        ));
+        )));
     }
     if job.visited.iter().any(|v| v == p.site) {
-        return Err("already visited".into());
+        return Err(Error::FailedPrecondition("already visited".into()));
     }
     if job.excluded.iter().any(|v| v == p.site) {
-        return Err("refused this job lately".into());
+        return Err(Error::FailedPrecondition("refused this job lately".into()));
     }
     if job.hops_left.min(p.link_hops) == 0 {
-        return Err("no hop left".into());
+        return Err(Error::FailedPrecondition("no hop left".into()));
     }
     if !j.software.is_empty() || !j.candidates.is_empty() {
-        return Err("the job names software or hosts: summaries cannot vouch for them".into());
+        return Err(Error::FailedPrecondition(
+            "the job names software or hosts: summaries cannot vouch for them".into(),
+        ));
     }
     if !p.summary.load.accepts_foreign {
-        return Err("accepts no foreign jobs".into());
+        return Err(Error::FailedPrecondition("accepts no foreign jobs".into()));
     }
     if p.summary.load.foreign_quota_free < j.cpus {
-        return Err("foreign CPU quota exhausted".into());
+        return Err(Error::FailedPrecondition("foreign CPU quota exhausted".into()));
     }
     let cap = in_flight_cap(p.advertised, policy.in_flight_fraction);
     if p.in_flight_cpus.saturating_add(j.cpus) > cap {
-        return Err(format!("{} CPUs in flight (cap {cap})", p.in_flight_cpus));
+        return Err(Error::FailedPrecondition(format!(
+            "{} CPUs in flight (cap {cap})",
+            p.in_flight_cpus
+        )));
     }
     let Some((_, exec)) = best_class(p.summary, j) else {
-        return Err("no class has a node that fits now".into());
+        return Err(Error::FailedPrecondition(
+            "no class has a node that fits now".into(),
+        ));
     };
     let start = p.summary.probe_start_for(j.cpus);
     let start = if start.is_finite() { start } else { 0.0 };

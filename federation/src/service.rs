@@ -37,7 +37,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::config::{validate_site, FederationConfig};
-use crate::site::{Effect, ForwardOutcome, Grant, Link, Reject, SessionEvent, SiteState};
+use crate::site::{Effect, ForwardOutcome, Grant, Link, SessionEvent, SiteState};
 use crate::store::Store;
 use crate::summary::{summary_schema, Summary};
 
@@ -48,15 +48,9 @@ pub const STATUS_EVENT: &str = "federation.status";
 /// Bound on any call to another site.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, thiserror::Error)]
-pub enum FederationError {
-    #[error("invalid federation config: {0}")]
-    Config(String),
-    #[error("producer: {0}")]
-    Producer(String),
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-}
+/// The federation's one error type ([`crate::error::Error`]) under the name `run` has always
+/// used.
+pub use crate::error::Error as FederationError;
 
 /// `job.state`: every state change of a job at the publishing site.
 pub fn job_state_schema() -> pb::EventSchema {
@@ -193,16 +187,6 @@ pub fn with_site<T>(site: &str, msg: T) -> Request<T> {
     r
 }
 
-fn reject_status(r: Reject) -> Status {
-    match r {
-        Reject::NotPeer(m) => Status::permission_denied(m),
-        Reject::Loop(m) | Reject::Infeasible(m) => Status::failed_precondition(m),
-        Reject::Invalid(m) => Status::invalid_argument(m),
-        Reject::Busy(m) => Status::resource_exhausted(m),
-        Reject::Exists(m) => Status::already_exists(m),
-    }
-}
-
 /// What a caller makes of a `ForwardJob` status.
 pub fn forward_outcome(r: Result<pb::ForwardReply, Status>, retry_after_ms: u64) -> ForwardOutcome {
     match r {
@@ -270,12 +254,13 @@ impl Shared {
         r
     }
 
-    fn channel(&self, endpoint: &str) -> Result<Channel, String> {
+    fn channel(&self, endpoint: &str) -> Result<Channel, FederationError> {
         let mut g = self.channels.lock();
         if let Some(c) = g.get(endpoint) {
             return Ok(c.clone());
         }
-        let ep = gma_core::tls::endpoint(endpoint)?;
+        let ep =
+            gma_core::tls::endpoint(endpoint).map_err(|e| FederationError::Unavailable(e.to_string()))?;
         let c = ep.connect_lazy();
         g.insert(endpoint.to_string(), c.clone());
         Ok(c)
@@ -285,10 +270,10 @@ impl Shared {
         self.state.lock().peer(site).map(|p| p.link.endpoint.clone())
     }
 
-    fn client(&self, site: &str) -> Result<FederationClient<Channel>, String> {
+    fn client(&self, site: &str) -> Result<FederationClient<Channel>, FederationError> {
         let ep = self
             .peer_endpoint(site)
-            .ok_or_else(|| format!("{site} is not a linked site"))?;
+            .ok_or_else(|| FederationError::Unavailable(format!("{site} is not a linked site")))?;
         Ok(FederationClient::new(self.channel(&ep)?).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
     }
 
@@ -329,7 +314,7 @@ impl Shared {
                     tokio::spawn(async move {
                         let id = req.global_job_id.clone();
                         let outcome = match me.client(&to) {
-                            Err(e) => ForwardOutcome::Unreachable(e),
+                            Err(e) => ForwardOutcome::Unreachable(e.to_string()),
                             Ok(mut c) => {
                                 let call = c.forward_job(with_site(me.site(), *req));
                                 let r = match tokio::time::timeout(CALL_TIMEOUT, call).await {
@@ -350,7 +335,7 @@ impl Shared {
                     tokio::spawn(async move {
                         let (granted, reason) = match me.ask_start(&to, &id, &host).await {
                             Ok(r) => (Some(r.granted), r.reason),
-                            Err(e) => (None, e),
+                            Err(e) => (None, e.to_string()),
                         };
                         me.with(|s, now| s.start_result(&id, granted, &reason, now));
                     });
@@ -414,7 +399,7 @@ impl Shared {
         to: &str,
         id: &str,
         host: &str,
-    ) -> Result<pb::ConfirmStartReply, String> {
+    ) -> Result<pb::ConfirmStartReply, FederationError> {
         let mut c = self.client(to)?;
         let call = c.confirm_start(with_site(
             self.site(),
@@ -433,13 +418,20 @@ impl Shared {
                     reason: s.message().to_string(),
                 })
             }
-            Ok(Err(s)) => Err(gma_core::tls::explain(&s)),
-            Err(_) => Err(format!("{to} did not answer within {CALL_TIMEOUT:?}")),
+            Ok(Err(s)) => Err(FederationError::Unavailable(gma_core::tls::explain(&s))),
+            Err(_) => Err(FederationError::Unavailable(format!(
+                "{to} did not answer within {CALL_TIMEOUT:?}"
+            ))),
         }
     }
 
     /// The calling site of a federation request (see the module doc).
-    fn caller<T>(&self, req: &Request<T>, op: &str, claimed: Option<&str>) -> Result<String, Status> {
+    fn caller<T>(
+        &self,
+        req: &Request<T>,
+        op: &str,
+        claimed: Option<&str>,
+    ) -> Result<String, FederationError> {
         let (who, _) = self.gate.check(req, Action::Federation, &[op])?;
         let header = req
             .metadata()
@@ -448,30 +440,32 @@ impl Shared {
             .map(str::to_string);
         let site = match (claimed, header) {
             (Some(c), Some(h)) if c != h => {
-                return Err(Status::invalid_argument(format!(
+                return Err(FederationError::InvalidArgument(format!(
                     "site_id {c:?} differs from the {SITE_HEADER} header {h:?}"
                 )))
             }
             (Some(c), _) => c.to_string(),
             (None, Some(h)) => h,
             (None, None) => {
-                return Err(Status::invalid_argument(format!(
+                return Err(FederationError::InvalidArgument(format!(
                     "name the calling site in the {SITE_HEADER} header"
                 )))
             }
         };
-        validate_site(&site).map_err(Status::invalid_argument)?;
+        validate_site(&site)?;
         if self.mtls && who.is_anonymous() {
-            return Err(Status::unauthenticated("present a site certificate"));
+            return Err(FederationError::Unauthenticated(
+                "present a site certificate".into(),
+            ));
         }
         if !who.is_anonymous() && who.cn != site {
             metrics::counter!("gma_federation_denied_total").increment(1);
-            return Err(Status::permission_denied(format!(
+            return Err(FederationError::PermissionDenied(format!(
                 "{who} may not speak for site {site:?}: the certificate CN must be the site id"
             )));
         }
         if !self.state.lock().is_peer(&site) {
-            return Err(Status::permission_denied(format!(
+            return Err(FederationError::PermissionDenied(format!(
                 "{site} is not a linked site of {} (gma federation add --site {site} ... at {})",
                 self.site(),
                 self.site()
@@ -480,8 +474,9 @@ impl Shared {
         Ok(site)
     }
 
-    fn local<T>(&self, req: &Request<T>, op: &str) -> Result<(), Status> {
-        self.gate.check(req, Action::Job, &[op]).map(|_| ())
+    fn local<T>(&self, req: &Request<T>, op: &str) -> Result<(), FederationError> {
+        self.gate.check(req, Action::Job, &[op])?;
+        Ok(())
     }
 
     /// The status of the endpoint.
@@ -623,20 +618,21 @@ impl pb::federation_server::Federation for FederationService {
         let sh = self.shared.clone();
         let site = sh.caller(&req, "session", None)?;
         let mut inbound = req.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("the stream ended before its Attach frame"))?;
+        let first = inbound.message().await?.ok_or_else(|| {
+            FederationError::InvalidArgument("the stream ended before its Attach frame".into())
+        })?;
         let Some(pb::frame::Kind::Attach(a)) = first.kind else {
-            return Err(Status::invalid_argument(
-                "the first frame must be Attach{session_id}",
-            ));
+            return Err(FederationError::InvalidArgument(
+                "the first frame must be Attach{session_id}".into(),
+            )
+            .into());
         };
         if sh.sessions.lock().get(&a.session_id) != Some(&site) {
-            return Err(Status::not_found(format!(
+            return Err(FederationError::NotFound(format!(
                 "no session {:?} of {site}: call OpenSession first",
                 gma_core::clip(&a.session_id, 64)
-            )));
+            ))
+            .into());
         }
         let (tx, rx) = mpsc::channel::<Result<pb::Frame, Status>>(16);
         let hb = Duration::from_millis(sh.cfg.heartbeat_ms);
@@ -671,7 +667,7 @@ impl pb::federation_server::Federation for FederationService {
                                     }
                                     Err(e) => {
                                         tracing::warn!(%site, error = %e, "summary refused");
-                                        let _ = tx.send(Err(Status::invalid_argument(format!("summary: {e}")))).await;
+                                        let _ = tx.send(Err(FederationError::InvalidArgument(format!("summary: {e}")).into())).await;
                                         break;
                                     }
                                 }
@@ -699,7 +695,7 @@ impl pb::federation_server::Federation for FederationService {
         let snap = sh.view.snapshot(sh.now());
         let reply = sh
             .with(|s, now| s.accept_forward(&from, &r, &snap, now))
-            .map_err(reject_status)?;
+            .map_err(FederationError::from)?;
         Ok(Response::new(reply))
     }
 
@@ -768,9 +764,7 @@ impl pb::federation_server::Federation for FederationService {
         let sh = &self.shared;
         let from = sh.caller(&req, "job.cancel", None)?;
         let r = req.into_inner();
-        let state = sh
-            .with(|s, now| s.cancel_from(&from, &r.global_job_id, &r.reason, now))
-            .map_err(Status::failed_precondition)?;
+        let state = sh.with(|s, now| s.cancel_from(&from, &r.global_job_id, &r.reason, now))?;
         Ok(Response::new(pb::CancelJobReply { state: state.into() }))
     }
 
@@ -804,12 +798,11 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
         let r = req.into_inner();
         let spec = r
             .job
-            .ok_or_else(|| Status::invalid_argument("job: give the job"))?;
-        let job = Job::from_proto(&spec, "job.").map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .ok_or_else(|| FederationError::InvalidArgument("job: give the job".into()))?;
+        let job =
+            Job::from_proto(&spec, "job.").map_err(|e| FederationError::InvalidArgument(e.to_string()))?;
         let pin = (!r.site.is_empty()).then_some(r.site);
-        let id = sh
-            .with(|s, now| s.submit(job, pin, now))
-            .map_err(Status::invalid_argument)?;
+        let id = sh.with(|s, now| s.submit(job, pin, now))?;
         let state = sh
             .state
             .lock()
@@ -831,7 +824,8 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
             .job(id)
             .map(|j| Response::new(j.info()))
             .ok_or_else(|| {
-                Status::not_found(format!("no job {:?} at {}", gma_core::clip(id, 128), sh.site()))
+                FederationError::NotFound(format!("no job {:?} at {}", gma_core::clip(id, 128), sh.site()))
+                    .into()
             })
     }
 
@@ -842,13 +836,7 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
         let sh = &self.shared;
         sh.local(&req, "cancel")?;
         let id = req.into_inner().global_job_id;
-        let state = sh.with(|s, now| s.cancel(&id, now)).map_err(|e| {
-            if e.starts_with("no job") {
-                Status::not_found(e)
-            } else {
-                Status::failed_precondition(e)
-            }
-        })?;
+        let state = sh.with(|s, now| s.cancel(&id, now))?;
         Ok(Response::new(pb::CancelJobReply { state: state.into() }))
     }
 
@@ -1168,8 +1156,10 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), FederationError> {
-    cfg.validate().map_err(FederationError::Config)?;
-    let view = Arc::new(LiveView::new(cfg.resources.clone()).map_err(FederationError::Config)?);
+    cfg.validate()
+        .map_err(|e| FederationError::Config(e.to_string()))?;
+    let view =
+        Arc::new(LiveView::new(cfg.resources.clone()).map_err(|e| FederationError::Config(e.to_string()))?);
     let producer = Producer::embedded(
         "federation",
         &cfg.endpoint,

@@ -6,7 +6,8 @@
 //!
 //! Simplifications against the endpoint: liveness is implicit (a site hears every peer it is
 //! not cut from whenever it steps) unless explicit heartbeats are asked for; there is no
-//! persistence; a request across a cut link times out after `timeout_ns`.
+//! persistence; a request across a cut link times out after `timeout_ns`; sessions across a
+//! cut link reopen (`ListForwarded`, reconcile) when [`World::heal`] heals it.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -194,8 +195,21 @@ impl World {
         self.cut.insert((ib, ia));
     }
 
+    /// Heals every cut. Each site reopens its sessions across the links that were cut, as the
+    /// endpoint does: it reconciles the jobs it forwarded there with that site's
+    /// `ListForwarded` and follows its job events from there on (events sent across the cut,
+    /// a cancellation for instance, were dropped).
     pub fn heal(&mut self) {
-        self.cut.clear();
+        let now = self.now;
+        let mut cut: Vec<(usize, usize)> = self.cut.drain().collect();
+        cut.sort_unstable();
+        for (origin, receiver) in cut {
+            let origin_name = self.sites[origin].state.site().to_string();
+            let receiver_name = self.sites[receiver].state.site().to_string();
+            let list = self.sites[receiver].state.list_forwarded(&origin_name);
+            self.sites[receiver].cursor.insert(origin, list.next_seq);
+            self.sites[origin].state.reconcile(&receiver_name, &list, now);
+        }
         let n = self.sites.len();
         for i in 0..n {
             self.at(self.now, Ev::Step { site: i });

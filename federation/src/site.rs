@@ -43,6 +43,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::error::Error;
 use crate::route::{
     debit, local_estimate, route, Ahead, LocalView, PeerView, Release, Route, RouteJob, RoutePolicy,
 };
@@ -677,18 +678,21 @@ impl SiteState {
 
     /// A summary from `site`. Older or duplicate ones (same epoch, seq not newer) are ignored;
     /// one that contains this site is refused (split horizon: no echo).
-    pub fn peer_summary(&mut self, site: &str, s: Summary, now: i64) -> Result<bool, String> {
+    pub fn peer_summary(&mut self, site: &str, s: Summary, now: i64) -> Result<bool, Error> {
         let me = self.p.site.clone();
         let Some(p) = self.peers.get_mut(site) else {
-            return Err(format!("{site} is not a linked site"));
+            return Err(Error::InvalidArgument(format!("{site} is not a linked site")));
         };
         if s.site != site {
-            return Err(format!("summary of {:?} on {site}'s session", s.site));
+            return Err(Error::InvalidArgument(format!(
+                "summary of {:?} on {site}'s session",
+                s.site
+            )));
         }
         if s.contributing.contains(&me) {
-            return Err(format!(
+            return Err(Error::InvalidArgument(format!(
                 "summary from {site} contains {me} itself (split horizon)"
-            ));
+            )));
         }
         if let Some(old) = &p.summary {
             if old.epoch == s.epoch && s.seq <= old.seq {
@@ -738,17 +742,21 @@ impl SiteState {
     }
 
     /// A job from a local user; `pin` forwards it to that peer instead of routing it.
-    pub fn submit(&mut self, job: Job, pin: Option<String>, now: i64) -> Result<String, String> {
-        job.validate().map_err(|e| format!("job.{e}"))?;
+    pub fn submit(&mut self, job: Job, pin: Option<String>, now: i64) -> Result<String, Error> {
+        job.validate()
+            .map_err(|e| Error::InvalidArgument(format!("job.{e}")))?;
         if let Some(site) = &pin {
             if !self.peers.contains_key(site) {
-                return Err(format!(
+                return Err(Error::InvalidArgument(format!(
                     "site: {site:?} is not a linked site (gma federation status lists them)"
-                ));
+                )));
             }
         }
         if self.queue.len() >= self.p.max_queue {
-            return Err(format!("the queue is full ({} jobs)", self.p.max_queue));
+            return Err(Error::ResourceExhausted(format!(
+                "the queue is full ({} jobs)",
+                self.p.max_queue
+            )));
         }
         let id = format!("{}/{}", self.p.site, uuid(&mut self.rng));
         let rec = JobRec {
@@ -795,9 +803,9 @@ impl SiteState {
 
     /// A local user cancels a job. Queued: cancelled. Forwarded and not started: the receiver
     /// is asked to cancel (`cancelling`). Started: refused.
-    pub fn cancel(&mut self, id: &str, now: i64) -> Result<&'static str, String> {
+    pub fn cancel(&mut self, id: &str, now: i64) -> Result<&'static str, Error> {
         let Some(j) = self.jobs.get_mut(id) else {
-            return Err(format!("no job {id:?} here"));
+            return Err(Error::NotFound(format!("no job {id:?} here")));
         };
         match j.state {
             JobState::Queued => {
@@ -823,10 +831,10 @@ impl SiteState {
                 Ok("cancelling")
             }
             s if s.terminal() => Ok(s.as_str()),
-            _ => Err(format!(
+            _ => Err(Error::FailedPrecondition(format!(
                 "job {id} has started ({}): it cannot be cancelled",
                 j.state.as_str()
-            )),
+            ))),
         }
     }
 
@@ -1042,13 +1050,16 @@ impl SiteState {
         id: &str,
         reason: &str,
         now: i64,
-    ) -> Result<&'static str, String> {
+    ) -> Result<&'static str, Error> {
         self.heard(from, now);
+        // FAILED_PRECONDITION throughout, as the forwarding site has always been answered.
         let Some(j) = self.jobs.get_mut(id) else {
-            return Err(format!("no job {id:?} here"));
+            return Err(Error::FailedPrecondition(format!("no job {id:?} here")));
         };
         if j.from.as_deref() != Some(from) {
-            return Err(format!("job {id} was not forwarded here by {from}"));
+            return Err(Error::FailedPrecondition(format!(
+                "job {id} was not forwarded here by {from}"
+            )));
         }
         match j.state {
             JobState::Queued => {
@@ -1068,7 +1079,9 @@ impl SiteState {
                 Ok("cancelling")
             }
             s if s.terminal() => Ok(s.as_str()),
-            _ => Err(format!("job {id} has started here: it cannot be cancelled")),
+            _ => Err(Error::FailedPrecondition(format!(
+                "job {id} has started here: it cannot be cancelled"
+            ))),
         }
     }
 

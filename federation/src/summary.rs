@@ -26,6 +26,8 @@ use gma_core::event::{dbl, text, EventData};
 use gma_proto::v1 as pb;
 use prost::Message;
 
+use crate::error::Error;
+
 /// The event name.
 pub const SUMMARY_EVENT: &str = "site.summary";
 /// Probe job shapes (CPUs on one node) whose predicted start a summary carries.
@@ -421,32 +423,41 @@ impl Summary {
     }
 
     /// Decodes and validates a peer's summary; errors name the field.
-    pub fn from_proto(p: &pb::SiteSummary) -> Result<Summary, String> {
-        let name = |what: &str, s: &str| -> Result<(), String> {
+    pub fn from_proto(p: &pb::SiteSummary) -> Result<Summary, Error> {
+        let name = |what: &str, s: &str| -> Result<(), Error> {
             if s.len() > MAX_NAME {
-                return Err(format!("{what}: at most {MAX_NAME} bytes"));
+                return Err(Error::InvalidArgument(format!(
+                    "{what}: at most {MAX_NAME} bytes"
+                )));
             }
             Ok(())
         };
         name("site", &p.site)?;
         if p.contributing_sites.len() > MAX_LIST {
-            return Err(format!("contributing_sites: at most {MAX_LIST} entries"));
+            return Err(Error::InvalidArgument(format!(
+                "contributing_sites: at most {MAX_LIST} entries"
+            )));
         }
         for s in &p.contributing_sites {
             name("contributing_sites", s)?;
         }
         if p.classes.len() > MAX_CLASSES {
-            return Err(format!("classes: at most {MAX_CLASSES} classes"));
+            return Err(Error::InvalidArgument(format!(
+                "classes: at most {MAX_CLASSES} classes"
+            )));
         }
         if p.probe_start_s.len() != PROBE_CPUS.len() {
-            return Err(format!("probe_start_s: give {} values", PROBE_CPUS.len()));
+            return Err(Error::InvalidArgument(format!(
+                "probe_start_s: give {} values",
+                PROBE_CPUS.len()
+            )));
         }
         let mut probe_start_s = [f64::INFINITY; 4];
         for (i, v) in p.probe_start_s.iter().enumerate() {
             if v.is_nan() || *v < 0.0 {
-                return Err(format!(
+                return Err(Error::InvalidArgument(format!(
                     "probe_start_s[{i}]: must be a number >= 0 (inf: unknown)"
-                ));
+                )));
             }
             probe_start_s[i] = *v;
         }
@@ -455,21 +466,23 @@ impl Summary {
             name(&format!("classes[{i}].arch"), &c.arch)?;
             name(&format!("classes[{i}].os"), &c.os)?;
             if c.free_cpu_hist.len() != HIST_GRADES.len() {
-                return Err(format!(
+                return Err(Error::InvalidArgument(format!(
                     "classes[{i}].free_cpu_hist: give {} counts",
                     HIST_GRADES.len()
-                ));
+                )));
             }
             if c.nodes_up > c.nodes_total
                 || c.cpus_free_sum > c.cpus_total
                 || c.cpus_free_max_node > c.cpus_free_sum
             {
-                return Err(format!(
+                return Err(Error::InvalidArgument(format!(
                     "classes[{i}]: inconsistent (nodes_up <= nodes_total, free_max <= free_sum <= total)"
-                ));
+                )));
             }
             if c.benchmarks.len() > MAX_LIST {
-                return Err(format!("classes[{i}].benchmarks: at most {MAX_LIST}"));
+                return Err(Error::InvalidArgument(format!(
+                    "classes[{i}].benchmarks: at most {MAX_LIST}"
+                )));
             }
             let mut free_hist = [0u32; 8];
             free_hist.copy_from_slice(&c.free_cpu_hist);
@@ -477,10 +490,10 @@ impl Summary {
             for b in &c.benchmarks {
                 name(&format!("classes[{i}].benchmarks.name"), &b.name)?;
                 if !(b.min.is_finite() && b.max.is_finite() && b.min > 0.0 && b.min <= b.max) {
-                    return Err(format!(
+                    return Err(Error::InvalidArgument(format!(
                         "classes[{i}].benchmarks.{}: min and max must be finite, > 0, min <= max",
                         gma_core::clip(&b.name, 32)
-                    ));
+                    )));
                 }
                 benchmarks.insert(
                     b.name.clone(),
@@ -510,7 +523,9 @@ impl Summary {
                 benchmarks,
             };
             if classes.insert(key, stats).is_some() {
-                return Err(format!("classes[{i}]: the class is listed twice"));
+                return Err(Error::InvalidArgument(format!(
+                    "classes[{i}]: the class is listed twice"
+                )));
             }
         }
         Ok(Summary {
@@ -675,8 +690,7 @@ pub fn merge_all<'a>(items: impl IntoIterator<Item = &'a Summary>) -> Summary {
 mod tests {
     use super::*;
     use gma_broker::Resource;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
+    use proptest::prelude::*;
 
     pub(crate) fn host(name: &str, arch: &str, total: f64, free: f64, mem: f64, specint: f64) -> Resource {
         let mut r = Resource::unknown(name);
@@ -692,49 +706,80 @@ mod tests {
         r
     }
 
-    fn random_summary(rng: &mut ChaCha8Rng, site: &str) -> Summary {
-        let n = rng.random_range(0..30);
-        let archs = ["x86_64", "aarch64", "ppc64le", "riscv64"];
-        let hosts: Vec<Resource> = (0..n)
-            .map(|i| {
-                let total = f64::from(rng.random_range(1..=64u32));
-                // Many archs so that the class cap is exercised by merges.
-                let arch = if rng.random_bool(0.3) {
-                    format!("a{}", rng.random_range(0..40))
-                } else {
-                    archs[rng.random_range(0..archs.len())].to_string()
-                };
-                let mut h = host(
-                    &format!("{site}-h{i}"),
-                    &arch,
-                    total,
-                    rng.random_range(0.0..=total),
-                    f64::from(rng.random_range(0..65536u32)),
-                    rng.random_range(100.0..5000.0),
-                );
-                if rng.random_bool(0.2) {
-                    h.updated_ns = 0; // stale
-                }
-                h
+    /// One host of a random summary: (total CPUs, arch, free CPUs as a fraction of the total,
+    /// memory, specint, stale).
+    fn host_params() -> impl Strategy<Value = (u32, String, f64, u32, f64, bool)> {
+        let archs = ["x86_64", "aarch64", "ppc64le", "riscv64"]
+            .map(String::from)
+            .to_vec();
+        (
+            1..=64u32,
+            // Many archs so that the class cap is exercised by merges.
+            prop_oneof![
+                3 => (0..40u32).prop_map(|i| format!("a{i}")),
+                7 => prop::sample::select(archs),
+            ],
+            0.0..=1.0f64,
+            0..65536u32,
+            100.0..5000.0f64,
+            prop::bool::weighted(0.2),
+        )
+    }
+
+    fn site_load() -> impl Strategy<Value = SiteLoad> {
+        (
+            0..100u32,
+            0..100u32,
+            prop::array::uniform4(prop::option::weighted(0.7, 0.0..10_000.0f64)),
+            0..1000u32,
+            prop::bool::weighted(0.8),
+        )
+            .prop_map(
+                |(jobs_running, jobs_queued, probe, foreign_quota_free, accepts_foreign)| SiteLoad {
+                    jobs_running,
+                    jobs_queued,
+                    probe_start_s: probe.map(|p| p.unwrap_or(f64::INFINITY)),
+                    foreign_quota_free,
+                    accepts_foreign,
+                },
+            )
+    }
+
+    /// A random summary of site `site`: 0 to 29 hosts (1 in 5 stale), its load, interval and
+    /// generation time.
+    fn random_summary(site: &str) -> impl Strategy<Value = Summary> {
+        let site = site.to_string();
+        (
+            prop::collection::vec(host_params(), 0..30),
+            site_load(),
+            1000..20_000u32,
+            0..1_000_000i64,
+        )
+            .prop_map(move |(hosts, load, interval, generated_at_ns)| {
+                let hosts: Vec<Resource> = hosts
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (total, arch, free, mem, specint, stale))| {
+                        let total = f64::from(total);
+                        let mut h = host(
+                            &format!("{site}-h{i}"),
+                            &arch,
+                            total,
+                            free * total,
+                            f64::from(mem),
+                            specint,
+                        );
+                        if stale {
+                            h.updated_ns = 0;
+                        }
+                        h
+                    })
+                    .collect();
+                let snap = Snapshot::new(10_000_000_000, hosts);
+                let mut s = Summary::build(&site, &snap, 5000, load, interval);
+                s.generated_at_ns = generated_at_ns;
+                s
             })
-            .collect();
-        let snap = Snapshot::new(10_000_000_000, hosts);
-        let mut probe = [f64::INFINITY; 4];
-        for p in &mut probe {
-            if rng.random_bool(0.7) {
-                *p = rng.random_range(0.0..10_000.0);
-            }
-        }
-        let load = SiteLoad {
-            jobs_running: rng.random_range(0..100),
-            jobs_queued: rng.random_range(0..100),
-            probe_start_s: probe,
-            foreign_quota_free: rng.random_range(0..1000),
-            accepts_foreign: rng.random_bool(0.8),
-        };
-        let mut s = Summary::build(site, &snap, 5000, load, rng.random_range(1000..20_000));
-        s.generated_at_ns = rng.random_range(0..1_000_000);
-        s
     }
 
     #[test]
@@ -782,68 +827,80 @@ mod tests {
         assert_eq!(c.benchmarks["specint"].count, 1);
     }
 
-    #[test]
-    fn property_merge_is_associative_and_commutative() {
-        let mut rng = ChaCha8Rng::seed_from_u64(12);
-        for case in 0..2_000 {
-            let a = random_summary(&mut rng, "a");
-            let b = random_summary(&mut rng, "b");
-            let c = random_summary(&mut rng, "c");
-            assert_eq!(merge(&a, &b), merge(&b, &a), "case {case}: not commutative");
-            assert_eq!(
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #[test]
+        fn property_merge_is_associative_and_commutative(
+            a in random_summary("a"),
+            b in random_summary("b"),
+            c in random_summary("c"),
+        ) {
+            prop_assert_eq!(merge(&a, &b), merge(&b, &a), "not commutative");
+            prop_assert_eq!(
                 merge(&merge(&a, &b), &c),
                 merge(&a, &merge(&b, &c)),
-                "case {case}: not associative"
+                "not associative"
             );
-            assert_eq!(
-                merge(&Summary::default(), &a).classes,
-                a.classes,
+            prop_assert_eq!(
+                &merge(&Summary::default(), &a).classes,
+                &a.classes,
                 "the default is the identity"
             );
-            assert!(merge(&a, &b).classes.len() <= MAX_CLASSES);
+            prop_assert!(merge(&a, &b).classes.len() <= MAX_CLASSES);
         }
     }
 
-    #[test]
-    fn property_a_parent_summary_is_the_merge_of_its_children_in_any_order() {
-        let mut rng = ChaCha8Rng::seed_from_u64(13);
-        for _ in 0..300 {
-            let n = rng.random_range(1..6);
-            let mut kids: Vec<Summary> = (0..n)
-                .map(|i| random_summary(&mut rng, &format!("k{i}")))
-                .collect();
+    /// 1 to 5 children `k0`.. of a parent.
+    fn children() -> impl Strategy<Value = Vec<Summary>> {
+        (1..6usize).prop_flat_map(|n| {
+            (0..n)
+                .map(|i| random_summary(&format!("k{i}")))
+                .collect::<Vec<_>>()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn property_a_parent_summary_is_the_merge_of_its_children_in_any_order(mut kids in children()) {
+            let n = kids.len();
             let forward = merge_all(&kids);
             kids.reverse();
             let backward = merge_all(&kids);
-            assert_eq!(forward, backward);
+            prop_assert_eq!(&forward, &backward);
             // Totals are the sums of the children's (nothing lost by merging, even folded).
             let free: u32 = kids.iter().map(|k| k.cpus_free_sum()).sum();
-            assert_eq!(forward.cpus_free_sum(), free);
+            prop_assert_eq!(forward.cpus_free_sum(), free);
             let max = kids.iter().map(|k| k.cpus_free_max_node()).max().unwrap_or(0);
-            assert_eq!(forward.cpus_free_max_node(), max);
-            assert_eq!(forward.contributing.len(), n);
+            prop_assert_eq!(forward.cpus_free_max_node(), max);
+            prop_assert_eq!(forward.contributing.len(), n);
         }
     }
 
-    #[test]
-    fn proto_round_trip_and_validation() {
-        let mut rng = ChaCha8Rng::seed_from_u64(14);
-        for _ in 0..200 {
-            let s = random_summary(&mut rng, "x").stamp("x", 7, 9);
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn proto_round_trip_and_validation(s in random_summary("x")) {
+            let s = s.stamp("x", 7, 9);
             let back = Summary::from_proto(&s.to_proto()).unwrap();
-            assert_eq!(back, s);
+            prop_assert_eq!(&back, &s);
+            let mut p = s.to_proto();
+            p.probe_start_s.pop();
+            prop_assert!(Summary::from_proto(&p).unwrap_err().to_string().starts_with("probe_start_s"));
+            let mut p = s.to_proto();
+            // In place of the last class when the summary already has as many as allowed.
+            if p.classes.len() == MAX_CLASSES {
+                p.classes.pop();
+            }
+            p.classes.push(pb::ResourceClass {
+                cpus_free_sum: 9,
+                cpus_total: 1,
+                free_cpu_hist: vec![0; 8],
+                ..Default::default()
+            });
+            let e = Summary::from_proto(&p).unwrap_err().to_string();
+            prop_assert!(e.contains("inconsistent"), "{}", e);
         }
-        let mut p = random_summary(&mut rng, "x").to_proto();
-        p.probe_start_s.pop();
-        assert!(Summary::from_proto(&p).unwrap_err().starts_with("probe_start_s"));
-        let mut p = random_summary(&mut rng, "x").to_proto();
-        p.classes.push(pb::ResourceClass {
-            cpus_free_sum: 9,
-            cpus_total: 1,
-            free_cpu_hist: vec![0; 8],
-            ..Default::default()
-        });
-        assert!(Summary::from_proto(&p).unwrap_err().contains("inconsistent"));
     }
 
     #[test]

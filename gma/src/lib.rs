@@ -46,6 +46,15 @@ pub fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+    // Roles drain on SIGTERM / Ctrl-C: catch them from the start (app-sim ends by itself and
+    // client commands stop at the default action).
+    if cli.command.server().is_some() && !matches!(cli.command, cli::Command::AppSim(_)) {
+        let _entered = rt.enter();
+        if let Err(e) = serve::catch_shutdown_signals() {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
     let server = cli.command.server().cloned().unwrap_or_default();
     serve::set_security(cli.tls.server(&server), server.access_policy.clone());
     telemetry::set_insecure(server.metrics_insecure);

@@ -7,8 +7,39 @@ use std::path::PathBuf;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Set once SIGTERM or SIGINT arrived (after [`catch_shutdown_signals`]).
+static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> = std::sync::OnceLock::new();
+
+/// Catches SIGTERM and SIGINT for the whole life of a serving process, from its first moment:
+/// a signal that arrives while the role is still starting (after it printed "listening on",
+/// while it opens its store) is remembered and starts the drain as soon as the role runs,
+/// instead of killing the process by the default action or being lost. Called by `main` inside
+/// the runtime, for the commands that drain on [`shutdown_signal`].
+pub fn catch_shutdown_signals() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    if SHUTDOWN.set(rx).is_err() {
+        return Ok(());
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        let _ = tx.send(true);
+    });
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM: at once when one already arrived since
+/// [`catch_shutdown_signals`]; without that set-up, from the first poll on.
 pub async fn shutdown_signal() {
+    if let Some(mut rx) = SHUTDOWN.get().cloned() {
+        let _ = rx.wait_for(|stopped| *stopped).await;
+        return;
+    }
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,

@@ -3,6 +3,7 @@
 use serde::Deserialize;
 
 use crate::clique::Settings;
+use crate::error::Error;
 
 /// Largest transfer a probe may make (and a target accepts).
 pub const MAX_TRANSFER_BYTES: u64 = 64 << 20;
@@ -87,9 +88,11 @@ impl Default for NetprobeConfig {
     }
 }
 
-fn within<T: PartialOrd + std::fmt::Display>(name: &str, v: T, lo: T, hi: T) -> Result<(), String> {
+fn within<T: PartialOrd + std::fmt::Display>(name: &str, v: T, lo: T, hi: T) -> Result<(), Error> {
     if v < lo || v > hi {
-        return Err(format!("{name} must be within {lo}..={hi} (got {v})"));
+        return Err(Error::InvalidArgument(format!(
+            "{name} must be within {lo}..={hi} (got {v})"
+        )));
     }
     Ok(())
 }
@@ -104,7 +107,8 @@ impl NetprobeConfig {
             + 3 * self.rpc_timeout_ms
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks every field; the error (INVALID_ARGUMENT) names the first bad one.
+    pub fn validate(&self) -> Result<(), Error> {
         within("period_ms", self.period_ms, 10, 3_600_000)?;
         within("peers_per_turn", self.peers_per_turn, 1, 1024)?;
         within("transfer_bytes", self.transfer_bytes, 1024, MAX_TRANSFER_BYTES)?;
@@ -119,20 +123,20 @@ impl NetprobeConfig {
         within("buffer_events", self.buffer_events, 100, 10_000_000)?;
         let min = self.max_turn_ms();
         if self.token_timeout_ms <= min {
-            return Err(format!(
+            return Err(Error::InvalidArgument(format!(
                 "token_timeout_ms ({}) must exceed the longest turn, {min} ms (rpc_timeout_ms + \
                  peers_per_turn × probe_timeout_ms + period_ms + 3 × rpc_timeout_ms), or a slow \
                  turn is taken for a lost token",
                 self.token_timeout_ms
-            ));
+            )));
         }
         if let Some(s) = &self.source {
             validate_host(s)?;
         }
         if self.site.len() > 256 {
-            return Err("site: at most 256 bytes".into());
+            return Err(Error::InvalidArgument("site: at most 256 bytes".into()));
         }
-        self.endpoint.validate()?;
+        self.endpoint.validate().map_err(Error::InvalidArgument)?;
         Ok(())
     }
 
@@ -152,12 +156,12 @@ impl NetprobeConfig {
 }
 
 /// A host name usable in `<src>/<dst>` series names.
-pub fn validate_host(h: &str) -> Result<(), String> {
-    gma_core::pattern::validate_source(h).map_err(|e| format!("source: {e}"))?;
+pub fn validate_host(h: &str) -> Result<(), Error> {
+    gma_core::pattern::validate_source(h).map_err(|e| Error::InvalidArgument(format!("source: {e}")))?;
     if h.contains('/') {
-        return Err(format!(
+        return Err(Error::InvalidArgument(format!(
             "source {h:?}: a netprobe's host name may not contain '/' (its links are named <src>/<dst>)"
-        ));
+        )));
     }
     Ok(())
 }
@@ -169,13 +173,13 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_the_timeout_must_exceed_a_turn() {
         let c = NetprobeConfig::default();
-        assert_eq!(c.validate(), Ok(()));
+        c.validate().unwrap();
         assert_eq!(c.max_turn_ms(), 8000);
         let bad = NetprobeConfig {
             token_timeout_ms: 8000,
             ..NetprobeConfig::default()
         };
-        let e = bad.validate().unwrap_err();
+        let e = bad.validate().unwrap_err().to_string();
         assert!(
             e.starts_with("token_timeout_ms (8000) must exceed the longest turn, 8000 ms"),
             "{e}"
@@ -184,7 +188,11 @@ mod tests {
             source: Some("a/b".into()),
             ..NetprobeConfig::default()
         };
-        assert!(bad.validate().unwrap_err().contains("may not contain '/'"));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("may not contain '/'"));
         let bad = NetprobeConfig {
             transfer_bytes: 1 << 40,
             ..NetprobeConfig::default()
@@ -192,6 +200,7 @@ mod tests {
         assert!(bad
             .validate()
             .unwrap_err()
+            .to_string()
             .starts_with("transfer_bytes must be within"));
     }
 
@@ -200,7 +209,7 @@ mod tests {
         let c: NetprobeConfig =
             gma_core::config::parse_toml(include_str!("../../config/netprobe.toml"), "netprobe.toml")
                 .unwrap();
-        assert_eq!(c.validate(), Ok(()));
+        c.validate().unwrap();
         let d = NetprobeConfig::default();
         assert_eq!(
             (

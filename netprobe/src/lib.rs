@@ -20,6 +20,7 @@
 pub mod budget;
 pub mod clique;
 pub mod config;
+pub mod error;
 pub mod events;
 pub mod matrix;
 pub mod membership;

@@ -12,6 +12,7 @@ use gma_consumer::directory;
 use gma_proto::v1 as pb;
 use tokio::sync::mpsc;
 
+use crate::error::Error;
 use crate::events::RTT;
 
 /// Member id -> address.
@@ -35,8 +36,10 @@ pub async fn follow(dir: String, site: String, tx: mpsc::Sender<Members>) {
     }
 }
 
-async fn watch_once(dir: &str, site: &str, tx: &mpsc::Sender<Members>) -> Result<(), String> {
-    let mut client = directory::client(dir).await.map_err(|e| e.to_string())?;
+async fn watch_once(dir: &str, site: &str, tx: &mpsc::Sender<Members>) -> Result<(), Error> {
+    let mut client = directory::client(dir)
+        .await
+        .map_err(|e| Error::Unavailable(e.to_string()))?;
     let mut stream = client
         .watch(pb::WatchRequest {
             from_revision: 0,
@@ -44,15 +47,15 @@ async fn watch_once(dir: &str, site: &str, tx: &mpsc::Sender<Members>) -> Result
             event_pattern: RTT.into(),
         })
         .await
-        .map_err(|s| s.message().to_string())?
+        .map_err(|s| Error::Unavailable(s.message().to_string()))?
         .into_inner();
     let mut members = Members::new();
     let mut synced = false;
     loop {
         let ev = match stream.message().await {
             Ok(Some(ev)) => ev,
-            Ok(None) => return Err("directory watch ended".into()),
-            Err(s) => return Err(s.message().to_string()),
+            Ok(None) => return Err(Error::Unavailable("directory watch ended".into())),
+            Err(s) => return Err(Error::Unavailable(s.message().to_string())),
         };
         let ty = pb::WatchEventType::try_from(ev.r#type).unwrap_or(pb::WatchEventType::Unspecified);
         let before = members.clone();

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::budget::Bucket;
 use crate::config::{NetprobeConfig, MAX_ECHO_BYTES, MAX_TRANSFER_BYTES};
+use crate::error::Error;
 use crate::events::{Kind, Measurement, RTT};
 use crate::telemetry::Counters;
 
@@ -92,9 +93,9 @@ pub struct ProbeService {
     pub gate: Arc<Gate>,
 }
 
-fn check_id(what: &str, id: &str) -> Result<(), Status> {
+fn check_id(what: &str, id: &str) -> Result<(), Error> {
     if id.is_empty() || id.len() > MAX_ID {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::InvalidArgument(format!(
             "{what}: the prober's member id (1..={MAX_ID} bytes)"
         )));
     }
@@ -109,15 +110,13 @@ impl pb::probe_server::Probe for ProbeService {
         self.gate.check_raw(&req, Action::Ingest, &[RTT], INGEST_ONLY)?;
         let r = req.into_inner();
         if r.payload.len() > MAX_ECHO_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "payload: at most {MAX_ECHO_BYTES} bytes"
-            )));
+            return Err(Error::InvalidArgument(format!("payload: at most {MAX_ECHO_BYTES} bytes")).into());
         }
         check_id("from", &r.from)?;
         if r.reserve_bytes > MAX_TRANSFER_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "reserve_bytes: at most {MAX_TRANSFER_BYTES}"
-            )));
+            return Err(
+                Error::InvalidArgument(format!("reserve_bytes: at most {MAX_TRANSFER_BYTES}")).into(),
+            );
         }
         let local = &self.local;
         let n = r.payload.len() as u64;
@@ -157,18 +156,20 @@ impl pb::probe_server::Probe for ProbeService {
         self.gate.check_raw(&req, Action::Ingest, &[RTT], INGEST_ONLY)?;
         let mut stream = req.into_inner();
         let Some(first) = stream.message().await? else {
-            return Err(Status::invalid_argument(
-                "empty transfer: the first chunk names from and total",
-            ));
+            return Err(Error::InvalidArgument(
+                "empty transfer: the first chunk names from and total".into(),
+            )
+            .into());
         };
         check_id("from", &first.from)?;
         let reserved = self.local.reservations.lock().remove(&first.from).unwrap_or(0);
         if first.total == 0 || first.total > reserved {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::FailedPrecondition(format!(
                 "transfer of {} bytes from {:?} without a reservation (reserved: {reserved}); \
                  call Echo with reserve_bytes first",
                 first.total, first.from
-            )));
+            ))
+            .into());
         }
         let t0 = Instant::now();
         let mut got = first.data.len() as u64;
@@ -178,10 +179,11 @@ impl pb::probe_server::Probe for ProbeService {
             got += c.data.len() as u64;
             last = Instant::now();
             if got > first.total {
-                return Err(Status::invalid_argument(format!(
+                return Err(Error::InvalidArgument(format!(
                     "transfer longer than its total of {} bytes",
                     first.total
-                )));
+                ))
+                .into());
             }
         }
         self.local.counters.received(got);
@@ -192,13 +194,8 @@ impl pb::probe_server::Probe for ProbeService {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    #[error("echo to {0}: {1}")]
-    Echo(String, String),
-    #[error("transfer to {0}: {1}")]
-    Transfer(String, String),
-}
+/// What [`probe_peer`] fails with: [`Error::Echo`] or [`Error::Transfer`].
+pub use crate::error::Error as ProbeError;
 
 /// What measuring one peer gave.
 #[derive(Debug, Default)]

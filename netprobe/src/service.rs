@@ -33,15 +33,8 @@ use crate::membership::{self, Members};
 use crate::probe::{probe_peer, Local, ProbeService, INGEST_ONLY};
 use crate::telemetry::{Counters, TOKENS_DROPPED, TOKENS_REGENERATED};
 
-#[derive(Debug, thiserror::Error)]
-pub enum NetprobeError {
-    #[error("invalid netprobe config: {0}")]
-    Config(String),
-    #[error("producer: {0}")]
-    Producer(String),
-    #[error("io error: {0}")]
-    Io(#[from] std::io::Error),
-}
+/// The netprobe's one error type ([`crate::error::Error`]) under the name `run` has always used.
+pub use crate::error::Error as NetprobeError;
 
 pub fn token_to_proto(t: &Token) -> pb::CliqueToken {
     pb::CliqueToken {
@@ -53,17 +46,19 @@ pub fn token_to_proto(t: &Token) -> pb::CliqueToken {
 }
 
 /// A token from the wire; `INVALID_ARGUMENT` naming the field when it is malformed.
-pub fn token_from_proto(t: Option<pb::CliqueToken>) -> Result<Token, Status> {
-    let t = t.ok_or_else(|| Status::invalid_argument("token: missing"))?;
+pub fn token_from_proto(t: Option<pb::CliqueToken>) -> Result<Token, NetprobeError> {
+    let t = t.ok_or_else(|| NetprobeError::InvalidArgument("token: missing".into()))?;
     for (name, v) in [("token.origin", &t.origin), ("token.holder", &t.holder)] {
         if v.is_empty() || v.len() > 256 {
-            return Err(Status::invalid_argument(format!(
+            return Err(NetprobeError::InvalidArgument(format!(
                 "{name}: a member id of 1..=256 bytes"
             )));
         }
     }
     if t.generation == 0 {
-        return Err(Status::invalid_argument("token.generation: must be >= 1"));
+        return Err(NetprobeError::InvalidArgument(
+            "token.generation: must be >= 1".into(),
+        ));
     }
     Ok(Token {
         generation: t.generation,
@@ -108,14 +103,14 @@ enum Cmd {
 struct Channels(Mutex<HashMap<String, Channel>>);
 
 impl Channels {
-    async fn get(&self, addr: &str, timeout: Duration) -> Result<Channel, String> {
+    async fn get(&self, addr: &str, timeout: Duration) -> Result<Channel, NetprobeError> {
         if let Some(c) = self.0.lock().get(addr) {
             return Ok(c.clone());
         }
         let c = tokio::time::timeout(timeout, gma_consumer::connect(addr))
             .await
-            .map_err(|_| format!("cannot connect to {addr}: timed out"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| NetprobeError::Unavailable(format!("cannot connect to {addr}: timed out")))?
+            .map_err(|e| NetprobeError::Unavailable(e.to_string()))?;
         self.0.lock().insert(addr.to_string(), c.clone());
         Ok(c)
     }
@@ -140,7 +135,7 @@ impl Ctx {
         Duration::from_millis(self.cfg.rpc_timeout_ms)
     }
 
-    async fn clique_client(&self, addr: &str) -> Result<CliqueClient<Channel>, String> {
+    async fn clique_client(&self, addr: &str) -> Result<CliqueClient<Channel>, NetprobeError> {
         Ok(CliqueClient::new(
             self.channels.get(addr, self.rpc_timeout()).await?,
         ))
@@ -153,7 +148,9 @@ impl Ctx {
         };
         let call = async {
             let mut c = self.clique_client(addr).await?;
-            c.notice(req).await.map_err(|s| s.message().to_string())
+            c.notice(req)
+                .await
+                .map_err(|s| NetprobeError::Unavailable(s.message().to_string()))
         };
         match tokio::time::timeout(self.rpc_timeout(), call).await {
             Ok(Ok(r)) => r.into_inner().newest.and_then(|t| token_from_proto(Some(t)).ok()),
@@ -419,10 +416,8 @@ impl Driver {
 async fn probe_one(ctx: &Ctx, id: &str, addr: &str, token: &Token) {
     let timeout = Duration::from_millis(ctx.cfg.probe_timeout_ms);
     let run = async {
-        let ch = ctx.channels.get(addr, timeout).await.map_err(|e| e.to_string())?;
-        probe_peer(&ctx.local, &ctx.cfg, ch, id, |m| ctx.publish(&m, token))
-            .await
-            .map_err(|e| e.to_string())
+        let ch = ctx.channels.get(addr, timeout).await?;
+        probe_peer(&ctx.local, &ctx.cfg, ch, id, |m| ctx.publish(&m, token)).await
     };
     match tokio::time::timeout(timeout, run).await {
         Ok(Ok(())) => {}
@@ -482,9 +477,9 @@ struct CliqueService {
 }
 
 impl CliqueService {
-    fn check_site(&self, site: &str) -> Result<(), Status> {
+    fn check_site(&self, site: &str) -> Result<(), NetprobeError> {
         if site != self.site {
-            return Err(Status::failed_precondition(format!(
+            return Err(NetprobeError::FailedPrecondition(format!(
                 "this netprobe is in clique {:?}, not {site:?}",
                 self.site
             )));
@@ -492,13 +487,10 @@ impl CliqueService {
         Ok(())
     }
 
-    async fn ask<T>(&self, cmd: Cmd, rx: oneshot::Receiver<T>) -> Result<T, Status> {
-        self.tx
-            .send(cmd)
-            .await
-            .map_err(|_| Status::unavailable("netprobe shutting down"))?;
-        rx.await
-            .map_err(|_| Status::unavailable("netprobe shutting down"))
+    async fn ask<T>(&self, cmd: Cmd, rx: oneshot::Receiver<T>) -> Result<T, NetprobeError> {
+        let down = || NetprobeError::Unavailable("netprobe shutting down".into());
+        self.tx.send(cmd).await.map_err(|_| down())?;
+        rx.await.map_err(|_| down())
     }
 }
 
@@ -623,7 +615,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NetprobeError> {
-    config.validate().map_err(NetprobeError::Config)?;
+    config
+        .validate()
+        .map_err(|e| NetprobeError::Config(e.to_string()))?;
     let Some(directory) = config.directory.clone() else {
         return Err(NetprobeError::Config(
             "a directory address is required (the clique is found there)".into(),
@@ -635,7 +629,7 @@ pub async fn run(
         .clone()
         .unwrap_or_else(|| gma_core::addr::advertised(bound));
     let host = config.source.clone().unwrap_or_else(gma_producer::host_name);
-    validate_host(&host).map_err(NetprobeError::Config)?;
+    validate_host(&host).map_err(|e| NetprobeError::Config(e.to_string()))?;
     let id = config.id.clone().unwrap_or_else(|| {
         format!(
             "{host}@{}",

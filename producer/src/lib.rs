@@ -11,6 +11,7 @@
 //! - [`subscription`]: cursors, gaps, Unsubscribe registry, Query.
 //! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
 //! - [`registrar`]: directory registration and lease keeping.
+//! - [`error`]: the one error type and its mapping to gRPC status codes.
 //! - [`derive`]: rolling summaries and forecasts as derived series.
 //! - [`push`]: producer-initiated streams to consumers that accept them (`Consumer.Deliver`).
 //! - [`prometheus`]: the latest sensor values in Prometheus text format (`gma producer
@@ -21,6 +22,7 @@
 //! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
 
 pub mod derive;
+pub mod error;
 pub mod hub;
 pub mod prometheus;
 pub mod push;
@@ -44,6 +46,10 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// The producer's one error type (start-up and RPCs; `From<Error> for tonic::Status`).
+pub use error::Error;
+/// The name [`Producer::new`] and [`Producer::run`] have always used for it.
+pub use error::Error as ProducerError;
 pub use hub::Hub;
 pub use subscription::Registry;
 
@@ -163,24 +169,6 @@ impl Identity {
             push: d.push,
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ProducerError {
-    #[error("invalid producer config: {0}")]
-    Config(String),
-    #[error(transparent)]
-    Sensor(#[from] gma_sensors::SensorError),
-    #[error("server error: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    #[error("io error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error(transparent)]
-    Tls(#[from] gma_core::tls::TlsError),
-    /// The directory refused the first registration (a lease TTL outside its range, a policy
-    /// that does not allow it): the producer stops rather than serve unregistered.
-    #[error("the directory refused this producer's registration: {0}")]
-    Registration(String),
 }
 
 /// Reads the kernel host name (no shelling out).
@@ -436,7 +424,7 @@ impl Producer {
         }
         let mut registrar_task = None;
         // A refusal of the first registration stops the producer (see registrar::run).
-        let (refused_tx, refused_rx) = tokio::sync::oneshot::channel::<String>();
+        let (refused_tx, refused_rx) = tokio::sync::oneshot::channel::<ProducerError>();
         if let Some(dir) = &config.directory {
             let source = config.source.clone().unwrap_or_default();
             let id = config.id.clone().unwrap_or_else(|| {
@@ -488,7 +476,7 @@ impl Producer {
         // subscription stream so the server's graceful shutdown does not wait on consumers.
         let stopping = stop_tx.clone();
         let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
-        let refused = Arc::new(parking_lot::Mutex::new(None::<String>));
+        let refused = Arc::new(parking_lot::Mutex::new(None::<ProducerError>));
         let refusal = refused.clone();
         let shutdown = async move {
             tokio::select! {
@@ -555,7 +543,7 @@ impl Producer {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
         }
         if let Some(e) = refused.lock().take() {
-            return Err(ProducerError::Registration(e));
+            return Err(e);
         }
         result.map_err(ProducerError::from)
     }

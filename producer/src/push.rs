@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::derive::Deriver;
+use crate::error::Error;
 use crate::hub::Hub;
 use crate::service::{authorize_subscribe, granted_spec, start_of};
 use crate::subscription::{self, Cursor, Registry};
@@ -119,8 +120,10 @@ impl Pusher {
         &self,
         targets: &mut HashMap<String, Target>,
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<(), String> {
-        let mut client = registrar::connect(&self.config.directory).await?;
+    ) -> Result<(), Error> {
+        let mut client = registrar::connect(&self.config.directory)
+            .await
+            .map_err(Error::Unavailable)?;
         let mut watch = client
             .watch(pb::WatchRequest {
                 from_revision: 0,
@@ -128,7 +131,7 @@ impl Pusher {
                 event_pattern: String::new(),
             })
             .await
-            .map_err(|s| format!("watch: {}", s.message()))?
+            .map_err(|s| Error::Unavailable(format!("watch: {}", s.message())))?
             .into_inner();
         let mut seen = Vec::new();
         let mut synced = false;
@@ -136,7 +139,9 @@ impl Pusher {
         loop {
             tokio::select! {
                 ev = watch.message() => {
-                    let ev = ev.map_err(|s| format!("watch: {}", s.message()))?.ok_or("watch ended")?;
+                    let ev = ev
+                        .map_err(|s| Error::Unavailable(format!("watch: {}", s.message())))?
+                        .ok_or_else(|| Error::Unavailable("watch ended".into()))?;
                     let kind = pb::WatchEventType::try_from(ev.r#type).unwrap_or_default();
                     let consumer = ev.entry.as_ref().and_then(|e| e.record.as_ref()).and_then(|r| match &r.record {
                         Some(pb::record::Record::Consumer(c)) => Some(c.clone()),
@@ -307,6 +312,7 @@ impl Pusher {
         let owner = record_owner(c);
         let spec = match authorize_subscribe(&self.gate, &owner, &req)
             .and_then(|grant| granted_spec(&self.hub, &self.deriver, &owner, &grant, &req))
+            .map_err(tonic::Status::from)
         {
             Ok(s) => s,
             Err(s) if s.code() == tonic::Code::PermissionDenied => {

@@ -8,6 +8,7 @@ use gma_consumer::registrar::{self, Catalog};
 use gma_proto::v1 as pb;
 use tokio::sync::watch;
 
+use crate::error::Error;
 use crate::hub::Hub;
 
 /// What the registrar registers.
@@ -72,12 +73,14 @@ impl Catalog for ProducerCatalog {
 
 /// Runs until `stop` flips; then removes the record (best effort). Ends early with the
 /// directory's message when it refuses the first registration ([`registrar::run`]).
-pub async fn run(reg: Registration, hub: Arc<Hub>, stop: watch::Receiver<bool>) -> Result<(), String> {
+pub async fn run(reg: Registration, hub: Arc<Hub>, stop: watch::Receiver<bool>) -> Result<(), Error> {
     let r = registrar::Registration {
         directory: reg.directory.clone(),
         kind: pb::RecordKind::Producer,
         id: reg.id.clone(),
         ttl_ms: reg.ttl_ms,
     };
-    registrar::run(r, Arc::new(ProducerCatalog { reg, hub }), stop).await
+    registrar::run(r, Arc::new(ProducerCatalog { reg, hub }), stop)
+        .await
+        .map_err(Error::Registration)
 }

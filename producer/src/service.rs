@@ -31,6 +31,7 @@ use gma_proto::wire;
 use prost::bytes::Bytes;
 
 use crate::derive::Deriver;
+use crate::error::Error;
 use crate::hub::{Hub, PublishError};
 use crate::subscription::{
     self, Cursor, Policy, Registry, Selector, Spec, Start, DEFAULT_MAX_BATCH, MAX_MAX_BATCH,
@@ -86,11 +87,11 @@ pub struct ProducerService {
     pub gate: Arc<Gate>,
 }
 
-fn invalid(e: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(e.to_string())
+fn invalid(e: impl std::fmt::Display) -> Error {
+    Error::invalid(e)
 }
 
-fn selector(patterns: &[String], sources: &[String]) -> Result<Selector, Status> {
+fn selector(patterns: &[String], sources: &[String]) -> Result<Selector, Error> {
     Ok(Selector {
         patterns: event_patterns(patterns).map_err(invalid)?,
         sources: source_patterns(sources).map_err(invalid)?,
@@ -107,7 +108,7 @@ fn summary_only(
     patterns: &[String],
     fallback: &Grant,
     how: impl Fn(&str) -> String,
-) -> Status {
+) -> Error {
     let found = patterns.iter().find_map(|p| {
         let g = gate.policy().authorize(who, action, p);
         (g.decision == Decision::AllowSummaryOnly).then_some((p.as_str(), g))
@@ -122,7 +123,7 @@ fn summary_only(
             *fallback,
         ),
     };
-    Status::permission_denied(format!(
+    Error::PermissionDenied(format!(
         "{who} may receive only summaries of {pattern:?}: {} (decided by {})",
         how(pattern),
         gate.policy().describe(&grant)
@@ -136,7 +137,7 @@ pub(crate) fn authorize_subscribe(
     gate: &Gate,
     who: &Identity,
     req: &pb::SubscribeRequest,
-) -> Result<Grant, Status> {
+) -> Result<Grant, Error> {
     // Patterns are checked before the policy sees them (bounded length, no stray characters).
     selector(&req.patterns, &req.sources)?;
     let action = Action::ProducerSubscribe;
@@ -165,7 +166,7 @@ pub(crate) fn granted_spec(
     who: &Identity,
     grant: &Grant,
     req: &pb::SubscribeRequest,
-) -> Result<Spec, Status> {
+) -> Result<Spec, Error> {
     let mut spec = spec_of(hub, deriver, req)?;
     // The rate class of the grant is a floor: the consumer may only ask for less.
     spec.min_interval_ms = spec.min_interval_ms.max(grant.min_interval_ms);
@@ -173,7 +174,7 @@ pub(crate) fn granted_spec(
         && !spec.selector.patterns.iter().all(|p| is_summary_name(p.as_str()))
     {
         // authorize_subscribe let only summaries through; never serve anything else.
-        return Err(Status::permission_denied(format!(
+        return Err(Error::PermissionDenied(format!(
             "{who} may receive only summaries; this subscription selects other events"
         )));
     }
@@ -184,7 +185,7 @@ pub(crate) fn granted_spec(
 pub const MAX_WHEN_BYTES: usize = 4096;
 
 /// Validates a subscription request into a [`Spec`] (activating derived series it asks for).
-pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Result<Spec, Status> {
+pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Result<Spec, Error> {
     let base = selector(&req.patterns, &req.sources)?;
     if req.consumer_id.len() > 256 {
         return Err(invalid("consumer_id longer than 256 bytes"));
@@ -249,7 +250,7 @@ pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Resu
     } else {
         deriver
             .activate(hub, &base, &windows, req.forecast)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?
+            .map_err(|e| Error::ResourceExhausted(e.to_string()))?
     };
     let when = if req.when.trim().is_empty() {
         None
@@ -334,14 +335,12 @@ impl wire::producer_server::Producer for ProducerService {
         let grant = self.gate.authorize(&who, action, &resources)?;
         // Summary-only: every pattern must name summaries (raw events never leave).
         if grant.decision != Decision::Allow && !req.patterns.iter().all(|p| is_summary_name(p)) {
-            return Err(summary_only(
-                &self.gate,
-                &who,
-                action,
-                &req.patterns,
-                &grant,
-                |p| format!("query {p}.avg1m (or subscribe with --summary 1m)"),
-            ));
+            return Err(
+                summary_only(&self.gate, &who, action, &req.patterns, &grant, |p| {
+                    format!("query {p}.avg1m (or subscribe with --summary 1m)")
+                })
+                .into(),
+            );
         }
         let max_age =
             (req.max_age_ms > 0).then(|| (req.max_age_ms.min(u64::MAX / 2_000_000) * 1_000_000) as i64);
@@ -359,7 +358,7 @@ impl wire::producer_server::Producer for ProducerService {
             } else {
                 String::new()
             };
-            return Err(Status::not_found(format!(
+            return Err(Error::NotFound(format!(
                 "no event available for {}{}{age}",
                 gma_core::clip(&req.patterns.join(","), 200),
                 if req.sources.is_empty() {
@@ -367,7 +366,8 @@ impl wire::producer_server::Producer for ProducerService {
                 } else {
                     format!(" from {}", gma_core::clip(&req.sources.join(","), 200))
                 }
-            )));
+            ))
+            .into());
         }
         Ok(Response::new(pb::QueryResponse {
             events,
@@ -438,14 +438,12 @@ impl wire::producer_server::Producer for ProducerService {
         let req = req.into_inner();
         let removed = if req.all {
             if req.consumer_id.is_empty() {
-                return Err(invalid("unsubscribe all needs the consumer_id used to subscribe"));
+                return Err(invalid("unsubscribe all needs the consumer_id used to subscribe").into());
             }
             self.registry.cancel_all(&req.consumer_id, &who)
         } else {
             if req.subscription_id == 0 {
-                return Err(invalid(
-                    "give a subscription_id, or all = true with a consumer_id",
-                ));
+                return Err(invalid("give a subscription_id, or all = true with a consumer_id").into());
             }
             self.registry
                 .cancel_one(req.subscription_id, &req.consumer_id, &who)?
@@ -458,13 +456,6 @@ impl wire::producer_server::Producer for ProducerService {
     }
 }
 
-fn publish_status(e: PublishError) -> Status {
-    match e {
-        PublishError::TooManySeries => Status::resource_exhausted(e.to_string()),
-        _ => Status::invalid_argument(e.to_string()),
-    }
-}
-
 #[derive(Clone)]
 pub struct IngestService {
     pub hub: Arc<Hub>,
@@ -472,7 +463,7 @@ pub struct IngestService {
 }
 
 /// Authorizes `ingest` on event names; a summary-only grant does not let anyone publish.
-fn authorize_ingest(gate: &Gate, who: &Identity, names: &[&str]) -> Result<(), Status> {
+fn authorize_ingest(gate: &Gate, who: &Identity, names: &[&str]) -> Result<(), Error> {
     let grant = gate.authorize(who, Action::Ingest, names)?;
     if grant.decision != Decision::Allow {
         let name = names
@@ -480,7 +471,7 @@ fn authorize_ingest(gate: &Gate, who: &Identity, names: &[&str]) -> Result<(), S
             .find(|n| gate.policy().authorize(who, Action::Ingest, n).decision != Decision::Allow)
             .copied()
             .unwrap_or("*");
-        return Err(Status::permission_denied(format!(
+        return Err(Error::PermissionDenied(format!(
             "{who} may not ingest {name:?}: the policy grants only its summaries (decided by {})",
             gate.policy().describe(&grant)
         )));
@@ -505,14 +496,12 @@ impl pb::ingest_server::Ingest for IngestService {
                     schema: Some(s.clone()),
                 }))
             }
-            Some(s) => Err(Status::not_found(format!(
+            Some(s) => Err(Error::NotFound(format!(
                 "this producer holds {} version {}, not version {}",
                 req.name, s.version, req.version
-            ))),
-            None => Err(Status::not_found(format!(
-                "this producer has no schema for {}",
-                req.name
-            ))),
+            ))
+            .into()),
+            None => Err(Error::NotFound(format!("this producer has no schema for {}", req.name)).into()),
         }
     }
 
@@ -520,10 +509,11 @@ impl pb::ingest_server::Ingest for IngestService {
         let who = self.gate.admit(&req)?;
         let req = req.into_inner();
         if req.events.len() > MAX_INGEST_EVENTS {
-            return Err(Status::resource_exhausted(format!(
+            return Err(Error::ResourceExhausted(format!(
                 "{} events in one request; send at most {MAX_INGEST_EVENTS}",
                 req.events.len()
-            )));
+            ))
+            .into());
         }
         // Authorized on every event name (and schema name) it carries, checked first so the
         // policy only sees valid names.
@@ -568,7 +558,8 @@ impl pb::ingest_server::Ingest for IngestService {
                             "event {i}: series ({}, {}) was created with {} numbers and {} strings; \
                              a new schema version applies to new series only",
                             d.name, d.source, layout.doubles, layout.strings
-                        )));
+                        ))
+                        .into());
                     }
                 }
                 if d.timestamp_ns == 0 {
@@ -578,10 +569,10 @@ impl pb::ingest_server::Ingest for IngestService {
             }
         }
         if !req.schemas.is_empty() {
-            self.hub.add_schemas(&req.schemas).map_err(publish_status)?;
+            self.hub.add_schemas(&req.schemas).map_err(Error::from)?;
         }
         let (last_seq, r) = self.hub.publish(&data);
-        r.map_err(publish_status)?;
+        r.map_err(Error::from)?;
         Ok(Response::new(pb::IngestResponse {
             accepted: data.len() as u32,
             last_seq,
@@ -600,29 +591,28 @@ impl pb::simulator_server::Simulator for SimulatorService {
     async fn set(&self, req: Request<pb::SimSetRequest>) -> Result<Response<pb::SimSetResponse>, Status> {
         let (_, grant) = self.gate.check(&req, Action::Admin, &["sim.set"])?;
         if grant.decision != Decision::Allow {
-            return Err(Status::permission_denied(
-                "sim.set needs an \"allow\" admin grant",
-            ));
+            return Err(Error::PermissionDenied("sim.set needs an \"allow\" admin grant".into()).into());
         }
         let Some(sim) = &self.sim else {
-            return Err(Status::failed_precondition(
-                "this producer runs no simulated hosts (start it with --simulate FILE)",
-            ));
+            return Err(Error::FailedPrecondition(
+                "this producer runs no simulated hosts (start it with --simulate FILE)".into(),
+            )
+            .into());
         };
         let req = req.into_inner();
         if req.values.is_empty() {
-            return Err(invalid("give at least one key=value to set"));
+            return Err(invalid("give at least one key=value to set").into());
         }
         let mut values: Vec<(String, f64)> = req.values.into_iter().collect();
         values.sort_by(|a, b| a.0.cmp(&b.0));
         if sim.get(&req.host).is_none() {
-            return Err(Status::not_found(format!(
+            return Err(Error::NotFound(format!(
                 "no simulated host {:?} on this producer",
                 gma_core::clip(&req.host, 80)
-            )));
+            ))
+            .into());
         }
-        sim.set(&req.host, &values)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        sim.set(&req.host, &values).map_err(invalid)?;
         Ok(Response::new(pb::SimSetResponse {
             hosts: vec![req.host],
         }))

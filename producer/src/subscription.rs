@@ -27,8 +27,8 @@ use parking_lot::Mutex;
 use prost::bytes::Bytes;
 use prost::Message;
 use tokio::sync::{mpsc, Notify};
-use tonic::Status;
 
+use crate::error::Error;
 use crate::hub::{Hub, HubInner, Stored};
 
 pub const DEFAULT_MAX_BATCH: usize = 1000;
@@ -599,16 +599,14 @@ impl Registry {
         id: u64,
         consumer_id: &str,
         who: &gma_core::authz::Identity,
-    ) -> Result<u32, Status> {
+    ) -> Result<u32, Error> {
         let subs = self.subs.lock();
         match subs.get(&id) {
-            None => Err(Status::not_found(format!(
-                "no subscription {id} on this producer"
-            ))),
+            None => Err(Error::NotFound(format!("no subscription {id} on this producer"))),
             Some(e) if !e.consumer_id.is_empty() && e.consumer_id != consumer_id => Err(
-                Status::permission_denied(format!("subscription {id} belongs to another consumer")),
+                Error::PermissionDenied(format!("subscription {id} belongs to another consumer")),
             ),
-            Some(e) if e.owner != *who => Err(Status::permission_denied(format!(
+            Some(e) if e.owner != *who => Err(Error::PermissionDenied(format!(
                 "subscription {id} was opened by another identity; {who} may not end it"
             ))),
             Some(e) => {
@@ -848,7 +846,7 @@ mod tests {
         let a = reg.add("c1", &alice);
         let _b = reg.add("c1", &bob);
         let e = reg.cancel_one(a.id, "c1", &bob).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert_eq!(tonic::Status::from(e).code(), tonic::Code::PermissionDenied);
         assert!(!a.cancel.is_cancelled());
         assert_eq!(reg.cancel_all("c1", &Identity::anonymous()), 0);
         assert_eq!(reg.cancel_all("c1", &bob), 1);

@@ -10,6 +10,8 @@ use std::time::Duration;
 use gma_proto::v1 as pb;
 use serde::Deserialize;
 
+use crate::error::Error;
+
 /// `[action]` in the rescheduler config.
 #[derive(Debug, Clone, Deserialize, PartialEq, Default)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -41,55 +43,55 @@ fn fill(template: &str, t: &Target, hosts: &[String]) -> String {
         .replace("{control}", &t.control)
 }
 
-async fn run_command(cmd: &str) -> Result<(), String> {
+async fn run_command(cmd: &str) -> Result<(), Error> {
     let out = tokio::time::timeout(
         Duration::from_secs(600),
         tokio::process::Command::new("sh").arg("-c").arg(cmd).output(),
     )
     .await
-    .map_err(|_| format!("command timed out: {cmd}"))?
-    .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    .map_err(|_| Error::Action(format!("command timed out: {cmd}")))?
+    .map_err(|e| Error::Action(format!("cannot run {cmd:?}: {e}")))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
+        Err(Error::Action(format!(
             "command {cmd:?} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        )))
     }
 }
 
 async fn control(
     t: &Target,
-) -> Result<pb::app_control_client::AppControlClient<tonic::transport::Channel>, String> {
+) -> Result<pb::app_control_client::AppControlClient<tonic::transport::Channel>, Error> {
     if t.control.is_empty() {
-        return Err(format!(
+        return Err(Error::Unreachable(format!(
             "application {} published no AppControl address",
             t.app_id
-        ));
+        )));
     }
     // With client TLS installed the connection is https and verified (and presents this
     // process's certificate), whatever scheme the application published.
     let ch = gma_core::tls::endpoint(&t.control)
-        .map_err(|e| format!("AppControl of {}: {e}", t.app_id))?
+        .map_err(|e| Error::Unreachable(format!("AppControl of {}: {e}", t.app_id)))?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await
         .map_err(|e| {
-            format!(
+            Error::Unreachable(format!(
                 "cannot reach {} at {}: {}",
                 t.app_id,
                 t.control,
                 gma_consumer::error_chain(&e)
-            )
+            ))
         })?;
     Ok(pb::app_control_client::AppControlClient::new(ch))
 }
 
 impl ActionConfig {
     /// Stops the application at its next phase boundary, with a checkpoint.
-    pub async fn stop(&self, t: &Target) -> Result<(), String> {
+    pub async fn stop(&self, t: &Target) -> Result<(), Error> {
         match self {
             ActionConfig::Grpc => {
                 let mut c = control(t).await?;
@@ -98,17 +100,16 @@ impl ActionConfig {
                     reason: "rescheduler: migration".into(),
                 });
                 req.set_timeout(Duration::from_secs(600));
-                c.stop(req)
-                    .await
-                    .map(|_| ())
-                    .map_err(|s| format!("stop {}: {}", t.app_id, gma_core::tls::explain(&s)))
+                c.stop(req).await.map(|_| ()).map_err(|s| {
+                    Error::Unreachable(format!("stop {}: {}", t.app_id, gma_core::tls::explain(&s)))
+                })
             }
             ActionConfig::Commands { stop, .. } => run_command(&fill(stop, t, &[])).await,
         }
     }
 
     /// Resumes the application on `hosts`.
-    pub async fn resume(&self, t: &Target, hosts: &[String]) -> Result<(), String> {
+    pub async fn resume(&self, t: &Target, hosts: &[String]) -> Result<(), Error> {
         match self {
             ActionConfig::Grpc => {
                 let mut c = control(t).await?;
@@ -118,14 +119,16 @@ impl ActionConfig {
                 })
                 .await
                 .map(|_| ())
-                .map_err(|s| format!("resume {}: {}", t.app_id, gma_core::tls::explain(&s)))
+                .map_err(|s| {
+                    Error::Unreachable(format!("resume {}: {}", t.app_id, gma_core::tls::explain(&s)))
+                })
             }
             ActionConfig::Commands { resume, .. } => run_command(&fill(resume, t, hosts)).await,
         }
     }
 
     /// Tells the application's contract monitor the request was declined.
-    pub async fn declined(&self, t: &Target, gain: f64) -> Result<(), String> {
+    pub async fn declined(&self, t: &Target, gain: f64) -> Result<(), Error> {
         match self {
             ActionConfig::Grpc => {
                 let mut c = control(t).await?;
@@ -135,7 +138,9 @@ impl ActionConfig {
                 })
                 .await
                 .map(|_| ())
-                .map_err(|s| format!("declined {}: {}", t.app_id, gma_core::tls::explain(&s)))
+                .map_err(|s| {
+                    Error::Unreachable(format!("declined {}: {}", t.app_id, gma_core::tls::explain(&s)))
+                })
             }
             ActionConfig::Commands { declined, .. } => match declined {
                 Some(cmd) => run_command(&fill(cmd, t, &[])).await,
@@ -186,10 +191,10 @@ mod tests {
             std::fs::read_to_string(&log).unwrap(),
             "stop app1\nresume app1 hostB\n"
         );
-        let e = action.declined(&t, 0.1).await.unwrap_err();
+        let e = action.declined(&t, 0.1).await.unwrap_err().to_string();
         assert!(e.contains("failed"), "{e}");
         // gRPC to an application that is not there: an error, not a hang or a panic.
-        let e = ActionConfig::Grpc.stop(&t).await.unwrap_err();
+        let e = ActionConfig::Grpc.stop(&t).await.unwrap_err().to_string();
         assert!(e.contains("cannot reach"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

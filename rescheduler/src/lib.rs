@@ -22,6 +22,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod action;
+pub mod error;
 pub mod plan;
 pub mod service;
 pub mod telemetry;

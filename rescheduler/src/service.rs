@@ -99,13 +99,9 @@ pub fn decision_schema() -> pb::EventSchema {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReschedulerError {
-    #[error("invalid rescheduler config: {0}")]
-    Config(String),
-    #[error("producer: {0}")]
-    Producer(String),
-}
+/// The rescheduler's one error type ([`crate::error::Error`]) under the name `run` has always
+/// used.
+pub use crate::error::Error as ReschedulerError;
 
 struct HostSample {
     load: HostLoad,

@@ -229,7 +229,9 @@ pub fn https(
     let name = ServerName::try_from("127.0.0.1").unwrap().to_owned();
     let conn = rustls::ClientConnection::new(Arc::new(cfg), name).map_err(|e| e.to_string())?;
     let tcp = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    // The handshake may wait on a busy server: a long timeout for it, the short one (a step of
+    // the response loop, which has its own deadline) only once the request is sent.
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, tcp);
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
@@ -237,7 +239,11 @@ pub fn https(
     }
     req.push_str("\r\n");
     tls.write_all(req.as_bytes())
+        .and_then(|()| tls.flush())
         .map_err(|e| format!("handshake or write: {e}"))?;
+    tls.sock
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     read_response(&mut tls, enough)
 }
 

@@ -1006,11 +1006,25 @@ fn write_report(s: &Settings, ops: &[Op], nemesis: &[(u64, String)]) -> std::pat
 
 mod checker {
     use super::common::linearizable::{check, lost_writes, Call, Op, Outcome, Verdict};
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+    use proptest::test_runner::FileFailurePersistence;
+    use std::cell::Cell;
     use std::collections::BTreeMap;
 
     const BUDGET: u64 = 10_000_000;
+
+    /// `cases` cases; a failure is kept in `jepsen.proptest-regressions` beside this file
+    /// (an integration test has no lib.rs above it for proptest's default place).
+    fn config(cases: u32) -> ProptestConfig {
+        ProptestConfig {
+            cases,
+            failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+                "proptest-regressions",
+            ))),
+            ..ProptestConfig::default()
+        }
+    }
 
     fn op(client: usize, call: Call, invoked: u64, completed: Option<u64>, outcome: Outcome) -> Op {
         Op {
@@ -1285,19 +1299,21 @@ mod checker {
         assert_eq!(lost_writes(&h, &finals(Some("c"))).len(), 1);
     }
 
-    /// Random concurrent histories made linearizable by construction (each operation takes
-    /// effect atomically at a random instant inside its interval, on a real register) pass;
-    /// the same histories with one read answer changed to a value never written fail.
-    #[test]
-    fn random_linearizable_histories_pass_and_corrupted_ones_fail() {
-        for seed in 0..300u64 {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let (h, reads) = random_history(&mut rng, 4, 40);
-            assert!(linearizable(&h), "seed {seed}");
-            if let Some(&i) = reads.get(rng.random_range(0..reads.len().max(1))) {
+    proptest! {
+        #![proptest_config(config(300))]
+        /// Random concurrent histories made linearizable by construction (each operation takes
+        /// effect atomically at a random instant inside its interval, on a real register) pass;
+        /// the same histories with one read answer changed to a value never written fail.
+        #[test]
+        fn random_linearizable_histories_pass_and_corrupted_ones_fail(
+            (h, reads) in random_history(4, 40),
+            which in any::<Index>(),
+        ) {
+            prop_assert!(linearizable(&h));
+            if !reads.is_empty() {
                 let mut bad = h.clone();
-                bad[i].outcome = Outcome::Read(Some("never-written".into()));
-                assert!(!linearizable(&bad), "seed {seed}: corrupted read accepted");
+                bad[reads[which.index(reads.len())]].outcome = Outcome::Read(Some("never-written".into()));
+                prop_assert!(!linearizable(&bad), "corrupted read accepted");
             }
         }
     }
@@ -1308,20 +1324,23 @@ mod checker {
     /// anything they should not.
     #[test]
     fn the_checker_agrees_with_an_exhaustive_search_on_small_histories() {
-        let mut verdicts = [0usize; 2];
-        for seed in 0..4000u64 {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let n = rng.random_range(1..=7);
-            let h: Vec<Op> = (0..n).map(|i| random_op(&mut rng, i)).collect();
+        let verdicts = [Cell::new(0usize), Cell::new(0usize)];
+        let history = prop::collection::vec(random_op(), 1..=7).prop_map(|ops| {
+            ops.into_iter()
+                .enumerate()
+                .map(|(i, (call, invoked, completed, outcome))| op(i, call, invoked, completed, outcome))
+                .collect::<Vec<Op>>()
+        });
+        proptest!(config(4000), |(h in history)| {
             let want = brute_force(&h);
             let got = linearizable_quiet(&h);
-            assert_eq!(
-                got, want,
-                "seed {seed}: checker says {got}, exhaustive search {want}: {h:#?}"
-            );
-            verdicts[usize::from(want)] += 1;
-        }
+            prop_assert_eq!(got, want, "checker says {}, exhaustive search {}: {:#?}", got, want, h);
+            let v = &verdicts[usize::from(want)];
+            v.set(v.get() + 1);
+        });
         // Both verdicts were exercised.
+        let verdicts = verdicts.map(Cell::into_inner);
+        eprintln!("{} not linearizable, {} linearizable", verdicts[0], verdicts[1]);
         assert!(verdicts.iter().all(|v| *v > 500), "{verdicts:?}");
     }
 
@@ -1333,35 +1352,37 @@ mod checker {
         }
     }
 
-    fn random_op(rng: &mut ChaCha8Rng, i: usize) -> Op {
-        let values = ["a", "b", "c"];
-        let v = values[rng.random_range(0..values.len())].to_string();
-        let invoked = rng.random_range(0..20u64);
-        let completed = invoked + rng.random_range(0..8u64);
-        let (call, outcome) = match rng.random_range(0..4) {
-            0 => (
+    /// One operation of a small random history, but for its client: a call on one of three
+    /// values, its interval (0-19, 0-7 long) and an outcome of any kind for the call (a read
+    /// sees the value 3 times in 5), indeterminate ones never completed.
+    fn random_op() -> impl Strategy<Value = (Call, u64, Option<u64>, Outcome)> {
+        let v = || prop::sample::select(vec!["a", "b", "c"]).prop_map(String::from);
+        let call = prop_oneof![
+            (v(), 0..5u8).prop_map(|(v, k)| (
                 Call::Read,
-                match rng.random_range(0..5) {
+                match k {
                     0 => Outcome::Read(None),
                     1 => Outcome::Unknown,
                     _ => Outcome::Read(Some(v)),
-                },
-            ),
-            1 => (
-                Call::Register(v),
-                [Outcome::Ok, Outcome::AlreadyExists, Outcome::Unknown][rng.random_range(0..3)].clone(),
-            ),
-            2 => (
-                Call::Update(v),
-                [Outcome::Ok, Outcome::NotFound, Outcome::Unknown][rng.random_range(0..3)].clone(),
-            ),
-            _ => (
-                Call::Remove,
-                [Outcome::Ok, Outcome::NotFound, Outcome::Unknown][rng.random_range(0..3)].clone(),
-            ),
-        };
-        let completed = (outcome != Outcome::Unknown).then_some(completed);
-        op(i, call, invoked, completed, outcome)
+                }
+            )),
+            (
+                v(),
+                prop::sample::select(vec![Outcome::Ok, Outcome::AlreadyExists, Outcome::Unknown])
+            )
+                .prop_map(|(v, o)| (Call::Register(v), o)),
+            (
+                v(),
+                prop::sample::select(vec![Outcome::Ok, Outcome::NotFound, Outcome::Unknown])
+            )
+                .prop_map(|(v, o)| (Call::Update(v), o)),
+            prop::sample::select(vec![Outcome::Ok, Outcome::NotFound, Outcome::Unknown])
+                .prop_map(|o| (Call::Remove, o)),
+        ];
+        (call, 0..20u64, 0..8u64).prop_map(|((call, outcome), invoked, len)| {
+            let completed = (outcome != Outcome::Unknown).then_some(invoked + len);
+            (call, invoked, completed, outcome)
+        })
     }
 
     /// Linearizable by definition, by trying every order of every subset that holds all
@@ -1428,27 +1449,54 @@ mod checker {
     /// `clients` clients each doing `ops` operations with random intervals; every operation
     /// takes effect at a random point of its interval (some never complete: indeterminate,
     /// applied or not). Returns the history and the indices of completed reads.
-    fn random_history(rng: &mut ChaCha8Rng, clients: usize, ops: usize) -> (Vec<Op>, Vec<usize>) {
+    /// One planned operation of a client: the pause before it (after the first), its length,
+    /// where in its interval it takes effect (a fraction), its kind, whether the client
+    /// crashed during it (1 in 10) and then whether it was applied.
+    type Planned = (u64, u64, f64, u8, bool, bool);
+
+    /// A concurrent history of `clients` clients with up to `ops / clients` operations each,
+    /// linearizable by construction, and the indices of its reads.
+    fn random_history(clients: usize, ops: usize) -> impl Strategy<Value = (Vec<Op>, Vec<usize>)> {
+        let plan = (
+            0..10u64,
+            prop::collection::vec(
+                (
+                    1..5u64,
+                    1..30u64,
+                    0.0..=1.0f64,
+                    0..4u8,
+                    prop::bool::weighted(0.1),
+                    prop::bool::ANY,
+                ),
+                ops / clients,
+            ),
+        );
+        prop::collection::vec(plan, clients).prop_map(|plans| history_of(&plans))
+    }
+
+    fn history_of(plans: &[(u64, Vec<Planned>)]) -> (Vec<Op>, Vec<usize>) {
         // (effect time, client, call, invoked, completed, indeterminate)
         let mut planned = Vec::new();
-        for c in 0..clients {
-            let mut t = rng.random_range(0..10u64);
-            for n in 0..ops / clients {
+        for (c, (first, ops)) in plans.iter().enumerate() {
+            let mut t = *first;
+            for (n, &(pause, len, effect, kind, lost, applied)) in ops.iter().enumerate() {
+                if n > 0 {
+                    t += pause;
+                }
                 let start = t;
-                let end = start + rng.random_range(1..30u64);
-                let at = rng.random_range(start..=end);
+                let end = start + len;
+                let at = start + (effect * len as f64).round() as u64;
                 let v = format!("{c}.{n}");
-                let call = match rng.random_range(0..4) {
+                let call = match kind {
                     0 => Call::Read,
                     1 => Call::Register(v),
                     2 => Call::Update(v),
                     _ => Call::Remove,
                 };
-                // 1 in 10 indeterminate: applied (at `at`) or never, a coin toss.
-                let lost = rng.random_range(0..10) == 0;
-                let applied = !lost || rng.random_bool(0.5);
+                // Indeterminate: applied (at `at`) or never, as generated.
+                let applied = !lost || applied;
                 planned.push((at, c, call, start, end, lost, applied));
-                t = end + rng.random_range(1..5u64);
+                t = end;
                 if lost {
                     break; // a crashed client does no more
                 }

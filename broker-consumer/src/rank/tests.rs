@@ -1,6 +1,4 @@
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use proptest::prelude::*;
 
 use super::*;
 use crate::utility::{Interval, Operator, Requirement, UserClass};
@@ -336,74 +334,96 @@ fn an_invalid_job_is_an_error_not_a_ranking() {
     assert_eq!(e.to_string(), "cpus: must be at least 1");
 }
 
-fn random_view(rng: &mut ChaCha8Rng, n: usize) -> Vec<Resource> {
-    (0..n)
-        .map(|i| {
-            let cpus = [1.0, 2.0, 4.0, 8.0, 16.0][rng.random_range(0..5)];
-            let mut r = host(
-                &format!("r{i:03}"),
-                cpus,
-                rng.random_range(0..=cpus as u32) as f64,
-                rng.random_range(0..4) as f64,
-                if rng.random_bool(0.8) {
-                    rng.random_range(200.0..4000.0)
-                } else {
-                    f64::NAN
+/// A random view of hosts `r000`..: CPUs, free CPUs, queue, specint (unknown 1 in 5), memory,
+/// arch (aarch64 1 in 5), age up to 8 s, cost.
+fn random_view(n: impl Into<prop::collection::SizeRange>) -> impl Strategy<Value = Vec<Resource>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(vec![1u32, 2, 4, 8, 16]).prop_flat_map(|cpus| (Just(cpus), 0..=cpus)),
+            0..4u32,
+            prop::option::weighted(0.8, 200.0..4000.0f64),
+            prop::sample::select(vec![512.0, 2048.0, 8192.0]),
+            prop::bool::weighted(0.2),
+            0..8_000i64,
+            0.01..1.0f64,
+        ),
+        n,
+    )
+    .prop_map(|hosts| {
+        hosts
+            .into_iter()
+            .enumerate()
+            .map(
+                |(i, ((cpus, free), queue, specint, memory_mb, aarch64, age_ms, cost))| {
+                    let mut r = host(
+                        &format!("r{i:03}"),
+                        f64::from(cpus),
+                        f64::from(free),
+                        f64::from(queue),
+                        specint.unwrap_or(f64::NAN),
+                    );
+                    r.memory_mb = memory_mb;
+                    if aarch64 {
+                        r.arch = "aarch64".into();
+                    }
+                    r.updated_ns = NOW - age_ms * 1_000_000;
+                    r.cost_per_cpu_hour = cost;
+                    r
                 },
-            );
-            r.memory_mb = [512.0, 2048.0, 8192.0][rng.random_range(0..3)];
-            if rng.random_bool(0.2) {
-                r.arch = "aarch64".into();
+            )
+            .collect()
+    })
+}
+
+fn random_job() -> impl Strategy<Value = Job> {
+    (
+        prop::sample::select(vec![1u32, 2, 4, 8]),
+        prop::sample::select(vec![0.0, 1024.0, 4096.0]),
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(cpus, memory_mb, x86)| {
+            let mut j = job(cpus);
+            j.memory_mb = memory_mb;
+            if x86 {
+                j.arch = "x86_64".into();
             }
-            r.updated_ns = NOW - rng.random_range(0..8_000) * 1_000_000;
-            r.cost_per_cpu_hour = rng.random_range(0.01..1.0);
-            r
+            j
         })
-        .collect()
 }
 
-fn random_job(rng: &mut ChaCha8Rng) -> Job {
-    let mut j = job([1, 2, 4, 8][rng.random_range(0..4)]);
-    j.memory_mb = [0.0, 1024.0, 4096.0][rng.random_range(0..3)];
-    if rng.random_bool(0.3) {
-        j.arch = "x86_64".into();
-    }
-    j
+/// A view of 0 to 39 hosts and the same view in another order.
+fn view_and_shuffled() -> impl Strategy<Value = (Vec<Resource>, Vec<Resource>)> {
+    random_view(0..40).prop_flat_map(|v| (Just(v.clone()), Just(v).prop_shuffle()))
 }
 
-#[test]
-fn property_capacity_is_respected_and_the_order_is_deterministic() {
-    let mut rng = ChaCha8Rng::seed_from_u64(61);
-    for _ in 0..300 {
-        let n = rng.random_range(0..40);
-        let view = random_view(&mut rng, n);
-        let j = random_job(&mut rng);
-        let policy = [Policy::Ttd, Policy::Tts, Policy::Cost][rng.random_range(0..3)];
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn property_capacity_is_respected_and_the_order_is_deterministic(
+        (view, shuffled) in view_and_shuffled(),
+        j in random_job(),
+        policy in prop::sample::select(vec![Policy::Ttd, Policy::Tts, Policy::Cost]),
+        stale in prop::sample::select(vec![StaleMode::Exclude, StaleMode::Conservative]),
+        k in 1..5usize,
+    ) {
         let cfg = RankConfig {
-            stale: if rng.random_bool(0.5) {
-                StaleMode::Exclude
-            } else {
-                StaleMode::Conservative
-            },
+            stale,
             ..RankConfig::default()
         };
         let a = rank(&Snapshot::new(NOW, view.clone()), &j, policy, &cfg, all()).unwrap();
         for r in &a.ranked {
             let res = view.iter().find(|v| v.name == r.resource).unwrap();
-            assert!(res.total_cpus >= f64::from(j.cpus));
-            assert!(j.memory_mb == 0.0 || res.memory_mb >= j.memory_mb);
-            assert!(j.arch.is_empty() || res.arch == j.arch);
-            assert!(r.start_s >= 0.0 && r.completion_s >= r.start_s);
+            prop_assert!(res.total_cpus >= f64::from(j.cpus));
+            prop_assert!(j.memory_mb == 0.0 || res.memory_mb >= j.memory_mb);
+            prop_assert!(j.arch.is_empty() || res.arch == j.arch);
+            prop_assert!(r.start_s >= 0.0 && r.completion_s >= r.start_s);
         }
-        assert_eq!(a.ranked.len() + a.rejected.len(), view.len());
+        prop_assert_eq!(a.ranked.len() + a.rejected.len(), view.len());
         // Same view in another order: the same ranking.
-        let mut shuffled = view.clone();
-        shuffled.shuffle(&mut rng);
         let b = rank(&Snapshot::new(NOW, shuffled), &j, policy, &cfg, all()).unwrap();
         // (Debug text: utility is NaN outside the utility policy, and NaN != NaN.)
-        assert_eq!(format!("{:?}", a.ranked), format!("{:?}", b.ranked));
+        prop_assert_eq!(format!("{:?}", a.ranked), format!("{:?}", b.ranked));
         // Limits return the same prefix.
-        let k = rng.random_range(1..5);
         let c = rank(
             &Snapshot::new(NOW, view),
             &j,
@@ -415,40 +435,49 @@ fn property_capacity_is_respected_and_the_order_is_deterministic() {
             },
         )
         .unwrap();
-        assert_eq!(
+        prop_assert_eq!(
             format!("{:?}", c.ranked),
             format!("{:?}", &a.ranked[..k.min(a.ranked.len())])
         );
     }
 }
 
+/// (job CPUs, total CPUs, free CPUs, queue): 1 <= cpus < 16, cpus <= total < 64, free <= total.
+fn load() -> impl Strategy<Value = (u32, f64, f64, f64)> {
+    (1..16u32)
+        .prop_flat_map(|cpus| (Just(cpus), cpus..64u32))
+        .prop_flat_map(|(cpus, total)| {
+            let total = f64::from(total);
+            (Just(cpus), Just(total), 0.0..=total, 0.0..20.0f64)
+        })
+}
+
 #[test]
 fn property_wait_is_monotone_in_load() {
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for _ in 0..5000 {
-        let cpus = rng.random_range(1..16);
-        let total = rng.random_range(cpus..64) as f64;
-        let free = rng.random_range(0.0..=total);
-        let queue = rng.random_range(0.0..20.0);
-        let w = load_wait_s(cpus, total, free, queue, 600.0);
-        let more_queue = load_wait_s(cpus, total, free, queue + rng.random_range(0.0..5.0), 600.0);
-        let less_free = load_wait_s(cpus, total, free * rng.random_range(0.0..1.0), queue, 600.0);
-        assert!(
-            more_queue >= w && less_free >= w,
-            "cpus {cpus} total {total} free {free} queue {queue}"
-        );
-        if free >= f64::from(cpus) {
-            assert_eq!(load_wait_s(cpus, total, free, 0.0, 600.0), 0.0);
+    proptest!(
+        ProptestConfig::with_cases(5000),
+        |((cpus, total, free, queue) in load(), more in 0.0..5.0f64, keep in 0.0..1.0f64)| {
+            let w = load_wait_s(cpus, total, free, queue, 600.0);
+            let more_queue = load_wait_s(cpus, total, free, queue + more, 600.0);
+            let less_free = load_wait_s(cpus, total, free * keep, queue, 600.0);
+            prop_assert!(
+                more_queue >= w && less_free >= w,
+                "wait {} more queue {} less free {}",
+                w,
+                more_queue,
+                less_free
+            );
+            if free >= f64::from(cpus) {
+                prop_assert_eq!(load_wait_s(cpus, total, free, 0.0, 600.0), 0.0);
+            }
         }
-    }
+    );
     // Through rank: raising the queue or lowering free CPUs never ranks a host better.
-    let mut rng = ChaCha8Rng::seed_from_u64(8);
-    for _ in 0..300 {
-        let view = random_view(&mut rng, 12);
+    proptest!(ProptestConfig::with_cases(300), |(view in random_view(12))| {
         let j = job(1);
         let before = run(view.clone(), &j, Policy::Ttd);
         let Some(target) = before.ranked.last().map(|r| r.resource.clone()) else {
-            continue;
+            return Ok(());
         };
         let mut worse = view.clone();
         for r in &mut worse {
@@ -460,19 +489,18 @@ fn property_wait_is_monotone_in_load() {
         let after = run(worse, &j, Policy::Ttd);
         let pos = |r: &Ranking| r.ranked.iter().position(|x| x.resource == target);
         // The others got busier: the target cannot fall further.
-        assert!(pos(&after) <= pos(&before));
-    }
+        prop_assert!(pos(&after) <= pos(&before), "{:?} then {:?}", pos(&before), pos(&after));
+    });
 }
 
-#[test]
-fn property_stale_data_is_never_used_as_fresh() {
-    let mut rng = ChaCha8Rng::seed_from_u64(9);
-    let cfg = RankConfig {
-        stale: StaleMode::Conservative,
-        ..RankConfig::default()
-    };
-    for _ in 0..500 {
-        let mut r = random_view(&mut rng, 1).remove(0);
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+    #[test]
+    fn property_stale_data_is_never_used_as_fresh(mut r in random_view(1).prop_map(|mut v| v.remove(0))) {
+        let cfg = RankConfig {
+            stale: StaleMode::Conservative,
+            ..RankConfig::default()
+        };
         r.arch = "x86_64".into();
         r.memory_mb = 8192.0;
         let mut fresh = r.clone();
@@ -492,8 +520,8 @@ fn property_stale_data_is_never_used_as_fresh() {
         let f = out.ranked.iter().find(|x| !x.stale).unwrap();
         let s = out.ranked.iter().find(|x| x.stale).unwrap();
         // Identical published values: the stale one is never predicted better.
-        assert!(s.completion_s >= f.completion_s);
-        assert!(s.wait_s > 0.0, "a stale host is never assumed idle");
+        prop_assert!(s.completion_s >= f.completion_s);
+        prop_assert!(s.wait_s > 0.0, "a stale host is never assumed idle");
         let excl = rank(
             &Snapshot::new(NOW, vec![stale]),
             &j,
@@ -502,6 +530,6 @@ fn property_stale_data_is_never_used_as_fresh() {
             all(),
         )
         .unwrap();
-        assert!(excl.ranked.is_empty());
+        prop_assert!(excl.ranked.is_empty());
     }
 }

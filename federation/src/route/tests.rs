@@ -1,9 +1,9 @@
 use super::*;
 use crate::summary::{SiteLoad, Summary};
 use gma_broker::Resource;
-use rand::seq::{IndexedRandom, SliceRandom};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use std::cell::Cell;
+
+use proptest::prelude::*;
 
 const NOW: i64 = 100_000_000_000;
 
@@ -392,40 +392,59 @@ fn in_flight_work_is_capped_per_peer() {
     assert_eq!(forwarded, 4, "16 CPUs in flight at most");
 }
 
-/// Peer hosts as (free, memory), one class.
-fn random_peer(rng: &mut ChaCha8Rng, site: &str) -> Vec<Resource> {
-    let n = rng.random_range(1..12);
-    (0..n)
-        .map(|i| {
-            let total = f64::from(rng.random_range(1..=32u32));
-            let free = f64::from(rng.random_range(0..=total as u32));
-            host(
-                &format!("{site}-{i}"),
-                total,
-                free,
-                f64::from(rng.random_range(1..9u32) * 1024),
-            )
-        })
-        .collect()
+/// Peer hosts as (free, memory), one class: 1 to 11 hosts `{site}-0`.. of (total CPUs, free
+/// CPUs, memory in GiB).
+fn random_peer(site: usize) -> impl Strategy<Value = Vec<Resource>> {
+    let site = format!("p{site}");
+    prop::collection::vec(
+        (
+            (1..=32u32).prop_flat_map(|total| (Just(total), 0..=total)),
+            1..9u32,
+        ),
+        1..12,
+    )
+    .prop_map(move |hosts| {
+        hosts
+            .into_iter()
+            .enumerate()
+            .map(|(i, ((total, free), gib))| {
+                host(
+                    &format!("{site}-{i}"),
+                    f64::from(total),
+                    f64::from(free),
+                    f64::from(gib * 1024),
+                )
+            })
+            .collect()
+    })
 }
 
 fn fits(h: &Resource, j: &Job) -> bool {
     h.free_cpus >= f64::from(j.cpus) && (j.memory_mb <= 0.0 || h.memory_mb >= j.memory_mb)
 }
 
+/// A burst of 1 to 7 jobs: (CPUs, memory in GiB half of the time, which fitting host the peer
+/// picks).
+fn burst() -> impl Strategy<Value = Vec<(u32, Option<u32>, prop::sample::Index)>> {
+    prop::collection::vec(
+        (1..=16u32, prop::option::of(1..9u32), any::<prop::sample::Index>()),
+        1..8,
+    )
+}
+
 #[test]
 fn property_every_forwarded_job_fits_the_true_per_host_state() {
-    let mut rng = ChaCha8Rng::seed_from_u64(21);
     let (snap, releases) = saturated();
     let cfg = RankConfig::default();
     let policy = RoutePolicy {
         in_flight_fraction: 1.0,
         ..RoutePolicy::default()
     };
-    let mut forwards = 0;
-    for case in 0..10_000 {
+    let forwards = Cell::new(0u32);
+    let peers = [random_peer(0), random_peer(1), random_peer(2)];
+    let config = ProptestConfig::with_cases(10_000);
+    proptest!(config, |(mut truth in peers, jobs in burst(), case in 0..10_000u32)| {
         let sites = ["p0", "p1", "p2"];
-        let mut truth: Vec<Vec<Resource>> = sites.iter().map(|s| random_peer(&mut rng, s)).collect();
         let advertised: Vec<Summary> = sites
             .iter()
             .zip(&truth)
@@ -441,10 +460,10 @@ fn property_every_forwarded_job_fits_the_true_per_host_state() {
         };
         let visited = ["o".to_string()];
         // A burst of jobs before any new summary arrives.
-        for k in 0..rng.random_range(1..8) {
-            let mut j = job(rng.random_range(1..=16), 3600.0);
-            if rng.random_bool(0.5) {
-                j.memory_mb = f64::from(rng.random_range(1..9u32) * 1024);
+        for (k, (cpus, gib, pick)) in jobs.iter().enumerate() {
+            let mut j = job(*cpus, 3600.0);
+            if let Some(gib) = gib {
+                j.memory_mb = f64::from(gib * 1024);
             }
             let id = format!("o/{case}/{k}");
             let r = RouteJob {
@@ -466,13 +485,14 @@ fn property_every_forwarded_job_fits_the_true_per_host_state() {
                 })
                 .collect();
             let d = route(&local, &views, &r, &policy, NOW);
-            assert_eq!(d, route(&local, &views, &r, &policy, NOW), "deterministic");
+            prop_assert_eq!(&d, &route(&local, &views, &r, &policy, NOW), "deterministic");
             if let Route::Forward { site } = d.route {
                 let i = sites.iter().position(|s| *s == site).unwrap();
                 let fitting: Vec<usize> = (0..truth[i].len()).filter(|h| fits(&truth[i][*h], &j)).collect();
-                assert!(
+                prop_assert!(
                     !fitting.is_empty(),
-                    "case {case}: {site} got a job of {} CPUs / {} MiB it cannot hold: {:?}",
+                    "{} got a job of {} CPUs / {} MiB it cannot hold: {:?}",
+                    site,
                     j.cpus,
                     j.memory_mb,
                     truth[i]
@@ -480,65 +500,96 @@ fn property_every_forwarded_job_fits_the_true_per_host_state() {
                         .map(|h| (h.free_cpus, h.memory_mb))
                         .collect::<Vec<_>>()
                 );
-                // The peer places it on any fitting host (adversarially: at random).
-                let h = *fitting.choose(&mut rng).unwrap();
+                // The peer places it on any fitting host (adversarially: as generated).
+                let h = *pick.get(&fitting);
                 truth[i][h].free_cpus -= f64::from(j.cpus);
                 debit(&mut debited[i], j.cpus, &j.arch);
                 in_flight[i] += j.cpus;
-                forwards += 1;
+                forwards.set(forwards.get() + 1);
             }
         }
-    }
+    });
+    let forwards = forwards.get();
+    eprintln!("{forwards} forwards in 10000 bursts");
     assert!(
         forwards > 5_000,
         "the property must be exercised: {forwards} forwards"
     );
 }
 
-#[test]
-fn property_route_is_deterministic_and_order_independent() {
-    let mut rng = ChaCha8Rng::seed_from_u64(22);
-    let cfg = RankConfig::default();
-    for case in 0..2_000 {
-        let hosts: Vec<Resource> = (0..rng.random_range(1..6))
-            .map(|i| {
-                let t = f64::from(rng.random_range(1..16u32));
-                host(
-                    &format!("o{i}"),
-                    t,
-                    f64::from(rng.random_range(0..=t as u32)),
-                    65536.0,
-                )
-            })
-            .collect();
-        let releases: Vec<Release> = hosts
-            .iter()
-            .map(|h| Release {
-                host: h.name.clone(),
-                cpus: (h.total_cpus - h.free_cpus) as u32,
-                remaining_s: rng.random_range(0.0..7200.0),
-            })
-            .collect();
+/// The origin: 1 to 5 hosts `o0`.. of (total, free) CPUs, each with its running jobs' release
+/// time, and 0 to 4 jobs queued ahead (CPUs, run time).
+fn origin() -> impl Strategy<Value = (Vec<Resource>, Vec<Release>, Vec<Ahead>)> {
+    (
+        prop::collection::vec(
+            ((1..16u32).prop_flat_map(|t| (Just(t), 0..=t)), 0.0..7200.0f64),
+            1..6,
+        ),
+        prop::collection::vec((1..8u32, 10.0..3600.0f64), 0..5),
+    )
+        .prop_map(|(hosts, ahead)| {
+            let (hosts, remaining): (Vec<Resource>, Vec<f64>) = hosts
+                .into_iter()
+                .enumerate()
+                .map(|(i, ((t, free), remaining_s))| {
+                    (
+                        host(&format!("o{i}"), f64::from(t), f64::from(free), 65536.0),
+                        remaining_s,
+                    )
+                })
+                .unzip();
+            let releases = hosts
+                .iter()
+                .zip(remaining)
+                .map(|(h, remaining_s)| Release {
+                    host: h.name.clone(),
+                    cpus: (h.total_cpus - h.free_cpus) as u32,
+                    remaining_s,
+                })
+                .collect();
+            let ahead = ahead
+                .into_iter()
+                .map(|(cpus, exec_s)| Ahead { cpus, exec_s })
+                .collect();
+            (hosts, releases, ahead)
+        })
+}
+
+/// 0 to 5 peers `p0`.. and the order in which they are seen the second time.
+fn peers_and_order() -> impl Strategy<Value = (Vec<Vec<Resource>>, Vec<usize>)> {
+    (0..6usize).prop_flat_map(|n| {
+        (
+            (0..n).map(random_peer).collect::<Vec<_>>(),
+            Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+    #[test]
+    fn property_route_is_deterministic_and_order_independent(
+        (hosts, releases, ahead) in origin(),
+        (peers, order) in peers_and_order(),
+        (cpus, secs) in (1..12u32, 60.0..7200.0f64),
+        case in 0..2_000u32,
+    ) {
+        let cfg = RankConfig::default();
         let snap = Snapshot::new(NOW, hosts);
-        let ahead: Vec<Ahead> = (0..rng.random_range(0..5))
-            .map(|_| Ahead {
-                cpus: rng.random_range(1..8),
-                exec_s: rng.random_range(10.0..3600.0),
-            })
-            .collect();
         let local = LocalView {
             snapshot: &snap,
             rank: &cfg,
             releases: &releases,
             ahead: &ahead,
         };
-        let sites: Vec<String> = (0..rng.random_range(0..6)).map(|i| format!("p{i}")).collect();
+        let sites: Vec<String> = (0..peers.len()).map(|i| format!("p{i}")).collect();
         let sums: Vec<Summary> = sites
             .iter()
-            .map(|s| summary_of(s, random_peer(&mut rng, s)))
+            .zip(peers)
+            .map(|(s, hosts)| summary_of(s, hosts))
             .collect();
-        let mut views: Vec<PeerView> = sites.iter().zip(&sums).map(|(s, x)| view(s, x)).collect();
-        let j = job(rng.random_range(1..12), rng.random_range(60.0..7200.0));
+        let views: Vec<PeerView> = sites.iter().zip(&sums).map(|(s, x)| view(s, x)).collect();
+        let j = job(cpus, secs);
         let visited = ["o".to_string()];
         let id = format!("o/{case}");
         let r = RouteJob {
@@ -549,12 +600,8 @@ fn property_route_is_deterministic_and_order_independent() {
             excluded: &[],
         };
         let d = route(&local, &views, &r, &RoutePolicy::default(), NOW);
-        views.shuffle(&mut rng);
-        assert_eq!(
-            d,
-            route(&local, &views, &r, &RoutePolicy::default(), NOW),
-            "case {case}"
-        );
+        let shuffled: Vec<PeerView> = order.iter().map(|&i| views[i]).collect();
+        prop_assert_eq!(d, route(&local, &shuffled, &r, &RoutePolicy::default(), NOW));
     }
 }
 

@@ -1,3 +1,7 @@
+use std::cell::Cell;
+
+use proptest::prelude::*;
+
 use super::*;
 
 const S: i64 = 1_000_000_000;
@@ -141,11 +145,56 @@ fn a_partition_while_a_forwarded_job_is_queued_ends_with_it_run_once() {
     assert_eq!(start.site, "b");
 }
 
+/// One step of a random partition scenario: jobs submitted now, the time to the next step,
+/// and the partitions of the network at its end.
+#[derive(Debug, Clone)]
+struct Step {
+    /// (site, CPUs, reference time, pinned to another site 1 in 5 (ignored when it is the same site)).
+    jobs: Vec<(usize, u32, f64, Option<usize>)>,
+    dt_s: i64,
+    /// A cut between two sites, 15 in 100 (none when both are the same site).
+    cut: Option<(usize, usize)>,
+    /// A heal of every cut, 1 in 10.
+    heal: bool,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        prop::collection::vec(
+            (
+                0..3usize,
+                1..=4u32,
+                10.0..400.0f64,
+                prop::option::weighted(0.2, 0..3usize),
+            ),
+            0..4,
+        ),
+        1..40i64,
+        prop::option::weighted(0.15, (0..3usize, 0..3usize)),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(jobs, dt_s, cut, heal)| Step {
+            jobs,
+            dt_s,
+            cut,
+            heal,
+        })
+}
+
 #[test]
 fn property_random_partitions_never_run_a_job_twice_nor_lose_one() {
-    let (mut leases, mut replaced, mut forwarded) = (0, 0, 0);
-    for seed in 0..10u64 {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (leases, replaced, forwarded) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    // 100 to 200 steps of 20 s on average: the 1800 s of the scenario ends first but for the
+    // shortest step lists, to which a failure shrinks.
+    let config = ProptestConfig {
+        cases: 10,
+        // A case runs for a second or two: shrink a failure for at most two minutes (the
+        // test's deadline in .config/nextest.toml is five).
+        max_shrink_iters: 10_000,
+        max_shrink_time: 120_000,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(steps in prop::collection::vec(step(), 100..=200))| {
         let names = ["a", "b", "c"];
         let mut w = World::new(
             vec![spec("a", 2, 4), spec("b", 2, 4), spec("c", 2, 4)],
@@ -154,58 +203,55 @@ fn property_random_partitions_never_run_a_job_twice_nor_lose_one() {
         w.heartbeats(2 * S);
         let mut n = 0;
         let mut t = T0 + S;
-        while t < T0 + 1800 * S {
-            for _ in 0..rng.random_range(0..4) {
-                let site = names[rng.random_range(0..3)];
-                let j = job(
-                    &format!("j{n}"),
-                    rng.random_range(1..=4),
-                    rng.random_range(10.0..400.0),
-                );
-                if rng.random_bool(0.2) {
-                    let to = names[rng.random_range(0..3)];
-                    if to != site {
-                        w.submit_pinned_at(t, site, j, to);
-                        n += 1;
-                        continue;
-                    }
-                }
-                w.submit_at(t, site, j);
+        for st in &steps {
+            if t >= T0 + 1800 * S {
+                break;
+            }
+            for &(site, cpus, secs, pinned) in &st.jobs {
+                let j = job(&format!("j{n}"), cpus, secs);
                 n += 1;
-            }
-            t += rng.random_range(1..40) * S;
-            w.run_until(t);
-            if rng.random_bool(0.15) {
-                let (x, y) = (names[rng.random_range(0..3)], names[rng.random_range(0..3)]);
-                if x != y {
-                    w.cut(x, y);
+                match pinned {
+                    Some(to) if to != site => w.submit_pinned_at(t, names[site], j, names[to]),
+                    _ => w.submit_at(t, names[site], j),
                 }
             }
-            if rng.random_bool(0.1) {
+            t += st.dt_s * S;
+            w.run_until(t);
+            if let Some((x, y)) = st.cut {
+                if x != y {
+                    w.cut(names[x], names[y]);
+                }
+            }
+            if st.heal {
                 w.heal();
             }
         }
         w.heal();
         w.run_until(T0 + 8_000 * S);
-        assert_eq!(w.by_job().len(), n, "seed {seed}");
-        leases += w
-            .log
-            .iter()
-            .filter(|e| e.state == "cancelled" && e.reason.contains("lease"))
-            .count();
-        replaced += w
-            .log
-            .iter()
-            .filter(|e| e.state == "queued" && e.reason.contains("re-placed"))
-            .count();
-        forwarded += w.log.iter().filter(|e| e.state == "forwarded").count();
+        prop_assert_eq!(w.by_job().len(), n);
+        leases.set(
+            leases.get()
+                + w.log
+                    .iter()
+                    .filter(|e| e.state == "cancelled" && e.reason.contains("lease"))
+                    .count(),
+        );
+        replaced.set(
+            replaced.get()
+                + w.log
+                    .iter()
+                    .filter(|e| e.state == "queued" && e.reason.contains("re-placed"))
+                    .count(),
+        );
+        forwarded.set(forwarded.get() + w.log.iter().filter(|e| e.state == "forwarded").count());
         for (id, evs) in w.by_job() {
             let starts = w.count(&id, "started");
-            assert!(starts <= 1, "seed {seed}: {id} started {starts} times: {evs:#?}");
+            prop_assert!(starts <= 1, "{} started {} times: {:#?}", id, starts, evs);
             let finished = w.count(&id, "finished");
-            assert_eq!(finished, 1, "seed {seed}: {id} never finished: {evs:#?}");
+            prop_assert_eq!(finished, 1, "{} never finished: {:#?}", id, evs);
         }
-    }
+    });
+    let (leases, replaced, forwarded) = (leases.get(), replaced.get(), forwarded.get());
     eprintln!("{forwarded} forwards, {leases} lease cancellations, {replaced} re-placements");
     assert!(
         forwarded > 50 && leases > 0 && replaced > 0,

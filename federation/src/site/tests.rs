@@ -176,6 +176,7 @@ fn summaries_follow_split_horizon() {
     assert!(q
         .peer_summary("c1", echo, NOW)
         .unwrap_err()
+        .to_string()
         .contains("split horizon"));
 }
 

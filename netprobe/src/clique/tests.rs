@@ -1,5 +1,9 @@
 #![allow(clippy::unwrap_used)]
 
+use std::cell::Cell;
+
+use proptest::prelude::*;
+
 use super::*;
 
 const S: Settings = Settings {
@@ -715,6 +719,22 @@ use sim::{Faults, Sim};
 /// Crash failures, message delays, joins and lagging directory views (no lost messages):
 /// probes never overlap, a token is regenerated only when it was lost and then exactly once,
 /// within the timeout, and exactly one token is alive at the end.
+/// A crash: of the holder of the moment (when there is one), else of the member given.
+type Crash = (bool, usize);
+
+/// A crash scenario: the seed of the simulated network (its message delays are drawn as the
+/// messages flow, so they stay a seed rather than a strategy), the join times of members 0-5
+/// (0-299 ms) and of the late members 6 and 7 (3-5 s), and four crashes, each of the holder of
+/// the moment (half of the time, when there is one) or else of the member given.
+fn crash_scenario() -> impl Strategy<Value = (u64, [u64; 6], [u64; 2], [Crash; 4])> {
+    (
+        any::<u64>(),
+        prop::array::uniform6(0..300u64),
+        prop::array::uniform2(3000..5000u64),
+        prop::array::uniform4((prop::bool::ANY, 0..8usize)),
+    )
+}
+
 #[test]
 fn property_crashes_never_overlap_probes_and_regenerate_exactly_once() {
     let faults = Faults {
@@ -723,70 +743,65 @@ fn property_crashes_never_overlap_probes_and_regenerate_exactly_once() {
         pass_answer_loss: 0.0,
         faults_until_ms: 0,
     };
-    let mut total_probes = 0;
-    let mut total_losses = 0;
-    for seed in 0..150u64 {
+    let total_probes = Cell::new(0);
+    let total_losses = Cell::new(0);
+    let config = ProptestConfig::with_cases(150);
+    proptest!(config, |((seed, joins, late, crashes) in crash_scenario())| {
         let mut sim = Sim::new(seed, 8, faults);
-        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0xc11c);
-        use rand::Rng;
-        for i in 0..6 {
-            sim.join(rng.random_range(0..300), i);
+        for (i, t) in joins.into_iter().enumerate() {
+            sim.join(t, i);
         }
-        sim.join(rng.random_range(3000..5000), 6);
-        sim.join(rng.random_range(3000..5000), 7);
+        sim.join(late[0], 6);
+        sim.join(late[1], 7);
         // Crashes 2.5 s apart (more than a lease plus two timeouts): half of them hit the
-        // holder of the moment, the others a random member.
-        let mut crash_times = Vec::new();
+        // holder of the moment, the others a given member.
         let mut t = 2000;
         sim.run_until(t);
-        for _ in 0..4 {
+        for (holder, member) in crashes {
             t += 2500;
             sim.run_until(t);
             let holders = sim.holders();
-            let victim = if rng.random_bool(0.5) && !holders.is_empty() {
+            let victim = if holder && !holders.is_empty() {
                 holders[0]
             } else {
-                rng.random_range(0..8)
+                member
             };
             sim.crash(t, victim);
-            crash_times.push(t);
         }
         sim.run_until(t + 4000);
         let overlaps = sim.overlaps(0);
-        assert!(
-            overlaps.is_empty(),
-            "seed {seed}: overlapping probes {overlaps:?}"
-        );
-        assert!(
+        prop_assert!(overlaps.is_empty(), "overlapping probes {:?}", overlaps);
+        prop_assert!(
             sim.needless_regenerations.is_empty(),
-            "seed {seed}: regenerated while a token was alive: {:?}",
+            "regenerated while a token was alive: {:?}",
             sim.needless_regenerations
         );
-        assert_eq!(
+        prop_assert_eq!(
             sim.regenerations(),
             1 + sim.losses,
-            "seed {seed}: one initial token plus exactly one per lost token"
+            "one initial token plus exactly one per lost token"
         );
-        assert_eq!(sim.live_tokens(), 1, "seed {seed}: exactly one token at the end");
-        assert_eq!(
-            sim.dropped(),
-            0,
-            "seed {seed}: no duplicate was ever made, none dropped"
-        );
+        prop_assert_eq!(sim.live_tokens(), 1, "exactly one token at the end");
+        prop_assert_eq!(sim.dropped(), 0, "no duplicate was ever made, none dropped");
         for c in &sim.crashes {
-            let next = sim.first_probe_after(*c).expect("probing resumes");
+            let next = sim.first_probe_after(*c);
+            prop_assert!(next.is_some(), "probing never resumed after the crash at {}", c);
+            let next = next.unwrap_or_default();
             // Regeneration is due one timeout after the last evidence (<= the crash), then a
             // notice round (two delays) before the first probe; a surviving token needs at
             // most a turn (period + probe + failed pass).
-            assert!(
+            prop_assert!(
                 next - c <= 1000 + 3 * 5 + 1,
-                "seed {seed}: probing resumed {} ms after the crash at {c}",
-                next - c
+                "probing resumed {} ms after the crash at {}",
+                next - c,
+                c
             );
         }
-        total_probes += sim.probes.len();
-        total_losses += sim.losses;
-    }
+        total_probes.set(total_probes.get() + sim.probes.len());
+        total_losses.set(total_losses.get() + sim.losses);
+    });
+    let (total_probes, total_losses) = (total_probes.get(), total_losses.get());
+    eprintln!("{total_probes} probes, {total_losses} tokens lost to crashes");
     assert!(
         total_probes > 10_000,
         "the simulation probed {total_probes} times"
@@ -805,9 +820,12 @@ fn property_duplicate_tokens_are_dropped_once_faults_stop() {
         pass_answer_loss: 0.2,
         faults_until_ms: 8000,
     };
-    let mut duplicates_seen = 0;
-    for seed in 0..150u64 {
-        let mut sim = Sim::new(1_000 + seed, 6, faults);
+    let duplicates_seen = Cell::new(0);
+    // The scenario is fixed but for the simulated network (message delays and losses, drawn as
+    // the messages flow): its seed is the input.
+    let config = ProptestConfig::with_cases(150);
+    proptest!(config, |(seed in any::<u64>())| {
+        let mut sim = Sim::new(seed, 6, faults);
         for i in 0..6 {
             sim.join(i as u64 * 37, i);
         }
@@ -819,7 +837,7 @@ fn property_duplicate_tokens_are_dropped_once_faults_stop() {
             max_tokens = max_tokens.max(sim.live_tokens());
         }
         if max_tokens > 1 {
-            duplicates_seen += 1;
+            duplicates_seen.set(duplicates_seen.get() + 1);
         }
         // One turn of each holder is enough to meet the others; give it a timeout.
         t = 9000;
@@ -827,14 +845,13 @@ fn property_duplicate_tokens_are_dropped_once_faults_stop() {
         while t < 14_000 {
             t += 10;
             sim.run_until(t);
-            assert_eq!(sim.live_tokens(), 1, "seed {seed}: tokens alive at {t}");
+            prop_assert_eq!(sim.live_tokens(), 1, "tokens alive at {}", t);
         }
         let overlaps = sim.overlaps(9000);
-        assert!(
-            overlaps.is_empty(),
-            "seed {seed}: overlaps after the faults: {overlaps:?}"
-        );
-    }
+        prop_assert!(overlaps.is_empty(), "overlaps after the faults: {:?}", overlaps);
+    });
+    let duplicates_seen = duplicates_seen.get();
+    eprintln!("duplicate tokens in {duplicates_seen} of 150 runs");
     assert!(
         duplicates_seen > 30,
         "the faults made duplicate tokens in only {duplicates_seen} runs"
