@@ -5,8 +5,18 @@
 
 use tonic::Status;
 
-use crate::job::JobError;
 use crate::reserve::ReserveError;
+
+/// A job file that does not describe a valid job: the message names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JobError {
+    #[error("cannot read job file {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("invalid job file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+}
 
 /// Everything the broker's and simres' RPCs and set-up can refuse or fail with. Messages are
 /// lowercase, carry no trailing period and say what to do; the variant picks the gRPC code

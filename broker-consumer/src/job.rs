@@ -71,16 +71,7 @@ pub struct Job {
     pub walltime_s: Option<f64>,
 }
 
-/// A job file that does not describe a valid job: the message names the field.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum JobError {
-    #[error("cannot read job file {path}: {message}")]
-    Read { path: String, message: String },
-    #[error("invalid job file {path}: {message}")]
-    Parse { path: String, message: String },
-    #[error("{field}: {message}")]
-    Field { field: String, message: String },
-}
+pub use crate::error::JobError;
 
 fn field(field: impl Into<String>, message: impl Into<String>) -> JobError {
     JobError::Field {

@@ -2,9 +2,35 @@
 //! `gma_directory::error`). The gate's own refusals (`PERMISSION_DENIED`, `RESOURCE_EXHAUSTED`
 //! from [`gma_core::guard::Gate`]) pass through unchanged as [`Error::Gate`].
 
+use std::path::PathBuf;
+
 use tonic::Status;
 
-use crate::site::Reject;
+/// A refused forward, as the receiver says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reject {
+    NotPeer(String),
+    Loop(String),
+    Invalid(String),
+    Infeasible(String),
+    Busy(String),
+    Exists(String),
+}
+
+/// The federation state file could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create the data directory {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("{0} is not a federation state file: {1}")]
+    Parse(PathBuf, String),
+    #[error("cannot write {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+    #[error("{0} holds the state of site {1:?}, not {2:?}: give another data directory")]
+    Site(PathBuf, String, String),
+}
 
 /// Everything the federation's RPCs and set-up can refuse or fail with. Messages are
 /// lowercase, carry no trailing period and say what to do; the variant picks the gRPC code
@@ -47,7 +73,7 @@ pub enum Error {
     Producer(String),
     /// The state file failed (never reaches a client). INTERNAL.
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] StoreError),
 }
 
 impl From<Status> for Error {

@@ -347,16 +347,7 @@ pub enum ForwardOutcome {
     Unreachable(String),
 }
 
-/// A refused forward, as the receiver says it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reject {
-    NotPeer(String),
-    Loop(String),
-    Invalid(String),
-    Infeasible(String),
-    Busy(String),
-    Exists(String),
-}
+pub use crate::error::Reject;
 
 /// The answer to `ConfirmStart`.
 #[derive(Debug, Clone, PartialEq, Eq)]

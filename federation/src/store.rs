@@ -9,19 +9,7 @@ use crate::site::Saved;
 
 pub const FILE: &str = "federation-state.json";
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("cannot create the data directory {0}: {1}")]
-    Dir(PathBuf, std::io::Error),
-    #[error("cannot read {0}: {1}")]
-    Read(PathBuf, std::io::Error),
-    #[error("{0} is not a federation state file: {1}")]
-    Parse(PathBuf, String),
-    #[error("cannot write {0}: {1}")]
-    Write(PathBuf, std::io::Error),
-    #[error("{0} holds the state of site {1:?}, not {2:?}: give another data directory")]
-    Site(PathBuf, String, String),
-}
+pub use crate::error::StoreError;
 
 #[derive(Debug, Clone)]
 pub struct Store {
