@@ -310,7 +310,7 @@ impl FromStr for Action {
 /// /api/snapshot`), who may knock at all ([`Peers`]), the actions the policy is asked (empty
 /// with [`Peers::Any`]: served to anyone the listener accepts, it carries no data) and what an
 /// identity granted only summaries gets there. Roles list their doors (`DOORS`); `gma doors`
-/// prints every one, the door census (gma/tests/census.rs) checks every RPC of
+/// prints every one, the door census (tests/tests/census.rs) checks every RPC of
 /// `gma_proto::FILE_DESCRIPTOR_SET` and every HTTP route against them and knocks on each, and
 /// the table of docs/security.md is generated from them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -90,7 +90,7 @@ const HISTORY_SERIES: usize = 50;
 
 /// The handler of a door of [`DOORS`]. The router is built from [`DOORS`], so a route without
 /// a door is never served (a handler added here alone stays unreachable) and the census
-/// (gma/tests/census.rs) knocks on every route there is.
+/// (tests/tests/census.rs) knocks on every route there is.
 fn handler(door: &str) -> Option<MethodRouter<Arc<Shared>>> {
     Some(match door {
         "GET /" => get(index),
