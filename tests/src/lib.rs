@@ -53,20 +53,31 @@ pub fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
 
 /// Polls `attempt` every 20 ms until it answers `Ok(value)` and returns the value; after
 /// `timeout` the test fails naming `what` and the last `Err` (the diagnostic). The one async
-/// wait of the kit: a hand-written polling loop in a test should be this.
-pub async fn wait_for<T, E, F, Fut>(what: &str, timeout: Duration, mut attempt: F) -> T
+/// wait of the kit: a hand-written polling loop in a test should be this (or [`poll_for`]
+/// where a timeout is a finding to collect, not a panic).
+pub async fn wait_for<T, E, F, Fut>(what: &str, timeout: Duration, attempt: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
     E: std::fmt::Display,
 {
+    match poll_for(timeout, attempt).await {
+        Ok(v) => v,
+        Err(e) => panic!("timed out after {timeout:?} waiting for {what}; last: {e}"),
+    }
+}
+
+/// [`wait_for`] without the panic: the value, or the last `Err` once `timeout` passed.
+pub async fn poll_for<T, E, F, Fut>(timeout: Duration, mut attempt: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     let deadline = Instant::now() + timeout;
     loop {
         match attempt().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("timed out after {timeout:?} waiting for {what}; last: {e}")
-            }
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }

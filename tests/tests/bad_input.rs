@@ -331,15 +331,20 @@ async fn directory_rejects_bad_records_and_keeps_its_data() {
             .await
             .unwrap_or_default()
     };
-    let mut existing = Vec::new();
-    for _ in 0..500 {
-        existing = listed().await;
-        // Wait for the refresh that adds the sources after the first samples.
-        if existing.len() == 1 && !existing[0].sources.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Wait for the refresh that adds the sources after the first samples.
+    let existing = wait_for(
+        "the producer's record with its sources",
+        Duration::from_secs(10),
+        || async {
+            let existing = listed().await;
+            if existing.len() == 1 && !existing[0].sources.is_empty() {
+                Ok(existing)
+            } else {
+                Err(format!("{} records: {existing:?}", existing.len()))
+            }
+        },
+    )
+    .await;
     assert_eq!(existing.len(), 1);
     let rec = existing[0].clone();
     let register = |p: pb::ProducerRecord, schemas: Vec<pb::EventSchema>| pb::RegisterRequest {

@@ -1243,17 +1243,19 @@ async fn many_subscriptions(dir: &str, prod: &str, f: &mut Findings) {
         f.0.push(format!("a second connection could not subscribe: {refused2:?}"));
     }
     drop(open);
-    let mut reopened = false;
-    for _ in 0..250 {
-        let (o, _) = open_subscriptions(&p, 1).await;
+    let reopened = poll_for(Duration::from_secs(5), || async {
+        let (o, refused) = open_subscriptions(&p, 1).await;
         if o.len() == 1 {
-            reopened = true;
-            break;
+            Ok(())
+        } else {
+            Err(format!("{refused:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    if !reopened {
-        f.0.push("closing every subscription of a connection did not free a slot".into());
+    })
+    .await;
+    if let Err(last) = reopened {
+        f.0.push(format!(
+            "closing every subscription of a connection did not free a slot (last refusal: {last})"
+        ));
     }
     // Many connections each at the limit: the producer keeps up.
     let mut held = Vec::new();
@@ -1299,17 +1301,19 @@ async fn many_subscriptions(dir: &str, prod: &str, f: &mut Findings) {
         }
     }
     drop(open);
-    let mut reopened = false;
-    for _ in 0..250 {
-        let (o, _) = open_watches(&d, 1).await;
+    let reopened = poll_for(Duration::from_secs(5), || async {
+        let (o, refused) = open_watches(&d, 1).await;
         if o.len() == 1 {
-            reopened = true;
-            break;
+            Ok(())
+        } else {
+            Err(format!("{refused:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    if !reopened {
-        f.0.push("closing every Watch of a connection did not free a slot".into());
+    })
+    .await;
+    if let Err(last) = reopened {
+        f.0.push(format!(
+            "closing every Watch of a connection did not free a slot (last refusal: {last})"
+        ));
     }
     drop(held);
     drop(more);

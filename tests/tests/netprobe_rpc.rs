@@ -29,17 +29,13 @@ async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
 }
 
 async fn channel(addr: &str) -> tonic::transport::Channel {
-    for _ in 0..200 {
-        if let Ok(c) = tonic::transport::Endpoint::from_shared(addr.to_string())
-            .unwrap()
-            .connect()
-            .await
-        {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("netprobe at {addr} not serving");
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_string()).unwrap();
+    gma_tests::wait_for(
+        &format!("netprobe at {addr} serving"),
+        Duration::from_secs(10),
+        || endpoint.connect(),
+    )
+    .await
 }
 
 fn token(generation: u64, seq: u64, holder: &str) -> Option<pb::CliqueToken> {
