@@ -68,15 +68,14 @@ pub struct SinkConfig {
     pub lease_ttl_ms: u64,
     /// What producers do when this sink falls behind.
     pub policy: pb::SlowPolicy,
-    /// TLS of the `Consumer` endpoint (`cert`, `key`, `client_ca` for mTLS, `allow_plaintext`);
-    /// without a certificate it serves plaintext, refused on a non-loopback address.
-    pub tls: gma_core::tls::ServerTls,
-    /// Connection caps and timeouts of the endpoint (the `max_connections`... keys of
-    /// `[limits]`, [`gma_core::conn`]); also the rate limit of `Deliver` streams opened.
-    pub limits: gma_core::guard::Limits,
-    /// The authorization policy of `Deliver` (`ingest`); none: every peer the endpoint
-    /// accepts may push.
-    pub access_policy: Option<std::path::PathBuf>,
+    /// The shared endpoint section ([`gma_core::endpoint::Endpoint`]) as the sink reads it:
+    /// `tls` of the `Consumer` endpoint (`cert`, `key`, `client_ca` for mTLS,
+    /// `allow_plaintext`; without a certificate it serves plaintext, refused on a non-loopback
+    /// address); `limits`, the connection caps and timeouts of the endpoint
+    /// ([`gma_core::conn`]) and the rate limit of `Deliver` streams opened; `access_policy`,
+    /// the authorization of `Deliver` (`ingest`; none: every peer the endpoint accepts may
+    /// push). `metrics_listen` is the binary's; the sink publishes no `gma.rpc` events.
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for SinkConfig {
@@ -92,9 +91,7 @@ impl Default for SinkConfig {
             advertise: None,
             lease_ttl_ms: 10_000,
             policy: pb::SlowPolicy::DropOldest,
-            tls: Default::default(),
-            limits: Default::default(),
-            access_policy: None,
+            endpoint: Default::default(),
         }
     }
 }
@@ -170,11 +167,12 @@ impl Sink {
         let bound = listener
             .local_addr()
             .map_err(|e| ConsumerError::Address(String::new(), e.to_string()))?;
-        let policy = gma_core::guard::load_policy(self.config.access_policy.as_ref())
+        let policy = gma_core::guard::load_policy(self.config.endpoint.access_policy.as_ref())
             .map_err(ConsumerError::Invalid)?;
-        let gate = Arc::new(Gate::new(policy, self.config.limits.clone()));
+        let gate = Arc::new(Gate::new(policy, self.config.endpoint.limits.clone()));
         let tls = self
             .config
+            .endpoint
             .tls
             .rustls_config(bound)
             .map_err(|e| ConsumerError::Invalid(e.to_string()))?;
@@ -202,7 +200,7 @@ impl Sink {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        let server = gma_core::conn::grpc_server(&self.config.limits)
+        let server = gma_core::conn::grpc_server(&self.config.endpoint.limits)
             .layer(gma_core::rpc::RpcLayer::new(gma_core::rpc::RpcStats::new("sink")));
         let services = gma_core::conn::Services::new().add_service(
             pb::consumer_server::ConsumerServer::new(Service {
@@ -211,7 +209,7 @@ impl Sink {
             })
             .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
         );
-        let incoming = gma_core::conn::Incoming::grpc(listener, tls, &self.config.limits, "sink");
+        let incoming = gma_core::conn::Incoming::grpc(listener, tls, &self.config.endpoint.limits, "sink");
         let result = gma_core::conn::serve_grpc(server, services, incoming, shutdown).await;
         if let Some(t) = registrar_task {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;

@@ -32,7 +32,6 @@ pub mod tls;
 pub mod view;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,27 +77,23 @@ pub struct DashboardConfig {
     pub history_points: usize,
     /// Messages buffered per browser before it is considered lagging (then sent a snapshot).
     pub broadcast_capacity: usize,
-    /// Where the binary also serves Prometheus `/metrics` (the dashboard serves it on its own
-    /// port too).
-    pub metrics_listen: Option<String>,
-    /// `cert` and `key`: serve HTTPS. `client_ca`: verify browsers' client certificates (their
-    /// identity for the policy). `ca` (with `cert`/`key` as the client identity): TLS for the
-    /// connections to the directory, producers and archiver. `allow_plaintext`: plain HTTP off
-    /// loopback.
-    pub tls: gma_core::tls::ServerTls,
-    /// Connection caps and timeouts of the HTTP listener (`[limits]`: `max_connections`,
-    /// `max_connections_per_address`, `handshake_timeout_ms`, `header_read_timeout_ms`).
-    pub limits: gma_core::guard::Limits,
     /// Serve plain HTTP even though `[tls]` has a certificate (then only the identity of the
     /// dashboard's own connections into the fabric): behind an authenticating proxy on the
     /// same host.
     pub plain_http: bool,
-    /// The policy every data route asks (`--access-policy`); without one the dashboard is open
-    /// and serves on loopback only.
-    #[serde(rename = "access_policy")]
-    pub policy: Option<PathBuf>,
     /// How browsers and scripts authenticate besides client certificates.
     pub auth: auth::AuthConfig,
+    /// The shared endpoint keys ([`gma_core::endpoint::Endpoint`]), as the dashboard reads them:
+    /// `[tls]` `cert` and `key` serve HTTPS, `client_ca` verifies browsers' client certificates
+    /// (their identity for the policy), `ca` (with `cert`/`key` as the client identity) is the
+    /// TLS of the connections to the directory, producers and archiver, `allow_plaintext`
+    /// allows plain HTTP off loopback; `access_policy` is asked by every data route (without
+    /// one the dashboard is open and serves on loopback only); `[limits]` caps the HTTP
+    /// listener's connections and times its handshakes and headers; `metrics_listen` is where
+    /// the binary also serves Prometheus `/metrics` (the dashboard serves it on its own port
+    /// too). The dashboard publishes no `gma.rpc` events: `rpc_events_ms` is refused.
+    #[serde(flatten)]
+    pub endpoint: gma_core::endpoint::Endpoint,
 }
 
 impl Default for DashboardConfig {
@@ -111,12 +106,9 @@ impl Default for DashboardConfig {
             cluster_poll_ms: 1000,
             history_points: 120,
             broadcast_capacity: 1024,
-            metrics_listen: None,
-            tls: Default::default(),
-            limits: Default::default(),
             plain_http: false,
-            policy: None,
             auth: Default::default(),
+            endpoint: Default::default(),
         }
     }
 }
@@ -191,11 +183,15 @@ impl DashboardConfig {
         if self.broadcast_capacity == 0 || self.broadcast_capacity > 1 << 20 {
             return bad("broadcast_capacity must lie in 1..=1048576");
         }
-        self.limits.validate().map_err(DashboardError::Config)?;
-        if self.tls.cert.is_some() != self.tls.key.is_some() {
+        self.endpoint.validate().map_err(DashboardError::Config)?;
+        if self.endpoint.rpc_events_ms != gma_core::endpoint::Endpoint::default().rpc_events_ms {
+            return bad("the dashboard publishes no gma.rpc events: leave out rpc_events_ms");
+        }
+        let tls = &self.endpoint.tls;
+        if tls.cert.is_some() != tls.key.is_some() {
             return bad("give both a certificate and its key (--tls-cert and --tls-key)");
         }
-        if self.tls.client_ca.is_some() && (self.tls.cert.is_none() || self.plain_http) {
+        if tls.client_ca.is_some() && (tls.cert.is_none() || self.plain_http) {
             return bad("a client CA (--tls-client-ca) verifies browsers over HTTPS: give --tls-cert and --tls-key, without --plain-http");
         }
         Ok(())
@@ -203,7 +199,7 @@ impl DashboardConfig {
 
     /// True when the dashboard serves HTTPS.
     pub fn https(&self) -> bool {
-        self.tls.cert.is_some() && !self.plain_http
+        self.endpoint.tls.cert.is_some() && !self.plain_http
     }
 }
 
@@ -308,7 +304,7 @@ pub async fn run(
     config.validate()?;
     let directory = config.directory.clone().unwrap_or_default();
     let bound = listener.local_addr()?;
-    let policy = match &config.policy {
+    let policy = match &config.endpoint.access_policy {
         Some(p) => Some(gma_core::authz::Policy::load(p).map_err(|e| DashboardError::Config(e.to_string()))?),
         None => None,
     };
@@ -319,14 +315,19 @@ pub async fn run(
              --tls-client-ca, [auth]) or listen on 127.0.0.1"
         )));
     }
-    let client_ca = config.tls.client_ca.as_deref().filter(|_| config.https());
+    let client_ca = config
+        .endpoint
+        .tls
+        .client_ca
+        .as_deref()
+        .filter(|_| config.https());
     let client_auth = match client_ca {
         None => tls::ClientAuth::None,
         Some(_) if config.auth.has_other_modes() => tls::ClientAuth::Optional,
         Some(_) => tls::ClientAuth::Required,
     };
     let auth = auth::Auth::new(policy, &config.auth, client_ca.is_some())?;
-    let tls_config = match (&config.tls.cert, &config.tls.key) {
+    let tls_config = match (&config.endpoint.tls.cert, &config.endpoint.tls.key) {
         (Some(cert), Some(key)) if config.https() => {
             Some(tls::server_config(cert, key, client_ca, client_auth)?)
         }
@@ -366,9 +367,57 @@ pub async fn run(
         // Ends every SSE stream, so the graceful shutdown does not wait on browsers.
         let _ = stop_tx.send(true);
     };
-    gma_core::conn::serve_http(listener, tls_config, app, &config.limits, "dashboard", signal).await;
+    gma_core::conn::serve_http(
+        listener,
+        tls_config,
+        app,
+        &config.endpoint.limits,
+        "dashboard",
+        signal,
+    )
+    .await;
     for t in tasks {
         t.abort();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys users write stay where they were with the endpoint section flattened in.
+    #[test]
+    fn the_endpoint_keys_stay_at_the_top_level() {
+        let c: DashboardConfig = gma_core::config::parse_toml(
+            "listen = \"127.0.0.1:2\"\ndirectory = \"127.0.0.1:3\"\naccess_policy = \"p.toml\"\n\
+             metrics_listen = \"127.0.0.1:9\"\nplain_http = true\n[tls]\nallow_plaintext = true\n\
+             [limits]\nmax_connections = 7\n[auth]\nproxy_user_header = \"X-User\"\n",
+            "d.toml",
+        )
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:2");
+        assert_eq!(c.endpoint.access_policy, Some("p.toml".into()));
+        assert_eq!(c.endpoint.metrics_listen.as_deref(), Some("127.0.0.1:9"));
+        assert!(c.endpoint.tls.allow_plaintext && c.plain_http);
+        assert_eq!(c.endpoint.limits.max_connections, 7);
+        assert_eq!(c.auth.proxy_user_header.as_deref(), Some("X-User"));
+        c.validate().unwrap();
+        let err = gma_core::config::parse_toml::<DashboardConfig>(
+            "directory = \"a:1\"\n\nmetrics_listn = \"x\"\n",
+            "d.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unknown field `metrics_listn`"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn rpc_events_ms_is_refused_it_publishes_none() {
+        let c: DashboardConfig =
+            gma_core::config::parse_toml("directory = \"a:1\"\nrpc_events_ms = 500\n", "d.toml").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("rpc_events_ms"), "{e}");
+    }
 }

@@ -114,9 +114,12 @@ mod tests {
         let config = crate::DashboardConfig {
             // Nothing listens there: the feeds retry in the background, the page still serves.
             directory: Some("127.0.0.1:1".into()),
-            tls: gma_core::tls::ServerTls {
-                cert: Some(cert),
-                key: Some(key),
+            endpoint: gma_core::endpoint::Endpoint {
+                tls: gma_core::tls::ServerTls {
+                    cert: Some(cert),
+                    key: Some(key),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             ..Default::default()

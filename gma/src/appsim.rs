@@ -251,10 +251,14 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         predicted_s: vec![a.predicted_s; a.phases as usize],
     };
     let monitor = ContractMonitor::new(cfg, &a.app_id).map_err(|e| anyhow!("{e}"))?;
+    // The flags are its endpoint's settings (it has no config file).
+    a.endpoint.refuse_rpc_events("app-sim")?;
+    let mut endpoint = gma_core::endpoint::Endpoint::default();
+    a.endpoint.apply(&mut endpoint)?;
     // A bad policy file is a startup error, before anything is connected or bound.
-    let policy = gma_core::guard::load_policy(crate::serve::policy_flag().as_ref())
+    let policy = gma_core::guard::load_policy(endpoint.access_policy.as_ref())
         .map_err(|e| anyhow!("--access-policy: {e}"))?;
-    let limits = gma_core::guard::Limits::default();
+    let limits = endpoint.limits.clone();
     let gate = Arc::new(Gate::new(policy, limits.clone()));
     let ch = gma_consumer::connect(&a.producer)
         .await
@@ -271,21 +275,14 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         .await
         .map_err(|s| anyhow!("register schemas with {}: {}", a.producer, s.message()))?;
 
-    crate::serve::server_tls_flags()
-        .unwrap_or_default()
-        .check_listen(&a.listen)?;
-    let listener = tokio::net::TcpListener::bind(&a.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", a.listen))?;
-    let bound = listener.local_addr()?;
     // AppControl serves TLS with --tls-cert/--tls-key (mTLS with --tls-client-ca: then only
     // holders of a certificate of that CA, e.g. the rescheduler, may stop and resume it);
     // plaintext only on loopback unless --allow-plaintext.
-    let server_tls = crate::serve::server_tls_flags().unwrap_or_default();
-    let tls = server_tls.rustls_config(bound)?;
+    let listener = crate::runtime::open_endpoint("app-sim", &a.listen, &endpoint).await?;
+    let bound = listener.local_addr()?;
+    let tls = endpoint.tls.rustls_config(bound)?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let control_addr = bound.to_string();
-    eprintln!("gma app-sim listening on {control_addr}");
     let app = Arc::new(Mutex::new(App {
         app_id: a.app_id.clone(),
         phases: a.phases,
@@ -483,7 +480,7 @@ pub struct AppSimArgs {
     #[arg(long)]
     pub producer: String,
     /// Listen address of its AppControl service.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(long, default_value = "127.0.0.1:0", help_heading = crate::args::SERVING_HEADING)]
     pub listen: String,
     /// Contract tolerance band on actual/predicted.
     #[arg(long, default_value_t = 1.5)]
@@ -493,5 +490,5 @@ pub struct AppSimArgs {
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub endpoint: crate::args::EndpointArgs,
 }

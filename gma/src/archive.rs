@@ -9,17 +9,13 @@ use gma_archiver::ArchiverConfig;
 use gma_proto::v1::{self as pb, archive_client::ArchiveClient};
 use tonic::transport::Channel;
 
-use crate::args::Output;
-use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
+use crate::args::{load_config, Output, RoleArgs};
+use crate::runtime::{open_endpoint, with_companion};
 
 #[derive(Args, Debug)]
+#[command(mut_arg("listen", |a| a.help("Listen address of the Archive service (overrides `listen` in --config; default 127.0.0.1:7300)")))]
+#[command(mut_arg("directory", |a| a.help("Directory address(es), ADDR[,ADDR...]: producers are discovered there (overrides `directory` in --config)")))]
 pub struct ArchiverArgs {
-    /// Listen address of the Archive service (default 127.0.0.1:7300, or `listen` in --config).
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Directory address(es), a:1,b:2: producers are discovered there.
-    #[arg(long)]
-    pub directory: Option<String>,
     /// Data directory (or `data_dir` in --config).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -30,65 +26,36 @@ pub struct ArchiverArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: crate::args::MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 /// `gma archiver`.
 pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
-    let mut cfg: ArchiverConfig = match &a.config {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => ArchiverConfig::default(),
-    };
-    if let Some(l) = a.listen {
-        cfg.listen = l;
-    }
-    if a.directory.is_some() {
-        cfg.directory = a.directory;
-    }
+    let mut cfg: ArchiverConfig = load_config(a.config.as_deref())?;
+    a.role
+        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if let Some(d) = a.data {
         cfg.data_dir = d;
     }
     if !a.patterns.is_empty() {
         cfg.patterns = a.patterns;
     }
-    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
-    crate::telemetry::serve_endpoint_metrics("archiver", &cfg.endpoint).await?;
-    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
+    let listener = open_endpoint("archiver", &cfg.listen, &cfg.endpoint).await?;
     let bound = listener.local_addr()?;
-    eprintln!("gma archiver listening on {bound}");
     // gma.rpc through a companion producer (the archiver has no hub of its own).
     let rpc = gma_core::rpc::RpcStats::new("archiver");
-    let (companion_tx, companion_rx) = tokio::sync::watch::channel(false);
-    let companion = match (&cfg.directory, cfg.endpoint.rpc_events_ms) {
-        (Some(directory), ms) if ms > 0 => {
-            let c = crate::telemetry::Companion {
-                role: "archiver",
-                rpc: rpc.clone(),
-                directory: directory.clone(),
-                near: bound,
-                endpoint: cfg.endpoint.clone(),
-            };
-            let mut rx = companion_rx;
-            Some(
-                crate::telemetry::companion(c, async move {
-                    let _ = rx.wait_for(|v| *v).await;
-                })
-                .await?,
-            )
-        }
-        _ => None,
-    };
-    let r = gma_archiver::run_with_rpc(cfg, listener, shutdown_signal(), rpc)
+    let shutdown = with_companion(
+        "archiver",
+        rpc.clone(),
+        cfg.directory.clone(),
+        bound,
+        &cfg.endpoint,
+    )
+    .await?;
+    gma_archiver::run_with_rpc(cfg, listener, shutdown, rpc)
         .await
-        .map_err(|e| anyhow!("archiver failed: {e}"));
-    let _ = companion_tx.send(true);
-    if let Some(c) = companion {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(4), c).await;
-    }
-    r
+        .map_err(|e| anyhow!("archiver failed: {e}"))
 }
 
 #[derive(Args, Debug)]

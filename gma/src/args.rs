@@ -1,50 +1,142 @@
-//! Arguments shared by several subcommands: output format, TLS and security flags, the
-//! Prometheus listener, the slow-consumer policy. Each subcommand's own arguments live in its
-//! module; cli.rs assembles the command.
+//! Arguments shared by several subcommands: output format, the TLS of this process, the flags
+//! every serving role shares ([`RoleArgs`], [`EndpointArgs`]), the slow-consumer policy. Each
+//! subcommand's own arguments live in its module; cli.rs assembles the command.
 
 use std::path::PathBuf;
 
+use anyhow::bail;
 use clap::{Args, ValueEnum};
+use gma_core::endpoint::Endpoint;
 
-/// Help heading of the flags every command takes (`--log` and the client TLS flags).
+/// Help heading of the flags every command takes that are about the `gma` process itself
+/// (`--log`).
 pub const GLOBAL_HEADING: &str = "Global options";
-/// Help heading of the flags of a served endpoint (role commands only).
-pub const SERVING_HEADING: &str = "Serving (TLS and authorization of this role's endpoints)";
-/// Help heading of `--metrics-listen`.
-pub const METRICS_HEADING: &str = "Prometheus";
+/// Help heading of the TLS flags every command takes (its connections; a role's certificate).
+pub const CLIENT_HEADING: &str = "TLS of this process (every command)";
+/// Help heading of the flags every serving role shares (role commands only).
+pub const SERVING_HEADING: &str = "Serving (the flags every role shares)";
 
 /// TLS of every connection this process makes (every command), and the certificate a role
 /// serves.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ClientTlsArgs {
     /// CA certificate (PEM) servers are verified against; turns TLS on for connections.
-    #[arg(long, global = true, env = "GMA_TLS_CA", help_heading = GLOBAL_HEADING)]
+    #[arg(long, global = true, env = "GMA_TLS_CA", help_heading = CLIENT_HEADING)]
     pub tls_ca: Option<PathBuf>,
     /// This process's certificate chain (PEM): served by roles, presented as a client.
-    #[arg(long, global = true, env = "GMA_TLS_CERT", help_heading = GLOBAL_HEADING)]
+    #[arg(long, global = true, env = "GMA_TLS_CERT", help_heading = CLIENT_HEADING)]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
-    #[arg(long, global = true, env = "GMA_TLS_KEY", help_heading = GLOBAL_HEADING)]
+    #[arg(long, global = true, env = "GMA_TLS_KEY", help_heading = CLIENT_HEADING)]
     pub tls_key: Option<PathBuf>,
 }
 
-/// The flags of a served endpoint: taken by role commands only (a client command has none).
+/// The flags of a served endpoint, one for each key of [`Endpoint`] (`[tls]` through
+/// `--tls-client-ca`/`--allow-plaintext` and the global `--tls-*`, `access_policy`,
+/// `metrics_listen`, `rpc_events_ms`; `[limits]` only in --config) plus `--metrics-insecure`.
+/// Taken by role commands only (a client command serves nothing); [`EndpointArgs::apply`] lays
+/// them over the role's config.
 #[derive(Args, Debug, Clone, Default)]
-pub struct ServerArgs {
+pub struct EndpointArgs {
     /// Require client certificates signed by this CA (mTLS) on served endpoints.
     #[arg(long, env = "GMA_TLS_CLIENT_CA", help_heading = SERVING_HEADING)]
     pub tls_client_ca: Option<PathBuf>,
     /// Serve plaintext on a non-loopback address (refused otherwise).
     #[arg(long, help_heading = SERVING_HEADING)]
     pub allow_plaintext: bool,
-    /// Authorization policy (TOML) for the roles this process serves; deny by default when
-    /// given. Without one every identity may do everything.
+    /// Authorization policy (TOML) of this role's endpoints; deny by default when given
+    /// (overrides `access_policy` in --config). Without one every identity may do everything.
     #[arg(long, env = "GMA_ACCESS_POLICY", help_heading = SERVING_HEADING)]
     pub access_policy: Option<PathBuf>,
+    /// Serve Prometheus /metrics (the role's counters and latency histograms) on this address,
+    /// e.g. 127.0.0.1:9100 (overrides `metrics_listen` in --config).
+    #[arg(long, help_heading = SERVING_HEADING)]
+    pub metrics_listen: Option<String>,
     /// Serve the Prometheus endpoints (--metrics-listen, --prometheus) in plain HTTP without
     /// authorization even next to a TLS role (refused otherwise).
     #[arg(long, help_heading = SERVING_HEADING)]
     pub metrics_insecure: bool,
+    /// Period of the gma.rpc events about this role's RPCs, in milliseconds (0 = none; default
+    /// 10000; overrides `rpc_events_ms` in --config). The directory and the archiver publish
+    /// them through a companion producer; the dashboard, the sink and app-sim publish none.
+    #[arg(long, help_heading = SERVING_HEADING)]
+    pub rpc_events_ms: Option<u64>,
+}
+
+/// The flags of a role that listens and registers in a directory: `--listen`, `--directory`
+/// and the [`EndpointArgs`]. A role command flattens it and declares its own flags only.
+#[derive(Args, Debug, Clone, Default)]
+pub struct RoleArgs {
+    /// Listen address of this role's endpoint (overrides `listen` in --config; each role's
+    /// default is in its documentation).
+    #[arg(long, help_heading = SERVING_HEADING)]
+    pub listen: Option<String>,
+    /// Directory address(es), ADDR[,ADDR...] (overrides `directory` in --config).
+    #[arg(long, help_heading = SERVING_HEADING)]
+    pub directory: Option<String>,
+    #[command(flatten)]
+    pub endpoint: EndpointArgs,
+}
+
+/// A config's listen address: `String` (the role has a default) or `Option<String>`.
+pub trait ListenAddr {
+    fn set(&mut self, addr: String);
+}
+
+impl ListenAddr for String {
+    fn set(&mut self, addr: String) {
+        *self = addr;
+    }
+}
+
+impl ListenAddr for Option<String> {
+    fn set(&mut self, addr: String) {
+        *self = Some(addr);
+    }
+}
+
+impl EndpointArgs {
+    /// Lays these flags over a role's endpoint section: `--metrics-listen` and
+    /// `--rpc-events-ms` when given, then the TLS and policy flags
+    /// ([`crate::serve::apply_security`], which also installs the section's client TLS for
+    /// the connections the role makes).
+    pub fn apply(&self, endpoint: &mut Endpoint) -> anyhow::Result<()> {
+        if let Some(m) = &self.metrics_listen {
+            endpoint.metrics_listen = Some(m.clone());
+        }
+        if let Some(ms) = self.rpc_events_ms {
+            endpoint.rpc_events_ms = ms;
+        }
+        crate::serve::apply_security(&mut endpoint.tls, &mut endpoint.access_policy)
+    }
+
+    /// For a role that publishes no `gma.rpc` events (`role`: "the dashboard", ...):
+    /// `--rpc-events-ms` is refused rather than ignored.
+    pub fn refuse_rpc_events(&self, role: &str) -> anyhow::Result<()> {
+        if self.rpc_events_ms.is_some() {
+            bail!("{role} publishes no gma.rpc events: leave out --rpc-events-ms");
+        }
+        Ok(())
+    }
+}
+
+impl RoleArgs {
+    /// Lays the shared flags over a role's loaded config: `--listen`, `--directory`, then the
+    /// endpoint flags ([`EndpointArgs::apply`]).
+    pub fn apply(
+        &self,
+        listen: &mut impl ListenAddr,
+        directory: &mut Option<String>,
+        endpoint: &mut Endpoint,
+    ) -> anyhow::Result<()> {
+        if let Some(l) = &self.listen {
+            listen.set(l.clone());
+        }
+        if self.directory.is_some() {
+            directory.clone_from(&self.directory);
+        }
+        self.endpoint.apply(endpoint)
+    }
 }
 
 impl ClientTlsArgs {
@@ -58,7 +150,7 @@ impl ClientTlsArgs {
 
     /// The server settings of a role with these flags, or `None` when no TLS flag was given
     /// (the config file decides).
-    pub fn server(&self, s: &ServerArgs) -> Option<gma_core::tls::ServerTls> {
+    pub fn server(&self, s: &EndpointArgs) -> Option<gma_core::tls::ServerTls> {
         let any = self.tls_cert.is_some() || self.tls_key.is_some() || s.tls_client_ca.is_some();
         (any || s.allow_plaintext).then(|| gma_core::tls::ServerTls {
             cert: self.tls_cert.clone(),
@@ -70,19 +162,28 @@ impl ClientTlsArgs {
     }
 }
 
+/// Reads a role's TOML config file, or the role's defaults without one.
+pub fn load_config<C: serde::de::DeserializeOwned + Default>(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<C> {
+    Ok(match path {
+        Some(p) => gma_core::config::load_toml(p)?,
+        None => C::default(),
+    })
+}
+
+/// The directory a role registers in, required: the error says how to give it.
+pub fn require_directory(directory: &Option<String>) -> anyhow::Result<()> {
+    if directory.as_deref().is_none_or(|d| d.trim().is_empty()) {
+        bail!("give the directory with --directory ADDR (or directory in --config)");
+    }
+    Ok(())
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
     Json,
-}
-
-/// Prometheus exposition of a role's own metrics.
-#[derive(Args, Debug, Clone, Default)]
-pub struct MetricsArgs {
-    /// Serve Prometheus /metrics (the role's counters and latency histograms) on this address,
-    /// e.g. 127.0.0.1:9100 (overrides `metrics_listen` in --config).
-    #[arg(long, help_heading = METRICS_HEADING)]
-    pub metrics_listen: Option<String>,
 }
 
 /// What the producer does when a subscriber falls behind.

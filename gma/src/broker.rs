@@ -14,27 +14,21 @@ use gma_core::time::{format_rfc3339, now_ns};
 use gma_proto::v1::{self as pb, broker_client::BrokerClient, reservations_client::ReservationsClient};
 use serde_json::json;
 
-use crate::args::Output;
-use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
+use crate::args::{load_config, require_directory, Output, RoleArgs};
+use crate::runtime::open_endpoint;
+use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
+#[command(mut_arg("listen", |a| a.help("Listen address of the broker: its Broker service and its decision events (overrides `listen` in --config; default 127.0.0.1:0, any free port)")))]
 pub struct BrokerArgs {
     #[command(subcommand)]
     pub command: Option<BrokerCommand>,
-    /// Listen address of the broker (its Broker service and its decision events).
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Directory address(es).
-    #[arg(long)]
-    pub directory: Option<String>,
     /// TOML config (rank, resources annotations, reservations, follow, ...; docs/broker.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: crate::args::MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -105,21 +99,16 @@ pub enum BrokerCommand {
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
+#[command(mut_arg("listen", |a| a.help("Listen address of the Reservations service (overrides `listen` in --config; default 127.0.0.1:7400)")))]
+#[command(mut_arg("directory", |a| a.help("Register in this directory, ADDR[,ADDR...], as a producer of reservation.state (overrides `directory` in --config)")))]
 pub struct SimresArgs {
     #[command(subcommand)]
     pub command: Option<SimresCommand>,
     /// TOML config: resources, background reservations, horizon (docs/broker.md).
     #[arg(long, required = false)]
     pub config: Option<PathBuf>,
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Register in this directory (as a producer of reservation.state).
-    #[arg(long)]
-    pub directory: Option<String>,
     #[command(flatten)]
-    pub metrics: crate::args::MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -165,33 +154,15 @@ pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
             output,
         }) => coallocate(&jobs, &broker, policy, output).await,
         Some(BrokerCommand::View { broker, output }) => view(&broker, output).await,
-        None => serve(a.listen, a.directory, a.config, a.metrics.metrics_listen).await,
+        None => serve(a.config, a.role).await,
     }
 }
 
-async fn serve(
-    listen: Option<String>,
-    directory: Option<String>,
-    config: Option<PathBuf>,
-    metrics_listen: Option<String>,
-) -> anyhow::Result<()> {
-    let mut cfg: BrokerConfig = match &config {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => BrokerConfig::default(),
-    };
-    if let Some(l) = listen {
-        cfg.listen = l;
-    }
-    if directory.is_some() {
-        cfg.directory = directory;
-    }
-    if cfg.directory.is_none() {
-        bail!("give the directory with --directory ADDR (or directory in --config)");
-    }
-    apply_endpoint(&mut cfg.endpoint, metrics_listen)?;
-    crate::telemetry::serve_endpoint_metrics("broker", &cfg.endpoint).await?;
-    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
-    eprintln!("gma broker listening on {}", listener.local_addr()?);
+async fn serve(config: Option<PathBuf>, role: RoleArgs) -> anyhow::Result<()> {
+    let mut cfg: BrokerConfig = load_config(config.as_deref())?;
+    role.apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+    require_directory(&cfg.directory)?;
+    let listener = open_endpoint("broker", &cfg.listen, &cfg.endpoint).await?;
     gma_broker::service::run(cfg, listener, shutdown_signal())
         .await
         .map_err(|e| anyhow!("{e}"))
@@ -271,22 +242,12 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
         bail!("give the resources with --config FILE (docs/broker.md)");
     };
     let mut cfg: SimresConfig = gma_core::config::load_toml(&path)?;
-    if let Some(l) = a.listen {
-        cfg.listen = Some(l);
-    }
-    if a.directory.is_some() {
-        cfg.directory = a.directory;
-    }
+    a.role
+        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
-    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
-    crate::telemetry::serve_endpoint_metrics("simres", &cfg.endpoint).await?;
-    let listener = bind_checked(
-        cfg.listen.as_deref().unwrap_or("127.0.0.1:7400"),
-        &cfg.endpoint.tls,
-    )
-    .await?;
-    eprintln!("gma simres listening on {}", listener.local_addr()?);
+    let listen = cfg.listen.as_deref().unwrap_or("127.0.0.1:7400");
+    let listener = open_endpoint("simres", listen, &cfg.endpoint).await?;
     gma_broker::simres::run(cfg, listener, shutdown_signal())
         .await
         .map_err(|e| anyhow!("simres failed: {e}"))

@@ -93,25 +93,26 @@ pub enum Command {
 }
 
 impl Command {
-    /// The serving flags of a role command; `None` for a client command (it serves nothing).
-    pub fn server(&self) -> Option<&crate::args::ServerArgs> {
+    /// The endpoint flags of a role command; `None` for a client command (it serves nothing)
+    /// and for `demo` (its roles run with their defaults on loopback).
+    pub fn endpoint(&self) -> Option<&crate::args::EndpointArgs> {
         use Command::*;
         match self {
-            Directory(a) => Some(&a.server),
-            Producer(a) => Some(&a.server),
-            Demo(a) => Some(&a.server),
-            Rescheduler(a) => Some(&a.server),
-            AppSim(a) => Some(&a.server),
-            Monitor(a) => Some(&a.server),
-            Sink(a) => Some(&a.server),
-            Archiver(a) => Some(&a.server),
-            Relay(a) => Some(&a.server),
-            Broker(a) => Some(&a.server),
-            Simres(a) => Some(&a.server),
-            Dashboard(a) => Some(&a.server),
-            Netprobe(a) => Some(&a.server),
-            Federation(a) => Some(&a.server),
-            Search(_)
+            Directory(a) => Some(&a.endpoint),
+            AppSim(a) => Some(&a.endpoint),
+            Producer(a) => Some(&a.role.endpoint),
+            Rescheduler(a) => Some(&a.role.endpoint),
+            Monitor(a) => Some(&a.role.endpoint),
+            Sink(a) => Some(&a.role.endpoint),
+            Archiver(a) => Some(&a.role.endpoint),
+            Relay(a) => Some(&a.role.endpoint),
+            Broker(a) => Some(&a.role.endpoint),
+            Simres(a) => Some(&a.role.endpoint),
+            Dashboard(a) => Some(&a.role.endpoint),
+            Netprobe(a) => Some(&a.role.endpoint),
+            Federation(a) => Some(&a.role.endpoint),
+            Demo(_)
+            | Search(_)
             | Subscribe(_)
             | Query(_)
             | Emit(_)
@@ -125,6 +126,12 @@ impl Command {
             | Doors(_) => None,
         }
     }
+
+    /// True for the commands that serve until SIGTERM or Ctrl-C and then drain (every role but
+    /// app-sim, which ends by itself, and the demo).
+    pub fn drains(&self) -> bool {
+        matches!(self, Command::Demo(_)) || (self.endpoint().is_some() && !matches!(self, Command::AppSim(_)))
+    }
 }
 
 #[cfg(test)]
@@ -132,22 +139,41 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
-    use crate::args::{GLOBAL_HEADING, SERVING_HEADING};
+    use crate::args::{CLIENT_HEADING, GLOBAL_HEADING, SERVING_HEADING};
 
-    const SERVER_FLAGS: [&str; 4] = [
+    /// The flags of a served endpoint ([`crate::args::EndpointArgs`]).
+    const SERVER_FLAGS: [&str; 6] = [
         "--tls-client-ca",
         "--allow-plaintext",
         "--access-policy",
+        "--metrics-listen",
         "--metrics-insecure",
+        "--rpc-events-ms",
     ];
-    const CLIENT_FLAGS: [&str; 4] = ["--log", "--tls-ca", "--tls-cert", "--tls-key"];
-    /// The subcommands that serve an endpoint (Command::server is Some for them).
-    const ROLES: [&str; 14] = [
+    /// The flags about the `gma` process itself.
+    const GLOBAL_FLAGS: [&str; 1] = ["--log"];
+    /// The TLS flags every command takes.
+    const CLIENT_FLAGS: [&str; 3] = ["--tls-ca", "--tls-cert", "--tls-key"];
+    /// The subcommands that serve an endpoint (Command::endpoint is Some for them).
+    const ROLES: [&str; 13] = [
         "directory",
         "producer",
-        "demo",
         "rescheduler",
         "app-sim",
+        "monitor",
+        "sink",
+        "archiver",
+        "relay",
+        "broker",
+        "simres",
+        "dashboard",
+        "netprobe",
+        "federation",
+    ];
+    /// The roles that listen and register in a directory ([`crate::args::RoleArgs`]).
+    const DIRECTORY_ROLES: [&str; 11] = [
+        "producer",
+        "rescheduler",
         "monitor",
         "sink",
         "archiver",
@@ -181,10 +207,54 @@ mod tests {
             .collect()
     }
 
-    fn has_flag(lines: &[&str], flag: &str) -> bool {
+    /// The flags (`--x`) listed in `lines`, in order.
+    fn flags<'a>(lines: &[&'a str]) -> Vec<&'a str> {
         lines
             .iter()
-            .any(|l| l.split_whitespace().any(|w| w == flag || w == format!("{flag},")))
+            .flat_map(|l| l.split_whitespace().take(2))
+            .map(|w| w.trim_end_matches(','))
+            .filter(|w| w.starts_with("--"))
+            .collect()
+    }
+
+    fn has_flag(lines: &[&str], flag: &str) -> bool {
+        flags(lines).contains(&flag)
+    }
+
+    /// Every command shows `--log` alone under "Global options" and the TLS flags alone under
+    /// their own heading, apart from the command's own flags.
+    fn check_global_and_client_headings(name: &str, h: &str) {
+        let global = section(h, GLOBAL_HEADING);
+        assert_eq!(
+            flags(&global),
+            GLOBAL_FLAGS,
+            "gma {name}: {GLOBAL_HEADING:?}:\n{h}"
+        );
+        let client = section(h, CLIENT_HEADING);
+        assert_eq!(
+            flags(&client),
+            CLIENT_FLAGS,
+            "gma {name}: {CLIENT_HEADING:?}:\n{h}"
+        );
+        let own = section(h, "Options");
+        for f in GLOBAL_FLAGS.iter().chain(&CLIENT_FLAGS) {
+            assert!(
+                !has_flag(&own, f),
+                "gma {name}: {f} is interleaved with the command's own flags:\n{h}"
+            );
+        }
+    }
+
+    #[test]
+    fn gma_help_shows_the_global_options_apart_from_the_tls_flags() {
+        let h = help(&[]);
+        check_global_and_client_headings("--help", &h);
+        let global_at = h.find(&format!("{GLOBAL_HEADING}:")).expect("global heading");
+        let client_at = h.find(&format!("{CLIENT_HEADING}:")).expect("client heading");
+        assert_ne!(global_at, client_at);
+        for f in SERVER_FLAGS {
+            assert!(!h.contains(f), "gma --help shows {f}:\n{h}");
+        }
     }
 
     #[test]
@@ -193,16 +263,10 @@ mod tests {
         for f in SERVER_FLAGS {
             assert!(!h.contains(f), "gma net matrix --help shows {f}:\n{h}");
         }
+        assert!(!h.contains(SERVING_HEADING), "{h}");
         let own = section(&h, "Options");
         assert!(has_flag(&own, "--directory"), "{h}");
-        let global = section(&h, GLOBAL_HEADING);
-        for f in CLIENT_FLAGS {
-            assert!(has_flag(&global, f), "{f} is not under {GLOBAL_HEADING:?}:\n{h}");
-            assert!(
-                !has_flag(&own, f),
-                "{f} is interleaved with the command's own flags:\n{h}"
-            );
-        }
+        check_global_and_client_headings("net matrix", &h);
     }
 
     #[test]
@@ -212,14 +276,19 @@ mod tests {
         for r in ROLES {
             assert!(names.iter().any(|n| n == r), "no role command {r}");
         }
-        for name in &names {
+        for name in names.iter().filter(|n| *n != "help") {
             let h = help(&[name]);
             if ROLES.contains(&name.as_str()) {
-                let serving = section(&h, SERVING_HEADING);
+                let serving = flags(&section(&h, SERVING_HEADING));
                 let own = section(&h, "Options");
-                for f in SERVER_FLAGS {
+                let mut shared: Vec<&str> = vec!["--listen"];
+                if DIRECTORY_ROLES.contains(&name.as_str()) {
+                    shared.push("--directory");
+                }
+                shared.extend(SERVER_FLAGS);
+                for f in &shared {
                     assert!(
-                        has_flag(&serving, f),
+                        serving.contains(f),
                         "gma {name}: {f} not under {SERVING_HEADING:?}:\n{h}"
                     );
                     assert!(
@@ -227,18 +296,14 @@ mod tests {
                         "gma {name}: {f} among the command's own flags:\n{h}"
                     );
                 }
+                assert_eq!(serving.len(), shared.len(), "gma {name}: {serving:?}:\n{h}");
             } else {
                 for f in SERVER_FLAGS {
                     assert!(!h.contains(f), "client command gma {name} shows {f}:\n{h}");
                 }
+                assert!(!h.contains(SERVING_HEADING), "client command gma {name}:\n{h}");
             }
-            let global = section(&h, GLOBAL_HEADING);
-            for f in CLIENT_FLAGS {
-                assert!(
-                    has_flag(&global, f),
-                    "gma {name}: {f} not under {GLOBAL_HEADING:?}:\n{h}"
-                );
-            }
+            check_global_and_client_headings(name, &h);
         }
     }
 
@@ -256,7 +321,7 @@ mod tests {
             "--allow-plaintext",
         ])
         .expect("a role takes the server flags");
-        let server = cli.command.server().expect("producer is a role");
+        let server = cli.command.endpoint().expect("producer is a role");
         assert_eq!(server.access_policy, Some("p.toml".into()));
         let tls = cli.tls.server(server).expect("TLS flags were given");
         assert_eq!(tls.client_ca, Some("ca.pem".into()));
@@ -275,7 +340,99 @@ mod tests {
         assert_eq!(err.kind(), clap::error::ErrorKind::UnknownArgument);
         let cli = Cli::try_parse_from(["gma", "--tls-ca", "ca.pem", "net", "matrix", "--directory", "d:1"])
             .expect("the client flags go anywhere");
-        assert!(cli.command.server().is_none());
+        assert!(cli.command.endpoint().is_none());
         assert_eq!(cli.tls.tls_ca, Some("ca.pem".into()));
+    }
+
+    /// The shared flags land on the role's config, over what its file said, the same way for
+    /// every role (one declaration, one apply).
+    #[test]
+    fn the_shared_flags_override_the_config_of_every_role() {
+        let shared = [
+            "--listen",
+            "127.0.0.1:9",
+            "--directory",
+            "127.0.0.1:8",
+            "--metrics-listen",
+            "127.0.0.1:7",
+            "--rpc-events-ms",
+            "250",
+        ];
+        for role in DIRECTORY_ROLES {
+            let mut argv = vec!["gma", role];
+            argv.extend(shared);
+            let required: &[&str] = match role {
+                "monitor" | "relay" => &["--config", "x.toml"],
+                "sink" => &["--accept", "*"],
+                _ => &[],
+            };
+            argv.extend(required);
+            let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("gma {role}: {e}"));
+            let e = cli.command.endpoint().expect("a role");
+            assert_eq!(e.metrics_listen.as_deref(), Some("127.0.0.1:7"), "{role}");
+            assert_eq!(e.rpc_events_ms, Some(250), "{role}");
+        }
+        let cli = Cli::try_parse_from(
+            ["gma", "producer", "--config", "p.toml"]
+                .into_iter()
+                .chain(shared),
+        )
+        .expect("producer flags");
+        let Command::Producer(a) = cli.command else {
+            panic!("not a producer")
+        };
+        let mut cfg = gma_producer::ProducerConfig {
+            listen: "127.0.0.1:1".into(),
+            directory: Some("file:1".into()),
+            ..Default::default()
+        };
+        cfg.endpoint.rpc_events_ms = 5;
+        a.role
+            .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)
+            .expect("apply");
+        assert_eq!(cfg.listen, "127.0.0.1:9");
+        assert_eq!(cfg.directory.as_deref(), Some("127.0.0.1:8"));
+        assert_eq!(cfg.endpoint.metrics_listen.as_deref(), Some("127.0.0.1:7"));
+        assert_eq!(cfg.endpoint.rpc_events_ms, 250);
+
+        // Without the flags the file's values stay.
+        let cli = Cli::try_parse_from(["gma", "monitor", "--config", "m.toml"]).expect("monitor");
+        let Command::Monitor(a) = cli.command else {
+            panic!("not a monitor")
+        };
+        let (mut listen, mut directory) = (Some("127.0.0.1:3".to_string()), Some("d:4".to_string()));
+        let mut endpoint = gma_core::endpoint::Endpoint {
+            rpc_events_ms: 6,
+            ..Default::default()
+        };
+        a.role
+            .apply(&mut listen, &mut directory, &mut endpoint)
+            .expect("apply");
+        assert_eq!(listen.as_deref(), Some("127.0.0.1:3"));
+        assert_eq!(directory.as_deref(), Some("d:4"));
+        assert_eq!(endpoint.rpc_events_ms, 6);
+    }
+
+    #[test]
+    fn roles_without_rpc_events_refuse_the_flag() {
+        for argv in [
+            vec!["gma", "dashboard", "--rpc-events-ms", "5"],
+            vec!["gma", "sink", "--accept", "*", "--rpc-events-ms", "5"],
+            vec![
+                "gma",
+                "app-sim",
+                "--host",
+                "h",
+                "--producer",
+                "p:1",
+                "--rpc-events-ms",
+                "5",
+            ],
+        ] {
+            let cli = Cli::try_parse_from(&argv).expect("parses");
+            let e = cli.command.endpoint().expect("a role");
+            let err = e.refuse_rpc_events("it").unwrap_err().to_string();
+            assert!(err.contains("--rpc-events-ms"), "{argv:?}: {err}");
+        }
     }
 }

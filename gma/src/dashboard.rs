@@ -6,16 +6,13 @@ use anyhow::anyhow;
 use clap::Args;
 use gma_dashboard::DashboardConfig;
 
-use crate::serve::{apply_security, bind_checked, shutdown_signal};
+use crate::args::{load_config, RoleArgs};
+use crate::runtime::open_endpoint;
+use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
+#[command(mut_arg("listen", |a| a.help("HTTP listen address of the page (overrides `listen` in --config; default 127.0.0.1:7500)")))]
 pub struct DashboardArgs {
-    /// HTTP listen address of the page (default 127.0.0.1:7500, or `listen` in --config).
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Directory address(es), ADDR[,ADDR...].
-    #[arg(long)]
-    pub directory: Option<String>,
     /// An archiver's address: enables the history panel.
     #[arg(long)]
     pub archiver: Option<String>,
@@ -41,27 +38,16 @@ pub struct DashboardArgs {
     #[arg(long)]
     pub auth_tokens: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: crate::args::MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
-    let mut cfg: DashboardConfig = match &a.config {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => DashboardConfig::default(),
-    };
-    if let Some(l) = a.listen {
-        cfg.listen = l;
-    }
-    if a.directory.is_some() {
-        cfg.directory = a.directory;
-    }
+    let mut cfg: DashboardConfig = load_config(a.config.as_deref())?;
+    a.role.endpoint.refuse_rpc_events("the dashboard")?;
+    a.role
+        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if a.archiver.is_some() {
         cfg.archiver = a.archiver;
-    }
-    if a.metrics.metrics_listen.is_some() {
-        cfg.metrics_listen = a.metrics.metrics_listen;
     }
     if a.plain_http {
         cfg.plain_http = true;
@@ -78,28 +64,22 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     if a.auth_tokens.is_some() {
         cfg.auth.tokens_file = a.auth_tokens;
     }
-    apply_security(&mut cfg.tls, &mut cfg.policy)?;
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
     // The dashboard always serves /metrics on its own port; --metrics-listen adds another.
     let handle = crate::telemetry::recorder()?;
     // The dashboard's TLS as it serves browsers: plain with --plain-http even with a
     // certificate. The metrics endpoint takes it (and the policy); the listener is checked
     // with it before binding.
-    let mut served = cfg.tls.clone();
+    let mut served = cfg.endpoint.clone();
     if !cfg.https() {
-        (served.cert, served.key, served.client_ca) = (None, None, None);
+        (served.tls.cert, served.tls.key, served.tls.client_ca) = (None, None, None);
     }
-    if let Some(m) = &cfg.metrics_listen {
-        let door = crate::telemetry::MetricsDoor::new(&served, cfg.policy.as_ref());
-        crate::telemetry::serve_metrics("dashboard", m, &door).await?;
-    }
-    let listener = bind_checked(&cfg.listen, &served).await?;
+    let listener = open_endpoint("dashboard", &cfg.listen, &served).await?;
     let bound = listener.local_addr()?;
     let scheme = if cfg.https() { "https" } else { "http" };
     if scheme == "http" {
-        crate::telemetry::check_plain_http("the dashboard", bound, cfg.tls.allow_plaintext)?;
+        crate::telemetry::check_plain_http("the dashboard", bound, cfg.endpoint.tls.allow_plaintext)?;
     }
-    eprintln!("gma dashboard listening on {bound}");
     eprintln!("gma dashboard url {scheme}://{bound}/");
     gma_dashboard::run(cfg, listener, shutdown_signal(), Some(handle))
         .await

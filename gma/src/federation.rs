@@ -13,27 +13,21 @@ use gma_federation::summary::Summary;
 use gma_proto::v1::{self as pb, site_scheduler_client::SiteSchedulerClient};
 use serde_json::json;
 
-use crate::args::Output;
-use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
+use crate::args::{Output, RoleArgs};
+use crate::runtime::open_endpoint;
+use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
+#[command(mut_arg("directory", |a| a.help("The site's directory, ADDR[,ADDR...] (overrides `directory` in --config)")))]
 pub struct FederationArgs {
     #[command(subcommand)]
     pub command: Option<FederationCommand>,
     /// TOML config: site, directory, peers, rank, route, leases ... (docs/federation.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Listen address (overrides the config).
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// The site's directory (overrides the config).
-    #[arg(long)]
-    pub directory: Option<String>,
     #[command(flatten)]
-    pub metrics: crate::args::MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -200,32 +194,19 @@ pub async fn run(a: FederationArgs) -> anyhow::Result<()> {
                 bail!("give --federation ADDR (a running endpoint) or --directory ADDR (its link records)")
             }
         },
-        None => serve(a.config, a.listen, a.directory, a.metrics.metrics_listen).await,
+        None => serve(a.config, a.role).await,
     }
 }
 
-async fn serve(
-    config: Option<PathBuf>,
-    listen: Option<String>,
-    directory: Option<String>,
-    metrics_listen: Option<String>,
-) -> anyhow::Result<()> {
+async fn serve(config: Option<PathBuf>, role: RoleArgs) -> anyhow::Result<()> {
     let Some(path) = config else {
         bail!("give the endpoint's config with --config FILE (site = \"...\" at least; docs/federation.md)");
     };
     let mut cfg: FederationConfig = gma_core::config::load_toml(&path)?;
-    if let Some(l) = listen {
-        cfg.listen = l;
-    }
-    if directory.is_some() {
-        cfg.directory = directory;
-    }
+    role.apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
-    apply_endpoint(&mut cfg.endpoint, metrics_listen)?;
-    crate::telemetry::serve_endpoint_metrics("federation", &cfg.endpoint).await?;
-    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
-    eprintln!("gma federation listening on {}", listener.local_addr()?);
+    let listener = open_endpoint("federation", &cfg.listen, &cfg.endpoint).await?;
     gma_federation::service::run(cfg, listener, shutdown_signal())
         .await
         .map_err(|e| anyhow!("{e}"))

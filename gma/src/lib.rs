@@ -18,6 +18,7 @@ mod netprobe;
 mod relay;
 mod resched;
 mod roles;
+mod runtime;
 mod serve;
 mod sink;
 mod telemetry;
@@ -48,16 +49,16 @@ pub fn main() {
     }
     // Roles drain on SIGTERM / Ctrl-C: catch them from the start (app-sim ends by itself and
     // client commands stop at the default action).
-    if cli.command.server().is_some() && !matches!(cli.command, cli::Command::AppSim(_)) {
+    if cli.command.drains() {
         let _entered = rt.enter();
         if let Err(e) = serve::catch_shutdown_signals() {
             eprintln!("error: {e}");
             std::process::exit(1);
         }
     }
-    let server = cli.command.server().cloned().unwrap_or_default();
-    serve::set_security(cli.tls.server(&server), server.access_policy.clone());
-    telemetry::set_insecure(server.metrics_insecure);
+    let endpoint = cli.command.endpoint().cloned().unwrap_or_default();
+    serve::set_security(cli.tls.server(&endpoint), endpoint.access_policy.clone());
+    telemetry::set_insecure(endpoint.metrics_insecure);
     let result = rt.block_on(run(cli.command));
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();

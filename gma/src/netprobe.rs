@@ -15,17 +15,13 @@ use gma_netprobe::NetprobeConfig;
 use gma_proto::v1::{self as pb, clique_client::CliqueClient, producer_client::ProducerClient};
 use serde_json::json;
 
-use crate::args::Output;
-use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
+use crate::args::{load_config, require_directory, Output, RoleArgs};
+use crate::runtime::open_endpoint;
+use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
+#[command(mut_arg("listen", |a| a.help("Listen address: an address the other hosts of the clique can reach (overrides `listen` in --config; default 127.0.0.1:7700)")))]
 pub struct NetprobeArgs {
-    /// Listen address: an address the other hosts of the clique can reach.
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Directory address(es).
-    #[arg(long)]
-    pub directory: Option<String>,
     /// The clique: netprobes of one site probe each other, one at a time.
     #[arg(long)]
     pub site: Option<String>,
@@ -39,9 +35,7 @@ pub struct NetprobeArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: crate::args::MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 #[derive(Args, Debug)]
@@ -75,16 +69,9 @@ pub enum NetCommand {
 }
 
 pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
-    let mut cfg: NetprobeConfig = match &a.config {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => NetprobeConfig::default(),
-    };
-    if let Some(l) = a.listen {
-        cfg.listen = l;
-    }
-    if a.directory.is_some() {
-        cfg.directory = a.directory;
-    }
+    let mut cfg: NetprobeConfig = load_config(a.config.as_deref())?;
+    a.role
+        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if let Some(s) = a.site {
         cfg.site = s;
     }
@@ -94,15 +81,10 @@ pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
     if let Some(t) = a.lease_ttl_ms {
         cfg.lease_ttl_ms = t;
     }
-    if cfg.directory.is_none() {
-        bail!("give the directory with --directory ADDR (or directory in --config)");
-    }
+    require_directory(&cfg.directory)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid netprobe config: {e}"))?;
-    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
-    crate::telemetry::serve_endpoint_metrics("netprobe", &cfg.endpoint).await?;
-    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
-    eprintln!("gma netprobe listening on {}", listener.local_addr()?);
+    let listener = open_endpoint("netprobe", &cfg.listen, &cfg.endpoint).await?;
     gma_netprobe::run(cfg, listener, shutdown_signal())
         .await
         .map_err(|e| anyhow!("{e}"))

@@ -7,8 +7,9 @@ use gma_rescheduler::{decide, Policy};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
-use crate::args::{MetricsArgs, Output};
-use crate::serve::{apply_endpoint, bind_checked, shutdown_signal};
+use crate::args::{load_config, require_directory, Output, RoleArgs};
+use crate::runtime::open_endpoint;
+use crate::serve::shutdown_signal;
 
 pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     if let Some(ReschedulerCommand::Evaluate {
@@ -46,25 +47,13 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let mut cfg: ReschedulerConfig = match &a.config {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => ReschedulerConfig::default(),
-    };
-    if let Some(l) = a.listen {
-        cfg.listen = l;
-    }
-    if a.directory.is_some() {
-        cfg.directory = a.directory;
-    }
-    if cfg.directory.is_none() {
-        bail!("give the directory with --directory ADDR (or directory in --config)");
-    }
-    // --tls-*/--access-policy override [tls]/access_policy; [tls] ca turns on TLS for the directory, the
-    // producers followed and the applications' AppControl.
-    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
-    crate::telemetry::serve_endpoint_metrics("rescheduler", &cfg.endpoint).await?;
-    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
-    eprintln!("gma rescheduler listening on {}", listener.local_addr()?);
+    let mut cfg: ReschedulerConfig = load_config(a.config.as_deref())?;
+    // --tls-*/--access-policy override [tls]/access_policy; [tls] ca turns on TLS for the
+    // directory, the producers followed and the applications' AppControl.
+    a.role
+        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+    require_directory(&cfg.directory)?;
+    let listener = open_endpoint("rescheduler", &cfg.listen, &cfg.endpoint).await?;
     gma_rescheduler::service::run(cfg, listener, shutdown_signal())
         .await
         .map_err(|e| anyhow!("{e}"))
@@ -72,22 +61,15 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
+#[command(mut_arg("listen", |a| a.help("Listen address of the rescheduler's own producer: its decision events (overrides `listen` in --config; default 127.0.0.1:0, any free port)")))]
 pub struct ReschedulerArgs {
     #[command(subcommand)]
     pub command: Option<ReschedulerCommand>,
-    /// Listen address of the rescheduler's own producer (its decision events).
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Directory address(es).
-    #[arg(long)]
-    pub directory: Option<String>,
     /// TOML config (cost_s, threshold, max_age_ms, opportunistic, action, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 #[derive(Subcommand, Debug)]

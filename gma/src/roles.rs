@@ -8,8 +8,9 @@ use gma_producer::ProducerConfig;
 
 use clap::Args;
 
-use crate::args::MetricsArgs;
-use crate::serve::{apply_endpoint, bind, bind_checked, shutdown_signal};
+use crate::args::{load_config, EndpointArgs, RoleArgs};
+use crate::runtime::{open_endpoint, with_companion};
+use crate::serve::{bind, bind_checked, shutdown_signal};
 
 /// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
 fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
@@ -53,67 +54,32 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
     if a.init {
         config.init = true;
     }
-    apply_endpoint(&mut config.endpoint, a.metrics.metrics_listen.clone())?;
+    a.endpoint.apply(&mut config.endpoint)?;
     let listen = a
         .listen
         .or(file_listen)
         .unwrap_or_else(|| "127.0.0.1:7000".into());
-    if let Some(ms) = a.rpc_events_ms {
-        config.endpoint.rpc_events_ms = ms;
-    }
     config.validate().map_err(|e| anyhow!("{e}"))?;
     gma_core::guard::load_policy(config.endpoint.access_policy.as_ref()).map_err(|e| anyhow!("{e}"))?;
-    crate::telemetry::serve_endpoint_metrics("directory", &config.endpoint).await?;
-    let listener = bind_checked(&listen, &config.endpoint.tls).await?;
+    let listener = open_endpoint("directory", &listen, &config.endpoint).await?;
     let bound = listener.local_addr()?;
-    eprintln!("gma directory listening on {bound}");
-    // gma.rpc: a companion producer publishes this member's RPC figures. On shutdown it stops
-    // first (removing its record) while the directory still serves.
+    // gma.rpc: a companion producer publishes this member's RPC figures, registered in this
+    // member itself.
     let rpc = gma_core::rpc::RpcStats::new("directory");
-    let (companion_tx, companion_rx) = tokio::sync::watch::channel(false);
-    let companion = if config.endpoint.rpc_events_ms > 0 {
-        let c = crate::telemetry::Companion {
-            role: "directory",
-            rpc: rpc.clone(),
-            directory: gma_core::addr::advertised(bound),
-            near: bound,
-            endpoint: config.endpoint.clone(),
-        };
-        let mut rx = companion_rx.clone();
-        Some(
-            crate::telemetry::companion(c, async move {
-                let _ = rx.wait_for(|v| *v).await;
-            })
-            .await?,
-        )
-    } else {
-        None
-    };
-    let shutdown = async move {
-        shutdown_signal().await;
-        let _ = companion_tx.send(true);
-        if let Some(c) = companion {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(4), c).await;
-        }
-    };
+    let here = Some(gma_core::addr::advertised(bound));
+    let shutdown = with_companion("directory", rpc.clone(), here, bound, &config.endpoint).await?;
     gma_directory::run_with_rpc(config, listener, shutdown, rpc)
         .await
         .map_err(|e| anyhow!("directory failed: {e}"))
 }
 
 pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
-    let mut cfg: ProducerConfig = match &a.config {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => ProducerConfig::default(),
-    };
-    if let Some(v) = &a.listen {
-        cfg.listen = v.clone();
-    } else if a.config.is_none() {
+    let mut cfg: ProducerConfig = load_config(a.config.as_deref())?;
+    if a.config.is_none() {
         cfg.listen = "127.0.0.1:7001".into();
     }
-    if a.directory.is_some() {
-        cfg.directory = a.directory.clone();
-    }
+    a.role
+        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if a.source.is_some() {
         cfg.source = a.source.clone();
     }
@@ -138,10 +104,6 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.prometheus.is_some() {
         cfg.prometheus = a.prometheus.clone();
     }
-    if let Some(ms) = a.rpc_events_ms {
-        cfg.endpoint.rpc_events_ms = ms;
-    }
-    apply_endpoint(&mut cfg.endpoint, a.metrics.metrics_listen.clone())?;
     Ok(cfg)
 }
 
@@ -420,8 +382,9 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 pub struct DirectoryArgs {
-    /// Listen address, e.g. 127.0.0.1:7000.
-    #[arg(long)]
+    /// Listen address, e.g. 127.0.0.1:7000 (overrides `listen` in --config; default
+    /// 127.0.0.1:7000).
+    #[arg(long, help_heading = crate::args::SERVING_HEADING)]
     pub listen: Option<String>,
     /// Data directory (created if missing).
     #[arg(long)]
@@ -439,23 +402,13 @@ pub struct DirectoryArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub metrics: MetricsArgs,
-    /// Period of the gma.rpc events about this member's RPCs, published by a companion
-    /// producer (0 = none; default 10000).
-    #[arg(long)]
-    pub rpc_events_ms: Option<u64>,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub endpoint: EndpointArgs,
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("listen", |a| a.help("Listen address (overrides `listen` in --config; default 127.0.0.1:7001 without --config)")))]
+#[command(mut_arg("directory", |a| a.help("Directory address(es) to register with, ADDR[,ADDR...] (overrides `directory` in --config; omit to run standalone)")))]
 pub struct ProducerArgs {
-    /// Listen address, e.g. 127.0.0.1:7001.
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Directory address(es) to register with, ADDR[,ADDR...] (omit to run standalone).
-    #[arg(long)]
-    pub directory: Option<String>,
     /// Source name for this host's events (default: host name).
     #[arg(long)]
     pub source: Option<String>,
@@ -480,17 +433,12 @@ pub struct ProducerArgs {
     /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    #[command(flatten)]
-    pub metrics: MetricsArgs,
     /// Serve the latest sensor values as Prometheus gauges at /metrics on this address
     /// (gma_host_cpu_user{source="hostA"}, ...; see docs/dashboard.md).
     #[arg(long)]
     pub prometheus: Option<String>,
-    /// Period of the gma.rpc events about this producer's RPCs (0 = none; default 10000).
-    #[arg(long)]
-    pub rpc_events_ms: Option<u64>,
     #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 #[derive(Args, Debug)]
@@ -504,6 +452,4 @@ pub struct DemoArgs {
     /// Where the demo's dashboard listens (any free port if this one is taken).
     #[arg(long, default_value = "127.0.0.1:7500")]
     pub dashboard_listen: String,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
 }

@@ -1,6 +1,7 @@
 //! What every serving subcommand shares: binding its listener (plaintext refused off loopback),
 //! the shutdown signal, and the security flags (`--tls-*`, `--access-policy`) applied over the
-//! role's config.
+//! role's config (the other shared flags: [`crate::args::EndpointArgs::apply`]; opening a
+//! role's endpoint: [`crate::runtime`]).
 
 use std::path::PathBuf;
 
@@ -105,16 +106,4 @@ pub fn apply_security(
     }
     gma_core::tls::install_client_if_unset(&tls.client())?;
     Ok(())
-}
-
-/// Applies the shared serving flags over a role's endpoint section: `--metrics-listen` (when
-/// given), then the TLS and policy flags ([`apply_security`]).
-pub fn apply_endpoint(
-    endpoint: &mut gma_core::endpoint::Endpoint,
-    metrics_listen: Option<String>,
-) -> anyhow::Result<()> {
-    if metrics_listen.is_some() {
-        endpoint.metrics_listen = metrics_listen;
-    }
-    apply_security(&mut endpoint.tls, &mut endpoint.access_policy)
 }

@@ -19,17 +19,14 @@ use gma_core::codec::OwnedEvent;
 use gma_proto::v1 as pb;
 use std::sync::Mutex as StdMutex;
 
-use crate::args::PolicyArg;
-use crate::serve::{apply_security, shutdown_signal};
+use crate::args::{require_directory, PolicyArg, RoleArgs};
+use crate::runtime::open_endpoint;
+use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
+#[command(mut_arg("listen", |a| a.help("Listen address for pushed streams (default 127.0.0.1:0, any free port)")))]
+#[command(mut_arg("directory", |a| a.help("Directory address(es), ADDR[,ADDR...], to register in (required)")))]
 pub struct SinkArgs {
-    /// Directory address(es), a:1,b:2.
-    #[arg(long)]
-    pub directory: String,
-    /// Listen address for pushed streams.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub listen: String,
     /// Event-name patterns accepted (repeatable).
     #[arg(long = "accept", required = true)]
     pub accepts: Vec<String>,
@@ -49,9 +46,7 @@ pub struct SinkArgs {
     #[arg(long)]
     pub end_after: Option<u64>,
     #[command(flatten)]
-    pub metrics: crate::args::MetricsArgs,
-    #[command(flatten)]
-    pub server: crate::args::ServerArgs,
+    pub role: RoleArgs,
 }
 
 struct Printer {
@@ -108,18 +103,14 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     for p in &a.sources {
         gma_core::pattern::Pattern::source(p).map_err(|e| anyhow!("--source {p}: {e}"))?;
     }
-    // A bad policy file is a startup error, before the address is bound.
-    gma_core::guard::load_policy(crate::serve::policy_flag().as_ref())
-        .map_err(|e| anyhow!("--access-policy: {e}"))?;
-    let flags = crate::serve::server_tls_flags().unwrap_or_default();
-    let listener = crate::serve::bind_checked(&a.listen, &flags).await?;
-    let addr = listener.local_addr()?;
+    // The sink has no config file: the flags are its settings. TLS from the flags
+    // (--tls-cert/--tls-key/--tls-client-ca serve the Consumer endpoint; --tls-ca is for the
+    // directory); --access-policy decides who may push (ingest).
+    a.role.endpoint.refuse_rpc_events("the sink")?;
     let mut config = SinkConfig {
-        id: a.id.clone().unwrap_or_else(|| format!("sink@{addr}")),
         accepts: a.accepts.clone(),
         sources: a.sources.clone(),
         manner: a.manner.clone(),
-        directory: Some(a.directory.clone()),
         policy: match a.policy {
             PolicyArg::Latest => pb::SlowPolicy::Latest,
             PolicyArg::DropOldest => pb::SlowPolicy::DropOldest,
@@ -127,15 +118,16 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
         },
         ..SinkConfig::default()
     };
-    // TLS from the flags (--tls-cert/--tls-key/--tls-client-ca serve the Consumer endpoint;
-    // --tls-ca is for the directory); --access-policy decides who may push (ingest).
-    let mut policy = None;
-    apply_security(&mut config.tls, &mut policy)?;
-    config.access_policy = policy.clone();
-    if let Some(m) = &a.metrics.metrics_listen {
-        let door = crate::telemetry::MetricsDoor::new(&config.tls, policy.as_ref());
-        crate::telemetry::serve_metrics("sink", m, &door).await?;
-    }
+    let mut listen = "127.0.0.1:0".to_string();
+    a.role
+        .apply(&mut listen, &mut config.directory, &mut config.endpoint)?;
+    require_directory(&config.directory)?;
+    // A bad policy file is a startup error, before the address is bound.
+    gma_core::guard::load_policy(config.endpoint.access_policy.as_ref())
+        .map_err(|e| anyhow!("--access-policy: {e}"))?;
+    let listener = open_endpoint("sink", &listen, &config.endpoint).await?;
+    let addr = listener.local_addr()?;
+    config.id = a.id.clone().unwrap_or_else(|| format!("sink@{addr}"));
     let printer = Arc::new(Printer {
         end_after: a.end_after,
         counts: StdMutex::new(Default::default()),
@@ -145,7 +137,6 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     if let Ok(mut s) = printer.sink.lock() {
         *s = Some(sink.clone());
     }
-    eprintln!("gma sink listening on {addr}");
     sink.serve(listener, shutdown_signal())
         .await
         .map_err(|e| anyhow!("sink failed: {e}"))
