@@ -128,28 +128,42 @@ pub async fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ClusterCommand::Promote { directory, id } => {
-            let (leader, mut voters, all) = leader(&directory).await?;
-            if !all.contains(&id) {
-                bail!("node {id} is not a member: add it with `gma cluster add-learner` first");
-            }
-            if voters.contains(&id) {
-                bail!("node {id} is already a voter");
-            }
-            voters.push(id);
-            change(&leader, voters, false).await
+            let hint = ": add it with `gma cluster add-learner` first";
+            change_voters(&directory, id, hint, |mut voters| {
+                if voters.contains(&id) {
+                    bail!("node {id} is already a voter");
+                }
+                voters.push(id);
+                Ok(voters)
+            })
+            .await
         }
         ClusterCommand::Remove { directory, id } => {
-            let (leader, voters, all) = leader(&directory).await?;
-            if !all.contains(&id) {
-                bail!("node {id} is not a member");
-            }
-            let rest: Vec<u64> = voters.into_iter().filter(|v| *v != id).collect();
-            if rest.is_empty() {
-                bail!("cannot remove the last voter");
-            }
-            change(&leader, rest, false).await
+            change_voters(&directory, id, "", |voters| {
+                let rest: Vec<u64> = voters.into_iter().filter(|v| *v != id).collect();
+                if rest.is_empty() {
+                    bail!("cannot remove the last voter");
+                }
+                Ok(rest)
+            })
+            .await
         }
     }
+}
+
+/// Sets the voters of the cluster to `new(voters)` through its leader, once node `id` is known
+/// to be a member (`hint` follows the refusal when it is not).
+async fn change_voters(
+    directory: &str,
+    id: u64,
+    hint: &str,
+    new: impl FnOnce(Vec<u64>) -> anyhow::Result<Vec<u64>>,
+) -> anyhow::Result<()> {
+    let (leader, voters, all) = leader(directory).await?;
+    if !all.contains(&id) {
+        bail!("node {id} is not a member{hint}");
+    }
+    change(&leader, new(voters)?, false).await
 }
 
 async fn change(leader: &str, voters: Vec<u64>, retain: bool) -> anyhow::Result<()> {

@@ -48,24 +48,22 @@ pub struct NetArgs {
 pub enum NetCommand {
     /// The latest round-trip time and bandwidth of every measured pair of hosts, with their
     /// forecasts.
-    Matrix {
-        #[arg(long)]
-        directory: String,
-        /// Only this clique.
-        #[arg(long)]
-        site: Option<String>,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
-    },
+    Matrix(NetRead),
     /// What every netprobe knows of its clique's token: phase, newest token, members, counters.
-    Status {
-        #[arg(long)]
-        directory: String,
-        #[arg(long)]
-        site: Option<String>,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
-    },
+    Status(NetRead),
+}
+
+/// Which netprobes `gma net` reads, and how it prints.
+#[derive(Args, Debug)]
+pub struct NetRead {
+    /// Directory address(es): the netprobes are found by their records.
+    #[arg(long)]
+    directory: String,
+    /// Only this clique.
+    #[arg(long)]
+    site: Option<String>,
+    #[arg(long, value_enum, default_value = "table")]
+    output: Output,
 }
 
 pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
@@ -92,16 +90,8 @@ pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
 
 pub async fn net(a: NetArgs) -> anyhow::Result<()> {
     match a.command {
-        NetCommand::Matrix {
-            directory,
-            site,
-            output,
-        } => matrix_cmd(&directory, site.as_deref(), output).await,
-        NetCommand::Status {
-            directory,
-            site,
-            output,
-        } => status_cmd(&directory, site.as_deref(), output).await,
+        NetCommand::Matrix(r) => matrix_cmd(&r.directory, r.site.as_deref(), r.output).await,
+        NetCommand::Status(r) => status_cmd(&r.directory, r.site.as_deref(), r.output).await,
     }
 }
 

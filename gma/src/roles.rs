@@ -136,6 +136,15 @@ pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits for one of the demo's roles to stop and says so when it failed.
+async fn stopped<E: std::fmt::Display>(what: &str, task: tokio::task::JoinHandle<Result<(), E>>) {
+    match task.await {
+        Ok(Err(e)) => eprintln!("{what} stopped with an error: {e}"),
+        Err(e) => eprintln!("{what} task failed: {e}"),
+        Ok(Ok(())) => {}
+    }
+}
+
 const DEMO_SIM_HEADER: &str = "# Simulated hosts of `gma demo`.\n";
 
 /// Writes the demo's simulation file: a few named hosts with scripted values plus generated ones.
@@ -336,46 +345,15 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
         None => shutdown_signal().await,
     }
     let _ = stop_tx.send(true);
-    for t in [host_task, sim_task] {
-        match t.await {
-            Ok(Err(e)) => eprintln!("producer stopped with an error: {e}"),
-            Err(e) => eprintln!("producer task failed: {e}"),
-            Ok(Ok(())) => {}
-        }
-    }
-    for (what, t) in [
-        (
-            "archiver",
-            archive_task.await.map(|r| r.map_err(|e| e.to_string())),
-        ),
-        ("dashboard", dash_task.await.map(|r| r.map_err(|e| e.to_string()))),
-    ] {
-        match t {
-            Ok(Err(e)) => eprintln!("{what} stopped with an error: {e}"),
-            Err(e) => eprintln!("{what} task failed: {e}"),
-            Ok(Ok(())) => {}
-        }
-    }
-    match resched_task.await {
-        Ok(Err(e)) => eprintln!("rescheduler stopped with an error: {e}"),
-        Err(e) => eprintln!("rescheduler task failed: {e}"),
-        Ok(Ok(())) => {}
-    }
-    match broker_task.await {
-        Ok(Err(e)) => eprintln!("broker stopped with an error: {e}"),
-        Err(e) => eprintln!("broker task failed: {e}"),
-        Ok(Ok(())) => {}
-    }
-    match simres_task.await {
-        Ok(Err(e)) => eprintln!("resource manager stopped with an error: {e}"),
-        Err(e) => eprintln!("resource manager task failed: {e}"),
-        Ok(Ok(())) => {}
-    }
-    match dir_task.await {
-        Ok(Err(e)) => eprintln!("directory stopped with an error: {e}"),
-        Err(e) => eprintln!("directory task failed: {e}"),
-        Ok(Ok(())) => {}
-    }
+    // The producers first, the directory last (the others deregister from it as they stop).
+    stopped("producer", host_task).await;
+    stopped("producer", sim_task).await;
+    stopped("archiver", archive_task).await;
+    stopped("dashboard", dash_task).await;
+    stopped("rescheduler", resched_task).await;
+    stopped("broker", broker_task).await;
+    stopped("resource manager", simres_task).await;
+    stopped("directory", dir_task).await;
     println!("GMA demo stopped.");
     Ok(())
 }

@@ -322,19 +322,11 @@ fn write_state(path: &Path, points: &HashMap<String, ResumePoint>) -> anyhow::Re
     Ok(())
 }
 
-fn validate_pattern(p: &str) -> anyhow::Result<()> {
-    gma_core::pattern::Pattern::event(p).map_err(|e| anyhow!("{e}"))?;
-    Ok(())
-}
-
 pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
-    validate_pattern(&a.pattern)?;
-    if let Some(s) = &a.source {
-        gma_core::pattern::Pattern::source(s).map_err(|e| anyhow!("{e}"))?;
-    }
+    a.target.validate()?;
     let opts = StreamOptions {
-        patterns: vec![a.pattern.clone()],
-        sources: a.source.iter().cloned().collect(),
+        patterns: vec![a.target.pattern.clone()],
+        sources: a.target.source.iter().cloned().collect(),
         consumer_id: format!("gma-subscribe-{}", std::process::id()),
         min_interval_ms: a.min_interval_ms.unwrap_or(0),
         ..filter_options(&a.filters)
@@ -352,7 +344,7 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             Output::Table => writeln!(out, "{}", table_row(e)),
         }
     };
-    if let Some(addr) = &a.producer {
+    if let Some(addr) = &a.target.producer {
         // Direct subscription: the state file key is the producer address.
         let start = resume.get(addr).copied();
         let mut stream = ProducerStream::new(
@@ -393,17 +385,17 @@ pub async fn subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let Some(dir) = a.directory.clone() else {
+    let Some(dir) = a.target.directory.clone() else {
         bail!("give --directory ADDR or --producer ADDR");
     };
     // Fail fast on an unreachable directory, with a clear line; a directory that is still
     // electing its leader (just started, or failing over) is waited for, within a bound.
     let client = directory::client(&dir).await.map_err(rpc_err)?;
-    let found = producers_of(&client, &a.pattern).await?;
+    let found = producers_of(&client, &a.target.pattern).await?;
     if found.is_empty() {
         eprintln!(
             "no producer offers {:?} yet; waiting for one to register",
-            a.pattern
+            a.target.pattern
         );
     }
     let mut sub = Subscriber::start(
@@ -489,22 +481,22 @@ fn report_gaps(producer: &str, gaps: &[pb::Gap]) {
 }
 
 pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
-    validate_pattern(&a.pattern)?;
-    let targets: Vec<(String, String)> = match (&a.producer, &a.directory) {
+    a.target.validate()?;
+    let targets: Vec<(String, String)> = match (&a.target.producer, &a.target.directory) {
         (Some(p), _) => vec![(p.clone(), p.clone())],
         (None, Some(d)) => {
             let client = directory::client(d).await.map_err(rpc_err)?;
-            let found = producers_of(&client, &a.pattern).await?;
+            let found = producers_of(&client, &a.target.pattern).await?;
             if found.is_empty() {
-                bail!("no producer in the directory offers {:?}", a.pattern);
+                bail!("no producer in the directory offers {:?}", a.target.pattern);
             }
             found.into_iter().map(|p| (p.id, p.address)).collect()
         }
         (None, None) => bail!("give --directory ADDR or --producer ADDR"),
     };
     let req = pb::QueryRequest {
-        patterns: vec![a.pattern.clone()],
-        sources: a.source.iter().cloned().collect(),
+        patterns: vec![a.target.pattern.clone()],
+        sources: a.target.source.iter().cloned().collect(),
         max_age_ms: a.max_age_ms.unwrap_or(0),
     };
     let mut events = Vec::new();
@@ -540,7 +532,7 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
             .max_age_ms
             .map(|m| format!(" within {m} ms"))
             .unwrap_or_default();
-        bail!("no event available for {:?}{age}", a.pattern);
+        bail!("no event available for {:?}{age}", a.target.pattern);
     }
     let mut out = std::io::stdout().lock();
     for e in &events {
@@ -662,19 +654,38 @@ pub struct SearchArgs {
     pub output: Output,
 }
 
+/// What `subscribe` and `query` read: the producers of a pattern, found in the directory or
+/// named, and optionally one source.
 #[derive(Args, Debug)]
-pub struct SubscribeArgs {
+pub struct ReadTarget {
     /// Event-name pattern, e.g. host.cpu or 'host.*'.
     pub pattern: String,
     /// Directory address (discover producers); or use --producer.
     #[arg(long, required_unless_present = "producer")]
     pub directory: Option<String>,
-    /// Subscribe to this producer directly, bypassing the directory.
+    /// Ask this producer directly, bypassing the directory.
     #[arg(long)]
     pub producer: Option<String>,
     /// Only events from this source (pattern).
     #[arg(long)]
     pub source: Option<String>,
+}
+
+impl ReadTarget {
+    /// The event pattern and the source pattern, checked.
+    fn validate(&self) -> anyhow::Result<()> {
+        gma_core::pattern::Pattern::event(&self.pattern).map_err(|e| anyhow!("{e}"))?;
+        if let Some(s) = &self.source {
+            gma_core::pattern::Pattern::source(s).map_err(|e| anyhow!("{e}"))?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SubscribeArgs {
+    #[command(flatten)]
+    pub target: ReadTarget,
     /// Exit after this many events.
     #[arg(long)]
     pub count: Option<u64>,
@@ -718,15 +729,8 @@ pub struct FilterArgs {
 
 #[derive(Args, Debug)]
 pub struct QueryArgs {
-    /// Event-name pattern.
-    pub pattern: String,
-    #[arg(long, required_unless_present = "producer")]
-    pub directory: Option<String>,
-    /// Query this producer directly.
-    #[arg(long)]
-    pub producer: Option<String>,
-    #[arg(long)]
-    pub source: Option<String>,
+    #[command(flatten)]
+    pub target: ReadTarget,
     /// Only events at most this old.
     #[arg(long)]
     pub max_age_ms: Option<u64>,
