@@ -12,10 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gma_core::event::EventData;
-
-use crate::procfs::{elapsed_s, event, kib_to_mib, parse_num, rate, read_into, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{elapsed_s, kib_to_mib, parse_num, rate, read_into, read_parse, Emit, Probe, ProcSensor};
+use crate::{schemas, SensorError};
 
 const SELF_STAT: &str = "/proc/self/stat";
 const SELF_STATUS: &str = "/proc/self/status";
@@ -113,21 +111,20 @@ struct Baseline {
 }
 
 /// Emits `gma.agent`. The first sample only records the baseline.
-pub(crate) struct AgentSensor {
-    source: String,
-    period: Duration,
+pub(crate) struct Agent {
     counters: Arc<AgentCounters>,
     stat_path: PathBuf,
     status_path: PathBuf,
     statm_path: PathBuf,
     clock_ticks: f64,
     prev: Option<Baseline>,
-    buf: String,
 }
+
+pub(crate) type AgentSensor = ProcSensor<Agent>;
 
 impl AgentSensor {
     /// `proc_self` is normally `/proc/self`; tests point it at fixture files.
-    pub(crate) fn new(
+    pub(crate) fn from_parts(
         source: &str,
         period: Duration,
         counters: Arc<AgentCounters>,
@@ -137,48 +134,44 @@ impl AgentSensor {
             .ok()
             .and_then(|b| parse_auxv_clock_ticks(&b))
             .unwrap_or(DEFAULT_CLOCK_TICKS);
-        AgentSensor {
-            source: source.to_string(),
-            period,
+        let probe = Agent {
             counters,
             stat_path: proc_self.join("stat"),
             status_path: proc_self.join("status"),
             statm_path: proc_self.join("statm"),
             clock_ticks: ticks as f64,
             prev: None,
-            buf: String::with_capacity(2048),
-        }
+        };
+        ProcSensor::new(source, period, probe)
     }
+}
 
-    fn rss_kb(&mut self) -> Result<u64, SensorError> {
-        match read_parse(&self.status_path, &mut self.buf, parse_vm_rss_kb) {
+impl Agent {
+    fn rss_kb(&self, buf: &mut String) -> Result<u64, SensorError> {
+        match read_parse(&self.status_path, buf, parse_vm_rss_kb) {
             Ok(kb) => Ok(kb),
             // Without VmRSS (unusual kernels, restricted /proc) statm still has the pages.
             Err(_) => {
-                let pages = read_parse(&self.statm_path, &mut self.buf, parse_statm_rss_pages)?;
+                let pages = read_parse(&self.statm_path, buf, parse_statm_rss_pages)?;
                 Ok(pages.saturating_mul(STATM_PAGE_BYTES) / 1024)
             }
         }
     }
 }
 
-impl Sensor for AgentSensor {
-    fn name(&self) -> &str {
-        schemas::GMA_AGENT
+impl Probe for Agent {
+    const NAME: &'static str = schemas::GMA_AGENT;
+    const BUF_CAPACITY: usize = 2048;
+
+    fn schema() -> gma_proto::v1::EventSchema {
+        schemas::gma_agent()
     }
 
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::gma_agent()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        read_into(&self.stat_path, &mut self.buf)?;
-        let stat = parse_self_stat(&self.buf).map_err(|e| e.in_file(&self.stat_path))?;
-        let rss_kb = self.rss_kb()?;
+    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        read_into(&self.stat_path, buf)?;
+        let stat = parse_self_stat(buf).map_err(|e| e.in_file(&self.stat_path))?;
+        let rss_kb = self.rss_kb(buf)?;
+        let now_ns = out.now_ns;
         let cur = Baseline {
             now_ns,
             cpu_ticks: stat.utime.saturating_add(stat.stime),
@@ -198,13 +191,7 @@ impl Sensor for AgentSensor {
             rate(prev.events, cur.events, dt),
             stat.threads as f64,
         ];
-        out.push(event(
-            schemas::GMA_AGENT,
-            &self.source,
-            now_ns,
-            numbers,
-            Vec::new(),
-        ));
+        out.push(numbers, Vec::new());
         Ok(())
     }
 }
@@ -212,6 +199,7 @@ impl Sensor for AgentSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     const STAT_FIXTURE: &str = "4242 (gma (worker) 1) S 1 4242 4242 0 -1 4194560 19235 0 12 0 \
         250 50 0 0 20 0 7 0 123456 1048576000 4321 18446744073709551615 1 1 0 0 0 0 0 4096 17133 \
@@ -289,9 +277,10 @@ Threads:\t7
         std::fs::write(p.join("stat"), STAT_FIXTURE).unwrap();
         std::fs::write(p.join("statm"), "256000 1024 1000 100 0 5000 0\n").unwrap();
         let counters = Arc::new(AgentCounters::default());
-        let mut s = AgentSensor::new("h", Duration::from_secs(1), counters.clone(), p.to_path_buf());
+        let mut s = AgentSensor::from_parts("h", Duration::from_secs(1), counters.clone(), p.to_path_buf());
         assert_eq!(
-            s.clock_ticks, DEFAULT_CLOCK_TICKS as f64,
+            s.probe().clock_ticks,
+            DEFAULT_CLOCK_TICKS as f64,
             "no auxv in the fixture dir"
         );
         let mut out = Vec::new();

@@ -1,12 +1,9 @@
 //! `host.cpu`: CPU time split from the aggregate `cpu ` line of `/proc/stat`, plus `/proc/loadavg`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use gma_core::event::EventData;
-
-use crate::procfs::{event, parse_num, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{parse_num, read_parse, Emit, Probe, ProcSensor};
+use crate::{schemas, SensorError};
 
 const STAT: &str = "/proc/stat";
 const LOADAVG: &str = "/proc/loadavg";
@@ -133,44 +130,35 @@ pub fn parse_loadavg(text: &str) -> Result<LoadAvg, SensorError> {
 }
 
 /// Emits `host.cpu`. The first sample only records the baseline.
-pub(crate) struct CpuSensor {
-    source: String,
-    period: Duration,
+pub(crate) struct Cpu {
     stat_path: PathBuf,
     loadavg_path: PathBuf,
     prev: Option<CpuTimes>,
-    buf: String,
 }
 
+pub(crate) type CpuSensor = ProcSensor<Cpu>;
+
 impl CpuSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> CpuSensor {
-        CpuSensor {
-            source: cfg.source.clone(),
-            period: cfg.period,
+    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> CpuSensor {
+        let probe = Cpu {
             stat_path: cfg.proc_root.join("stat"),
             loadavg_path: cfg.proc_root.join("loadavg"),
             prev: None,
-            buf: String::with_capacity(4096),
-        }
+        };
+        ProcSensor::host(cfg, probe)
     }
 }
 
-impl Sensor for CpuSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_CPU
+impl Probe for Cpu {
+    const NAME: &'static str = schemas::HOST_CPU;
+
+    fn schema() -> gma_proto::v1::EventSchema {
+        schemas::host_cpu()
     }
 
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_cpu()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        let cur = read_parse(&self.stat_path, &mut self.buf, parse_proc_stat)?;
-        let load = read_parse(&self.loadavg_path, &mut self.buf, parse_loadavg)?;
+    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let cur = read_parse(&self.stat_path, buf, parse_proc_stat)?;
+        let load = read_parse(&self.loadavg_path, buf, parse_loadavg)?;
         let Some(prev) = self.prev.replace(cur) else {
             return Ok(());
         };
@@ -186,13 +174,7 @@ impl Sensor for CpuSensor {
             load.running as f64,
             load.procs as f64,
         ]);
-        out.push(event(
-            schemas::HOST_CPU,
-            &self.source,
-            now_ns,
-            numbers,
-            Vec::new(),
-        ));
+        out.push(numbers, Vec::new());
         Ok(())
     }
 }

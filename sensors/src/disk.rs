@@ -8,12 +8,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::time::Duration;
 
-use gma_core::event::EventData;
-
-use crate::procfs::{elapsed_s, event, parse_num, rate, read_into};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{elapsed_s, parse_num, rate, read_into, Emit, Probe, ProcSensor};
+use crate::{schemas, SensorError};
 
 const DISKSTATS: &str = "/proc/diskstats";
 /// `/proc/diskstats` counts sectors of 512 bytes whatever the device's real sector size.
@@ -127,33 +124,32 @@ struct DiskState {
 }
 
 /// Emits one `host.disk` per whole device. A device's first sighting is its baseline.
-pub(crate) struct DiskSensor {
-    host: String,
-    period: Duration,
+pub(crate) struct Disk {
     path: PathBuf,
     sys_block: PathBuf,
     whole: HashSet<String>,
     devices: HashMap<String, DiskState>,
     prev_ns: Option<i64>,
     generation: u64,
-    buf: String,
 }
 
+pub(crate) type DiskSensor = ProcSensor<Disk>;
+
 impl DiskSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> DiskSensor {
-        DiskSensor {
-            host: cfg.source.clone(),
-            period: cfg.period,
+    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> DiskSensor {
+        let probe = Disk {
             path: cfg.proc_root.join("diskstats"),
             sys_block: cfg.sys_root.join("block"),
             whole: HashSet::new(),
             devices: HashMap::new(),
             prev_ns: None,
             generation: 0,
-            buf: String::with_capacity(4096),
-        }
+        };
+        ProcSensor::host(cfg, probe)
     }
+}
 
+impl Disk {
     /// Re-reads `<sys_root>/block` (devices come and go); `false` when it cannot be read.
     fn refresh_whole(&mut self) -> bool {
         let Ok(dir) = std::fs::read_dir(&self.sys_block) else {
@@ -169,24 +165,18 @@ impl DiskSensor {
     }
 }
 
-impl Sensor for DiskSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_DISK
+impl Probe for Disk {
+    const NAME: &'static str = schemas::HOST_DISK;
+
+    fn schema() -> gma_proto::v1::EventSchema {
+        schemas::host_disk()
     }
 
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_disk()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
+    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
         let have_sys = self.refresh_whole();
-        read_into(&self.path, &mut self.buf)?;
-        let stats = parse_diskstats(&self.buf).map_err(|e| e.in_file(&self.path))?;
-        let dt = self.prev_ns.and_then(|p| elapsed_s(p, now_ns));
+        read_into(&self.path, buf)?;
+        let stats = parse_diskstats(buf).map_err(|e| e.in_file(&self.path))?;
+        let dt = self.prev_ns.and_then(|p| elapsed_s(p, out.now_ns));
         self.generation += 1;
         for d in &stats {
             let keep = !is_pseudo(d.device)
@@ -203,14 +193,14 @@ impl Sensor for DiskSensor {
                     if let Some(dt) = dt {
                         let numbers = disk_rates(&st.prev, &d.counters, dt).to_vec();
                         let strings = vec![d.device.to_string()];
-                        out.push(event(schemas::HOST_DISK, &st.source, now_ns, numbers, strings));
+                        out.push_from(&st.source, numbers, strings);
                     }
                     st.prev = d.counters;
                     st.seen = self.generation;
                 }
                 None => {
                     let st = DiskState {
-                        source: format!("{}/{}", self.host, d.device),
+                        source: format!("{}/{}", out.source, d.device),
                         prev: d.counters,
                         seen: self.generation,
                     };
@@ -220,7 +210,7 @@ impl Sensor for DiskSensor {
         }
         let generation = self.generation;
         self.devices.retain(|_, st| st.seen == generation);
-        self.prev_ns = Some(now_ns);
+        self.prev_ns = Some(out.now_ns);
         Ok(())
     }
 }
@@ -228,6 +218,7 @@ impl Sensor for DiskSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     const DISKSTATS_A: &str = "\
    7       0 loop0 55 0 2144 21 0 0 0 0 0 48 21 0 0 0 0
@@ -329,7 +320,7 @@ mod tests {
             sys_root,
             ..crate::HostSensorConfig::new("h")
         };
-        let mut s = DiskSensor::new(&cfg);
+        let mut s = DiskSensor::from_config(&cfg);
         let mut out = Vec::new();
         std::fs::write(proc_root.join("diskstats"), DISKSTATS_A).unwrap();
         s.sample(0, &mut out).unwrap();

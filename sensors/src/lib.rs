@@ -112,13 +112,13 @@ pub fn local_hostname() -> String {
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     vec![
-        Box::new(cpu::CpuSensor::new(cfg)),
-        Box::new(mem::MemSensor::new(cfg)),
-        Box::new(net::NetSensor::new(cfg)),
-        Box::new(disk::DiskSensor::new(cfg)),
-        Box::new(tcp::TcpSensor::new(cfg)),
-        Box::new(info::InfoSensor::new(cfg)),
-        Box::new(load::LoadSensor::new(cfg)),
+        Box::new(cpu::CpuSensor::from_config(cfg)),
+        Box::new(mem::MemSensor::from_config(cfg)),
+        Box::new(net::NetSensor::from_config(cfg)),
+        Box::new(disk::DiskSensor::from_config(cfg)),
+        Box::new(tcp::TcpSensor::from_config(cfg)),
+        Box::new(info::InfoSensor::from_config(cfg)),
+        Box::new(load::LoadSensor::from_config(cfg)),
     ]
 }
 
@@ -126,7 +126,7 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
 /// is measured. `counters` is shared with the producer, which adds every event and value it
 /// samples.
 pub fn agent_sensor(source: &str, period: Duration, counters: Arc<AgentCounters>) -> Box<dyn Sensor> {
-    Box::new(agent::AgentSensor::new(
+    Box::new(agent::AgentSensor::from_parts(
         source,
         period,
         counters,

@@ -1,12 +1,9 @@
 //! `host.mem`: memory and swap from `/proc/meminfo`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use gma_core::event::EventData;
-
-use crate::procfs::{event, kib_to_mib, parse_num, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{kib_to_mib, parse_num, read_parse, Emit, Probe, ProcSensor};
+use crate::{schemas, SensorError};
 
 const MEMINFO: &str = "/proc/meminfo";
 
@@ -100,46 +97,32 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, SensorError> {
 }
 
 /// Emits `host.mem` every sample (gauges need no baseline).
-pub(crate) struct MemSensor {
-    source: String,
-    period: Duration,
+pub(crate) struct Mem {
     path: PathBuf,
-    buf: String,
 }
+
+pub(crate) type MemSensor = ProcSensor<Mem>;
 
 impl MemSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> MemSensor {
-        MemSensor {
-            source: cfg.source.clone(),
-            period: cfg.period,
+    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> MemSensor {
+        let probe = Mem {
             path: cfg.proc_root.join("meminfo"),
-            buf: String::with_capacity(2048),
-        }
+        };
+        ProcSensor::host(cfg, probe)
     }
 }
 
-impl Sensor for MemSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_MEM
+impl Probe for Mem {
+    const BUF_CAPACITY: usize = 2048;
+    const NAME: &'static str = schemas::HOST_MEM;
+
+    fn schema() -> gma_proto::v1::EventSchema {
+        schemas::host_mem()
     }
 
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_mem()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        let m = read_parse(&self.path, &mut self.buf, parse_meminfo)?;
-        out.push(event(
-            schemas::HOST_MEM,
-            &self.source,
-            now_ns,
-            m.numbers(),
-            Vec::new(),
-        ));
+    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let m = read_parse(&self.path, buf, parse_meminfo)?;
+        out.push(m.numbers(), Vec::new());
         Ok(())
     }
 }

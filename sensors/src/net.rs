@@ -2,12 +2,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use gma_core::event::EventData;
-
-use crate::procfs::{elapsed_s, event, parse_num, rate, read_into};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{elapsed_s, parse_num, rate, read_into, Emit, Probe, ProcSensor};
+use crate::{schemas, SensorError};
 
 const NET_DEV: &str = "/proc/net/dev";
 
@@ -113,47 +110,38 @@ struct IfaceState {
 }
 
 /// Emits one `host.net` per interface. An interface's first sighting is its baseline.
-pub(crate) struct NetSensor {
-    host: String,
-    period: Duration,
+pub(crate) struct Net {
     path: PathBuf,
     ifaces: HashMap<String, IfaceState>,
     prev_ns: Option<i64>,
     generation: u64,
-    buf: String,
 }
 
+pub(crate) type NetSensor = ProcSensor<Net>;
+
 impl NetSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> NetSensor {
-        NetSensor {
-            host: cfg.source.clone(),
-            period: cfg.period,
+    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> NetSensor {
+        let probe = Net {
             path: cfg.proc_root.join("net/dev"),
             ifaces: HashMap::new(),
             prev_ns: None,
             generation: 0,
-            buf: String::with_capacity(4096),
-        }
+        };
+        ProcSensor::host(cfg, probe)
     }
 }
 
-impl Sensor for NetSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_NET
+impl Probe for Net {
+    const NAME: &'static str = schemas::HOST_NET;
+
+    fn schema() -> gma_proto::v1::EventSchema {
+        schemas::host_net()
     }
 
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_net()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        read_into(&self.path, &mut self.buf)?;
-        let devs = parse_net_dev(&self.buf).map_err(|e| e.in_file(&self.path))?;
-        let dt = self.prev_ns.and_then(|p| elapsed_s(p, now_ns));
+    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        read_into(&self.path, buf)?;
+        let devs = parse_net_dev(buf).map_err(|e| e.in_file(&self.path))?;
+        let dt = self.prev_ns.and_then(|p| elapsed_s(p, out.now_ns));
         self.generation += 1;
         for d in devs {
             match self.ifaces.get_mut(d.iface) {
@@ -161,14 +149,14 @@ impl Sensor for NetSensor {
                     if let Some(dt) = dt {
                         let numbers = net_rates(&st.prev, &d.counters, dt).to_vec();
                         let strings = vec![d.iface.to_string()];
-                        out.push(event(schemas::HOST_NET, &st.source, now_ns, numbers, strings));
+                        out.push_from(&st.source, numbers, strings);
                     }
                     st.prev = d.counters;
                     st.seen = self.generation;
                 }
                 None => {
                     let st = IfaceState {
-                        source: format!("{}/{}", self.host, d.iface),
+                        source: format!("{}/{}", out.source, d.iface),
                         prev: d.counters,
                         seen: self.generation,
                     };
@@ -178,7 +166,7 @@ impl Sensor for NetSensor {
         }
         let generation = self.generation;
         self.ifaces.retain(|_, st| st.seen == generation);
-        self.prev_ns = Some(now_ns);
+        self.prev_ns = Some(out.now_ns);
         Ok(())
     }
 }
@@ -186,6 +174,7 @@ impl Sensor for NetSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     const NET_DEV_A: &str = "\
 Inter-|   Receive                                                |  Transmit
@@ -259,7 +248,7 @@ Inter-|   Receive                                                |  Transmit
             proc_root: dir.path().to_path_buf(),
             ..crate::HostSensorConfig::new("h")
         };
-        let mut s = NetSensor::new(&cfg);
+        let mut s = NetSensor::from_config(&cfg);
         let mut out = Vec::new();
         assert!(s.sample(0, &mut out).is_err(), "missing file must be an error");
         std::fs::write(dir.path().join("net/dev"), NET_DEV_A).unwrap();
@@ -272,7 +261,7 @@ Inter-|   Receive                                                |  Transmit
         assert_eq!(sources, ["h/lo", "h/eth0"]);
         assert_eq!(out[1].strings, ["eth0"]);
         assert_eq!(out[1].numbers[0], 50000.0);
-        assert_eq!(s.ifaces.len(), 3);
-        assert!(!s.ifaces.contains_key("wlan0"));
+        assert_eq!(s.probe().ifaces.len(), 3);
+        assert!(!s.probe().ifaces.contains_key("wlan0"));
     }
 }

@@ -3,10 +3,107 @@
 use std::io::Read;
 use std::path::Path;
 use std::str::FromStr;
+use std::time::Duration;
 
 use gma_core::event::EventData;
+use gma_proto::v1::EventSchema;
 
-use crate::SensorError;
+use crate::{HostSensorConfig, Sensor, SensorError};
+
+/// What sets one `/proc` sensor apart: its event, the files it reads and what a sample makes
+/// of them. The rest — the source, the period, the reused read buffer and the [`Sensor`]
+/// impl — is [`ProcSensor`].
+pub(crate) trait Probe: Send {
+    /// The event name, also the sensor's name.
+    const NAME: &'static str;
+    /// Starting capacity of the read buffer (the largest file read, roughly).
+    const BUF_CAPACITY: usize = 4096;
+    /// The schema of [`Probe::NAME`].
+    fn schema() -> EventSchema;
+    /// One sample (see [`Sensor::sample`]): read files into `buf`, push events through `out`.
+    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError>;
+}
+
+/// Where a probe's sample goes: the sensor's source and period, the sample time, the events.
+pub(crate) struct Emit<'a> {
+    name: &'static str,
+    /// The sensor's source (per-interface and per-device events append `/<name>` to it).
+    pub(crate) source: &'a str,
+    /// The sensor's period.
+    pub(crate) period: Duration,
+    /// The sample time, UTC ns.
+    pub(crate) now_ns: i64,
+    out: &'a mut Vec<EventData>,
+}
+
+impl Emit<'_> {
+    /// Pushes one event from the sensor's source.
+    pub(crate) fn push(&mut self, numbers: Vec<f64>, strings: Vec<String>) {
+        let e = event(self.name, self.source, self.now_ns, numbers, strings);
+        self.out.push(e);
+    }
+
+    /// Pushes one event from `source` (a `<host>/<iface>` or `<host>/<device>`).
+    pub(crate) fn push_from(&mut self, source: &str, numbers: Vec<f64>, strings: Vec<String>) {
+        let e = event(self.name, source, self.now_ns, numbers, strings);
+        self.out.push(e);
+    }
+}
+
+/// A [`Sensor`] made of a [`Probe`] and what every `/proc` sensor has.
+pub(crate) struct ProcSensor<P> {
+    source: String,
+    period: Duration,
+    buf: String,
+    probe: P,
+}
+
+impl<P: Probe> ProcSensor<P> {
+    pub(crate) fn new(source: &str, period: Duration, probe: P) -> ProcSensor<P> {
+        ProcSensor {
+            source: source.to_string(),
+            period,
+            buf: String::with_capacity(P::BUF_CAPACITY),
+            probe,
+        }
+    }
+
+    /// A host sensor: the config's source, sampled every `cfg.period`.
+    pub(crate) fn host(cfg: &HostSensorConfig, probe: P) -> ProcSensor<P> {
+        ProcSensor::new(&cfg.source, cfg.period, probe)
+    }
+
+    /// The probe's state, for tests.
+    #[cfg(test)]
+    pub(crate) fn probe(&self) -> &P {
+        &self.probe
+    }
+}
+
+impl<P: Probe> Sensor for ProcSensor<P> {
+    fn name(&self) -> &str {
+        P::NAME
+    }
+
+    fn schemas(&self) -> Vec<EventSchema> {
+        vec![P::schema()]
+    }
+
+    fn period(&self) -> Duration {
+        self.period
+    }
+
+    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
+        let mut emit = Emit {
+            name: P::NAME,
+            source: &self.source,
+            period: self.period,
+            now_ns,
+            out,
+        };
+        self.probe.sample(&mut self.buf, &mut emit)
+    }
+}
 
 /// Reads `path` into `buf` (cleared first). The buffer lives in the sensor so a sample reuses
 /// its allocation instead of growing a fresh `String` every period.
