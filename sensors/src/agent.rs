@@ -7,12 +7,12 @@
 //! mainstream Linux architecture. Resident memory is `VmRSS` of `/proc/self/status`, falling
 //! back to `/proc/self/statm` pages of 4096 bytes.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::procfs::{elapsed_s, kib_to_mib, parse_num, rate, read_into, read_parse, Emit, Probe, ProcSensor};
+use crate::procfs::{elapsed_s, kib_to_mib, parse_num, rate, Emit, Files, Probe, ProcSensor};
 use crate::{schemas, SensorError};
 
 const SELF_STAT: &str = "/proc/self/stat";
@@ -113,64 +113,48 @@ struct Baseline {
 /// Emits `gma.agent`. The first sample only records the baseline.
 pub(crate) struct Agent {
     counters: Arc<AgentCounters>,
-    stat_path: PathBuf,
-    status_path: PathBuf,
-    statm_path: PathBuf,
     clock_ticks: f64,
     prev: Option<Baseline>,
 }
 
-pub(crate) type AgentSensor = ProcSensor<Agent>;
-
-impl AgentSensor {
-    /// `proc_self` is normally `/proc/self`; tests point it at fixture files.
-    pub(crate) fn from_parts(
-        source: &str,
-        period: Duration,
-        counters: Arc<AgentCounters>,
-        proc_self: PathBuf,
-    ) -> AgentSensor {
-        let ticks = std::fs::read(proc_self.join("auxv"))
-            .ok()
-            .and_then(|b| parse_auxv_clock_ticks(&b))
-            .unwrap_or(DEFAULT_CLOCK_TICKS);
-        let probe = Agent {
-            counters,
-            stat_path: proc_self.join("stat"),
-            status_path: proc_self.join("status"),
-            statm_path: proc_self.join("statm"),
-            clock_ticks: ticks as f64,
-            prev: None,
-        };
-        ProcSensor::new(source, period, probe)
-    }
+/// The `gma.agent` sensor, reading below `proc_self` (normally `/proc/self`; tests point it at
+/// fixture files).
+pub(crate) fn sensor(
+    source: &str,
+    period: Duration,
+    counters: Arc<AgentCounters>,
+    proc_self: &Path,
+) -> ProcSensor<Agent> {
+    let ticks = std::fs::read(proc_self.join("auxv"))
+        .ok()
+        .and_then(|b| parse_auxv_clock_ticks(&b))
+        .unwrap_or(DEFAULT_CLOCK_TICKS);
+    let probe = Agent {
+        counters,
+        clock_ticks: ticks as f64,
+        prev: None,
+    };
+    ProcSensor::new(source, period, proc_self, schemas::gma_agent(), probe)
 }
 
-impl Agent {
-    fn rss_kb(&self, buf: &mut String) -> Result<u64, SensorError> {
-        match read_parse(&self.status_path, buf, parse_vm_rss_kb) {
-            Ok(kb) => Ok(kb),
-            // Without VmRSS (unusual kernels, restricted /proc) statm still has the pages.
-            Err(_) => {
-                let pages = read_parse(&self.statm_path, buf, parse_statm_rss_pages)?;
-                Ok(pages.saturating_mul(STATM_PAGE_BYTES) / 1024)
-            }
+/// Resident memory, KiB.
+fn rss_kb(files: &mut Files) -> Result<u64, SensorError> {
+    match files.read("status", parse_vm_rss_kb) {
+        Ok(kb) => Ok(kb),
+        // Without VmRSS (unusual kernels, restricted /proc) statm still has the pages.
+        Err(_) => {
+            let pages = files.read("statm", parse_statm_rss_pages)?;
+            Ok(pages.saturating_mul(STATM_PAGE_BYTES) / 1024)
         }
     }
 }
 
 impl Probe for Agent {
-    const NAME: &'static str = schemas::GMA_AGENT;
     const BUF_CAPACITY: usize = 2048;
 
-    fn schema() -> gma_proto::v1::EventSchema {
-        schemas::gma_agent()
-    }
-
-    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        read_into(&self.stat_path, buf)?;
-        let stat = parse_self_stat(buf).map_err(|e| e.in_file(&self.stat_path))?;
-        let rss_kb = self.rss_kb(buf)?;
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let stat = files.read("stat", parse_self_stat)?;
+        let rss_kb = rss_kb(files)?;
         let now_ns = out.now_ns;
         let cur = Baseline {
             now_ns,
@@ -277,7 +261,7 @@ Threads:\t7
         std::fs::write(p.join("stat"), STAT_FIXTURE).unwrap();
         std::fs::write(p.join("statm"), "256000 1024 1000 100 0 5000 0\n").unwrap();
         let counters = Arc::new(AgentCounters::default());
-        let mut s = AgentSensor::from_parts("h", Duration::from_secs(1), counters.clone(), p.to_path_buf());
+        let mut s = sensor("h", Duration::from_secs(1), counters.clone(), p);
         assert_eq!(
             s.probe().clock_ticks,
             DEFAULT_CLOCK_TICKS as f64,

@@ -1,9 +1,7 @@
 //! `host.cpu`: CPU time split from the aggregate `cpu ` line of `/proc/stat`, plus `/proc/loadavg`.
 
-use std::path::PathBuf;
-
-use crate::procfs::{parse_num, read_parse, Emit, Probe, ProcSensor};
-use crate::{schemas, SensorError};
+use crate::procfs::{parse_num, Emit, Files, Probe};
+use crate::SensorError;
 
 const STAT: &str = "/proc/stat";
 const LOADAVG: &str = "/proc/loadavg";
@@ -130,35 +128,15 @@ pub fn parse_loadavg(text: &str) -> Result<LoadAvg, SensorError> {
 }
 
 /// Emits `host.cpu`. The first sample only records the baseline.
+#[derive(Default)]
 pub(crate) struct Cpu {
-    stat_path: PathBuf,
-    loadavg_path: PathBuf,
     prev: Option<CpuTimes>,
 }
 
-pub(crate) type CpuSensor = ProcSensor<Cpu>;
-
-impl CpuSensor {
-    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> CpuSensor {
-        let probe = Cpu {
-            stat_path: cfg.proc_root.join("stat"),
-            loadavg_path: cfg.proc_root.join("loadavg"),
-            prev: None,
-        };
-        ProcSensor::host(cfg, probe)
-    }
-}
-
 impl Probe for Cpu {
-    const NAME: &'static str = schemas::HOST_CPU;
-
-    fn schema() -> gma_proto::v1::EventSchema {
-        schemas::host_cpu()
-    }
-
-    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        let cur = read_parse(&self.stat_path, buf, parse_proc_stat)?;
-        let load = read_parse(&self.loadavg_path, buf, parse_loadavg)?;
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let cur = files.read("stat", parse_proc_stat)?;
+        let load = files.read("loadavg", parse_loadavg)?;
         let Some(prev) = self.prev.replace(cur) else {
             return Ok(());
         };

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::mem::parse_meminfo;
-use crate::procfs::{kib_to_mib, parse_num, read_into, read_parse, Emit, Probe, ProcSensor};
-use crate::{schemas, SensorError};
+use crate::procfs::{kib_to_mib, parse_num, Emit, Files, Probe};
+use crate::SensorError;
 
 const STAT: &str = "/proc/stat";
 
@@ -90,34 +90,22 @@ fn unquote(v: &str) -> String {
     v.to_string()
 }
 
-/// Emits `host.info`; see the module doc for when.
+/// Emits `host.info`; see the module doc for when. Its sensor's period is the info period:
+/// the producer need not wake it more often.
 pub(crate) struct Info {
-    stat_path: PathBuf,
-    meminfo_path: PathBuf,
-    osrelease_path: PathBuf,
-    hostname_path: PathBuf,
-    os_release_path: PathBuf,
+    os_release: PathBuf,
     last_ns: Option<i64>,
 }
 
-pub(crate) type InfoSensor = ProcSensor<Info>;
-
-impl InfoSensor {
-    /// Sampled every info period: the producer need not wake this sensor more often.
-    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> InfoSensor {
-        let probe = Info {
-            stat_path: cfg.proc_root.join("stat"),
-            meminfo_path: cfg.proc_root.join("meminfo"),
-            osrelease_path: cfg.proc_root.join("sys/kernel/osrelease"),
-            hostname_path: cfg.proc_root.join("sys/kernel/hostname"),
-            os_release_path: cfg.os_release.clone(),
-            last_ns: None,
-        };
-        ProcSensor::new(&cfg.source, cfg.info_period, probe)
-    }
-}
-
 impl Info {
+    /// `os_release` is normally `/etc/os-release`.
+    pub(crate) fn new(os_release: &Path) -> Info {
+        Info {
+            os_release: os_release.to_path_buf(),
+            last_ns: None,
+        }
+    }
+
     /// Due on the first sample, then once `period` (the info period) has passed. A tenth of
     /// the period is allowed as slack so a loop ticking at exactly `info_period` with a little
     /// jitter does not skip every other tick.
@@ -131,30 +119,23 @@ impl Info {
 }
 
 /// A one-line file such as `/proc/sys/kernel/hostname`, without its newline.
-fn read_trimmed(path: &Path, buf: &mut String) -> Result<String, SensorError> {
-    read_into(path, buf)?;
-    Ok(buf.trim().to_string())
+fn trimmed(text: &str) -> Result<String, SensorError> {
+    Ok(text.trim().to_string())
 }
 
 impl Probe for Info {
-    const NAME: &'static str = schemas::HOST_INFO;
-
-    fn schema() -> gma_proto::v1::EventSchema {
-        schemas::host_info()
-    }
-
-    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         if !self.due(out.period, out.now_ns) {
             return Ok(());
         }
-        let stat = read_parse(&self.stat_path, buf, parse_stat_info)?;
-        let mem = read_parse(&self.meminfo_path, buf, parse_meminfo)?;
-        let kernel = read_trimmed(&self.osrelease_path, buf)?;
-        let hostname = read_trimmed(&self.hostname_path, buf)?;
+        let stat = files.read("stat", parse_stat_info)?;
+        let mem = files.read("meminfo", parse_meminfo)?;
+        let kernel = files.read("sys/kernel/osrelease", trimmed)?;
+        let hostname = files.read("sys/kernel/hostname", trimmed)?;
         // os-release is not in /proc and minimal containers lack it; the rest of host.info is
         // still worth sending, so its absence degrades to "unknown" instead of failing.
-        let os = match read_into(&self.os_release_path, buf) {
-            Ok(()) => parse_os_release(buf).unwrap_or_else(|| UNKNOWN_OS.to_string()),
+        let os = match files.read_at(&self.os_release, |t| Ok(parse_os_release(t))) {
+            Ok(os) => os.unwrap_or_else(|| UNKNOWN_OS.to_string()),
             Err(e) => {
                 tracing::debug!(error = %e, "no os-release; host.info os is {UNKNOWN_OS:?}");
                 UNKNOWN_OS.to_string()
@@ -249,7 +230,13 @@ cpufreq_whatever 1
             info_period: Duration::from_secs(60),
             ..crate::HostSensorConfig::new("node7")
         };
-        let mut s = InfoSensor::from_config(&cfg);
+        let mut s = crate::procfs::ProcSensor::new(
+            &cfg.source,
+            cfg.info_period,
+            &cfg.proc_root,
+            crate::schemas::host_info(),
+            Info::new(&cfg.os_release),
+        );
         let mut out = Vec::new();
         let sec = 1_000_000_000i64;
         // 10 % slack: 115 s is close enough to 60 s + 60 s

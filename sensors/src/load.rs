@@ -1,13 +1,11 @@
 //! `host.load`: the capacity summary a broker ranks hosts by. On a real host the queue is 0 and
 //! no benchmark scores are known (NaN); the simulator fills them in for its virtual hosts.
 
-use std::path::PathBuf;
-
 use crate::cpu::parse_loadavg;
 use crate::info::count_cpus;
 use crate::mem::parse_meminfo;
-use crate::procfs::{kib_to_mib, read_parse, Emit, Probe, ProcSensor};
-use crate::{schemas, SensorError};
+use crate::procfs::{kib_to_mib, Emit, Files, Probe};
+use crate::SensorError;
 
 /// CPUs free for new work: `max(0, cpus - load1)` rounded down. Equals `cpus - ceil(load1)`
 /// for whole `cpus`, the rule the simulator uses too.
@@ -16,40 +14,17 @@ pub fn free_cpus(cpus: f64, load1: f64) -> f64 {
 }
 
 /// Emits `host.load` every sample.
-pub(crate) struct Load {
-    loadavg_path: PathBuf,
-    stat_path: PathBuf,
-    meminfo_path: PathBuf,
-}
-
-pub(crate) type LoadSensor = ProcSensor<Load>;
-
-impl LoadSensor {
-    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> LoadSensor {
-        let probe = Load {
-            loadavg_path: cfg.proc_root.join("loadavg"),
-            stat_path: cfg.proc_root.join("stat"),
-            meminfo_path: cfg.proc_root.join("meminfo"),
-        };
-        ProcSensor::host(cfg, probe)
-    }
-}
+pub(crate) struct Load;
 
 impl Probe for Load {
-    const NAME: &'static str = schemas::HOST_LOAD;
-
-    fn schema() -> gma_proto::v1::EventSchema {
-        schemas::host_load()
-    }
-
-    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        let load = read_parse(&self.loadavg_path, buf, parse_loadavg)?;
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let load = files.read("loadavg", parse_loadavg)?;
         // Re-counted every sample: CPUs can be hot-plugged.
-        let cores = read_parse(&self.stat_path, buf, |t| match count_cpus(t) {
+        let cores = files.read("stat", |t| match count_cpus(t) {
             0 => Err(SensorError::parse("/proc/stat", 0, "no per-cpu \"cpuN\" lines")),
             n => Ok(n as f64),
         })?;
-        let mem = read_parse(&self.meminfo_path, buf, parse_meminfo)?;
+        let mem = files.read("meminfo", parse_meminfo)?;
         let numbers = vec![
             load.load1,
             free_cpus(cores, load.load1),
@@ -92,7 +67,7 @@ mod tests {
             proc_root: p.to_path_buf(),
             ..crate::HostSensorConfig::new("h")
         };
-        let mut s = LoadSensor::from_config(&cfg);
+        let mut s = crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_load(), Load);
         let mut out = Vec::new();
         s.sample(7, &mut out).unwrap();
         let n = &out[0].numbers;

@@ -1,9 +1,7 @@
 //! `host.mem`: memory and swap from `/proc/meminfo`.
 
-use std::path::PathBuf;
-
-use crate::procfs::{kib_to_mib, parse_num, read_parse, Emit, Probe, ProcSensor};
-use crate::{schemas, SensorError};
+use crate::procfs::{kib_to_mib, parse_num, Emit, Files, Probe};
+use crate::SensorError;
 
 const MEMINFO: &str = "/proc/meminfo";
 
@@ -97,31 +95,13 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, SensorError> {
 }
 
 /// Emits `host.mem` every sample (gauges need no baseline).
-pub(crate) struct Mem {
-    path: PathBuf,
-}
-
-pub(crate) type MemSensor = ProcSensor<Mem>;
-
-impl MemSensor {
-    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> MemSensor {
-        let probe = Mem {
-            path: cfg.proc_root.join("meminfo"),
-        };
-        ProcSensor::host(cfg, probe)
-    }
-}
+pub(crate) struct Mem;
 
 impl Probe for Mem {
     const BUF_CAPACITY: usize = 2048;
-    const NAME: &'static str = schemas::HOST_MEM;
 
-    fn schema() -> gma_proto::v1::EventSchema {
-        schemas::host_mem()
-    }
-
-    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        let m = read_parse(&self.path, buf, parse_meminfo)?;
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let m = files.read("meminfo", parse_meminfo)?;
         out.push(m.numbers(), Vec::new());
         Ok(())
     }

@@ -3,10 +3,8 @@
 //! Columns are found by header name, not position: kernels have added columns over time
 //! (`InCsumErrors` in 3.10) and may again.
 
-use std::path::PathBuf;
-
-use crate::procfs::{elapsed_s, parse_num, rate, read_parse, Emit, Probe, ProcSensor};
-use crate::{schemas, SensorError};
+use crate::procfs::{elapsed_s, parse_num, rate, Emit, Files, Probe};
+use crate::SensorError;
 
 const SNMP: &str = "/proc/net/snmp";
 
@@ -76,36 +74,17 @@ pub fn tcp_values(prev: &TcpCounters, cur: &TcpCounters, dt_s: f64) -> [f64; 6] 
 }
 
 /// Emits `net.tcp`. The first sample only records the baseline.
+#[derive(Default)]
 pub(crate) struct Tcp {
-    path: PathBuf,
     prev: Option<(i64, TcpCounters)>,
 }
 
-pub(crate) type TcpSensor = ProcSensor<Tcp>;
-
-impl TcpSensor {
-    pub(crate) fn from_config(cfg: &crate::HostSensorConfig) -> TcpSensor {
-        let probe = Tcp {
-            path: cfg.proc_root.join("net/snmp"),
-            prev: None,
-        };
-        ProcSensor::host(cfg, probe)
-    }
-}
-
 impl Probe for Tcp {
-    const NAME: &'static str = schemas::NET_TCP;
-
-    fn schema() -> gma_proto::v1::EventSchema {
-        schemas::net_tcp()
-    }
-
-    fn sample(&mut self, buf: &mut String, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        let cur = read_parse(&self.path, buf, parse_snmp_tcp)?;
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let cur = files.read("net/snmp", parse_snmp_tcp)?;
         if let Some((prev_ns, prev)) = self.prev.replace((out.now_ns, cur)) {
             if let Some(dt) = elapsed_s(prev_ns, out.now_ns) {
-                let numbers = tcp_values(&prev, &cur, dt).to_vec();
-                out.push(numbers, Vec::new());
+                out.push(tcp_values(&prev, &cur, dt).to_vec(), Vec::new());
             }
         }
         Ok(())
