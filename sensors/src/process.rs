@@ -245,17 +245,18 @@ pub struct ProcessWatch {
 impl ProcessWatch {
     /// Checks the watch: a name, exactly one selector, sensible values. The message names the
     /// watch and says what to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SensorError> {
+        let invalid = |message: String| SensorError::config(CONFIG_ORIGIN, message);
         if self.name.trim().is_empty() {
-            return Err(
+            return Err(invalid(
                 "process watch: name must not be empty (it is sent as `watch` in every event)".to_string(),
-            );
+            ));
         }
         if self.name.len() > MAX_STRING_VALUE {
-            return Err(format!(
+            return Err(invalid(format!(
                 "process watch name is {} bytes, at most {MAX_STRING_VALUE}",
                 self.name.len()
-            ));
+            )));
         }
         let who = format!("process watch {:?}", self.name);
         let set: Vec<&str> = [
@@ -270,67 +271,73 @@ impl ProcessWatch {
         match set.len() {
             1 => {}
             0 => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: set exactly one of comm, cmdline, pid or command (none is set)"
-                ))
+                )))
             }
             _ => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: set exactly one of comm, cmdline, pid or command ({} are set)",
                     set.join(" and ")
-                ))
+                )))
             }
         }
         if let Some(c) = &self.comm {
             if c.is_empty() {
-                return Err(format!("{who}: comm is empty"));
+                return Err(invalid(format!("{who}: comm is empty")));
             }
             if c.len() > MAX_COMM_LEN {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: comm {c:?} is {} bytes but the kernel keeps at most {MAX_COMM_LEN} in \
                      /proc/<pid>/comm, so it could never match: give the first {MAX_COMM_LEN} bytes or \
                      use cmdline",
                     c.len()
-                ));
+                )));
             }
         }
         if self.cmdline.as_deref() == Some("") {
-            return Err(format!("{who}: cmdline is empty (it would match every process)"));
+            return Err(invalid(format!(
+                "{who}: cmdline is empty (it would match every process)"
+            )));
         }
         if self.pid == Some(0) {
-            return Err(format!("{who}: pid must be > 0"));
+            return Err(invalid(format!("{who}: pid must be > 0")));
         }
         if let Some(argv) = &self.command {
             match argv.first() {
                 None => {
-                    return Err(format!(
+                    return Err(invalid(format!(
                         "{who}: command is empty: give the program and its arguments, e.g. \
                          [\"sleep\", \"30\"]"
-                    ))
+                    )))
                 }
-                Some(p) if p.is_empty() => return Err(format!("{who}: command[0] (the program) is empty")),
+                Some(p) if p.is_empty() => {
+                    return Err(invalid(format!("{who}: command[0] (the program) is empty")))
+                }
                 Some(_) => {}
             }
             if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
-                return Err(format!("{who}: command[{i}] contains a NUL byte"));
+                return Err(invalid(format!("{who}: command[{i}] contains a NUL byte")));
             }
         }
         if self.restart && self.command.is_none() {
-            return Err(format!(
+            return Err(invalid(format!(
                 "{who}: restart applies only to command watches (the agent restarts only what it started)"
-            ));
+            )));
         }
         if let Some(v) = self.cpu_pct_max {
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: cpu_pct_max {v} must be a finite number > 0 (percent of one CPU; above 100 \
                      for multi-threaded processes)"
-                ));
+                )));
             }
         }
         if let Some(v) = self.rss_mb_max {
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{who}: rss_mb_max {v} must be a finite number > 0 (MiB)"));
+                return Err(invalid(format!(
+                    "{who}: rss_mb_max {v} must be a finite number > 0 (MiB)"
+                )));
             }
         }
         Ok(())
@@ -750,17 +757,14 @@ impl ProcessSensor {
         watches: Vec<ProcessWatch>,
         proc_root: PathBuf,
     ) -> Result<ProcessSensor, SensorError> {
-        let config = |message: String| SensorError::Config {
-            origin: CONFIG_ORIGIN.to_string(),
-            message,
-        };
+        let config = |message: String| SensorError::config(CONFIG_ORIGIN, message);
         validate_source(source).map_err(|e| config(e.to_string()))?;
         if period.is_zero() {
             return Err(config("the process sensor period must be > 0".to_string()));
         }
         let mut names = HashSet::new();
         for w in &watches {
-            w.validate().map_err(config)?;
+            w.validate()?;
             if !names.insert(w.name.as_str()) {
                 return Err(config(format!(
                     "two process watches are named {:?}: names must be unique",
@@ -1718,7 +1722,10 @@ mod tests {
 
     #[test]
     fn validate_messages() {
-        let err = |w: ProcessWatch| w.validate().unwrap_err();
+        let err = |w: ProcessWatch| match w.validate().unwrap_err() {
+            SensorError::Config { origin, message } if origin == CONFIG_ORIGIN => message,
+            other => panic!("not a config error: {other}"),
+        };
         assert_eq!(
             err(watch("web")),
             "process watch \"web\": set exactly one of comm, cmdline, pid or command (none is set)"
