@@ -83,7 +83,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use gma_core::event::{dbl, text, EventData, MAX_STRING_VALUE};
+use gma_core::event::{dbl, schema, text, EventData, MAX_STRING_VALUE};
 use gma_core::pattern::validate_source;
 use gma_proto::v1::EventSchema;
 
@@ -95,7 +95,7 @@ pub const PROC_EVENT: &str = "proc.event";
 /// Event name of the per-process resource use.
 pub const PROC_USAGE: &str = "proc.usage";
 /// The version of both schemas.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
 
 /// `kind`: a matched process appeared (or was running at the first sample), or a command was
 /// started.
@@ -140,10 +140,11 @@ const MAX_DETAIL_ARGV: usize = 200;
 /// doubles each in the order listed.
 pub fn process_schemas() -> Vec<EventSchema> {
     vec![
-        EventSchema {
-            name: PROC_EVENT.to_string(),
-            version: VERSION,
-            fields: vec![
+        schema(
+            PROC_EVENT,
+            "state changes of watched processes: starts, exits with their status or \
+                          signal, disappearances, CPU and memory threshold crossings",
+            vec![
                 text("watch", "name of the [[process]] watch"),
                 text(
                     "kind",
@@ -184,14 +185,11 @@ pub fn process_schemas() -> Vec<EventSchema> {
                     "processes this watch matches after this sample's changes",
                 ),
             ],
-            description: "state changes of watched processes: starts, exits with their status or \
-                          signal, disappearances, CPU and memory threshold crossings"
-                .to_string(),
-        },
-        EventSchema {
-            name: PROC_USAGE.to_string(),
-            version: VERSION,
-            fields: vec![
+        ),
+        schema(
+            PROC_USAGE,
+            "resource use of every live watched process, each sample",
+            vec![
                 text("watch", "name of the [[process]] watch"),
                 dbl("pid", "pid", "process id"),
                 dbl(
@@ -212,8 +210,7 @@ pub fn process_schemas() -> Vec<EventSchema> {
                     "processes this watch matches in this sample",
                 ),
             ],
-            description: "resource use of every live watched process, each sample".to_string(),
-        },
+        ),
     ]
 }
 
@@ -2557,5 +2554,18 @@ mod tests {
         // only under /proc, and only for match watches
         let s = real(50, vec![command("c", &["true"], false)]);
         assert!(!s.proc_connector_active());
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn process_schemas_are_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&process_schemas()[0]),
+            "proc.event v1: watch string, kind string, detail string, pid double pid, status double status, signal double signal, cpu_pct double %, rss_mb double MiB, running double processes"
+        );
+        assert_eq!(
+            gma_core::event::signature(&process_schemas()[1]),
+            "proc.usage v1: watch string, pid double pid, cpu_pct double %, rss_mb double MiB, threads double threads, running double processes"
+        );
     }
 }
