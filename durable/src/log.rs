@@ -130,6 +130,31 @@ pub struct Recovered {
 /// Completion of a wait: called once, from the writer thread (or at once).
 pub type Waiter = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
+/// A callback the writer thread calls once with the outcome.
+type Done<T> = Box<dyn FnOnce(Result<T, LogError>) + Send>;
+
+/// The outcome `register` hands to the writer thread's callback, awaited.
+async fn awaited<T: Send + 'static>(register: impl FnOnce(Done<T>)) -> Result<T, LogError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    register(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.await.map_err(|_| writer_stopped())?
+}
+
+/// [`awaited`] for threads outside an async runtime.
+fn waited<T: Send + 'static>(register: impl FnOnce(Done<T>)) -> Result<T, LogError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    register(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.recv().map_err(|_| writer_stopped())?
+}
+
+fn writer_stopped() -> LogError {
+    LogError::Failed("the log writer stopped".into())
+}
+
 enum Op {
     /// Bytes of records up to seq `last`.
     Write { bytes: Vec<u8>, last: u64 },
@@ -494,28 +519,12 @@ impl Log {
 
     /// Waits until every record up to `seq` is durable.
     pub async fn sync(&self, seq: u64) -> Result<(), LogError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.on_durable(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.await
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        awaited(|done| self.on_durable(seq, done)).await
     }
 
     /// [`Log::sync`] for threads outside an async runtime.
     pub fn sync_blocking(&self, seq: u64) -> Result<(), LogError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.on_durable(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.recv()
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        waited(|done| self.on_durable(seq, done))
     }
 
     /// Waits until everything appended so far is durable.
@@ -558,7 +567,7 @@ impl Log {
     /// Deletes every segment whose records are all before `seq` (never the current one), after
     /// the writes queued before this call; `done` is called once the folder is fsynced, with the
     /// segments removed.
-    pub fn on_removed_before(&self, seq: u64, done: Box<dyn FnOnce(Result<Vec<u64>, LogError>) + Send>) {
+    pub fn on_removed_before(&self, seq: u64, done: Done<Vec<u64>>) {
         let sh = self.shared();
         let mut st = sh.state.lock();
         if let Some(f) = &st.failed {
@@ -581,28 +590,12 @@ impl Log {
 
     /// [`Log::on_removed_before`], awaited.
     pub async fn remove_before(&self, seq: u64) -> Result<Vec<u64>, LogError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.on_removed_before(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.await
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        awaited(|done| self.on_removed_before(seq, done)).await
     }
 
     /// [`Log::on_removed_before`] for threads outside an async runtime.
     pub fn remove_before_blocking(&self, seq: u64) -> Result<Vec<u64>, LogError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.on_removed_before(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.recv()
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        waited(|done| self.on_removed_before(seq, done))
     }
 
     /// The segment the next record goes to (its first seq).
