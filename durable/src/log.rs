@@ -179,6 +179,21 @@ struct State {
     closing: bool,
 }
 
+impl State {
+    /// Records up to `written` (if any) are durable now: takes the waiters this satisfies.
+    fn synced_to(&mut self, written: Option<u64>) -> Vec<(u64, Waiter)> {
+        if let Some(w) = written {
+            self.synced = self.synced.max(w);
+        }
+        let synced = self.synced;
+        let (ready, wait) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|(s, _)| *s <= synced);
+        self.waiters = wait;
+        ready
+    }
+}
+
 struct Shared {
     fs: Arc<dyn Fs>,
     dir: PathBuf,
@@ -647,17 +662,7 @@ fn writer(sh: Arc<Shared>, mut file: Box<dyn FsFile>, mut current: u64) {
         let (fire, err) = {
             let mut st = sh.state.lock();
             match &result {
-                Ok(()) => {
-                    if let Some(w) = written {
-                        st.synced = st.synced.max(w);
-                    }
-                    let synced = st.synced;
-                    let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
-                        .into_iter()
-                        .partition(|(s, _)| *s <= synced);
-                    st.waiters = wait;
-                    (ready, None)
-                }
+                Ok(()) => (st.synced_to(written), None),
                 Err(e) => {
                     tracing::error!(dir = %sh.dir.display(), error = %e, "log write failed; refusing further writes");
                     st.failed = Some(e.to_string());
@@ -717,12 +722,7 @@ fn run(
                 if sh.ack_before_sync {
                     // The deliberate bug: acknowledge what is only written.
                     let mut st = sh.state.lock();
-                    st.synced = st.synced.max(last);
-                    let synced = st.synced;
-                    let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
-                        .into_iter()
-                        .partition(|(s, _)| *s <= synced);
-                    st.waiters = wait;
+                    let ready = st.synced_to(Some(last));
                     drop(st);
                     for (_, w) in ready {
                         w(Ok(()));
