@@ -180,6 +180,14 @@ struct State {
 }
 
 impl State {
+    /// The error that stopped the log, if one did.
+    fn healthy(&self) -> Result<(), LogError> {
+        match &self.failed {
+            Some(f) => Err(LogError::Failed(f.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// Records up to `written` (if any) are durable now: takes the waiters this satisfies.
     fn synced_to(&mut self, written: Option<u64>) -> Vec<(u64, Waiter)> {
         if let Some(w) = written {
@@ -474,9 +482,7 @@ impl Log {
         }
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            return Err(LogError::Failed(f.clone()));
-        }
+        st.healthy()?;
         let seq = st.next_seq;
         st.next_seq += 1;
         let pos = Pos {
@@ -516,8 +522,7 @@ impl Log {
     pub fn on_durable(&self, seq: u64, done: Waiter) {
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            let e = LogError::Failed(f.clone());
+        if let Err(e) = st.healthy() {
             drop(st);
             return done(Err(e));
         }
@@ -553,9 +558,7 @@ impl Log {
     pub fn rotate(&self) -> Result<u64, LogError> {
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            return Err(LogError::Failed(f.clone()));
-        }
+        st.healthy()?;
         if st.tail_len == 0 {
             return Ok(st.tail_segment);
         }
@@ -585,8 +588,7 @@ impl Log {
     pub fn on_removed_before(&self, seq: u64, done: Done<Vec<u64>>) {
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            let e = LogError::Failed(f.clone());
+        if let Err(e) = st.healthy() {
             drop(st);
             return done(Err(e));
         }
