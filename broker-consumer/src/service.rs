@@ -19,7 +19,7 @@ use std::time::Instant;
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::authz::{Action, Decision, Door};
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::{dbl, schema, text, EventData};
 use gma_core::guard::Gate;
 use gma_core::time::now_ns;
 use gma_producer::{Hub, Identity, Producer};
@@ -92,10 +92,10 @@ pub use crate::error::Error as BrokerError;
 
 /// `broker.decision`: every Select and Coallocate, with what decided it.
 pub fn decision_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: DECISION_EVENT.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        DECISION_EVENT,
+        "a resource broker decision",
+        vec![
             dbl(
                 "decision_id",
                 "",
@@ -133,8 +133,7 @@ pub fn decision_schema() -> pb::EventSchema {
             text("outcome", "ok, none, success or failed"),
             text("reason", "why, when nothing was chosen"),
         ],
-        description: "a resource broker decision".into(),
-    }
+    )
 }
 
 fn policy_of(p: i32) -> Result<Policy, BrokerError> {
@@ -709,5 +708,19 @@ async fn follow(view: Arc<LiveView>, directory: String, patterns: Vec<String>, s
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn decision_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&decision_schema()),
+            "broker.decision v1: decision_id double, ranked double resources, rejected double resources, stale double resources, predicted_start_s double s, predicted_completion_s double s, decide_us double us, kind string, job string, policy string, chosen string, ranking string, outcome string, reason string"
+        );
     }
 }

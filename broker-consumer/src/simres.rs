@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gma_core::authz::{Action, Door};
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::{dbl, schema, text, EventData};
 use gma_core::guard::Gate;
 use gma_core::time::now_ns;
 use gma_producer::{Hub, Identity, Producer};
@@ -186,10 +186,10 @@ impl SimresConfig {
 
 /// `reservation.state`: every change of a reservation.
 pub fn reservation_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: RESERVATION_EVENT.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        RESERVATION_EVENT,
+        "an advance reservation at a resource manager changed",
+        vec![
             dbl("start_s", "s", "reserved start, Unix seconds"),
             dbl("end_s", "s", "reserved end (exclusive), Unix seconds"),
             dbl("cpus", "cpus", "reserved CPUs"),
@@ -198,8 +198,7 @@ pub fn reservation_schema() -> pb::EventSchema {
             text("owner", "who holds it"),
             text("state", "granted, modified, released or expired"),
         ],
-        description: "an advance reservation at a resource manager changed".into(),
-    }
+    )
 }
 
 /// The manager's state behind the gRPC service.
@@ -878,5 +877,14 @@ mod tests {
         assert_eq!(starts(&a), starts(&b));
         assert_eq!(starts(&a).len(), 4);
         assert!(starts(&a).iter().all(|(_, s)| *s >= NOW && *s <= NOW + 14400));
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn reservation_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&reservation_schema()),
+            "reservation.state v1: start_s double s, end_s double s, cpus double cpus, id string, resource string, owner string, state string"
+        );
     }
 }

@@ -266,6 +266,44 @@ pub fn push_json_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// The version of every schema the fabric defines in code.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A schema defined in code, at [`SCHEMA_VERSION`]: `fields` in order (doubles go in an event's
+/// `numbers`, strings in its `strings`, each in this order), made with [`dbl`] and [`text`].
+pub fn schema(name: &str, description: &str, fields: Vec<pb::FieldSpec>) -> pb::EventSchema {
+    pb::EventSchema {
+        name: name.to_string(),
+        version: SCHEMA_VERSION,
+        fields,
+        description: description.to_string(),
+    }
+}
+
+/// A schema's contract in one line: name, version, then each field's name, type and unit in
+/// order (`host.net v1: rx_bytes_per_s double B/s, ..., iface string`). What a reader of the
+/// events depends on; descriptions are left out. Tests pin schemas with it.
+pub fn signature(s: &pb::EventSchema) -> String {
+    let fields: Vec<String> = s
+        .fields
+        .iter()
+        .map(|f| {
+            let ty = match FieldType::try_from(f.r#type) {
+                Ok(FieldType::Double) => "double".to_string(),
+                Ok(FieldType::String) => "string".to_string(),
+                _ => format!("type{}", f.r#type),
+            };
+            [f.name.as_str(), &ty, &f.unit]
+                .iter()
+                .filter(|p| !p.is_empty())
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    format!("{} v{}: {}", s.name, s.version, fields.join(", "))
+}
+
 /// Shorthand for building schemas in code.
 pub fn field(name: &str, ty: FieldType, unit: &str, description: &str) -> pb::FieldSpec {
     pb::FieldSpec {

@@ -21,6 +21,8 @@
 //! - [`guard`]: the gate in front of every RPC: authorization plus per-identity limits.
 //! - [`rpc`]: the middleware sensor: a tower layer counting every RPC (requests, errors,
 //!   latency histogram) for Prometheus and the `gma.rpc` events.
+//! - [`telemetry`]: [`metric_names!`], how a crate declares its Prometheus metrics and their
+//!   HELP lines.
 
 pub mod addr;
 pub mod authz;
@@ -35,6 +37,7 @@ pub mod guard;
 pub mod pattern;
 pub mod rolling;
 pub mod rpc;
+pub mod telemetry;
 pub mod time;
 pub mod tls;
 

@@ -28,7 +28,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use tonic::codegen::{http, Service};
 
-use crate::event::{dbl, text, EventData};
+use crate::event::{dbl, schema, text, EventData};
 
 /// The Prometheus endpoint of every role (`--metrics-listen`, served by the `gma` binary with
 /// the role's TLS, client CA and policy; docs/dashboard.md).
@@ -51,10 +51,10 @@ const MAX_LATENCY_US: u64 = 3_600_000_000;
 
 /// The `gma.rpc` schema.
 pub fn rpc_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: RPC_EVENT.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        RPC_EVENT,
+        "the fabric's own RPC figures per method and period (middleware sensor)",
+        vec![
             dbl("requests", "calls", "calls answered during the period"),
             dbl("errors", "calls", "calls answered with a status other than OK"),
             dbl(
@@ -72,8 +72,7 @@ pub fn rpc_schema() -> pb::EventSchema {
             ),
             text("method", "Service.Method"),
         ],
-        description: "the fabric's own RPC figures per method and period (middleware sensor)".into(),
-    }
+    )
 }
 
 /// One method's figures over one period.
@@ -423,5 +422,14 @@ mod tests {
         let (_, m) = s.take();
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].method, OTHER);
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn rpc_schema_is_pinned() {
+        assert_eq!(
+            crate::event::signature(&rpc_schema()),
+            "gma.rpc v1: requests double calls, errors double calls, p50_ms double ms, p99_ms double ms, max_ms double ms, period_s double s, total_requests double calls, role string, method string"
+        );
     }
 }

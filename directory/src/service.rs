@@ -389,6 +389,16 @@ impl Shared {
     ) -> Result<Command, DirError> {
         let denied = |s: Status| DirError::PermissionDenied(s.message().to_string());
         let register = Action::DirectoryRegister;
+        // A Register or Update: the record must be valid before and after its owner is stamped.
+        let admit = |record: &mut pb::Record, schemas: &[pb::EventSchema]| {
+            crate::validate::record(Some(record))?;
+            access
+                .authorize(caller, register, record_id(Some(record)))
+                .map_err(denied)?;
+            stamp_owner(Some(record), caller);
+            crate::validate::record(Some(record))?;
+            crate::validate::schemas(schemas)
+        };
         Ok(match cmd {
             Command::Register {
                 mut record,
@@ -397,13 +407,7 @@ impl Shared {
                 ttl_ms,
                 now_ms,
             } => {
-                crate::validate::record(Some(&record))?;
-                access
-                    .authorize(caller, register, record_id(Some(&record)))
-                    .map_err(denied)?;
-                stamp_owner(Some(&mut record), caller);
-                crate::validate::record(Some(&record))?;
-                crate::validate::schemas(&schemas)?;
+                admit(&mut record, &schemas)?;
                 Command::Register {
                     record,
                     schemas,
@@ -418,13 +422,7 @@ impl Shared {
                 ttl_ms,
                 now_ms,
             } => {
-                crate::validate::record(Some(&record))?;
-                access
-                    .authorize(caller, register, record_id(Some(&record)))
-                    .map_err(denied)?;
-                stamp_owner(Some(&mut record), caller);
-                crate::validate::record(Some(&record))?;
-                crate::validate::schemas(&schemas)?;
+                admit(&mut record, &schemas)?;
                 Command::Update {
                     record,
                     schemas,

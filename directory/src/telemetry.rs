@@ -1,23 +1,13 @@
 //! Every Prometheus metric this crate records (prefix `gma_directory_`). RPC figures
 //! (`gma_directory_rpc_*`) come from [`gma_core::rpc`].
 
-pub const LEASES_EXPIRED: &str = "gma_directory_leases_expired_total";
-pub const WATCHERS: &str = "gma_directory_watchers";
-pub const IS_LEADER: &str = "gma_directory_is_leader";
-pub const TERM: &str = "gma_directory_term";
-pub const LAST_APPLIED: &str = "gma_directory_last_applied";
-
-/// Registers the descriptions (HELP lines) of this crate's metrics with the installed recorder.
-pub fn describe() {
-    use metrics::{describe_counter, describe_gauge};
-    describe_counter!(
-        LEASES_EXPIRED,
-        "leases expired by this member while it led (their records removed)"
-    );
-    describe_gauge!(WATCHERS, "open Watch streams on this member");
-    describe_gauge!(IS_LEADER, "1 while this member is the raft leader");
-    describe_gauge!(TERM, "current raft term");
-    describe_gauge!(LAST_APPLIED, "raft log index applied on this member");
+gma_core::metric_names! {
+    counter LEASES_EXPIRED = "gma_directory_leases_expired_total",
+        "leases expired by this member while it led (their records removed)";
+    gauge WATCHERS = "gma_directory_watchers", "open Watch streams on this member";
+    gauge IS_LEADER = "gma_directory_is_leader", "1 while this member is the raft leader";
+    gauge TERM = "gma_directory_term", "current raft term";
+    gauge LAST_APPLIED = "gma_directory_last_applied", "raft log index applied on this member";
 }
 
 /// Samples the raft state into the gauges (called every expiry tick).

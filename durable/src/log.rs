@@ -130,6 +130,31 @@ pub struct Recovered {
 /// Completion of a wait: called once, from the writer thread (or at once).
 pub type Waiter = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
+/// A callback the writer thread calls once with the outcome.
+type Done<T> = Box<dyn FnOnce(Result<T, LogError>) + Send>;
+
+/// The outcome `register` hands to the writer thread's callback, awaited.
+async fn awaited<T: Send + 'static>(register: impl FnOnce(Done<T>)) -> Result<T, LogError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    register(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.await.map_err(|_| writer_stopped())?
+}
+
+/// [`awaited`] for threads outside an async runtime.
+fn waited<T: Send + 'static>(register: impl FnOnce(Done<T>)) -> Result<T, LogError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    register(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.recv().map_err(|_| writer_stopped())?
+}
+
+fn writer_stopped() -> LogError {
+    LogError::Failed("the log writer stopped".into())
+}
+
 enum Op {
     /// Bytes of records up to seq `last`.
     Write { bytes: Vec<u8>, last: u64 },
@@ -152,6 +177,29 @@ struct State {
     waiters: Vec<(u64, Waiter)>,
     failed: Option<String>,
     closing: bool,
+}
+
+impl State {
+    /// The error that stopped the log, if one did.
+    fn healthy(&self) -> Result<(), LogError> {
+        match &self.failed {
+            Some(f) => Err(LogError::Failed(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Records up to `written` (if any) are durable now: takes the waiters this satisfies.
+    fn synced_to(&mut self, written: Option<u64>) -> Vec<(u64, Waiter)> {
+        if let Some(w) = written {
+            self.synced = self.synced.max(w);
+        }
+        let synced = self.synced;
+        let (ready, wait) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|(s, _)| *s <= synced);
+        self.waiters = wait;
+        ready
+    }
 }
 
 struct Shared {
@@ -434,9 +482,7 @@ impl Log {
         }
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            return Err(LogError::Failed(f.clone()));
-        }
+        st.healthy()?;
         let seq = st.next_seq;
         st.next_seq += 1;
         let pos = Pos {
@@ -476,8 +522,7 @@ impl Log {
     pub fn on_durable(&self, seq: u64, done: Waiter) {
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            let e = LogError::Failed(f.clone());
+        if let Err(e) = st.healthy() {
             drop(st);
             return done(Err(e));
         }
@@ -494,28 +539,12 @@ impl Log {
 
     /// Waits until every record up to `seq` is durable.
     pub async fn sync(&self, seq: u64) -> Result<(), LogError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.on_durable(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.await
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        awaited(|done| self.on_durable(seq, done)).await
     }
 
     /// [`Log::sync`] for threads outside an async runtime.
     pub fn sync_blocking(&self, seq: u64) -> Result<(), LogError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.on_durable(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.recv()
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        waited(|done| self.on_durable(seq, done))
     }
 
     /// Waits until everything appended so far is durable.
@@ -529,9 +558,7 @@ impl Log {
     pub fn rotate(&self) -> Result<u64, LogError> {
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            return Err(LogError::Failed(f.clone()));
-        }
+        st.healthy()?;
         if st.tail_len == 0 {
             return Ok(st.tail_segment);
         }
@@ -558,11 +585,10 @@ impl Log {
     /// Deletes every segment whose records are all before `seq` (never the current one), after
     /// the writes queued before this call; `done` is called once the folder is fsynced, with the
     /// segments removed.
-    pub fn on_removed_before(&self, seq: u64, done: Box<dyn FnOnce(Result<Vec<u64>, LogError>) + Send>) {
+    pub fn on_removed_before(&self, seq: u64, done: Done<Vec<u64>>) {
         let sh = self.shared();
         let mut st = sh.state.lock();
-        if let Some(f) = &st.failed {
-            let e = LogError::Failed(f.clone());
+        if let Err(e) = st.healthy() {
             drop(st);
             return done(Err(e));
         }
@@ -581,28 +607,12 @@ impl Log {
 
     /// [`Log::on_removed_before`], awaited.
     pub async fn remove_before(&self, seq: u64) -> Result<Vec<u64>, LogError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.on_removed_before(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.await
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        awaited(|done| self.on_removed_before(seq, done)).await
     }
 
     /// [`Log::on_removed_before`] for threads outside an async runtime.
     pub fn remove_before_blocking(&self, seq: u64) -> Result<Vec<u64>, LogError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.on_removed_before(
-            seq,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.recv()
-            .map_err(|_| LogError::Failed("the log writer stopped".into()))?
+        waited(|done| self.on_removed_before(seq, done))
     }
 
     /// The segment the next record goes to (its first seq).
@@ -654,17 +664,7 @@ fn writer(sh: Arc<Shared>, mut file: Box<dyn FsFile>, mut current: u64) {
         let (fire, err) = {
             let mut st = sh.state.lock();
             match &result {
-                Ok(()) => {
-                    if let Some(w) = written {
-                        st.synced = st.synced.max(w);
-                    }
-                    let synced = st.synced;
-                    let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
-                        .into_iter()
-                        .partition(|(s, _)| *s <= synced);
-                    st.waiters = wait;
-                    (ready, None)
-                }
+                Ok(()) => (st.synced_to(written), None),
                 Err(e) => {
                     tracing::error!(dir = %sh.dir.display(), error = %e, "log write failed; refusing further writes");
                     st.failed = Some(e.to_string());
@@ -724,12 +724,7 @@ fn run(
                 if sh.ack_before_sync {
                     // The deliberate bug: acknowledge what is only written.
                     let mut st = sh.state.lock();
-                    st.synced = st.synced.max(last);
-                    let synced = st.synced;
-                    let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
-                        .into_iter()
-                        .partition(|(s, _)| *s <= synced);
-                    st.waiters = wait;
+                    let ready = st.synced_to(Some(last));
                     drop(st);
                     for (_, w) in ready {
                         w(Ok(()));

@@ -24,7 +24,7 @@ use gma_broker::{Job, LiveView};
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::authz::{Action, Door, Peers};
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::{dbl, schema, text, EventData};
 use gma_core::guard::Gate;
 use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1::{self as pb, federation_client::FederationClient};
@@ -54,10 +54,10 @@ pub use crate::error::Error as FederationError;
 
 /// `job.state`: every state change of a job at the publishing site.
 pub fn job_state_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: JOB_EVENT.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        JOB_EVENT,
+        "a job state change at a federated site (gma federation)",
+        vec![
             dbl("hops", "", "times the job was forwarded so far"),
             dbl("seq", "", "event sequence number of the publishing endpoint"),
             text("job", "global job id: <origin_site>/<uuid>"),
@@ -72,16 +72,15 @@ pub fn job_state_schema() -> pb::EventSchema {
             text("reason", "why (re-placed, refused, lease expired ...)"),
             text("name", "the job's name"),
         ],
-        description: "a job state change at a federated site (gma federation)".into(),
-    }
+    )
 }
 
 /// `federation.status`: one event per linked site (source `<site>/<peer>`).
 pub fn status_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: STATUS_EVENT.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        STATUS_EVENT,
+        "the state of a federation link, for dashboards",
+        vec![
             dbl("live", "", "1 when heard from within the session timeout"),
             dbl(
                 "eligible",
@@ -102,8 +101,7 @@ pub fn status_schema() -> pb::EventSchema {
             text("role", "peer, parent, child"),
             text("last_error", "the last session error"),
         ],
-        description: "the state of a federation link, for dashboards".into(),
-    }
+    )
 }
 
 fn job_event_data(ev: &pb::JobEvent) -> EventData {
@@ -1298,4 +1296,22 @@ pub async fn run(
         }
     }
     r.map_err(|e| FederationError::Producer(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn schemas_are_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&job_state_schema()),
+            "job.state v1: hops double, seq double, job string, origin string, site string, current string, state string, host string, reason string, name string"
+        );
+        assert_eq!(
+            gma_core::event::signature(&status_schema()),
+            "federation.status v1: live double, eligible double, summary_age_ms double ms, forwarded_out double jobs, forwarded_in double jobs, in_flight_cpus double cpus, cpus_free_sum double cpus, peer string, session string, role string, last_error string"
+        );
+    }
 }

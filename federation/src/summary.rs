@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gma_broker::Snapshot;
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::{dbl, schema, text, EventData};
 use gma_proto::v1 as pb;
 use prost::Message;
 
@@ -601,10 +601,10 @@ impl Summary {
 
 /// The `site.summary` schema (field order of [`Summary::to_event`]).
 pub fn summary_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: SUMMARY_EVENT.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        SUMMARY_EVENT,
+        "aggregated state of a site for other sites (gma federation)",
+        vec![
             dbl("nodes_up", "hosts", "hosts whose latest host.load is fresh"),
             dbl("nodes_total", "hosts", "hosts known"),
             dbl("cpus_total", "cpus", "CPUs of the up hosts"),
@@ -636,8 +636,7 @@ pub fn summary_schema() -> pb::EventSchema {
             text("classes", "per class (arch, os) figures, JSON"),
             text("contributing", "sites whose state is inside, comma-separated"),
         ],
-        description: "aggregated state of a site for other sites (gma federation)".into(),
-    }
+    )
 }
 
 /// Merges two summaries (associative and commutative; see the module doc). The result has no
@@ -934,5 +933,14 @@ mod tests {
         assert!(s.encoded_len() <= 2048, "{} bytes", s.encoded_len());
         let ev = s.to_event(1);
         assert_eq!(ev.numbers.len() + ev.strings.len(), summary_schema().fields.len());
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn summary_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&summary_schema()),
+            "site.summary v1: nodes_up double hosts, nodes_total double hosts, cpus_total double cpus, cpus_free_sum double cpus, cpus_free_max_node double cpus, jobs_running double jobs, jobs_queued double jobs, foreign_cpu_quota_free double cpus, start_1cpu_s double s, start_4cpu_s double s, start_16cpu_s double s, start_64cpu_s double s, valid_for_ms double ms, epoch double, seq double, bytes double bytes, classes string, contributing string"
+        );
     }
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Exclusions, Subscriber, SubscriberOptions};
 use gma_core::codec::{Mark, OwnedEvent};
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::{dbl, schema, text, EventData};
 use gma_core::filter::{Bound, Filter};
 use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1 as pb;
@@ -518,10 +518,10 @@ fn holds(m: &Member, stale_ms: u64, since_ms: u64, now_ms: u64) -> bool {
 
 /// `monitor.firing`: one per firing, after its command finished.
 pub fn firing_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: FIRING_EVENT.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        FIRING_EVENT,
+        "an action monitor's rule fired and ran its command",
+        vec![
             text("rule", "the rule that fired"),
             text(
                 "key",
@@ -543,8 +543,7 @@ pub fn firing_schema() -> pb::EventSchema {
                 "firings of this key suppressed by the hold-down since the last one",
             ),
         ],
-        description: "an action monitor's rule fired and ran its command".into(),
-    }
+    )
 }
 
 /// What running a command gave.
@@ -1500,5 +1499,14 @@ stale_ms = 2000
         };
         let (_, r) = hub.publish(&[firing_event("ops", "r", "h1", &o, 2)]);
         r.unwrap();
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn firing_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&firing_schema()),
+            "monitor.firing v1: rule string, key string, outcome string, exit_status double, duration_ms double ms, suppressed double"
+        );
     }
 }

@@ -11,7 +11,7 @@
 //! ran, so a consumer can check from the events alone that no two probes of a clique overlapped
 //! and that one token was circulating.
 
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::{dbl, schema, text, EventData};
 use gma_proto::v1 as pb;
 
 use crate::clique::Token;
@@ -35,20 +35,19 @@ fn link_fields(mut numbers: Vec<pb::FieldSpec>) -> Vec<pb::FieldSpec> {
 
 pub fn schemas() -> Vec<pb::EventSchema> {
     vec![
-        pb::EventSchema {
-            name: RTT.into(),
-            version: 1,
-            fields: link_fields(vec![dbl(
+        schema(
+            RTT,
+            "network latency from src to dst (NWS-style coordinated probe)",
+            link_fields(vec![dbl(
                 "rtt_ms",
                 "ms",
                 "round-trip time of a small echo (minimum of the probe's echoes)",
             )]),
-            description: "network latency from src to dst (NWS-style coordinated probe)".into(),
-        },
-        pb::EventSchema {
-            name: BW.into(),
-            version: 1,
-            fields: link_fields(vec![
+        ),
+        schema(
+            BW,
+            "network bandwidth from src to dst (NWS-style coordinated probe)",
+            link_fields(vec![
                 dbl(
                     "mbps",
                     "Mbit/s",
@@ -56,12 +55,11 @@ pub fn schemas() -> Vec<pb::EventSchema> {
                 ),
                 dbl("bytes", "bytes", "payload bytes transferred"),
             ]),
-            description: "network bandwidth from src to dst (NWS-style coordinated probe)".into(),
-        },
-        pb::EventSchema {
-            name: PROBE.into(),
-            version: 1,
-            fields: vec![
+        ),
+        schema(
+            PROBE,
+            "cost of network probing on this host (intrusiveness)",
+            vec![
                 dbl(
                     "probes",
                     "probes",
@@ -112,8 +110,7 @@ pub fn schemas() -> Vec<pb::EventSchema> {
                 text("site", "the clique"),
                 text("holder", "holder of the newest token seen"),
             ],
-            description: "cost of network probing on this host (intrusiveness)".into(),
-        },
+        ),
     ]
 }
 
@@ -201,5 +198,22 @@ mod tests {
         assert_eq!(split_link("a/b"), Some(("a", "b")));
         assert_eq!(split_link("a/b/c"), None);
         assert_eq!(split_link("a"), None);
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn schemas_are_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&schemas()[0]),
+            "net.rtt v1: rtt_ms double ms, duration_ns double ns, src string, dst string, token string, origin string"
+        );
+        assert_eq!(
+            gma_core::event::signature(&schemas()[1]),
+            "net.bw v1: mbps double Mbit/s, bytes double bytes, duration_ns double ns, src string, dst string, token string, origin string"
+        );
+        assert_eq!(
+            gma_core::event::signature(&schemas()[2]),
+            "net.probe v1: probes double probes, rtt_probes double probes, bw_probes double probes, failures double probes, skipped_budget double transfers, bytes_sent double bytes, bytes_received double bytes, bytes_per_s double bytes/s, control_messages double messages, cpu_pct double %, members double hosts, holding double, generation double, regenerations double tokens, tokens_dropped double tokens, site string, holder string"
+        );
     }
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Exclusions, Subscriber, SubscriberOptions};
 use gma_core::codec::{OwnedEvent, SeriesInfo};
-use gma_core::event::{dbl, EventData};
+use gma_core::event::{dbl, schema, EventData};
 use gma_core::pattern::Pattern;
 use gma_core::time::now_ns;
 use gma_producer::{Hub, ProducerConfig};
@@ -153,10 +153,10 @@ impl RelayConfig {
 
 /// The `site.load` schema.
 pub fn site_load_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: SITE_LOAD.into(),
-        version: 1,
-        fields: vec![
+    schema(
+        SITE_LOAD,
+        "summary of the latest host.load of a site's hosts, by a gma relay",
+        vec![
             dbl("hosts_up", "hosts", "hosts whose latest host.load is not stale"),
             dbl(
                 "hosts_known",
@@ -194,8 +194,7 @@ pub fn site_load_schema() -> pb::EventSchema {
                 "memory over the up hosts (0 when none is up)",
             ),
         ],
-        description: "summary of the latest host.load of a site's hosts, by a gma relay".into(),
-    }
+    )
 }
 
 /// The latest `host.load` of one host.
@@ -546,4 +545,18 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut producer).await;
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn site_load_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&site_load_schema()),
+            "site.load v1: hosts_up double hosts, hosts_known double hosts, free_cpus_sum double cpus, free_cpus_max double cpus, total_cpus_sum double cpus, load_mean double tasks, load_max double tasks, memory_mb_sum double MiB"
+        );
+    }
 }

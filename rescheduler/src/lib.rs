@@ -34,10 +34,10 @@ pub use plan::{
 /// `app.state`: where an application runs and how far it is (the rescheduler's input; published
 /// by applications such as `gma app-sim`).
 pub fn app_state_schema() -> gma_proto::v1::EventSchema {
-    gma_proto::v1::EventSchema {
-        name: "app.state".into(),
-        version: 1,
-        fields: vec![
+    gma_core::event::schema(
+        "app.state",
+        "an application's placement and progress",
+        vec![
             gma_core::event::dbl("phase", "", "phases completed"),
             gma_core::event::dbl("phases", "", "phases in all"),
             gma_core::event::dbl(
@@ -60,6 +60,19 @@ pub fn app_state_schema() -> gma_proto::v1::EventSchema {
             gma_core::event::text("hosts", "comma-separated hosts the application runs on"),
             gma_core::event::text("control", "address of the application's AppControl service"),
         ],
-        description: "an application's placement and progress".into(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn app_state_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&app_state_schema()),
+            "app.state v1: phase double, phases double, fraction_completed double, total_predicted_s double s, avg_ratio double, app_id string, state string, hosts string, control string"
+        );
     }
 }

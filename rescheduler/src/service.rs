@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use gma_consumer::stream::StreamOptions;
 use gma_consumer::subscriber::{Delivery, Subscriber};
 use gma_core::codec::OwnedEvent;
-use gma_core::event::{dbl, text, EventData};
+use gma_core::event::{dbl, schema, text, EventData};
 use gma_core::time::now_ns;
 use gma_producer::{Identity, Producer};
 use gma_proto::v1 as pb;
@@ -76,10 +76,10 @@ impl Default for ReschedulerConfig {
 
 /// `resched.decision`: every evaluation, with its inputs.
 pub fn decision_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: "resched.decision".into(),
-        version: 1,
-        fields: vec![
+    schema(
+        "resched.decision",
+        "a job-migration rescheduler decision",
+        vec![
             dbl("gain", "", "(ret_current - (ret_new + cost)) / ret_current"),
             dbl("ret_current_s", "s", "predicted remaining time where it runs"),
             dbl("ret_new_s", "s", "predicted remaining time on the target"),
@@ -95,8 +95,7 @@ pub fn decision_schema() -> pb::EventSchema {
             text("target_hosts", "comma-separated"),
             text("reason", "why"),
         ],
-        description: "a job-migration rescheduler decision".into(),
-    }
+    )
 }
 
 /// The rescheduler's one error type ([`crate::error::Error`]) under the name `run` has always
@@ -405,5 +404,19 @@ pub fn decision_str(d: Decision) -> &'static str {
     match d {
         Decision::Migrate => "MIGRATE",
         Decision::Stay => "STAY",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn decision_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&decision_schema()),
+            "resched.decision v1: gain double, ret_current_s double s, ret_new_s double s, cost_s double s, threshold double, fraction_completed double, decide_ms double ms, app_id string, mode string, decision string, natural string, current_hosts string, target_hosts string, reason string"
+        );
     }
 }

@@ -7,15 +7,13 @@
 //! mainstream Linux architecture. Resident memory is `VmRSS` of `/proc/self/status`, falling
 //! back to `/proc/self/statm` pages of 4096 bytes.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gma_core::event::EventData;
-
-use crate::procfs::{elapsed_s, event, kib_to_mib, parse_num, rate, read_into, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{elapsed_s, kib_to_mib, parse_num, rate, Emit, Files, Probe, ProcSensor};
+use crate::{schemas, SensorError};
 
 const SELF_STAT: &str = "/proc/self/stat";
 const SELF_STATUS: &str = "/proc/self/status";
@@ -113,72 +111,51 @@ struct Baseline {
 }
 
 /// Emits `gma.agent`. The first sample only records the baseline.
-pub(crate) struct AgentSensor {
-    source: String,
-    period: Duration,
+pub(crate) struct Agent {
     counters: Arc<AgentCounters>,
-    stat_path: PathBuf,
-    status_path: PathBuf,
-    statm_path: PathBuf,
     clock_ticks: f64,
     prev: Option<Baseline>,
-    buf: String,
 }
 
-impl AgentSensor {
-    /// `proc_self` is normally `/proc/self`; tests point it at fixture files.
-    pub(crate) fn new(
-        source: &str,
-        period: Duration,
-        counters: Arc<AgentCounters>,
-        proc_self: PathBuf,
-    ) -> AgentSensor {
-        let ticks = std::fs::read(proc_self.join("auxv"))
-            .ok()
-            .and_then(|b| parse_auxv_clock_ticks(&b))
-            .unwrap_or(DEFAULT_CLOCK_TICKS);
-        AgentSensor {
-            source: source.to_string(),
-            period,
-            counters,
-            stat_path: proc_self.join("stat"),
-            status_path: proc_self.join("status"),
-            statm_path: proc_self.join("statm"),
-            clock_ticks: ticks as f64,
-            prev: None,
-            buf: String::with_capacity(2048),
-        }
-    }
+/// The `gma.agent` sensor, reading below `proc_self` (normally `/proc/self`; tests point it at
+/// fixture files).
+pub(crate) fn sensor(
+    source: &str,
+    period: Duration,
+    counters: Arc<AgentCounters>,
+    proc_self: &Path,
+) -> ProcSensor<Agent> {
+    let ticks = std::fs::read(proc_self.join("auxv"))
+        .ok()
+        .and_then(|b| parse_auxv_clock_ticks(&b))
+        .unwrap_or(DEFAULT_CLOCK_TICKS);
+    let probe = Agent {
+        counters,
+        clock_ticks: ticks as f64,
+        prev: None,
+    };
+    ProcSensor::new(source, period, proc_self, schemas::gma_agent(), probe)
+}
 
-    fn rss_kb(&mut self) -> Result<u64, SensorError> {
-        match read_parse(&self.status_path, &mut self.buf, parse_vm_rss_kb) {
-            Ok(kb) => Ok(kb),
-            // Without VmRSS (unusual kernels, restricted /proc) statm still has the pages.
-            Err(_) => {
-                let pages = read_parse(&self.statm_path, &mut self.buf, parse_statm_rss_pages)?;
-                Ok(pages.saturating_mul(STATM_PAGE_BYTES) / 1024)
-            }
+/// Resident memory, KiB.
+fn rss_kb(files: &mut Files) -> Result<u64, SensorError> {
+    match files.read("status", parse_vm_rss_kb) {
+        Ok(kb) => Ok(kb),
+        // Without VmRSS (unusual kernels, restricted /proc) statm still has the pages.
+        Err(_) => {
+            let pages = files.read("statm", parse_statm_rss_pages)?;
+            Ok(pages.saturating_mul(STATM_PAGE_BYTES) / 1024)
         }
     }
 }
 
-impl Sensor for AgentSensor {
-    fn name(&self) -> &str {
-        schemas::GMA_AGENT
-    }
+impl Probe for Agent {
+    const BUF_CAPACITY: usize = 2048;
 
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::gma_agent()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        read_into(&self.stat_path, &mut self.buf)?;
-        let stat = parse_self_stat(&self.buf).map_err(|e| e.in_file(&self.stat_path))?;
-        let rss_kb = self.rss_kb()?;
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let stat = files.read("stat", parse_self_stat)?;
+        let rss_kb = rss_kb(files)?;
+        let now_ns = out.now_ns;
         let cur = Baseline {
             now_ns,
             cpu_ticks: stat.utime.saturating_add(stat.stime),
@@ -198,13 +175,7 @@ impl Sensor for AgentSensor {
             rate(prev.events, cur.events, dt),
             stat.threads as f64,
         ];
-        out.push(event(
-            schemas::GMA_AGENT,
-            &self.source,
-            now_ns,
-            numbers,
-            Vec::new(),
-        ));
+        out.push(numbers, Vec::new());
         Ok(())
     }
 }
@@ -212,6 +183,7 @@ impl Sensor for AgentSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     const STAT_FIXTURE: &str = "4242 (gma (worker) 1) S 1 4242 4242 0 -1 4194560 19235 0 12 0 \
         250 50 0 0 20 0 7 0 123456 1048576000 4321 18446744073709551615 1 1 0 0 0 0 0 4096 17133 \
@@ -289,9 +261,10 @@ Threads:\t7
         std::fs::write(p.join("stat"), STAT_FIXTURE).unwrap();
         std::fs::write(p.join("statm"), "256000 1024 1000 100 0 5000 0\n").unwrap();
         let counters = Arc::new(AgentCounters::default());
-        let mut s = AgentSensor::new("h", Duration::from_secs(1), counters.clone(), p.to_path_buf());
+        let mut s = sensor("h", Duration::from_secs(1), counters.clone(), p);
         assert_eq!(
-            s.clock_ticks, DEFAULT_CLOCK_TICKS as f64,
+            s.probe().clock_ticks,
+            DEFAULT_CLOCK_TICKS as f64,
             "no auxv in the fixture dir"
         );
         let mut out = Vec::new();

@@ -51,7 +51,7 @@
 //! starts the list with its `kind = "phase"` event, which carries the limits the ratio was
 //! judged against.
 
-use gma_core::event::{dbl, text, EventData, MAX_STRING_VALUE};
+use gma_core::event::{dbl, schema, text, EventData, MAX_STRING_VALUE};
 use gma_core::pattern::{validate_source, PatternError};
 use gma_proto::v1::EventSchema;
 
@@ -71,10 +71,11 @@ pub const LOWER_MARGIN: f64 = 0.05;
 /// The schema (version 1) of `app.contract` (source = whatever the monitor was given, typically
 /// the application's host or launcher). Doubles first, then strings, in this order.
 pub fn contract_schema() -> EventSchema {
-    EventSchema {
-        name: APP_CONTRACT.to_string(),
-        version: 1,
-        fields: vec![
+    schema(
+        APP_CONTRACT,
+        "contract monitor: per-phase actual vs predicted time, tolerance limits, \
+                      migration requests and limit adjustments of one application",
+        vec![
             dbl(
                 "phase",
                 "index",
@@ -122,10 +123,7 @@ pub fn contract_schema() -> EventSchema {
                 "phase (one per phase report), migration_request or limits_adjusted",
             ),
         ],
-        description: "contract monitor: per-phase actual vs predicted time, tolerance limits, \
-                      migration requests and limit adjustments of one application"
-            .to_string(),
-    }
+    )
 }
 
 /// What the monitor watches: one application, its tolerance band and its predicted phases.
@@ -906,5 +904,14 @@ mod tests {
         let mut c = cfg(1.5, 0.5, vec![1.0]);
         c.app_id.clear();
         assert!(ContractMonitor::new(c, "s").is_err());
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn contract_schema_is_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&contract_schema()),
+            "app.contract v1: phase double index, actual_s double s, predicted_s double s, ratio double ratio, avg_ratio double ratio, upper double ratio, lower double ratio, fraction_completed double fraction, app_id string, kind string"
+        );
     }
 }

@@ -1,12 +1,7 @@
 //! `host.cpu`: CPU time split from the aggregate `cpu ` line of `/proc/stat`, plus `/proc/loadavg`.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use gma_core::event::EventData;
-
-use crate::procfs::{event, parse_num, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{parse_num, Emit, Files, Probe};
+use crate::SensorError;
 
 const STAT: &str = "/proc/stat";
 const LOADAVG: &str = "/proc/loadavg";
@@ -133,44 +128,15 @@ pub fn parse_loadavg(text: &str) -> Result<LoadAvg, SensorError> {
 }
 
 /// Emits `host.cpu`. The first sample only records the baseline.
-pub(crate) struct CpuSensor {
-    source: String,
-    period: Duration,
-    stat_path: PathBuf,
-    loadavg_path: PathBuf,
+#[derive(Default)]
+pub(crate) struct Cpu {
     prev: Option<CpuTimes>,
-    buf: String,
 }
 
-impl CpuSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> CpuSensor {
-        CpuSensor {
-            source: cfg.source.clone(),
-            period: cfg.period,
-            stat_path: cfg.proc_root.join("stat"),
-            loadavg_path: cfg.proc_root.join("loadavg"),
-            prev: None,
-            buf: String::with_capacity(4096),
-        }
-    }
-}
-
-impl Sensor for CpuSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_CPU
-    }
-
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_cpu()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        let cur = read_parse(&self.stat_path, &mut self.buf, parse_proc_stat)?;
-        let load = read_parse(&self.loadavg_path, &mut self.buf, parse_loadavg)?;
+impl Probe for Cpu {
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let cur = files.read("stat", parse_proc_stat)?;
+        let load = files.read("loadavg", parse_loadavg)?;
         let Some(prev) = self.prev.replace(cur) else {
             return Ok(());
         };
@@ -186,13 +152,7 @@ impl Sensor for CpuSensor {
             load.running as f64,
             load.procs as f64,
         ]);
-        out.push(event(
-            schemas::HOST_CPU,
-            &self.source,
-            now_ns,
-            numbers,
-            Vec::new(),
-        ));
+        out.push(numbers, Vec::new());
         Ok(())
     }
 }

@@ -6,14 +6,11 @@
 //! partition when another listed device's name is its prefix followed by digits or `p` and
 //! digits (`sda` -> `sda1`, `nvme0n1` -> `nvme0n1p2`, `mmcblk0` -> `mmcblk0p1`).
 
-use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
-use std::time::Duration;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
-use gma_core::event::EventData;
-
-use crate::procfs::{elapsed_s, event, parse_num, rate, read_into};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{parse_num, rate, Emit, Files, PartRates, Probe};
+use crate::SensorError;
 
 const DISKSTATS: &str = "/proc/diskstats";
 /// `/proc/diskstats` counts sectors of 512 bytes whatever the device's real sector size.
@@ -120,37 +117,20 @@ fn sys_block_name(device: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-struct DiskState {
-    source: String,
-    prev: DiskCounters,
-    seen: u64,
-}
-
 /// Emits one `host.disk` per whole device. A device's first sighting is its baseline.
-pub(crate) struct DiskSensor {
-    host: String,
-    period: Duration,
-    path: PathBuf,
+pub(crate) struct Disk {
     sys_block: PathBuf,
     whole: HashSet<String>,
-    devices: HashMap<String, DiskState>,
-    prev_ns: Option<i64>,
-    generation: u64,
-    buf: String,
+    devices: PartRates<DiskCounters>,
 }
 
-impl DiskSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> DiskSensor {
-        DiskSensor {
-            host: cfg.source.clone(),
-            period: cfg.period,
-            path: cfg.proc_root.join("diskstats"),
-            sys_block: cfg.sys_root.join("block"),
+impl Disk {
+    /// Whole devices are those listed in `<sys_root>/block`.
+    pub(crate) fn new(sys_root: &Path) -> Disk {
+        Disk {
+            sys_block: sys_root.join("block"),
             whole: HashSet::new(),
-            devices: HashMap::new(),
-            prev_ns: None,
-            generation: 0,
-            buf: String::with_capacity(4096),
+            devices: PartRates::default(),
         }
     }
 
@@ -169,58 +149,21 @@ impl DiskSensor {
     }
 }
 
-impl Sensor for DiskSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_DISK
-    }
-
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_disk()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
+impl Probe for Disk {
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         let have_sys = self.refresh_whole();
-        read_into(&self.path, &mut self.buf)?;
-        let stats = parse_diskstats(&self.buf).map_err(|e| e.in_file(&self.path))?;
-        let dt = self.prev_ns.and_then(|p| elapsed_s(p, now_ns));
-        self.generation += 1;
-        for d in &stats {
-            let keep = !is_pseudo(d.device)
+        let stats = files.read("diskstats", parse_diskstats)?;
+        let whole = &self.whole;
+        let keep = |d: &&DiskStat<'_>| {
+            !is_pseudo(d.device)
                 && if have_sys {
-                    self.whole.contains(sys_block_name(d.device).as_ref())
+                    whole.contains(sys_block_name(d.device).as_ref())
                 } else {
                     !looks_like_partition(d.device, stats.iter().map(|s| s.device))
-                };
-            if !keep {
-                continue;
-            }
-            match self.devices.get_mut(d.device) {
-                Some(st) => {
-                    if let Some(dt) = dt {
-                        let numbers = disk_rates(&st.prev, &d.counters, dt).to_vec();
-                        let strings = vec![d.device.to_string()];
-                        out.push(event(schemas::HOST_DISK, &st.source, now_ns, numbers, strings));
-                    }
-                    st.prev = d.counters;
-                    st.seen = self.generation;
                 }
-                None => {
-                    let st = DiskState {
-                        source: format!("{}/{}", self.host, d.device),
-                        prev: d.counters,
-                        seen: self.generation,
-                    };
-                    self.devices.insert(d.device.to_string(), st);
-                }
-            }
-        }
-        let generation = self.generation;
-        self.devices.retain(|_, st| st.seen == generation);
-        self.prev_ns = Some(now_ns);
+        };
+        let parts = stats.iter().filter(keep).map(|d| (d.device, d.counters));
+        self.devices.sample(parts, out, disk_rates);
         Ok(())
     }
 }
@@ -228,6 +171,7 @@ impl Sensor for DiskSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     const DISKSTATS_A: &str = "\
    7       0 loop0 55 0 2144 21 0 0 0 0 0 48 21 0 0 0 0
@@ -329,7 +273,8 @@ mod tests {
             sys_root,
             ..crate::HostSensorConfig::new("h")
         };
-        let mut s = DiskSensor::new(&cfg);
+        let mut s =
+            crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_disk(), Disk::new(&cfg.sys_root));
         let mut out = Vec::new();
         std::fs::write(proc_root.join("diskstats"), DISKSTATS_A).unwrap();
         s.sample(0, &mut out).unwrap();

@@ -37,6 +37,32 @@ impl SensorError {
         }
     }
 
+    pub(crate) fn config(origin: &str, message: impl Into<String>) -> SensorError {
+        SensorError::Config {
+            origin: origin.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Says where in a config a config error is: `host "a": ` before its message.
+    pub(crate) fn within(self, place: &str) -> SensorError {
+        match self {
+            SensorError::Config { origin, message } => SensorError::Config {
+                origin,
+                message: format!("{place}: {message}"),
+            },
+            other => other,
+        }
+    }
+
+    /// Names the file a config error came from.
+    pub(crate) fn in_origin(self, origin: &str) -> SensorError {
+        match self {
+            SensorError::Config { message, .. } => SensorError::config(origin, message),
+            other => other,
+        }
+    }
+
     /// Names the real file in a parse error. Parsers are pure over text and only know the
     /// canonical name (`/proc/stat`); the sensor knows the path it read (which differs under a
     /// test `proc_root`).

@@ -4,11 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gma_core::event::EventData;
-
 use crate::mem::parse_meminfo;
-use crate::procfs::{event, kib_to_mib, parse_num, read_into, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{kib_to_mib, parse_num, Emit, Files, Probe};
+use crate::SensorError;
 
 const STAT: &str = "/proc/stat";
 
@@ -92,78 +90,52 @@ fn unquote(v: &str) -> String {
     v.to_string()
 }
 
-/// Emits `host.info`; see the module doc for when.
-pub(crate) struct InfoSensor {
-    source: String,
-    period: Duration,
-    stat_path: PathBuf,
-    meminfo_path: PathBuf,
-    osrelease_path: PathBuf,
-    hostname_path: PathBuf,
-    os_release_path: PathBuf,
+/// Emits `host.info`; see the module doc for when. Its sensor's period is the info period:
+/// the producer need not wake it more often.
+pub(crate) struct Info {
+    os_release: PathBuf,
     last_ns: Option<i64>,
-    buf: String,
 }
 
-impl InfoSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> InfoSensor {
-        InfoSensor {
-            source: cfg.source.clone(),
-            period: cfg.info_period,
-            stat_path: cfg.proc_root.join("stat"),
-            meminfo_path: cfg.proc_root.join("meminfo"),
-            osrelease_path: cfg.proc_root.join("sys/kernel/osrelease"),
-            hostname_path: cfg.proc_root.join("sys/kernel/hostname"),
-            os_release_path: cfg.os_release.clone(),
+impl Info {
+    /// `os_release` is normally `/etc/os-release`.
+    pub(crate) fn new(os_release: &Path) -> Info {
+        Info {
+            os_release: os_release.to_path_buf(),
             last_ns: None,
-            buf: String::with_capacity(4096),
         }
     }
 
-    /// Due on the first sample, then once `info_period` has passed. A tenth of the period is
-    /// allowed as slack so a loop ticking at exactly `info_period` with a little jitter does
-    /// not skip every other tick.
-    fn due(&self, now_ns: i64) -> bool {
+    /// Due on the first sample, then once `period` (the info period) has passed. A tenth of
+    /// the period is allowed as slack so a loop ticking at exactly `info_period` with a little
+    /// jitter does not skip every other tick.
+    fn due(&self, period: Duration, now_ns: i64) -> bool {
         let Some(last) = self.last_ns else {
             return true;
         };
-        let period = i64::try_from(self.period.as_nanos()).unwrap_or(i64::MAX);
+        let period = i64::try_from(period.as_nanos()).unwrap_or(i64::MAX);
         now_ns.saturating_sub(last) >= period - period / 10
     }
 }
 
 /// A one-line file such as `/proc/sys/kernel/hostname`, without its newline.
-fn read_trimmed(path: &Path, buf: &mut String) -> Result<String, SensorError> {
-    read_into(path, buf)?;
-    Ok(buf.trim().to_string())
+fn trimmed(text: &str) -> Result<String, SensorError> {
+    Ok(text.trim().to_string())
 }
 
-impl Sensor for InfoSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_INFO
-    }
-
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_info()]
-    }
-
-    /// The info period: the producer need not wake this sensor more often.
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        if !self.due(now_ns) {
+impl Probe for Info {
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        if !self.due(out.period, out.now_ns) {
             return Ok(());
         }
-        let stat = read_parse(&self.stat_path, &mut self.buf, parse_stat_info)?;
-        let mem = read_parse(&self.meminfo_path, &mut self.buf, parse_meminfo)?;
-        let kernel = read_trimmed(&self.osrelease_path, &mut self.buf)?;
-        let hostname = read_trimmed(&self.hostname_path, &mut self.buf)?;
+        let stat = files.read("stat", parse_stat_info)?;
+        let mem = files.read("meminfo", parse_meminfo)?;
+        let kernel = files.read("sys/kernel/osrelease", trimmed)?;
+        let hostname = files.read("sys/kernel/hostname", trimmed)?;
         // os-release is not in /proc and minimal containers lack it; the rest of host.info is
         // still worth sending, so its absence degrades to "unknown" instead of failing.
-        let os = match read_into(&self.os_release_path, &mut self.buf) {
-            Ok(()) => parse_os_release(&self.buf).unwrap_or_else(|| UNKNOWN_OS.to_string()),
+        let os = match files.read_at(&self.os_release, |t| Ok(parse_os_release(t))) {
+            Ok(os) => os.unwrap_or_else(|| UNKNOWN_OS.to_string()),
             Err(e) => {
                 tracing::debug!(error = %e, "no os-release; host.info os is {UNKNOWN_OS:?}");
                 UNKNOWN_OS.to_string()
@@ -175,8 +147,8 @@ impl Sensor for InfoSensor {
             kib_to_mib(mem.total_kb),
             stat.boot_time_s as f64,
         ];
-        out.push(event(schemas::HOST_INFO, &self.source, now_ns, numbers, strings));
-        self.last_ns = Some(now_ns);
+        out.push(numbers, strings);
+        self.last_ns = Some(out.now_ns);
         Ok(())
     }
 }
@@ -184,6 +156,7 @@ impl Sensor for InfoSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     const STAT_FIXTURE: &str = "\
 cpu  10132153 290696 3084719 46828483 16683 0 25195 0 175628 0
@@ -257,7 +230,13 @@ cpufreq_whatever 1
             info_period: Duration::from_secs(60),
             ..crate::HostSensorConfig::new("node7")
         };
-        let mut s = InfoSensor::new(&cfg);
+        let mut s = crate::procfs::ProcSensor::new(
+            &cfg.source,
+            cfg.info_period,
+            &cfg.proc_root,
+            crate::schemas::host_info(),
+            Info::new(&cfg.os_release),
+        );
         let mut out = Vec::new();
         let sec = 1_000_000_000i64;
         // 10 % slack: 115 s is close enough to 60 s + 60 s

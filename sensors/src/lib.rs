@@ -36,7 +36,7 @@ pub mod schemas;
 pub mod sim;
 pub mod tcp;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,14 +111,27 @@ pub fn local_hostname() -> String {
 /// `host.load`. Nothing is read until the first sample, so a missing file shows up as that
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
+    use procfs::ProcSensor;
+    let info = info::Info::new(&cfg.os_release);
     vec![
-        Box::new(cpu::CpuSensor::new(cfg)),
-        Box::new(mem::MemSensor::new(cfg)),
-        Box::new(net::NetSensor::new(cfg)),
-        Box::new(disk::DiskSensor::new(cfg)),
-        Box::new(tcp::TcpSensor::new(cfg)),
-        Box::new(info::InfoSensor::new(cfg)),
-        Box::new(load::LoadSensor::new(cfg)),
+        Box::new(ProcSensor::host(cfg, schemas::host_cpu(), cpu::Cpu::default())),
+        Box::new(ProcSensor::host(cfg, schemas::host_mem(), mem::Mem)),
+        Box::new(ProcSensor::host(cfg, schemas::host_net(), net::Net::default())),
+        Box::new(ProcSensor::host(
+            cfg,
+            schemas::host_disk(),
+            disk::Disk::new(&cfg.sys_root),
+        )),
+        Box::new(ProcSensor::host(cfg, schemas::net_tcp(), tcp::Tcp::default())),
+        // Sampled every info period: the producer need not wake it more often.
+        Box::new(ProcSensor::new(
+            &cfg.source,
+            cfg.info_period,
+            &cfg.proc_root,
+            schemas::host_info(),
+            info,
+        )),
+        Box::new(ProcSensor::host(cfg, schemas::host_load(), load::Load)),
     ]
 }
 
@@ -126,12 +139,7 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
 /// is measured. `counters` is shared with the producer, which adds every event and value it
 /// samples.
 pub fn agent_sensor(source: &str, period: Duration, counters: Arc<AgentCounters>) -> Box<dyn Sensor> {
-    Box::new(agent::AgentSensor::new(
-        source,
-        period,
-        counters,
-        PathBuf::from("/proc/self"),
-    ))
+    Box::new(agent::sensor(source, period, counters, Path::new("/proc/self")))
 }
 
 #[cfg(test)]

@@ -1,16 +1,11 @@
 //! `host.load`: the capacity summary a broker ranks hosts by. On a real host the queue is 0 and
 //! no benchmark scores are known (NaN); the simulator fills them in for its virtual hosts.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use gma_core::event::EventData;
-
 use crate::cpu::parse_loadavg;
 use crate::info::count_cpus;
 use crate::mem::parse_meminfo;
-use crate::procfs::{event, kib_to_mib, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{kib_to_mib, Emit, Files, Probe};
+use crate::SensorError;
 
 /// CPUs free for new work: `max(0, cpus - load1)` rounded down. Equals `cpus - ceil(load1)`
 /// for whole `cpus`, the rule the simulator uses too.
@@ -19,49 +14,17 @@ pub fn free_cpus(cpus: f64, load1: f64) -> f64 {
 }
 
 /// Emits `host.load` every sample.
-pub(crate) struct LoadSensor {
-    source: String,
-    period: Duration,
-    loadavg_path: PathBuf,
-    stat_path: PathBuf,
-    meminfo_path: PathBuf,
-    buf: String,
-}
+pub(crate) struct Load;
 
-impl LoadSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> LoadSensor {
-        LoadSensor {
-            source: cfg.source.clone(),
-            period: cfg.period,
-            loadavg_path: cfg.proc_root.join("loadavg"),
-            stat_path: cfg.proc_root.join("stat"),
-            meminfo_path: cfg.proc_root.join("meminfo"),
-            buf: String::with_capacity(4096),
-        }
-    }
-}
-
-impl Sensor for LoadSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_LOAD
-    }
-
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_load()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        let load = read_parse(&self.loadavg_path, &mut self.buf, parse_loadavg)?;
+impl Probe for Load {
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let load = files.read("loadavg", parse_loadavg)?;
         // Re-counted every sample: CPUs can be hot-plugged.
-        let cores = read_parse(&self.stat_path, &mut self.buf, |t| match count_cpus(t) {
+        let cores = files.read("stat", |t| match count_cpus(t) {
             0 => Err(SensorError::parse("/proc/stat", 0, "no per-cpu \"cpuN\" lines")),
             n => Ok(n as f64),
         })?;
-        let mem = read_parse(&self.meminfo_path, &mut self.buf, parse_meminfo)?;
+        let mem = files.read("meminfo", parse_meminfo)?;
         let numbers = vec![
             load.load1,
             free_cpus(cores, load.load1),
@@ -71,13 +34,7 @@ impl Sensor for LoadSensor {
             f64::NAN,
             f64::NAN,
         ];
-        out.push(event(
-            schemas::HOST_LOAD,
-            &self.source,
-            now_ns,
-            numbers,
-            Vec::new(),
-        ));
+        out.push(numbers, Vec::new());
         Ok(())
     }
 }
@@ -85,6 +42,7 @@ impl Sensor for LoadSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     #[test]
     fn free_cpus_rule() {
@@ -109,7 +67,7 @@ mod tests {
             proc_root: p.to_path_buf(),
             ..crate::HostSensorConfig::new("h")
         };
-        let mut s = LoadSensor::new(&cfg);
+        let mut s = crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_load(), Load);
         let mut out = Vec::new();
         s.sample(7, &mut out).unwrap();
         let n = &out[0].numbers;

@@ -1,12 +1,7 @@
 //! `host.mem`: memory and swap from `/proc/meminfo`.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use gma_core::event::EventData;
-
-use crate::procfs::{event, kib_to_mib, parse_num, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{kib_to_mib, parse_num, Emit, Files, Probe};
+use crate::SensorError;
 
 const MEMINFO: &str = "/proc/meminfo";
 
@@ -100,46 +95,14 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, SensorError> {
 }
 
 /// Emits `host.mem` every sample (gauges need no baseline).
-pub(crate) struct MemSensor {
-    source: String,
-    period: Duration,
-    path: PathBuf,
-    buf: String,
-}
+pub(crate) struct Mem;
 
-impl MemSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> MemSensor {
-        MemSensor {
-            source: cfg.source.clone(),
-            period: cfg.period,
-            path: cfg.proc_root.join("meminfo"),
-            buf: String::with_capacity(2048),
-        }
-    }
-}
+impl Probe for Mem {
+    const BUF_CAPACITY: usize = 2048;
 
-impl Sensor for MemSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_MEM
-    }
-
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_mem()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        let m = read_parse(&self.path, &mut self.buf, parse_meminfo)?;
-        out.push(event(
-            schemas::HOST_MEM,
-            &self.source,
-            now_ns,
-            m.numbers(),
-            Vec::new(),
-        ));
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let m = files.read("meminfo", parse_meminfo)?;
+        out.push(m.numbers(), Vec::new());
         Ok(())
     }
 }

@@ -1,13 +1,7 @@
 //! `host.net`: per-interface traffic rates from `/proc/net/dev` deltas.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::time::Duration;
-
-use gma_core::event::EventData;
-
-use crate::procfs::{elapsed_s, event, parse_num, rate, read_into};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{parse_num, rate, Emit, Files, PartRates, Probe};
+use crate::SensorError;
 
 const NET_DEV: &str = "/proc/net/dev";
 
@@ -104,81 +98,17 @@ pub fn net_rates(prev: &NetDevCounters, cur: &NetDevCounters, dt_s: f64) -> [f64
     ]
 }
 
-struct IfaceState {
-    /// `<host>/<iface>`, formatted once when the interface first appears.
-    source: String,
-    prev: NetDevCounters,
-    /// Sample generation that last saw the interface; older ones have gone away.
-    seen: u64,
-}
-
 /// Emits one `host.net` per interface. An interface's first sighting is its baseline.
-pub(crate) struct NetSensor {
-    host: String,
-    period: Duration,
-    path: PathBuf,
-    ifaces: HashMap<String, IfaceState>,
-    prev_ns: Option<i64>,
-    generation: u64,
-    buf: String,
+#[derive(Default)]
+pub(crate) struct Net {
+    ifaces: PartRates<NetDevCounters>,
 }
 
-impl NetSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> NetSensor {
-        NetSensor {
-            host: cfg.source.clone(),
-            period: cfg.period,
-            path: cfg.proc_root.join("net/dev"),
-            ifaces: HashMap::new(),
-            prev_ns: None,
-            generation: 0,
-            buf: String::with_capacity(4096),
-        }
-    }
-}
-
-impl Sensor for NetSensor {
-    fn name(&self) -> &str {
-        schemas::HOST_NET
-    }
-
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::host_net()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        read_into(&self.path, &mut self.buf)?;
-        let devs = parse_net_dev(&self.buf).map_err(|e| e.in_file(&self.path))?;
-        let dt = self.prev_ns.and_then(|p| elapsed_s(p, now_ns));
-        self.generation += 1;
-        for d in devs {
-            match self.ifaces.get_mut(d.iface) {
-                Some(st) => {
-                    if let Some(dt) = dt {
-                        let numbers = net_rates(&st.prev, &d.counters, dt).to_vec();
-                        let strings = vec![d.iface.to_string()];
-                        out.push(event(schemas::HOST_NET, &st.source, now_ns, numbers, strings));
-                    }
-                    st.prev = d.counters;
-                    st.seen = self.generation;
-                }
-                None => {
-                    let st = IfaceState {
-                        source: format!("{}/{}", self.host, d.iface),
-                        prev: d.counters,
-                        seen: self.generation,
-                    };
-                    self.ifaces.insert(d.iface.to_string(), st);
-                }
-            }
-        }
-        let generation = self.generation;
-        self.ifaces.retain(|_, st| st.seen == generation);
-        self.prev_ns = Some(now_ns);
+impl Probe for Net {
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let devs = files.read("net/dev", parse_net_dev)?;
+        let parts = devs.iter().map(|d| (d.iface, d.counters));
+        self.ifaces.sample(parts, out, net_rates);
         Ok(())
     }
 }
@@ -186,6 +116,7 @@ impl Sensor for NetSensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sensor;
 
     const NET_DEV_A: &str = "\
 Inter-|   Receive                                                |  Transmit
@@ -259,7 +190,7 @@ Inter-|   Receive                                                |  Transmit
             proc_root: dir.path().to_path_buf(),
             ..crate::HostSensorConfig::new("h")
         };
-        let mut s = NetSensor::new(&cfg);
+        let mut s = crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_net(), Net::default());
         let mut out = Vec::new();
         assert!(s.sample(0, &mut out).is_err(), "missing file must be an error");
         std::fs::write(dir.path().join("net/dev"), NET_DEV_A).unwrap();
@@ -272,7 +203,8 @@ Inter-|   Receive                                                |  Transmit
         assert_eq!(sources, ["h/lo", "h/eth0"]);
         assert_eq!(out[1].strings, ["eth0"]);
         assert_eq!(out[1].numbers[0], 50000.0);
-        assert_eq!(s.ifaces.len(), 3);
-        assert!(!s.ifaces.contains_key("wlan0"));
+        let known = s.probe().ifaces.names();
+        assert_eq!(known.len(), 3);
+        assert!(!known.contains("wlan0"));
     }
 }

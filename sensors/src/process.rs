@@ -83,7 +83,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use gma_core::event::{dbl, text, EventData, MAX_STRING_VALUE};
+use gma_core::event::{dbl, schema, text, EventData, MAX_STRING_VALUE};
 use gma_core::pattern::validate_source;
 use gma_proto::v1::EventSchema;
 
@@ -95,7 +95,7 @@ pub const PROC_EVENT: &str = "proc.event";
 /// Event name of the per-process resource use.
 pub const PROC_USAGE: &str = "proc.usage";
 /// The version of both schemas.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
 
 /// `kind`: a matched process appeared (or was running at the first sample), or a command was
 /// started.
@@ -140,10 +140,11 @@ const MAX_DETAIL_ARGV: usize = 200;
 /// doubles each in the order listed.
 pub fn process_schemas() -> Vec<EventSchema> {
     vec![
-        EventSchema {
-            name: PROC_EVENT.to_string(),
-            version: VERSION,
-            fields: vec![
+        schema(
+            PROC_EVENT,
+            "state changes of watched processes: starts, exits with their status or \
+                          signal, disappearances, CPU and memory threshold crossings",
+            vec![
                 text("watch", "name of the [[process]] watch"),
                 text(
                     "kind",
@@ -184,14 +185,11 @@ pub fn process_schemas() -> Vec<EventSchema> {
                     "processes this watch matches after this sample's changes",
                 ),
             ],
-            description: "state changes of watched processes: starts, exits with their status or \
-                          signal, disappearances, CPU and memory threshold crossings"
-                .to_string(),
-        },
-        EventSchema {
-            name: PROC_USAGE.to_string(),
-            version: VERSION,
-            fields: vec![
+        ),
+        schema(
+            PROC_USAGE,
+            "resource use of every live watched process, each sample",
+            vec![
                 text("watch", "name of the [[process]] watch"),
                 dbl("pid", "pid", "process id"),
                 dbl(
@@ -212,8 +210,7 @@ pub fn process_schemas() -> Vec<EventSchema> {
                     "processes this watch matches in this sample",
                 ),
             ],
-            description: "resource use of every live watched process, each sample".to_string(),
-        },
+        ),
     ]
 }
 
@@ -245,17 +242,18 @@ pub struct ProcessWatch {
 impl ProcessWatch {
     /// Checks the watch: a name, exactly one selector, sensible values. The message names the
     /// watch and says what to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SensorError> {
+        let invalid = |message: String| SensorError::config(CONFIG_ORIGIN, message);
         if self.name.trim().is_empty() {
-            return Err(
+            return Err(invalid(
                 "process watch: name must not be empty (it is sent as `watch` in every event)".to_string(),
-            );
+            ));
         }
         if self.name.len() > MAX_STRING_VALUE {
-            return Err(format!(
+            return Err(invalid(format!(
                 "process watch name is {} bytes, at most {MAX_STRING_VALUE}",
                 self.name.len()
-            ));
+            )));
         }
         let who = format!("process watch {:?}", self.name);
         let set: Vec<&str> = [
@@ -270,67 +268,73 @@ impl ProcessWatch {
         match set.len() {
             1 => {}
             0 => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: set exactly one of comm, cmdline, pid or command (none is set)"
-                ))
+                )))
             }
             _ => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: set exactly one of comm, cmdline, pid or command ({} are set)",
                     set.join(" and ")
-                ))
+                )))
             }
         }
         if let Some(c) = &self.comm {
             if c.is_empty() {
-                return Err(format!("{who}: comm is empty"));
+                return Err(invalid(format!("{who}: comm is empty")));
             }
             if c.len() > MAX_COMM_LEN {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: comm {c:?} is {} bytes but the kernel keeps at most {MAX_COMM_LEN} in \
                      /proc/<pid>/comm, so it could never match: give the first {MAX_COMM_LEN} bytes or \
                      use cmdline",
                     c.len()
-                ));
+                )));
             }
         }
         if self.cmdline.as_deref() == Some("") {
-            return Err(format!("{who}: cmdline is empty (it would match every process)"));
+            return Err(invalid(format!(
+                "{who}: cmdline is empty (it would match every process)"
+            )));
         }
         if self.pid == Some(0) {
-            return Err(format!("{who}: pid must be > 0"));
+            return Err(invalid(format!("{who}: pid must be > 0")));
         }
         if let Some(argv) = &self.command {
             match argv.first() {
                 None => {
-                    return Err(format!(
+                    return Err(invalid(format!(
                         "{who}: command is empty: give the program and its arguments, e.g. \
                          [\"sleep\", \"30\"]"
-                    ))
+                    )))
                 }
-                Some(p) if p.is_empty() => return Err(format!("{who}: command[0] (the program) is empty")),
+                Some(p) if p.is_empty() => {
+                    return Err(invalid(format!("{who}: command[0] (the program) is empty")))
+                }
                 Some(_) => {}
             }
             if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
-                return Err(format!("{who}: command[{i}] contains a NUL byte"));
+                return Err(invalid(format!("{who}: command[{i}] contains a NUL byte")));
             }
         }
         if self.restart && self.command.is_none() {
-            return Err(format!(
+            return Err(invalid(format!(
                 "{who}: restart applies only to command watches (the agent restarts only what it started)"
-            ));
+            )));
         }
         if let Some(v) = self.cpu_pct_max {
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{who}: cpu_pct_max {v} must be a finite number > 0 (percent of one CPU; above 100 \
                      for multi-threaded processes)"
-                ));
+                )));
             }
         }
         if let Some(v) = self.rss_mb_max {
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{who}: rss_mb_max {v} must be a finite number > 0 (MiB)"));
+                return Err(invalid(format!(
+                    "{who}: rss_mb_max {v} must be a finite number > 0 (MiB)"
+                )));
             }
         }
         Ok(())
@@ -750,17 +754,14 @@ impl ProcessSensor {
         watches: Vec<ProcessWatch>,
         proc_root: PathBuf,
     ) -> Result<ProcessSensor, SensorError> {
-        let config = |message: String| SensorError::Config {
-            origin: CONFIG_ORIGIN.to_string(),
-            message,
-        };
+        let config = |message: String| SensorError::config(CONFIG_ORIGIN, message);
         validate_source(source).map_err(|e| config(e.to_string()))?;
         if period.is_zero() {
             return Err(config("the process sensor period must be > 0".to_string()));
         }
         let mut names = HashSet::new();
         for w in &watches {
-            w.validate().map_err(config)?;
+            w.validate()?;
             if !names.insert(w.name.as_str()) {
                 return Err(config(format!(
                     "two process watches are named {:?}: names must be unique",
@@ -1718,7 +1719,10 @@ mod tests {
 
     #[test]
     fn validate_messages() {
-        let err = |w: ProcessWatch| w.validate().unwrap_err();
+        let err = |w: ProcessWatch| match w.validate().unwrap_err() {
+            SensorError::Config { origin, message } if origin == CONFIG_ORIGIN => message,
+            other => panic!("not a config error: {other}"),
+        };
         assert_eq!(
             err(watch("web")),
             "process watch \"web\": set exactly one of comm, cmdline, pid or command (none is set)"
@@ -2550,5 +2554,18 @@ mod tests {
         // only under /proc, and only for match watches
         let s = real(50, vec![command("c", &["true"], false)]);
         assert!(!s.proc_connector_active());
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn process_schemas_are_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&process_schemas()[0]),
+            "proc.event v1: watch string, kind string, detail string, pid double pid, status double status, signal double signal, cpu_pct double %, rss_mb double MiB, running double processes"
+        );
+        assert_eq!(
+            gma_core::event::signature(&process_schemas()[1]),
+            "proc.usage v1: watch string, pid double pid, cpu_pct double %, rss_mb double MiB, threads double threads, running double processes"
+        );
     }
 }

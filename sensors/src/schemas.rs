@@ -4,8 +4,8 @@
 //! and the string fields in `strings`, each in the order listed here. Units follow the field
 //! name suffix: `_mb` is MiB, `_per_s` is per second, `_pct` and the CPU states are percent.
 
-use gma_core::event::{dbl, text};
-use gma_proto::v1::{EventSchema, FieldSpec};
+use gma_core::event::{dbl, schema, text};
+use gma_proto::v1::EventSchema;
 
 pub const HOST_CPU: &str = "host.cpu";
 pub const HOST_MEM: &str = "host.mem";
@@ -17,16 +17,7 @@ pub const HOST_LOAD: &str = "host.load";
 pub const GMA_AGENT: &str = "gma.agent";
 
 /// The version of every built-in schema.
-pub const VERSION: u32 = 1;
-
-fn schema(name: &str, description: &str, fields: Vec<FieldSpec>) -> EventSchema {
-    EventSchema {
-        name: name.to_string(),
-        version: VERSION,
-        fields,
-        description: description.to_string(),
-    }
-}
+pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
 
 /// `host.cpu` (source = host): CPU time split over the last period, and the load averages.
 pub fn host_cpu() -> EventSchema {
@@ -301,5 +292,42 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The wire contract: field names, types and units, in order.
+    #[test]
+    fn builtin_schemas_are_pinned() {
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[0]),
+            "host.cpu v1: user double %, nice double %, system double %, idle double %, iowait double %, irq double %, softirq double %, steal double %, load1 double tasks, load5 double tasks, load15 double tasks, running double tasks, procs double tasks"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[1]),
+            "host.mem v1: total_mb double MiB, free_mb double MiB, available_mb double MiB, buffers_mb double MiB, cached_mb double MiB, swap_total_mb double MiB, swap_free_mb double MiB, used_pct double %"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[2]),
+            "host.net v1: rx_bytes_per_s double B/s, tx_bytes_per_s double B/s, rx_packets_per_s double packets/s, tx_packets_per_s double packets/s, rx_errors_per_s double errors/s, tx_errors_per_s double errors/s, iface string"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[3]),
+            "host.disk v1: reads_per_s double ops/s, writes_per_s double ops/s, read_bytes_per_s double B/s, written_bytes_per_s double B/s, io_ms_per_s double ms/s, device string"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[4]),
+            "net.tcp v1: retrans_segs_per_s double segments/s, out_segs_per_s double segments/s, in_errs_per_s double segments/s, retrans_pct double %, active_opens_per_s double opens/s, curr_estab double connections"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[5]),
+            "host.info v1: os string, kernel string, arch string, hostname string, cores double cpus, memory_mb double MiB, boot_time_s double s"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[6]),
+            "host.load v1: load1 double tasks, free_cpus double cpus, total_cpus double cpus, queue_waiting double jobs, memory_mb double MiB, bench_specint double score, bench_specfp double score"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[7]),
+            "gma.agent v1: cpu_pct double %, rss_mb double MiB, values_per_s double values/s, events_per_s double events/s, threads double threads"
+        );
     }
 }

@@ -193,34 +193,31 @@ impl SimConfig {
                 message: other.to_string(),
             },
         })?;
-        cfg.validate().map_err(|message| SensorError::Config {
-            origin: origin.to_string(),
-            message,
-        })?;
+        cfg.validate().map_err(|e| e.in_origin(origin))?;
         Ok(cfg)
     }
 
     /// Checks every rule of the module doc; the message names the host or table at fault.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SensorError> {
         if self.period_ms == 0 {
-            return Err("period_ms must be at least 1".into());
+            return Err(invalid("period_ms must be at least 1"));
         }
         if self.host.is_empty() && self.generate.is_empty() {
-            return Err("declares no hosts; add a [[host]] or [[generate]] table".into());
+            return Err(invalid("declares no hosts; add a [[host]] or [[generate]] table"));
         }
         let mut names: HashSet<&str> = HashSet::new();
         for h in &self.host {
-            let at = |m: String| format!("host {:?}: {m}", h.name);
-            validate_source(&h.name).map_err(|e| at(e.to_string()))?;
+            let at = |e: SensorError| e.within(&format!("host {:?}", h.name));
+            validate_source(&h.name).map_err(|e| at(invalid(e.to_string())))?;
             if h.cpus == 0 {
-                return Err(at("cpus must be at least 1".into()));
+                return Err(at(invalid("cpus must be at least 1")));
             }
             non_negative("memory_mb", h.memory_mb).map_err(at)?;
             validate_benchmarks(&h.benchmarks).map_err(at)?;
             if let Some(load) = h.load {
                 non_negative("load", load).map_err(at)?;
                 if h.walk.is_some() {
-                    return Err(at("give either load (constant) or walk, not both".into()));
+                    return Err(at(invalid("give either load (constant) or walk, not both")));
                 }
             }
             if let Some(w) = &h.walk {
@@ -231,33 +228,35 @@ impl SimConfig {
             }
             non_negative("queue_waiting", h.queue_waiting).map_err(at)?;
             if !names.insert(&h.name) {
-                return Err(duplicate(&h.name));
+                return Err(invalid(duplicate(&h.name)));
             }
         }
         let mut generated: HashSet<String> = HashSet::new();
         for (i, g) in self.generate.iter().enumerate() {
-            let at = |m: String| format!("generate #{} (prefix {:?}): {m}", i + 1, g.prefix);
+            let at = |e: SensorError| e.within(&format!("generate #{} (prefix {:?})", i + 1, g.prefix));
             if g.count == 0 || g.count > MAX_GENERATE {
-                return Err(at(format!("count must be 1..={MAX_GENERATE}, not {}", g.count)));
+                return Err(at(invalid(format!(
+                    "count must be 1..={MAX_GENERATE}, not {}",
+                    g.count
+                ))));
             }
             // Every name is the prefix plus "-" and digits: checking the shortest and the
             // longest checks them all.
             for index in [0, g.count - 1] {
-                validate_source(&g.host_name(index)).map_err(|e| at(e.to_string()))?;
+                validate_source(&g.host_name(index)).map_err(|e| at(invalid(e.to_string())))?;
             }
             if g.cpus == Some(0) {
-                return Err(at("cpus must be at least 1".into()));
+                return Err(at(invalid("cpus must be at least 1")));
             }
             if let Some(m) = g.memory_mb {
                 non_negative("memory_mb", m).map_err(at)?;
             }
             if let Some(w) = &g.walk {
                 if w.seed.is_some() {
-                    return Err(at(
+                    return Err(at(invalid(
                         "walk.seed is not allowed here; each host's walk is seeded from \
-                                   the table's seed and the host's index"
-                            .into(),
-                    ));
+                                   the table's seed and the host's index",
+                    )));
                 }
                 validate_walk(w).map_err(at)?;
             }
@@ -267,7 +266,7 @@ impl SimConfig {
             for index in 0..g.count {
                 let name = g.host_name(index);
                 if names.contains(name.as_str()) || !generated.insert(name.clone()) {
-                    return Err(duplicate(&name));
+                    return Err(invalid(duplicate(&name)));
                 }
             }
         }
@@ -275,34 +274,42 @@ impl SimConfig {
     }
 }
 
+/// A config error in simulation text; [`SimConfig::load`] names the file instead.
+fn invalid(message: impl Into<String>) -> SensorError {
+    SensorError::config(TEXT_ORIGIN, message)
+}
+
 fn duplicate(name: &str) -> String {
     format!("duplicate host name {name:?}; names must be unique across [[host]] and [[generate]]")
 }
 
-fn non_negative(what: &str, v: f64) -> Result<(), String> {
+fn non_negative(what: &str, v: f64) -> Result<(), SensorError> {
     if v.is_finite() && v >= 0.0 {
         Ok(())
     } else {
-        Err(format!("{what} must be a finite number >= 0, not {v}"))
+        Err(invalid(format!("{what} must be a finite number >= 0, not {v}")))
     }
 }
 
-fn validate_walk(w: &WalkSpec) -> Result<(), String> {
+fn validate_walk(w: &WalkSpec) -> Result<(), SensorError> {
     non_negative("walk.min", w.min)?;
     non_negative("walk.max", w.max)?;
     if w.min > w.max {
-        return Err(format!(
+        return Err(invalid(format!(
             "walk.min ({}) must not exceed walk.max ({})",
             w.min, w.max
-        ));
+        )));
     }
     if !(w.step.is_finite() && w.step > 0.0) {
-        return Err(format!("walk.step must be a finite number > 0, not {}", w.step));
+        return Err(invalid(format!(
+            "walk.step must be a finite number > 0, not {}",
+            w.step
+        )));
     }
     Ok(())
 }
 
-fn validate_benchmarks(b: &Benchmarks) -> Result<(), String> {
+fn validate_benchmarks(b: &Benchmarks) -> Result<(), SensorError> {
     for (what, v) in [("benchmarks.specint", b.specint), ("benchmarks.specfp", b.specfp)] {
         if let Some(v) = v {
             non_negative(what, v)?;

@@ -3,13 +3,8 @@
 //! Columns are found by header name, not position: kernels have added columns over time
 //! (`InCsumErrors` in 3.10) and may again.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use gma_core::event::EventData;
-
-use crate::procfs::{elapsed_s, event, parse_num, rate, read_parse};
-use crate::{schemas, Sensor, SensorError};
+use crate::procfs::{elapsed_s, parse_num, rate, Emit, Files, Probe};
+use crate::SensorError;
 
 const SNMP: &str = "/proc/net/snmp";
 
@@ -79,45 +74,17 @@ pub fn tcp_values(prev: &TcpCounters, cur: &TcpCounters, dt_s: f64) -> [f64; 6] 
 }
 
 /// Emits `net.tcp`. The first sample only records the baseline.
-pub(crate) struct TcpSensor {
-    source: String,
-    period: Duration,
-    path: PathBuf,
+#[derive(Default)]
+pub(crate) struct Tcp {
     prev: Option<(i64, TcpCounters)>,
-    buf: String,
 }
 
-impl TcpSensor {
-    pub(crate) fn new(cfg: &crate::HostSensorConfig) -> TcpSensor {
-        TcpSensor {
-            source: cfg.source.clone(),
-            period: cfg.period,
-            path: cfg.proc_root.join("net/snmp"),
-            prev: None,
-            buf: String::with_capacity(4096),
-        }
-    }
-}
-
-impl Sensor for TcpSensor {
-    fn name(&self) -> &str {
-        schemas::NET_TCP
-    }
-
-    fn schemas(&self) -> Vec<gma_proto::v1::EventSchema> {
-        vec![schemas::net_tcp()]
-    }
-
-    fn period(&self) -> Duration {
-        self.period
-    }
-
-    fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
-        let cur = read_parse(&self.path, &mut self.buf, parse_snmp_tcp)?;
-        if let Some((prev_ns, prev)) = self.prev.replace((now_ns, cur)) {
-            if let Some(dt) = elapsed_s(prev_ns, now_ns) {
-                let numbers = tcp_values(&prev, &cur, dt).to_vec();
-                out.push(event(schemas::NET_TCP, &self.source, now_ns, numbers, Vec::new()));
+impl Probe for Tcp {
+    fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        let cur = files.read("net/snmp", parse_snmp_tcp)?;
+        if let Some((prev_ns, prev)) = self.prev.replace((out.now_ns, cur)) {
+            if let Some(dt) = elapsed_s(prev_ns, out.now_ns) {
+                out.push(tcp_values(&prev, &cur, dt).to_vec(), Vec::new());
             }
         }
         Ok(())
