@@ -1,3 +1,12 @@
+/// The public .proto files (every one compiles with the others in any language).
+const PUBLIC: [&str; 5] = [
+    "proto/gma.proto",
+    "proto/services.proto",
+    "proto/broker.proto",
+    "proto/netprobe.proto",
+    "proto/federation.proto",
+];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // Build scripts are single threaded; set PROTOC for prost-build.
@@ -11,16 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".gma.v1.BulkChunk.data")
         .bytes(".gma.v1.EchoRequest.payload")
         .bytes(".gma.v1.EchoResponse.payload")
-        .compile_protos(
-            &[
-                "proto/gma.proto",
-                "proto/services.proto",
-                "proto/broker.proto",
-                "proto/netprobe.proto",
-                "proto/federation.proto",
-            ],
-            &["proto"],
-        )?;
+        .compile_protos(&PUBLIC, &["proto"])?;
     // Every public service and the raft service in one FileDescriptorSet
     // (`gma_proto::FILE_DESCRIPTOR_SET`): what the door census enumerates, and what gRPC
     // reflection can serve. The code of this run is not used (out_dir is a scratch folder).
@@ -33,17 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(false)
         .out_dir(&scratch)
         .file_descriptor_set_path(out_dir.join("gma_descriptor.bin"))
-        .compile_protos(
-            &[
-                "proto/gma.proto",
-                "proto/services.proto",
-                "proto/broker.proto",
-                "proto/netprobe.proto",
-                "proto/federation.proto",
-                "proto/raft.proto",
-            ],
-            &["proto"],
-        )?;
+        .compile_protos(&[&PUBLIC[..], &["proto/raft.proto"]].concat(), &["proto"])?;
     // The directory's internal RPCs and its raft log on disk, which embeds gma.v1 records.
     tonic_prost_build::configure()
         .codec_path(codec)

@@ -28,6 +28,19 @@ use crate::report::{cores, proc_usage};
 
 type Stop = tokio::sync::watch::Receiver<bool>;
 
+/// An endpoint whose per-identity rate limit is lifted: the default (5,000 requests/s) would be
+/// the figure the benchmark measures.
+fn unthrottled() -> gma_core::endpoint::Endpoint {
+    gma_core::endpoint::Endpoint {
+        limits: gma_core::guard::Limits {
+            requests_per_s: 1e9,
+            burst: 1e9,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 fn stopper(rx: &Stop) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut rx = rx.clone();
     async move {
@@ -76,15 +89,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
     let broker_task = tokio::spawn(gma_broker::service::run(
         BrokerConfig {
             directory: Some(dir_addr.clone()),
-            // The default per-identity rate limit (5,000 requests/s) would be the figure.
-            endpoint: gma_core::endpoint::Endpoint {
-                limits: gma_core::guard::Limits {
-                    requests_per_s: 1e9,
-                    burst: 1e9,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
+            endpoint: unthrottled(),
             ..BrokerConfig::default()
         },
         broker_l,
@@ -255,14 +260,7 @@ pub async fn coalloc(
                     })
                     .collect(),
                 // The replay is far faster than the default per-identity rate limit.
-                endpoint: gma_core::endpoint::Endpoint {
-                    limits: gma_core::guard::Limits {
-                        requests_per_s: 1e9,
-                        burst: 1e9,
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
+                endpoint: unthrottled(),
                 ..SimresConfig::default()
             };
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

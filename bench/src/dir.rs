@@ -389,6 +389,17 @@ pub(crate) struct OpFigures {
 }
 
 impl OpFigures {
+    fn empty() -> anyhow::Result<OpFigures> {
+        Ok(OpFigures {
+            acked: 0,
+            errors: 0,
+            last_error: None,
+            seconds: 0.0,
+            cpu_cores: 0.0,
+            latency: histogram()?,
+        })
+    }
+
     pub(crate) fn per_s(&self) -> f64 {
         self.acked as f64 / self.seconds
     }
@@ -432,14 +443,7 @@ where
     let mut set = tokio::task::JoinSet::new();
     for k in 0..clients {
         let op = op.clone();
-        let mut r = OpFigures {
-            acked: 0,
-            errors: 0,
-            last_error: None,
-            seconds: 0.0,
-            cpu_cores: 0.0,
-            latency: histogram()?,
-        };
+        let mut r = OpFigures::empty()?;
         set.spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -459,14 +463,7 @@ where
             r
         });
     }
-    let mut f = OpFigures {
-        acked: 0,
-        errors: 0,
-        last_error: None,
-        seconds: 0.0,
-        cpu_cores: 0.0,
-        latency: histogram()?,
-    };
+    let mut f = OpFigures::empty()?;
     while let Some(r) = set.join_next().await {
         let r = r.with_context(|| format!("a {what} client task failed"))?;
         f.acked += r.acked;

@@ -146,33 +146,47 @@ async fn gma_side(nodes: usize, d: Duration) -> anyhow::Result<Side> {
             .await?,
         );
     }
-    let mut c = dir_channels(&addr, 1).await?.remove(0);
-    let mut read = histogram()?;
-    for i in 0..READ_WARMUP + READS {
-        let t = Instant::now();
-        let r = c
-            .search(pb::SearchRequest {
+    let c = dir_channels(&addr, 1).await?.remove(0);
+    let read = read_phase("search by id", || {
+        let mut c = c.clone();
+        async move {
+            let req = pb::SearchRequest {
                 kind: pb::RecordKind::Producer as i32,
                 id: "u1-0".into(),
                 single: true,
                 ..Default::default()
-            })
-            .await
-            .map_err(|s| anyhow!("search: {}", status_err(s)))?
-            .into_inner();
-        if r.entries.len() != 1 {
-            bail!("search by id answered {} records, not 1", r.entries.len());
+            };
+            Ok(c.search(req).await?.into_inner().entries.len())
         }
-        if i >= READ_WARMUP {
-            let _ = read.record((t.elapsed().as_micros() as u64).max(1));
-        }
-    }
+    })
+    .await?;
     cluster.stop().await;
     Ok(Side {
         lease_write: into_pair(lease_write)?,
         plain_write: into_pair(plain_write)?,
         read,
     })
+}
+
+/// Times `READS` reads one after another (after `READ_WARMUP` unrecorded ones) on one
+/// connection; each read must find exactly one entry (`read` answers how many it found).
+async fn read_phase<F, Fut>(what: &str, mut read: F) -> anyhow::Result<Histogram<u64>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<usize, tonic::Status>>,
+{
+    let mut latencies = histogram()?;
+    for i in 0..READ_WARMUP + READS {
+        let t = Instant::now();
+        let found = read().await.map_err(|s| anyhow!("{what}: {}", status_err(s)))?;
+        if found != 1 {
+            bail!("{what} answered {found} entries, not 1");
+        }
+        if i >= READ_WARMUP {
+            let _ = latencies.record((t.elapsed().as_micros() as u64).max(1));
+        }
+    }
+    Ok(latencies)
 }
 
 fn into_pair(v: Vec<OpFigures>) -> anyhow::Result<[OpFigures; 2]> {
@@ -370,25 +384,18 @@ async fn etcd_side(etcd: &Path, nodes: usize, d: Duration) -> anyhow::Result<(Si
             .await?,
         );
     }
-    let mut kv = KvClient::new(etcd_channel(&addr).await?);
-    let mut read = histogram()?;
-    for i in 0..READ_WARMUP + READS {
-        let t = Instant::now();
-        let r = kv
-            .range(etcdpb::RangeRequest {
+    let kv = KvClient::new(etcd_channel(&addr).await?);
+    let read = read_phase("range of one key", || {
+        let mut kv = kv.clone();
+        async move {
+            let req = etcdpb::RangeRequest {
                 key: b"u1-0".to_vec(),
                 ..Default::default()
-            })
-            .await
-            .map_err(|s| anyhow!("range: {}", status_err(s)))?
-            .into_inner();
-        if r.kvs.len() != 1 {
-            bail!("range of one key answered {} keys, not 1", r.kvs.len());
+            };
+            Ok(kv.range(req).await?.into_inner().kvs.len())
         }
-        if i >= READ_WARMUP {
-            let _ = read.record((t.elapsed().as_micros() as u64).max(1));
-        }
-    }
+    })
+    .await?;
     let rss = cluster.rss_mb();
     Ok((
         Side {

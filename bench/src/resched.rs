@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use gma_consumer::stream::{ProducerStream, StreamOptions};
-use gma_core::event::{to_wire, EventData};
+use gma_core::event::EventData;
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
 use gma_rescheduler::action::ActionConfig;
@@ -22,18 +22,6 @@ use hdrhistogram::Histogram;
 use crate::args::Output;
 
 const HOSTS: usize = 1000;
-
-fn wire(e: &EventData, schema: &pb::EventSchema) -> pb::Event {
-    to_wire(
-        &e.name,
-        &e.source,
-        e.timestamp_ns,
-        0,
-        &schema.fields,
-        &e.numbers,
-        &e.strings,
-    )
-}
 
 pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
     if trials == 0 {
@@ -121,7 +109,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
         };
         ingest
             .push(pb::IngestRequest {
-                events: vec![wire(&state, &sschema)],
+                events: vec![state.to_wire(0, &sschema.fields)],
                 schemas: vec![],
             })
             .await
@@ -136,7 +124,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
         };
         ingest
             .push(pb::IngestRequest {
-                events: vec![wire(&request, &cschema)],
+                events: vec![request.to_wire(0, &cschema.fields)],
                 schemas: vec![],
             })
             .await

@@ -188,16 +188,12 @@ impl Job {
 
     /// Reads and validates a one-job TOML file.
     pub fn load(path: &Path) -> Result<Job, JobError> {
-        let job: Job = load_toml(path)?;
-        job.validate()?;
-        Ok(job)
+        validated(load_toml(path)?, Job::validate)
     }
 
     /// Parses and validates one-job TOML text (`origin` names it in errors).
     pub fn from_toml(text: &str, origin: &str) -> Result<Job, JobError> {
-        let job: Job = parse_toml(text, origin)?;
-        job.validate()?;
-        Ok(job)
+        validated(parse_toml(text, origin)?, Job::validate)
     }
 
     /// The reservation length of this job in coallocation (walltime, else the reference time).
@@ -326,20 +322,22 @@ pub struct CoallocFile {
     pub job: Vec<Job>,
 }
 
+/// `value` once `validate` accepts it.
+fn validated<T>(value: T, validate: fn(&T) -> Result<(), JobError>) -> Result<T, JobError> {
+    validate(&value)?;
+    Ok(value)
+}
+
 pub const DEFAULT_WINDOW_S: i64 = 4 * 3600;
 pub const DEFAULT_EPSILON_S: i64 = 300;
 
 impl CoallocFile {
     pub fn load(path: &Path) -> Result<CoallocFile, JobError> {
-        let f: CoallocFile = load_toml(path)?;
-        f.validate()?;
-        Ok(f)
+        validated(load_toml(path)?, CoallocFile::validate)
     }
 
     pub fn from_toml(text: &str, origin: &str) -> Result<CoallocFile, JobError> {
-        let f: CoallocFile = parse_toml(text, origin)?;
-        f.validate()?;
-        Ok(f)
+        validated(parse_toml(text, origin)?, CoallocFile::validate)
     }
 
     pub fn validate(&self) -> Result<(), JobError> {

@@ -24,6 +24,34 @@ pub struct EventData {
     pub strings: Vec<String>,
 }
 
+impl EventData {
+    /// The wire form of this event under `fields` (its schema's), numbered `seq`.
+    pub fn to_wire(&self, seq: u64, fields: &[pb::FieldSpec]) -> pb::Event {
+        to_wire(
+            &self.name,
+            &self.source,
+            self.timestamp_ns,
+            seq,
+            fields,
+            &self.numbers,
+            &self.strings,
+        )
+    }
+
+    /// This event as one JSON object under `fields` (see [`to_json`]), numbered `seq`.
+    pub fn to_json(&self, seq: u64, fields: &[pb::FieldSpec]) -> String {
+        to_json(
+            &self.name,
+            &self.source,
+            self.timestamp_ns,
+            seq,
+            fields,
+            &self.numbers,
+            &self.strings,
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SchemaError {
     #[error(transparent)]

@@ -196,18 +196,6 @@ impl pb::app_control_server::AppControl for Control {
     }
 }
 
-fn to_wire(e: &EventData, schema: &pb::EventSchema) -> pb::Event {
-    gma_core::event::to_wire(
-        &e.name,
-        &e.source,
-        e.timestamp_ns,
-        0,
-        &schema.fields,
-        &e.numbers,
-        &e.strings,
-    )
-}
-
 /// The load slowdown of a host: max(1, load1 / cpus) from its latest `host.load`.
 async fn slowdown(
     producer: &mut pb::producer_client::ProducerClient<tonic::transport::Channel>,
@@ -332,7 +320,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
                 format!("{scheme}://{control_addr}"),
             ],
         };
-        to_wire(&e, &sschema)
+        e.to_wire(0, &sschema.fields)
     };
     let first = publish_state(&*app.lock().await);
     ingest
@@ -359,7 +347,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         {
             let mut app = app.lock().await;
             for e in std::mem::take(&mut app.pending) {
-                events.push(to_wire(&e, &cschema));
+                events.push(e.to_wire(0, &cschema.fields));
             }
             let outputs = app
                 .monitor
@@ -367,7 +355,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
                 .map_err(|e| anyhow!("contract monitor: {e}"))?;
             for o in outputs {
                 if let ContractOutput::Event(e) = o {
-                    events.push(to_wire(&e, &cschema));
+                    events.push(e.to_wire(0, &cschema.fields));
                 }
             }
             app.phase = phase + 1;

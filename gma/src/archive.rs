@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Subcommand, ValueEnum};
 use gma_archiver::ArchiverConfig;
 use gma_proto::v1::{self as pb, archive_client::ArchiveClient};
@@ -77,16 +78,12 @@ pub enum QueryOutput {
     Csv,
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum AggArg {
-    Mean,
-    Min,
-    Max,
-    Sum,
-    Count,
-    P50,
-    P90,
-    P99,
+/// The aggregates `--agg` names (gma.proto's `Aggregate` without the prefix; raw is the default).
+const AGGREGATES: [&str; 8] = ["mean", "min", "max", "sum", "count", "p50", "p90", "p99"];
+
+fn aggregate(name: String) -> anyhow::Result<pb::Aggregate> {
+    pb::Aggregate::from_str_name(&format!("AGGREGATE_{}", name.to_ascii_uppercase()))
+        .ok_or_else(|| anyhow!("{name} is not an aggregate"))
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -117,8 +114,8 @@ pub enum ArchiveCommand {
         #[arg(long)]
         step: Option<String>,
         /// Aggregate per bucket (over the whole range without --step).
-        #[arg(long, value_enum)]
-        agg: Option<AggArg>,
+        #[arg(long, value_parser = PossibleValuesParser::new(AGGREGATES).try_map(aggregate))]
+        agg: Option<pb::Aggregate>,
         #[arg(long, value_enum, default_value = "table")]
         output: QueryOutput,
     },
@@ -201,20 +198,6 @@ fn range(from: &str, to: &str) -> anyhow::Result<(i64, i64)> {
         bail!("--to ({to}) must be after --from ({from})");
     }
     Ok((f, t))
-}
-
-fn agg_pb(a: Option<AggArg>) -> pb::Aggregate {
-    match a {
-        None => pb::Aggregate::Raw,
-        Some(AggArg::Mean) => pb::Aggregate::Mean,
-        Some(AggArg::Min) => pb::Aggregate::Min,
-        Some(AggArg::Max) => pb::Aggregate::Max,
-        Some(AggArg::Sum) => pb::Aggregate::Sum,
-        Some(AggArg::Count) => pb::Aggregate::Count,
-        Some(AggArg::P50) => pb::Aggregate::P50,
-        Some(AggArg::P90) => pb::Aggregate::P90,
-        Some(AggArg::P99) => pb::Aggregate::P99,
-    }
 }
 
 fn csv_field(s: &str) -> String {
@@ -305,7 +288,7 @@ pub async fn run(a: ArchiveArgs) -> anyhow::Result<()> {
             let step_ns = match &step {
                 Some(s) => {
                     if agg.is_none() {
-                        bail!("--step needs --agg (mean, min, max, sum, count, p50, p90, p99)");
+                        bail!("--step needs --agg ({})", AGGREGATES.join(", "));
                     }
                     let step = gma_core::time::parse_duration(s).map_err(|e| anyhow!("--step: {e}"))?;
                     if step <= 0 {
@@ -322,7 +305,7 @@ pub async fn run(a: ArchiveArgs) -> anyhow::Result<()> {
                 from_ns,
                 to_ns,
                 step_ns,
-                aggregate: agg_pb(agg) as i32,
+                aggregate: agg.unwrap_or(pb::Aggregate::Raw) as i32,
                 max_points: 0,
             };
             let mut stream = c

@@ -251,27 +251,10 @@ fn check_plain_listen(what: &str, addr: &str, allow_plaintext: bool) -> anyhow::
 /// on stderr.
 pub async fn serve_metrics(role: &str, addr: &str, door: &MetricsDoor) -> anyhow::Result<SocketAddr> {
     let handle = recorder()?;
-    let (listener, tls, guard) = open_door("--metrics-listen", role, addr, door).await?;
-    let bound = listener.local_addr()?;
-    let app =
-        axum::Router::new()
-            .route(
-                METRICS_PATH,
-                get(
-                    |State(st): State<Arc<(Guard, PrometheusHandle)>>,
-                     Extension(peer): Extension<Peer>| async move {
-                        let (guard, handle) = &*st;
-                        match guard.admit(&peer) {
-                            Ok(_) => prometheus_text(handle.render()).into_response(),
-                            Err(e) => e.into_response(),
-                        }
-                    },
-                ),
-            )
-            .with_state(Arc::new((guard, handle)));
-    eprintln!("gma {role} metrics on {bound}");
-    serve_in_background(listener, tls, app, "metrics");
-    Ok(bound)
+    serve_guarded("--metrics-listen", role, "metrics", addr, door, move |_, _| {
+        handle.render()
+    })
+    .await
 }
 
 /// A Prometheus text exposition response.
@@ -293,31 +276,49 @@ pub async fn serve_producer_values(
     hub: Arc<gma_producer::Hub>,
     door: &MetricsDoor,
 ) -> anyhow::Result<SocketAddr> {
-    let (listener, tls, guard) = open_door("--prometheus", "producer", addr, door).await?;
+    serve_guarded(
+        "--prometheus",
+        "producer",
+        "prometheus",
+        addr,
+        door,
+        move |guard, who| gma_producer::prometheus::render_filtered(&hub, |name| guard.raw(who, name)),
+    )
+    .await
+}
+
+/// Serves `GET /metrics` on `addr` (the flag `flag` of `role`) in the background behind the
+/// door's guard: an admitted client gets `render(guard, its identity)` as Prometheus text.
+/// Prints `gma <role> <what> on ADDR` on stderr.
+async fn serve_guarded<R>(
+    flag: &str,
+    role: &str,
+    what: &'static str,
+    addr: &str,
+    door: &MetricsDoor,
+    render: R,
+) -> anyhow::Result<SocketAddr>
+where
+    R: Fn(&Guard, &Identity) -> String + Send + Sync + 'static,
+{
+    let (listener, tls, guard) = open_door(flag, role, addr, door).await?;
     let bound = listener.local_addr()?;
-    let app =
-        axum::Router::new()
-            .route(
-                METRICS_PATH,
-                get(
-                    |State(st): State<Arc<(Guard, Arc<gma_producer::Hub>)>>,
-                     Extension(peer): Extension<Peer>| async move {
-                        let (guard, hub) = &*st;
-                        match guard.admit(&peer) {
-                            Ok(who) => {
-                                prometheus_text(gma_producer::prometheus::render_filtered(hub, |name| {
-                                    guard.raw(&who, name)
-                                }))
-                                .into_response()
-                            }
-                            Err(e) => e.into_response(),
-                        }
-                    },
-                ),
-            )
-            .with_state(Arc::new((guard, hub)));
-    eprintln!("gma producer prometheus on {bound}");
-    serve_in_background(listener, tls, app, "prometheus");
+    let app = axum::Router::new()
+        .route(
+            METRICS_PATH,
+            get(
+                |State(st): State<Arc<(Guard, R)>>, Extension(peer): Extension<Peer>| async move {
+                    let (guard, render) = &*st;
+                    match guard.admit(&peer) {
+                        Ok(who) => prometheus_text(render(guard, &who)).into_response(),
+                        Err(e) => e.into_response(),
+                    }
+                },
+            ),
+        )
+        .with_state(Arc::new((guard, render)));
+    eprintln!("gma {role} {what} on {bound}");
+    serve_in_background(listener, tls, app, what);
     Ok(bound)
 }
 

@@ -570,15 +570,7 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
 fn wire_json(e: &pb::Event, schema: Option<&pb::EventSchema>) -> String {
     if let Some(schema) = schema.filter(|s| s.fields.len() == e.values.len()) {
         if let Ok(d) = gma_core::event::from_wire(e, schema) {
-            return gma_core::event::to_json(
-                &e.name,
-                &e.source,
-                e.timestamp_ns,
-                e.seq,
-                &schema.fields,
-                &d.numbers,
-                &d.strings,
-            );
+            return d.to_json(e.seq, &schema.fields);
         }
     }
     let mut s = String::from("{\"name\":");

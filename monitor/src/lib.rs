@@ -689,18 +689,7 @@ fn publish(hub: &Hub, e: EventData) {
         tracing::warn!("cannot publish a monitor.firing event: {err}");
     }
     let schema = firing_schema();
-    println!(
-        "{}",
-        gma_core::event::to_json(
-            &e.name,
-            &e.source,
-            e.timestamp_ns,
-            seq,
-            &schema.fields,
-            &e.numbers,
-            &e.strings
-        )
-    );
+    println!("{}", e.to_json(seq, &schema.fields));
 }
 
 struct Job {
