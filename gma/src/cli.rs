@@ -74,11 +74,15 @@ pub enum Command {
     /// The federation endpoint of a site (summaries to linked sites, jobs placed locally or
     /// forwarded with route()), or `add` / `remove` / `status` of its links.
     Federation(crate::federation::FederationArgs),
-    /// Jobs at a site's federation endpoint: submit, status, list, cancel.
+    /// Jobs at a site's federation endpoint (submit, status, list, cancel), or run by a
+    /// broker in a batch system's reservation (`submit --broker`).
     Job(crate::federation::JobArgs),
     /// A simulated resource manager: per-resource reservation calendars behind the
     /// Reservations interface (create / modify / release with granted / never / retry-from).
     Simres(crate::broker::SimresArgs),
+    /// The Slurm adapter: the Reservations interface over a real Slurm controller (advance
+    /// reservations with scontrol, jobs started in them with sbatch; docs/slurm.md).
+    Slurm(crate::slurm::SlurmArgs),
     /// The live web dashboard: producers and consumers, per-host charts, cluster, decisions,
     /// gma.rpc, archived history (a real-time consumer; docs/dashboard.md).
     Dashboard(crate::dashboard::DashboardArgs),
@@ -108,6 +112,7 @@ impl Command {
             Relay(a) => Some(&a.server),
             Broker(a) => Some(&a.server),
             Simres(a) => Some(&a.server),
+            Slurm(a) => Some(&a.server),
             Dashboard(a) => Some(&a.server),
             Netprobe(a) => Some(&a.server),
             Federation(a) => Some(&a.server),
@@ -142,7 +147,7 @@ mod tests {
     ];
     const CLIENT_FLAGS: [&str; 4] = ["--log", "--tls-ca", "--tls-cert", "--tls-key"];
     /// The subcommands that serve an endpoint (Command::server is Some for them).
-    const ROLES: [&str; 14] = [
+    const ROLES: [&str; 15] = [
         "directory",
         "producer",
         "demo",
@@ -154,6 +159,7 @@ mod tests {
         "relay",
         "broker",
         "simres",
+        "slurm",
         "dashboard",
         "netprobe",
         "federation",

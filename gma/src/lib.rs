@@ -20,6 +20,7 @@ mod resched;
 mod roles;
 mod serve;
 mod sink;
+mod slurm;
 mod telemetry;
 mod tools;
 
@@ -98,6 +99,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Certs(a) => certs::run(a).await,
         Broker(a) => broker::run(a).await,
         Simres(a) => broker::simres(a).await,
+        Slurm(a) => slurm::run(a).await,
         Dashboard(a) => dashboard::run(a).await,
         Netprobe(a) => netprobe::netprobe(a).await,
         Net(a) => netprobe::net(a).await,
