@@ -439,7 +439,7 @@ pub async fn run(
         Ok(update(
             "claimed",
             Some(job.clone()),
-            format!("job {} submitted", job.job_id),
+            format!("in reservation {}", res.id),
         )),
     )
     .await;
@@ -447,6 +447,15 @@ pub async fn run(
     let mut unreachable_since: Option<tokio::time::Instant> = None;
     loop {
         if job.state != last_state {
+            if job.done && job.start_s > 0 && last_state != "running" {
+                // It started and ended between two reads: it did run.
+                let started = format!("started at {} (Unix seconds)", job.start_s);
+                let mut running = job.clone();
+                running.state = "running".into();
+                running.done = false;
+                running.exit_code = -1;
+                send(&tx, Ok(update("running", Some(running), started))).await;
+            }
             last_state.clone_from(&job.state);
             let msg = if job.done {
                 format!("exit code {}", job.exit_code)

@@ -46,6 +46,8 @@ impl CmdError {
                     || s.contains("communication connection failure")
                     || s.contains("munge")
                     || s.contains("socket timed out")
+                    // What `scontrol create reservation` says when slurmctld is down (22.05).
+                    || s.contains("unexpected message received")
             }
         }
     }
@@ -233,13 +235,19 @@ pub struct SqueueJob {
 struct Squeue {
     #[serde(default)]
     jobs: Vec<SqueueJob>,
+    #[serde(default)]
+    errors: Vec<serde_json::Value>,
 }
 
-/// The jobs of `squeue --json`.
+/// The jobs of `squeue --json`; its `errors` without jobs are an error (the controller
+/// could not be asked).
 pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, String> {
-    serde_json::from_str::<Squeue>(text)
-        .map(|s| s.jobs)
-        .map_err(|e| format!("squeue --json: {e}"))
+    let s = serde_json::from_str::<Squeue>(text).map_err(|e| format!("squeue --json: {e}"))?;
+    if s.jobs.is_empty() && !s.errors.is_empty() {
+        let errors: Vec<String> = s.errors.iter().map(|e| e.to_string()).collect();
+        return Err(format!("squeue --json: {}", gma_core::clip(&errors.join("; "), 1000)));
+    }
+    Ok(s.jobs)
 }
 
 /// How a Slurm job state reads in `job.batch`: (state, done).
@@ -361,5 +369,7 @@ mod tests {
         assert_eq!(job_state("COMPLETING"), ("running", false));
         assert_eq!(job_state("PENDING"), ("pending", false));
         assert!(parse_squeue("not json").is_err());
+        assert!(parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#).is_err());
+        assert!(parse_squeue(r#"{"errors":[],"jobs":[]}"#).unwrap().is_empty());
     }
 }

@@ -534,15 +534,21 @@ impl SlurmManager {
                     end_s: r.end_s,
                     owner: owner.to_string(),
                 };
+                // Confirmed: Slurm reports it active (its start has come and the cores are
+                // held); a later start is confirmed by the read-back loop.
+                let active = r.state == "ACTIVE";
                 self.state.lock().held.insert(
                     name,
                     Held {
                         res: res.clone(),
-                        confirmed: false,
+                        confirmed: active,
                         job: None,
                     },
                 );
                 self.publish_res(&res, "granted");
+                if active {
+                    self.publish_res(&res, "confirmed");
+                }
                 metrics::counter!("gma_slurm_reservations_total", "answer" => "granted").increment(1);
                 Answer::Granted(res)
             }
@@ -876,11 +882,6 @@ impl SlurmManager {
                 },
                 start_s: if state == "pending" { 0 } else { q.start_time },
                 end_s: if done { q.end_time } else { 0 },
-                output: if q.standard_output.is_empty() {
-                    j.info.output.clone()
-                } else {
-                    q.standard_output.clone()
-                },
                 ..j.info.clone()
             };
             if new.state != j.info.state || new.done != j.info.done {
