@@ -138,6 +138,7 @@ pub fn parse_run_file(text: &str, origin: &str, dir: Option<&Path>) -> Result<pb
 /// What `RunJob` checks before it starts: the job and what to run.
 pub struct Plan {
     pub job: Job,
+    pub policy: Policy,
     pub spec: pb::BatchJobSpec,
     pub window_s: i64,
 }
@@ -162,8 +163,8 @@ fn check(req: &pb::RunJobRequest) -> Result<(), Error> {
     Ok(())
 }
 
-/// Validates a `RunJob` request.
-pub fn plan(req: &pb::RunJobRequest) -> Result<Plan, Error> {
+/// Validates a `RunJob` request (ranked under `policy`).
+pub fn plan(req: &pb::RunJobRequest, policy: Policy) -> Result<Plan, Error> {
     let spec = req
         .job
         .as_ref()
@@ -182,6 +183,7 @@ pub fn plan(req: &pb::RunJobRequest) -> Result<Plan, Error> {
     };
     Ok(Plan {
         job,
+        policy,
         spec,
         window_s: if req.window_s == 0 {
             DEFAULT_RUN_WINDOW_S
@@ -298,7 +300,6 @@ pub async fn run(
     plan: Plan,
     snap: &Snapshot,
     rank_cfg: &RankConfig,
-    policy: Policy,
     managers: &[String],
     owner: &str,
     decision_id: u64,
@@ -316,7 +317,7 @@ pub async fn run(
             .await
         }
     };
-    let cands = match candidates(&plan, &reserver, snap, policy, rank_cfg) {
+    let cands = match candidates(&plan, &reserver, snap, plan.policy, rank_cfg) {
         Ok(c) => c,
         Err(m) => return fail(&tx, Status::failed_precondition(m), "refused", "").await,
     };
@@ -577,7 +578,7 @@ mod tests {
 
     #[test]
     fn a_plan_needs_a_job() {
-        let e = plan(&pb::RunJobRequest::default()).err().unwrap();
+        let e = plan(&pb::RunJobRequest::default(), Policy::Ttd).err().unwrap();
         assert!(e.to_string().starts_with("job:"), "{e}");
     }
 }

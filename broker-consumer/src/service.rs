@@ -553,7 +553,7 @@ impl Broker for BrokerService {
             who.cn.clone()
         };
         let policy = policy_of(req.get_ref().policy)?;
-        let plan = crate::jobrun::plan(req.get_ref())?;
+        let plan = crate::jobrun::plan(req.get_ref(), policy)?;
         let managers = self.core.managers().await?;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let core = self.core.clone();
@@ -562,7 +562,7 @@ impl Broker for BrokerService {
             let name = plan.job.name.clone();
             let snap = core.view.snapshot(now_ns());
             let t0 = Instant::now();
-            let out = crate::jobrun::run(plan, &snap, &core.rank, policy, &managers, &owner, id, tx).await;
+            let out = crate::jobrun::run(plan, &snap, &core.rank, &managers, &owner, id, tx).await;
             metrics::counter!("gma_broker_decisions_total", "kind" => "run").increment(1);
             core.publish(core.event(
                 vec![

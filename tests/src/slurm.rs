@@ -32,7 +32,14 @@ pub struct Cluster {
 
 /// The programs the cluster needs.
 const PROGRAMS: [&str; 8] = [
-    "mungekey", "munged", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "sinfo",
+    "mungekey",
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sbatch",
+    "squeue",
+    "sinfo",
 ];
 
 fn which(prog: &str) -> bool {
@@ -79,7 +86,10 @@ impl Cluster {
         }
         let uid = run(Command::new("id").arg("-u"))?;
         if uid.trim() != "0" {
-            return Err("the throw-away Slurm cluster runs its daemons as root (the sessions and CI run as root)".into());
+            return Err(
+                "the throw-away Slurm cluster runs its daemons as root (the sessions and CI run as root)"
+                    .into(),
+            );
         }
         let dir = tempfile::Builder::new()
             .prefix("gma-slurm-")
@@ -281,7 +291,9 @@ impl Cluster {
 }
 
 fn stop_child(mut child: Child) {
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {

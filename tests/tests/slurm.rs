@@ -53,10 +53,14 @@ fn fabric(cluster: &Cluster) -> Fabric {
         format!("listen = \"127.0.0.1:0\"\ndirectory = \"{}\"\n", dir.addr),
     )
     .unwrap();
-    let broker = Proc::start(&["broker", "--config", bcfg.to_str().unwrap()], "gma broker listening on");
+    let broker = Proc::start(
+        &["broker", "--config", bcfg.to_str().unwrap()],
+        "gma broker listening on",
+    );
     // The broker finds the adapter in the directory (as the producer of reservation.state).
     let found = wait_until(Duration::from_secs(30), || {
-        search_ids(&dir.addr, "job.batch").is_some_and(|ids| ids.iter().any(|(_, a)| a.ends_with(&adapter.addr)))
+        search_ids(&dir.addr, "job.batch")
+            .is_some_and(|ids| ids.iter().any(|(_, a)| a.ends_with(&adapter.addr)))
     });
     assert!(found, "the adapter never registered: {}", adapter.stderr_text());
     let directory = dir.addr.clone();
@@ -79,7 +83,10 @@ fn subscribe(directory: &str, patterns: &[&str]) -> Subscriber {
                 ..StreamOptions::default()
             },
             capacity: 1024,
-            default_resume: Some(ResumePoint { epoch: 0, next_seq: 1 }),
+            default_resume: Some(ResumePoint {
+                epoch: 0,
+                next_seq: 1,
+            }),
         },
         HashMap::new(),
     )
@@ -111,10 +118,12 @@ async fn collect_until(sub: &mut Subscriber, seen: &mut Vec<Ev>, what: &str, don
                 let (mut n, mut s) = (0, 0);
                 for f in e.series.fields.iter() {
                     if f.r#type == pb::FieldType::String as i32 {
-                        ev.text.insert(f.name.clone(), e.strings.get(s).cloned().unwrap_or_default());
+                        ev.text
+                            .insert(f.name.clone(), e.strings.get(s).cloned().unwrap_or_default());
                         s += 1;
                     } else {
-                        ev.num.insert(f.name.clone(), e.numbers.get(n).copied().unwrap_or(f64::NAN));
+                        ev.num
+                            .insert(f.name.clone(), e.numbers.get(n).copied().unwrap_or(f64::NAN));
                         n += 1;
                     }
                 }
@@ -155,7 +164,12 @@ fn run_file(dir: &Path, name: &str, body: &str) -> String {
 
 /// `gma job submit --broker` running in the background.
 fn submit(file: &str, broker: &str) -> Proc {
-    Proc::start(&["job", "submit", "--job", file, "--broker", broker, "--output", "json"], "")
+    Proc::start(
+        &[
+            "job", "submit", "--job", file, "--broker", broker, "--output", "json",
+        ],
+        "",
+    )
 }
 
 fn wait_exit(p: &mut Proc) -> i32 {
@@ -166,7 +180,9 @@ fn wait_exit(p: &mut Proc) -> i32 {
     });
     assert!(ended, "gma job submit never ended: {}", p.stderr_text());
     // The readers may still hold the last lines.
-    wait_until(Duration::from_secs(5), || !p.stdout_lines().is_empty() || !p.stderr_text().is_empty());
+    wait_until(Duration::from_secs(5), || {
+        !p.stdout_lines().is_empty() || !p.stderr_text().is_empty()
+    });
     code.unwrap()
 }
 
@@ -194,7 +210,10 @@ async fn a_script_runs_in_an_advance_reservation_through_the_broker() {
     );
     let mut run = submit(&file, &f.broker.addr);
     let mut seen = Vec::new();
-    collect_until(&mut sub, &mut seen, "the job running", |s| job_states(s, "hello").contains(&"running".to_string())).await;
+    collect_until(&mut sub, &mut seen, "the job running", |s| {
+        job_states(s, "hello").contains(&"running".to_string())
+    })
+    .await;
     // While it runs: Slurm holds the reservation, and the job runs inside it.
     let res_id = seen
         .iter()
@@ -208,53 +227,87 @@ async fn a_script_runs_in_an_advance_reservation_through_the_broker() {
         .unwrap();
     let held = cluster.reservations().unwrap();
     assert!(
-        held.iter().any(|l| l.starts_with(&format!("ReservationName={res_id} ")) && l.contains(&format!("Nodes={}", cluster.node))),
+        held.iter()
+            .any(|l| l.starts_with(&format!("ReservationName={res_id} "))
+                && l.contains(&format!("Nodes={}", cluster.node))),
         "{held:#?}"
     );
-    let q = cluster.cmd("squeue", &["-h", "-j", &job_id, "-o", "%T %v"]).unwrap();
+    let q = cluster
+        .cmd("squeue", &["-h", "-j", &job_id, "-o", "%T %v"])
+        .unwrap();
     assert_eq!(q.trim(), format!("RUNNING {res_id}"));
     // The CLI follows it too.
     let followed = wait_until(Duration::from_secs(60), || {
-        run.stdout_lines().iter().any(|l| l.contains("\"stage\":\"running\""))
+        run.stdout_lines()
+            .iter()
+            .any(|l| l.contains("\"stage\":\"running\""))
     });
-    assert!(followed, "gma job submit never printed the running stage: {:?}", run.stdout_lines());
+    assert!(
+        followed,
+        "gma job submit never printed the running stage: {:?}",
+        run.stdout_lines()
+    );
     std::fs::write(&go, "").unwrap();
     assert_eq!(wait_exit(&mut run), 0, "{}", run.stderr_text());
     // The CLI printed the stages and the end state.
     let lines: Vec<serde_json::Value> = json_lines(&run.stdout_lines().join("\n"));
     let stages: Vec<&str> = lines.iter().map(|l| l["stage"].as_str().unwrap()).collect();
     assert_eq!(stages.first(), Some(&"reserved"), "{stages:?}");
-    assert!(stages.contains(&"claimed") && stages.contains(&"running"), "{stages:?}");
+    assert!(
+        stages.contains(&"claimed") && stages.contains(&"running"),
+        "{stages:?}"
+    );
     let last = lines.last().unwrap();
-    assert_eq!((last["stage"].as_str(), last["exit_code"].as_i64()), (Some("completed"), Some(0)));
+    assert_eq!(
+        (last["stage"].as_str(), last["exit_code"].as_i64()),
+        (Some("completed"), Some(0))
+    );
     assert_eq!(last["reservation"].as_str(), Some(res_id.as_str()));
     // The script's output, written under Slurm inside the reservation.
     let out = std::fs::read_to_string(last["output"].as_str().unwrap()).unwrap();
-    assert_eq!(out, format!("hello from job {job_id} in reservation {res_id}\ndone\n"));
+    assert_eq!(
+        out,
+        format!("hello from job {job_id} in reservation {res_id}\ndone\n")
+    );
     // The lifecycle events: the reservation requested, granted, confirmed, claimed, released;
     // the job pending, running, completed with exit code 0; the broker's decision.
-    collect_until(&mut sub, &mut seen, "the reservation released and the decision", |s| {
-        res_states(s, &res_id).contains(&"released".to_string())
-            && s.iter().any(|e| e.name == "broker.decision" && e.text["kind"] == "run")
-    })
+    collect_until(
+        &mut sub,
+        &mut seen,
+        "the reservation released and the decision",
+        |s| {
+            res_states(s, &res_id).contains(&"released".to_string())
+                && s.iter()
+                    .any(|e| e.name == "broker.decision" && e.text["kind"] == "run")
+        },
+    )
     .await;
     assert!(
-        seen.iter().any(|e| e.name == "reservation.state" && e.text["state"] == "requested" && e.text["resource"] == cluster.node),
+        seen.iter().any(|e| e.name == "reservation.state"
+            && e.text["state"] == "requested"
+            && e.text["resource"] == cluster.node),
         "{seen:#?}"
     );
-    assert_eq!(res_states(&seen, &res_id), ["granted", "confirmed", "claimed", "released"]);
+    assert_eq!(
+        res_states(&seen, &res_id),
+        ["granted", "confirmed", "claimed", "released"]
+    );
     assert_eq!(job_states(&seen, "hello"), ["pending", "running", "completed"]);
     let end = seen.iter().rfind(|e| e.name == "job.batch").unwrap();
     assert_eq!(end.num["exit_code"], 0.0);
     let d = seen.iter().find(|e| e.name == "broker.decision").unwrap();
-    assert_eq!((d.text["outcome"].as_str(), d.text["chosen"].as_str()), ("completed", cluster.node.as_str()));
+    assert_eq!(
+        (d.text["outcome"].as_str(), d.text["chosen"].as_str()),
+        ("completed", cluster.node.as_str())
+    );
     no_reservation_left(&cluster);
     drop(f);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_script_reports_its_exit_code_and_leaves_nothing_reserved() {
-    let Some(cluster) = cluster_or_skip("a_failing_script_reports_its_exit_code_and_leaves_nothing_reserved") else {
+    let Some(cluster) = cluster_or_skip("a_failing_script_reports_its_exit_code_and_leaves_nothing_reserved")
+    else {
         return;
     };
     let f = fabric(&cluster);
@@ -264,27 +317,47 @@ async fn a_failing_script_reports_its_exit_code_and_leaves_nothing_reserved() {
         "bad",
         "name = \"bad\"\ncpus = 2\nwalltime_s = 60\ncommand = \"echo failing >&2; exit 3\"\n",
     );
-    let r = gma(&["job", "submit", "--job", &file, "--broker", &f.broker.addr], Duration::from_secs(120));
+    let r = gma(
+        &["job", "submit", "--job", &file, "--broker", &f.broker.addr],
+        Duration::from_secs(120),
+    );
     assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
     assert!(r.stdout.contains(": failed, exit code 3"), "{}", r.stdout);
-    assert!(r.stderr.contains("failed with exit code 3 (FAILED (NonZeroExitCode))"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("failed with exit code 3 (FAILED (NonZeroExitCode))"),
+        "{}",
+        r.stderr
+    );
     let mut seen = Vec::new();
     collect_until(&mut sub, &mut seen, "the failure events", |s| {
         job_states(s, "bad").contains(&"failed".to_string()) && s.iter().any(|e| e.name == "broker.decision")
     })
     .await;
     let end = seen.iter().rfind(|e| e.name == "job.batch").unwrap();
-    assert_eq!((end.num["exit_code"], end.text["reason"].as_str()), (3.0, "FAILED (NonZeroExitCode)"));
+    assert_eq!(
+        (end.num["exit_code"], end.text["reason"].as_str()),
+        (3.0, "FAILED (NonZeroExitCode)")
+    );
     let d = seen.iter().find(|e| e.name == "broker.decision").unwrap();
     assert_eq!(d.text["outcome"], "failed");
     assert!(d.text["reason"].starts_with("exit code 3"), "{d:?}");
     no_reservation_left(&cluster);
     // A job the resources cannot hold is refused before anything is reserved.
-    let big = run_file(&cluster.job_dir(), "big", "name = \"big\"\ncpus = 64\nwalltime_s = 60\ncommand = \"true\"\n");
-    let r = gma(&["job", "submit", "--job", &big, "--broker", &f.broker.addr], Duration::from_secs(60));
+    let big = run_file(
+        &cluster.job_dir(),
+        "big",
+        "name = \"big\"\ncpus = 64\nwalltime_s = 60\ncommand = \"true\"\n",
+    );
+    let r = gma(
+        &["job", "submit", "--job", &big, "--broker", &f.broker.addr],
+        Duration::from_secs(60),
+    );
     assert_eq!(r.code, 1);
     assert!(
-        r.stderr.contains("no resource that runs jobs meets the job's requirements") && r.stderr.contains("FailedPrecondition"),
+        r.stderr
+            .contains("no resource that runs jobs meets the job's requirements")
+            && r.stderr.contains("FailedPrecondition"),
         "{}",
         r.stderr
     );
@@ -300,19 +373,34 @@ async fn a_controller_that_is_down_is_an_explicit_failure() {
     let f = fabric(&cluster);
     let mut sub = subscribe(&f.directory, &["broker.decision"]);
     cluster.stop_controller();
-    let file = run_file(&cluster.job_dir(), "late", "name = \"late\"\ncpus = 1\nwalltime_s = 60\ncommand = \"true\"\n");
-    let r = gma(&["job", "submit", "--job", &file, "--broker", &f.broker.addr], Duration::from_secs(120));
+    let file = run_file(
+        &cluster.job_dir(),
+        "late",
+        "name = \"late\"\ncpus = 1\nwalltime_s = 60\ncommand = \"true\"\n",
+    );
+    let r = gma(
+        &["job", "submit", "--job", &file, "--broker", &f.broker.addr],
+        Duration::from_secs(120),
+    );
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(
-        r.stderr.contains("resource manager down") && r.stderr.contains("slurm is unreachable") && r.stderr.contains("Unavailable"),
+        r.stderr.contains("resource manager down")
+            && r.stderr.contains("slurm is unreachable")
+            && r.stderr.contains("Unavailable"),
         "{}",
         r.stderr
     );
     let mut seen = Vec::new();
-    collect_until(&mut sub, &mut seen, "the decision", |s| s.iter().any(|e| e.name == "broker.decision")).await;
+    collect_until(&mut sub, &mut seen, "the decision", |s| {
+        s.iter().any(|e| e.name == "broker.decision")
+    })
+    .await;
     assert_eq!(seen[0].text["outcome"], "unavailable", "{seen:?}");
     // The adapter holds nothing.
-    let list = gma(&["simres", "list", "--manager", &f.adapter.addr, "--output", "json"], Duration::from_secs(30));
+    let list = gma(
+        &["simres", "list", "--manager", &f.adapter.addr, "--output", "json"],
+        Duration::from_secs(30),
+    );
     assert_eq!(list.code, 0, "{}", list.stderr);
     assert_eq!(list.stdout.trim(), "[]");
     drop(f);
@@ -325,7 +413,10 @@ async fn channel(site: &secure::Secure, addr: &str, who: &str) -> tonic::transpo
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(pem("ca/ca.pem".into())))
         .domain_name("127.0.0.1")
-        .identity(Identity::from_pem(pem(format!("certs/{who}.pem")), pem(format!("certs/{who}.key"))));
+        .identity(Identity::from_pem(
+            pem(format!("certs/{who}.pem")),
+            pem(format!("certs/{who}.key")),
+        ));
     Endpoint::from_shared(format!("https://{addr}"))
         .unwrap()
         .tls_config(tls)
@@ -342,15 +433,24 @@ async fn only_the_creator_may_claim_or_release_a_reservation() {
     };
     // mTLS: the owner is the caller's certificate. Alice and carol may reserve, neither is
     // an admin (who may act on behalf of another owner, as a broker does).
-    let policy = "default = \"deny\"\n[[rule]]\norg = \"site1\"\nactions = [\"reservation\"]\neffect = \"allow\"\n";
+    let policy =
+        "default = \"deny\"\n[[rule]]\norg = \"site1\"\nactions = [\"reservation\"]\neffect = \"allow\"\n";
     let site = secure::Secure::with_policy(policy, &[("ca", "carol", "site1")]);
     let cfg = cluster.adapter_config("");
     let adapter = site.start(
-        &["slurm", "--listen", "127.0.0.1:0", "--config", cfg.to_str().unwrap()],
+        &[
+            "slurm",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
         "gma slurm listening on",
     );
-    let mut alice = pb::reservations_client::ReservationsClient::new(channel(&site, &adapter.addr, "alice").await);
-    let mut carol = pb::reservations_client::ReservationsClient::new(channel(&site, &adapter.addr, "carol").await);
+    let mut alice =
+        pb::reservations_client::ReservationsClient::new(channel(&site, &adapter.addr, "alice").await);
+    let mut carol =
+        pb::reservations_client::ReservationsClient::new(channel(&site, &adapter.addr, "carol").await);
     let now = gma_core::time::now_ns() / 1_000_000_000;
     let granted = alice
         .reserve(pb::ReserveRequest {
@@ -393,7 +493,10 @@ async fn only_the_creator_may_claim_or_release_a_reservation() {
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     }
-    assert!(cluster.cmd("squeue", &["-h"]).unwrap().trim().is_empty(), "carol's claim queued a job");
+    assert!(
+        cluster.cmd("squeue", &["-h"]).unwrap().trim().is_empty(),
+        "carol's claim queued a job"
+    );
     // Bad input: precise statuses.
     let e = alice
         .claim(pb::ClaimRequest {
@@ -426,7 +529,10 @@ async fn only_the_creator_may_claim_or_release_a_reservation() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((started.owner.as_str(), started.reservation_id.as_str()), ("alice", res.id.as_str()));
+    assert_eq!(
+        (started.owner.as_str(), started.reservation_id.as_str()),
+        ("alice", res.id.as_str())
+    );
     let e = carol
         .job_status(pb::BatchJobRequest {
             job_id: started.job_id.clone(),
@@ -440,11 +546,18 @@ async fn only_the_creator_may_claim_or_release_a_reservation() {
         let id = started.job_id.clone();
         async move {
             let j = alice
-                .job_status(pb::BatchJobRequest { job_id: id, owner: String::new() })
+                .job_status(pb::BatchJobRequest {
+                    job_id: id,
+                    owner: String::new(),
+                })
                 .await
                 .map_err(|e| e.to_string())?
                 .into_inner();
-            if j.done { Ok(j) } else { Err(format!("{j:?}")) }
+            if j.done {
+                Ok(j)
+            } else {
+                Err(format!("{j:?}"))
+            }
         }
     })
     .await;

@@ -245,7 +245,10 @@ pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, String> {
     let s = serde_json::from_str::<Squeue>(text).map_err(|e| format!("squeue --json: {e}"))?;
     if s.jobs.is_empty() && !s.errors.is_empty() {
         let errors: Vec<String> = s.errors.iter().map(|e| e.to_string()).collect();
-        return Err(format!("squeue --json: {}", gma_core::clip(&errors.join("; "), 1000)));
+        return Err(format!(
+            "squeue --json: {}",
+            gma_core::clip(&errors.join("; "), 1000)
+        ));
     }
     Ok(s.jobs)
 }
@@ -369,7 +372,9 @@ mod tests {
         assert_eq!(job_state("COMPLETING"), ("running", false));
         assert_eq!(job_state("PENDING"), ("pending", false));
         assert!(parse_squeue("not json").is_err());
-        assert!(parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#).is_err());
+        assert!(
+            parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#).is_err()
+        );
         assert!(parse_squeue(r#"{"errors":[],"jobs":[]}"#).unwrap().is_empty());
     }
 }

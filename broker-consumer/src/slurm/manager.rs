@@ -348,7 +348,6 @@ impl SlurmManager {
     }
 
     /// Checks a window and answers NEVER for what can never be granted.
-    #[allow(clippy::too_many_arguments)]
     fn checked(
         &self,
         resource: &str,
@@ -803,7 +802,7 @@ impl SlurmManager {
         let j = self.owned_job(job_id, owner)?;
         if !j.done {
             self.slurm
-                .run("scancel", &[j.job_id.clone()])
+                .run("scancel", std::slice::from_ref(&j.job_id))
                 .await
                 .map_err(|e| cmd_error("cancel the job", &e))?;
         }
