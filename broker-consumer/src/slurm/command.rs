@@ -271,50 +271,22 @@ pub fn exit_of(status: i64) -> (i32, i32) {
     (((status >> 8) & 0xff) as i32, (status & 0x7f) as i32)
 }
 
-/// Days from 1970-01-01 to the civil date (proleptic Gregorian; H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// `YYYY-MM-DDTHH:MM:SS` in UTC (how Slurm prints times under `TZ=UTC`) to Unix seconds.
 pub fn parse_time(s: &str) -> Option<i64> {
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>().ok());
-    let (y, mo, da) = (d.next()??, d.next()??, d.next()??);
-    let mut t = time.splitn(3, ':').map(|x| x.parse::<i64>().ok());
-    let (h, mi, se) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || h > 23 || mi > 59 || se > 60 {
+    if s.len() != 19 {
         return None;
     }
-    Some(days_from_civil(y, mo, da) * 86_400 + h * 3600 + mi * 60 + se)
+    match gma_core::time::parse_rfc3339(&format!("{s}Z")) {
+        Some(Some(ns)) => Some(ns.div_euclid(1_000_000_000)),
+        _ => None,
+    }
 }
 
 /// Unix seconds to `YYYY-MM-DDTHH:MM:SS` in UTC (what Slurm reads under `TZ=UTC`).
 pub fn format_time(unix_s: i64) -> String {
-    let days = unix_s.div_euclid(86_400);
-    let secs = unix_s.rem_euclid(86_400);
-    // Inverse of days_from_civil.
-    let z = days + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
+    let mut t = gma_core::time::format_rfc3339(unix_s.saturating_mul(1_000_000_000));
+    t.truncate(19);
+    t
 }
 
 #[cfg(test)]
