@@ -3,8 +3,9 @@
 # 127.0.0.1, or in network namespaces the tests make). protoc comes from the
 # protoc-bin-vendored crate; the browser test's Chromium is Debian's `chromium` package and the
 # namespace tests' `ip` and `tc` come from `iproute2`, and the Python client test's python3 and
-# venv from `python3`/`python3-venv`, installed here when missing (idempotent,
-# quiet). Under CI=true a test whose capability is missing fails with its reason.
+# venv from `python3`/`python3-venv`, and the Slurm tests' batch system from `slurmctld`,
+# `slurmd`, `slurm-client` and `munge`, installed here when missing (idempotent, quiet).
+# Under CI=true a test whose capability is missing fails with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,22 @@ fi
 if [ ! -x "${GMA_CHROMIUM:-/usr/bin/chromium}" ]; then
     echo "== installing chromium (Debian package) for the dashboard's browser test"
     apt_install chromium
+fi
+
+# The Slurm tests (tests/tests/slurm.rs) start a throw-away single-machine cluster under a temp
+# dir (munged, slurmctld, slurmd on 127.0.0.1). Installing the packages must start no daemon
+# system-wide: policy-rc.d denies it, and their units are disabled afterwards.
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 \
+    || ! command -v sbatch >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+    echo "== installing slurmctld slurmd slurm-client munge (Debian packages) for the Slurm tests"
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+        $SUDO chmod +x /usr/sbin/policy-rc.d
+    fi
+    apt_install slurmctld slurmd slurm-client munge
+    if command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl disable munge slurmctld slurmd >/dev/null 2>&1 || true
+    fi
 fi
 
 echo "== cargo fmt --check"

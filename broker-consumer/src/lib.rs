@@ -39,6 +39,7 @@ pub mod calendar;
 pub mod coalloc;
 pub mod error;
 pub mod job;
+pub mod jobrun;
 pub mod placement;
 pub mod rank;
 pub mod remote;
@@ -46,6 +47,7 @@ pub mod replay;
 pub mod reserve;
 pub mod service;
 pub mod simres;
+pub mod slurm;
 pub mod utility;
 pub mod view;
 

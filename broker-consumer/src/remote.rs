@@ -22,6 +22,10 @@ pub struct Offered {
     pub arch: String,
     /// Index of the manager in [`RemoteReserver::managers`].
     pub manager: usize,
+    /// The manager starts jobs in reservations of it (`Claim`).
+    pub runs_jobs: bool,
+    pub disk_mb: f64,
+    pub software: Vec<String>,
 }
 
 /// Reservations at one or more managers.
@@ -144,6 +148,9 @@ impl RemoteReserver {
                     memory_mb: r.memory_mb,
                     arch: r.arch,
                     manager: idx,
+                    runs_jobs: r.runs_jobs,
+                    disk_mb: r.disk_mb,
+                    software: r.software,
                 });
             }
             managers.push((addr.clone(), client));
@@ -168,6 +175,13 @@ impl RemoteReserver {
     /// The address of the manager of `resource`.
     pub fn manager_of(&self, resource: &str) -> Option<&str> {
         self.by_resource.get(resource).map(|i| self.manager(*i))
+    }
+
+    /// The client of the manager of `resource` (for the job RPCs).
+    pub fn client_of(&self, resource: &str) -> Option<ReservationsClient<Channel>> {
+        self.by_resource
+            .get(resource)
+            .map(|i| self.managers[*i].1.clone())
     }
 
     fn client_for(&self, resource: &str) -> Result<(usize, ReservationsClient<Channel>), ReserveError> {

@@ -503,6 +503,12 @@ pub const DOORS: &[Door] = &[
         "PERMISSION_DENIED naming the rule: the view holds the raw values of the \
                        followed events (producer.subscribe allowed raw on each is needed)",
     ),
+    Door::policy(
+        "/gma.v1.Broker/RunJob",
+        &[Action::BrokerSelect],
+        "served: the caller's job run in a reservation made for it (owner = its CN; the broker \
+         needs admin on reservation.on-behalf at the managers)",
+    ),
     Door::open("/gma.v1.Broker/Version", "served (versions only, no data)"),
 ];
 
@@ -534,6 +540,55 @@ impl Broker for BrokerService {
             .select(&job, policy, limits)
             .map(Response::new)
             .map_err(|e| BrokerError::from(e).into())
+    }
+
+    type RunJobStream = tokio_stream::wrappers::ReceiverStream<Result<pb::RunJobUpdate, Status>>;
+
+    async fn run_job(&self, req: Request<pb::RunJobRequest>) -> Result<Response<Self::RunJobStream>, Status> {
+        let (who, _) = self.gate.check(&req, Action::BrokerSelect, &[DECISION_EVENT])?;
+        let owner = if who.cn.is_empty() {
+            "broker".to_string()
+        } else {
+            who.cn.clone()
+        };
+        let policy = policy_of(req.get_ref().policy)?;
+        let plan = crate::jobrun::plan(req.get_ref(), policy)?;
+        let managers = self.core.managers().await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let core = self.core.clone();
+        tokio::spawn(async move {
+            let id = core.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+            let name = plan.job.name.clone();
+            let snap = core.view.snapshot(now_ns());
+            let t0 = Instant::now();
+            let out = crate::jobrun::run(plan, &snap, &core.rank, &managers, &owner, id, tx).await;
+            metrics::counter!("gma_broker_decisions_total", "kind" => "run").increment(1);
+            core.publish(core.event(
+                vec![
+                    id as f64,
+                    1.0,
+                    0.0,
+                    0.0,
+                    f64::NAN,
+                    f64::NAN,
+                    t0.elapsed().as_secs_f64() * 1e6,
+                ],
+                vec![
+                    "run".into(),
+                    name,
+                    policy.as_str().into(),
+                    out.resource,
+                    format!("job={}", out.job_id),
+                    out.outcome,
+                    if out.exit_code >= 0 {
+                        format!("exit code {}: {}", out.exit_code, out.reason)
+                    } else {
+                        out.reason
+                    },
+                ],
+            ));
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
     async fn coallocate(

@@ -283,6 +283,7 @@ impl Manager {
                     memory_mb: r.memory_mb,
                     arch: r.arch.clone(),
                     horizon_s: config.horizon_s,
+                    ..Default::default()
                 })
                 .collect(),
             horizon_s: config.horizon_s,
@@ -297,7 +298,7 @@ impl Manager {
         r
     }
 
-    fn local_id<'a>(&self, id: &'a str) -> Result<&'a str, Error> {
+    pub(crate) fn local_id<'a>(&self, id: &'a str) -> Result<&'a str, Error> {
         id.strip_prefix(&self.prefix)
             .ok_or_else(|| Error::NotFound(format!("reservation {:?} not found", gma_core::clip(id, 64))))
     }
@@ -559,7 +560,7 @@ impl Manager {
 pub const ON_BEHALF: &str = "reservation.on-behalf";
 
 /// The way out named to a summary-only identity: reservations have no summaries.
-const RAW_ONLY: &str = "reservations have no summaries: an allow grant of reservation is needed";
+pub(crate) const RAW_ONLY: &str = "reservations have no summaries: an allow grant of reservation is needed";
 
 /// The doors of the `Reservations` service (`gma simres`): `reservation` on
 /// `reservation.state`, allowed outright (a summary grant serves nothing: the calendars are the
@@ -586,6 +587,24 @@ pub const DOORS: &[Door] = &[
         "PERMISSION_DENIED naming the rule (reservation needs an allow grant)",
     ),
     Door::policy(
+        "/gma.v1.Reservations/Claim",
+        &[Action::Reserve],
+        "PERMISSION_DENIED naming the rule (reservation needs an allow grant); only the \
+         reservation's creator may claim it",
+    ),
+    Door::policy(
+        "/gma.v1.Reservations/JobStatus",
+        &[Action::Reserve],
+        "PERMISSION_DENIED naming the rule (reservation needs an allow grant); only the job's \
+         owner sees it",
+    ),
+    Door::policy(
+        "/gma.v1.Reservations/CancelJob",
+        &[Action::Reserve],
+        "PERMISSION_DENIED naming the rule (reservation needs an allow grant); only the job's \
+         owner may cancel it",
+    ),
+    Door::policy(
         "/gma.v1.Reservations/List",
         &[Action::Reserve],
         "PERMISSION_DENIED naming the rule: the list is the raw calendars (reservation needs an \
@@ -600,34 +619,37 @@ pub struct ReservationService {
 }
 
 impl ReservationService {
-    /// The owner of a request: the certificate's CN when the peer has one, else the `owner`
-    /// field (or "anonymous"). A certified caller naming another owner (the broker reserving
-    /// for its caller) needs `admin` on [`ON_BEHALF`] allowed; else it is refused.
     fn owner<T>(&self, req: &Request<T>, claimed: &str) -> Result<String, Error> {
-        let who = self
-            .gate
-            .check_raw(req, Action::Reserve, &[RESERVATION_EVENT], RAW_ONLY)?;
-        if claimed.len() > 256 {
-            return Err(invalid("owner: at most 256 bytes"));
-        }
-        if !who.cn.is_empty() {
-            if !claimed.is_empty() && claimed != who.cn {
-                if self.gate.raw_allowed(&who, Action::Admin, ON_BEHALF) {
-                    return Ok(claimed.to_string());
-                }
-                return Err(Error::PermissionDenied(format!(
-                    "owner {:?} is not the caller ({who}): reserving for another owner needs admin on {ON_BEHALF:?}",
-                    gma_core::clip(claimed, 64),
-                )));
-            }
-            return Ok(who.cn);
-        }
-        Ok(if claimed.is_empty() {
-            "anonymous".into()
-        } else {
-            claimed.to_string()
-        })
+        caller_owner(&self.gate, req, claimed)
     }
+}
+
+/// The owner of a reservation request (`gma simres` and `gma slurm` alike): the certificate's
+/// CN when the peer has one, else the `owner` field (or "anonymous"). A certified caller
+/// naming another owner (the broker reserving for its caller) needs `admin` on [`ON_BEHALF`]
+/// allowed; else it is refused.
+pub fn caller_owner<T>(gate: &Gate, req: &Request<T>, claimed: &str) -> Result<String, Error> {
+    let who = gate.check_raw(req, Action::Reserve, &[RESERVATION_EVENT], RAW_ONLY)?;
+    if claimed.len() > 256 {
+        return Err(invalid("owner: at most 256 bytes"));
+    }
+    if !who.cn.is_empty() {
+        if !claimed.is_empty() && claimed != who.cn {
+            if gate.raw_allowed(&who, Action::Admin, ON_BEHALF) {
+                return Ok(claimed.to_string());
+            }
+            return Err(Error::PermissionDenied(format!(
+                "owner {:?} is not the caller ({who}): reserving for another owner needs admin on {ON_BEHALF:?}",
+                gma_core::clip(claimed, 64),
+            )));
+        }
+        return Ok(who.cn);
+    }
+    Ok(if claimed.is_empty() {
+        "anonymous".into()
+    } else {
+        claimed.to_string()
+    })
 }
 
 #[tonic::async_trait]
@@ -687,7 +709,47 @@ impl Reservations for ReservationService {
             reservations: self.manager.list(req.get_ref()),
         }))
     }
+
+    /// Only the creator may claim; then the simulator says it runs no jobs.
+    async fn claim(&self, req: Request<pb::ClaimRequest>) -> Result<Response<pb::BatchJob>, Status> {
+        let owner = self.owner(&req, &req.get_ref().owner)?;
+        let id = &req.get_ref().reservation_id;
+        let local = self.manager.local_id(id)?;
+        let held = self
+            .manager
+            .calendars
+            .lock()
+            .list("", "")
+            .into_iter()
+            .find(|r| r.id == local);
+        match held {
+            None => {
+                Err(Error::NotFound(format!("reservation {:?} not found", gma_core::clip(id, 64))).into())
+            }
+            Some(r) if r.owner != owner => Err(Error::PermissionDenied(format!(
+                "reservation {:?} belongs to {:?}, not {owner:?}: only its creator may claim it",
+                gma_core::clip(id, 64),
+                r.owner
+            ))
+            .into()),
+            Some(_) => Err(Error::FailedPrecondition(NO_JOBS.into()).into()),
+        }
+    }
+
+    async fn job_status(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
+        self.owner(&req, &req.get_ref().owner)?;
+        Err(Error::FailedPrecondition(NO_JOBS.into()).into())
+    }
+
+    async fn cancel_job(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
+        self.owner(&req, &req.get_ref().owner)?;
+        Err(Error::FailedPrecondition(NO_JOBS.into()).into())
+    }
 }
+
+/// What `gma simres` answers to the job RPCs.
+const NO_JOBS: &str =
+    "gma simres simulates reservations and runs no jobs: run jobs at a resource manager that does (gma slurm)";
 
 /// Runs the simulated resource manager until `shutdown`.
 pub async fn run(

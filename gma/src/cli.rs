@@ -74,11 +74,15 @@ pub enum Command {
     /// The federation endpoint of a site (summaries to linked sites, jobs placed locally or
     /// forwarded with route()), or `add` / `remove` / `status` of its links.
     Federation(crate::federation::FederationArgs),
-    /// Jobs at a site's federation endpoint: submit, status, list, cancel.
+    /// Jobs at a site's federation endpoint (submit, status, list, cancel), or run by a
+    /// broker in a batch system's reservation (`submit --broker`).
     Job(crate::federation::JobArgs),
     /// A simulated resource manager: per-resource reservation calendars behind the
     /// Reservations interface (create / modify / release with granted / never / retry-from).
     Simres(crate::broker::SimresArgs),
+    /// The Slurm adapter: the Reservations interface over a real Slurm controller (advance
+    /// reservations with scontrol, jobs started in them with sbatch; docs/slurm.md).
+    Slurm(crate::slurm::SlurmArgs),
     /// The live web dashboard: producers and consumers, per-host charts, cluster, decisions,
     /// gma.rpc, archived history (a real-time consumer; docs/dashboard.md).
     Dashboard(crate::dashboard::DashboardArgs),
@@ -108,6 +112,7 @@ impl Command {
             Relay(a) => Some(&a.role.endpoint),
             Broker(a) => Some(&a.role.endpoint),
             Simres(a) => Some(&a.role.endpoint),
+            Slurm(a) => Some(&a.role.endpoint),
             Dashboard(a) => Some(&a.role.endpoint),
             Netprobe(a) => Some(&a.role.endpoint),
             Federation(a) => Some(&a.role.endpoint),
@@ -155,7 +160,7 @@ mod tests {
     /// The TLS flags every command takes.
     const CLIENT_FLAGS: [&str; 3] = ["--tls-ca", "--tls-cert", "--tls-key"];
     /// The subcommands that serve an endpoint (Command::endpoint is Some for them).
-    const ROLES: [&str; 13] = [
+    const ROLES: [&str; 14] = [
         "directory",
         "producer",
         "rescheduler",
@@ -166,12 +171,13 @@ mod tests {
         "relay",
         "broker",
         "simres",
+        "slurm",
         "dashboard",
         "netprobe",
         "federation",
     ];
     /// The roles that listen and register in a directory ([`crate::args::RoleArgs`]).
-    const DIRECTORY_ROLES: [&str; 11] = [
+    const DIRECTORY_ROLES: [&str; 12] = [
         "producer",
         "rescheduler",
         "monitor",
@@ -180,6 +186,7 @@ mod tests {
         "relay",
         "broker",
         "simres",
+        "slurm",
         "dashboard",
         "netprobe",
         "federation",

@@ -47,7 +47,11 @@ pub fn groups() -> Vec<Group> {
         grpc("sink", "gma sink", gma_consumer::sink::DOORS),
         grpc("archiver", "gma archiver", gma_archiver::service::DOORS),
         grpc("broker", "gma broker", gma_broker::service::DOORS),
-        grpc("simres", "gma simres", gma_broker::simres::DOORS),
+        grpc(
+            "simres",
+            "gma simres and gma slurm (the Reservations interface)",
+            gma_broker::simres::DOORS,
+        ),
         grpc("netprobe", "gma netprobe", gma_netprobe::service::DOORS),
         grpc("federation", "gma federation", gma_federation::service::DOORS),
         grpc("app-sim", "gma app-sim (AppControl)", crate::appsim::DOORS),

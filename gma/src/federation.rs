@@ -85,13 +85,19 @@ pub struct JobArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum JobCommand {
-    /// Submit a job (the broker's job file): prints its global id `<site>/<uuid>`.
+    /// Submit a job (the broker's job file) to a federation endpoint: prints its global id
+    /// `<site>/<uuid>`. With --broker instead: the broker ranks, reserves and starts it in a
+    /// batch system's reservation (a run file with a script, docs/slurm.md), follows it and
+    /// prints its end state and exit code (exit 1 unless it completed with 0).
     Submit {
         #[arg(long)]
         job: PathBuf,
         /// The site's federation endpoint.
+        #[arg(long, required_unless_present = "broker", conflicts_with = "broker")]
+        federation: Option<String>,
+        /// A broker that runs the job (gma broker with a gma slurm resource manager).
         #[arg(long)]
-        federation: String,
+        broker: Option<String>,
         /// Send it to this linked site instead of letting route() decide.
         #[arg(long)]
         site: Option<String>,
@@ -327,10 +333,18 @@ pub async fn job(a: JobArgs) -> anyhow::Result<()> {
         JobCommand::Submit {
             job,
             federation,
+            broker,
             site,
             count,
             output,
         } => {
+            let Some(federation) = federation else {
+                let broker = broker.unwrap_or_default();
+                if site.is_some() || count != 1 {
+                    bail!("--site and --count apply to --federation, not --broker");
+                }
+                return crate::slurm::submit_via_broker(&job, &broker, output).await;
+            };
             let spec = Job::load(&job).map_err(|e| anyhow!("{e}"))?;
             let mut c = scheduler(&federation).await?;
             let mut out = Vec::new();

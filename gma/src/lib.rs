@@ -21,6 +21,7 @@ mod roles;
 mod runtime;
 mod serve;
 mod sink;
+mod slurm;
 mod telemetry;
 mod tools;
 
@@ -99,6 +100,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Certs(a) => certs::run(a).await,
         Broker(a) => broker::run(a).await,
         Simres(a) => broker::simres(a).await,
+        Slurm(a) => slurm::run(a).await,
         Dashboard(a) => dashboard::run(a).await,
         Netprobe(a) => netprobe::netprobe(a).await,
         Net(a) => netprobe::net(a).await,

@@ -12,6 +12,7 @@ pub mod directory;
 pub mod linearizable;
 pub mod netns;
 pub mod secure;
+pub mod slurm;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

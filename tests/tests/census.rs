@@ -921,6 +921,23 @@ fn knocks(lease: u64) -> Vec<Knock> {
             ),
         ),
         k(
+            "/gma.v1.Broker/RunJob",
+            "",
+            "broker",
+            false,
+            grpc!(
+                streamed,
+                BrokerClient<Channel>,
+                run_job,
+                pb::RunJobRequest {
+                    job: Some(job()),
+                    script: "#!/bin/sh\ntrue\n".into(),
+                    ..Default::default()
+                },
+                none
+            ),
+        ),
+        k(
             "/gma.v1.Broker/View",
             "",
             "broker",
@@ -1013,6 +1030,60 @@ fn knocks(lease: u64) -> Vec<Knock> {
                 release,
                 pb::ReleaseReservationRequest {
                     id: "census-absent".into(),
+                    owner: String::new(),
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Reservations/Claim",
+            "absent",
+            "simres",
+            false,
+            grpc!(
+                unary,
+                ReservationsClient<Channel>,
+                claim,
+                pb::ClaimRequest {
+                    reservation_id: "census-absent".into(),
+                    owner: String::new(),
+                    job: Some(pb::BatchJobSpec {
+                        name: "census".into(),
+                        script: "#!/bin/sh\ntrue\n".into(),
+                        cpus: 1,
+                        ..Default::default()
+                    }),
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Reservations/JobStatus",
+            "absent",
+            "simres",
+            false,
+            grpc!(
+                unary,
+                ReservationsClient<Channel>,
+                job_status,
+                pb::BatchJobRequest {
+                    job_id: "census-absent".into(),
+                    owner: String::new(),
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Reservations/CancelJob",
+            "absent",
+            "simres",
+            false,
+            grpc!(
+                unary,
+                ReservationsClient<Channel>,
+                cancel_job,
+                pb::BatchJobRequest {
+                    job_id: "census-absent".into(),
                     owner: String::new(),
                 },
                 none

@@ -1,0 +1,1200 @@
+//! The Slurm adapter's state: the reservations it made (with their creators) and the jobs
+//! started in them, the operations on them through Slurm's commands, and the loop that reads
+//! them back and publishes every change (`reservation.state`, `job.batch`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gma_core::event::{dbl, text, EventData};
+use gma_core::time::now_ns;
+use gma_producer::Hub;
+use gma_proto::v1 as pb;
+use parking_lot::Mutex;
+
+use super::command::{
+    exit_of, format_time, job_state, parse_nodes, parse_reservations, parse_squeue, CmdError, Slurm,
+    SlurmNode, SlurmReservation,
+};
+use super::config::SlurmConfig;
+use crate::error::Error;
+use crate::remote::{answer_to_proto, reservation_to_proto};
+use crate::reserve::{Answer, Reservation};
+use crate::service::RESERVATION_EVENT;
+
+/// The job lifecycle events of a batch system.
+pub const JOB_EVENT: &str = "job.batch";
+/// Longest reservation accepted, and farthest start.
+const MAX_SPAN_S: i64 = 366 * 86_400;
+/// Start times tried for one request (each after the end of what was in the way).
+const MAX_ATTEMPTS: usize = 16;
+/// Largest batch script accepted.
+const MAX_SCRIPT: usize = 1 << 20;
+/// Done jobs are forgotten this long after they ended.
+const FORGET_AFTER_S: i64 = 3600;
+/// Most reservations held at once.
+const MAX_HELD: usize = 100_000;
+
+/// `job.batch`: every state change of a job the adapter started in a reservation.
+pub fn job_schema() -> pb::EventSchema {
+    pb::EventSchema {
+        name: JOB_EVENT.into(),
+        version: 1,
+        fields: vec![
+            dbl("exit_code", "", "the job's exit code (NaN until it ended)"),
+            dbl("signal", "", "the signal that ended it (0 = none)"),
+            dbl("cpus", "cpus", "CPUs of the job"),
+            dbl("submit_s", "s", "submitted, Unix seconds"),
+            dbl("start_s", "s", "started, Unix seconds (0 = not yet)"),
+            dbl("end_s", "s", "ended, Unix seconds (0 = not yet)"),
+            text("job", "the batch system's job id"),
+            text("name", "the job's name"),
+            text("reservation", "the reservation it runs in"),
+            text("resource", "the node"),
+            text("owner", "who claimed the reservation"),
+            text("state", "pending, running, completed, failed or cancelled"),
+            text("reason", "the batch system's state or reason"),
+            text("output", "path of its standard output"),
+        ],
+        description: "a batch job in an advance reservation changed state (gma slurm)".into(),
+    }
+}
+
+struct Held {
+    res: Reservation,
+    confirmed: bool,
+    job: Option<String>,
+}
+
+struct Job {
+    info: pb::BatchJob,
+    cpus: u32,
+}
+
+#[derive(Default)]
+struct State {
+    held: HashMap<String, Held>,
+    jobs: HashMap<String, Job>,
+}
+
+/// The adapter.
+pub struct SlurmManager {
+    slurm: Slurm,
+    nodes: Vec<SlurmNode>,
+    user: String,
+    software: Vec<String>,
+    job_dir: PathBuf,
+    max_jobs: usize,
+    /// Reservation names are `<prefix><n>`; the prefix names the adapter's source and run.
+    prefix: String,
+    /// Leftovers of earlier runs of this adapter start with this.
+    family: String,
+    next: AtomicU64,
+    state: Mutex<State>,
+    /// One Slurm-changing operation at a time (a search for a start sees a stable picture).
+    ops: tokio::sync::Mutex<()>,
+    hub: Option<Arc<Hub>>,
+    source: String,
+}
+
+fn invalid(m: impl Into<String>) -> Error {
+    Error::InvalidArgument(m.into())
+}
+
+/// A command failure as a status: an unreachable controller is UNAVAILABLE, a refusal
+/// FAILED_PRECONDITION; both carry the command's standard error.
+fn cmd_error(what: &str, e: &CmdError) -> Error {
+    if e.unreachable() {
+        Error::Unavailable(format!("slurm is unreachable ({what}): {e}"))
+    } else {
+        Error::FailedPrecondition(format!("slurm refused to {what}: {}", e.stderr()))
+    }
+}
+
+fn now_s() -> i64 {
+    now_ns() / 1_000_000_000
+}
+
+fn clip(s: &str) -> String {
+    gma_core::clip(s, 64)
+}
+
+impl SlurmManager {
+    /// Reads the nodes from Slurm (the controller must be up) and cleans up reservations an
+    /// earlier run of this adapter left behind.
+    pub async fn start(cfg: &SlurmConfig, hub: Option<Arc<Hub>>) -> Result<SlurmManager, Error> {
+        cfg.validate()?;
+        let slurm = Slurm {
+            bin_dir: cfg.bin_dir.clone(),
+            conf: cfg.slurm_conf.clone(),
+            timeout: Duration::from_millis(cfg.command_timeout_ms),
+        };
+        let text = slurm
+            .run("scontrol", &["show".into(), "node".into(), "-o".into()])
+            .await
+            .map_err(|e| Error::Simres(format!("cannot read Slurm's nodes: {e}")))?;
+        let mut nodes = parse_nodes(&text);
+        if !cfg.nodes.is_empty() {
+            if let Some(missing) = cfg.nodes.iter().find(|n| !nodes.iter().any(|x| &x.name == *n)) {
+                return Err(Error::Simres(format!(
+                    "nodes: Slurm has no node {missing:?} (scontrol show node lists {:?})",
+                    nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>()
+                )));
+            }
+            nodes.retain(|n| cfg.nodes.contains(&n.name));
+        }
+        if nodes.is_empty() {
+            return Err(Error::Simres("Slurm reports no node (scontrol show node)".into()));
+        }
+        let user = if cfg.user.is_empty() {
+            let out = tokio::process::Command::new("id")
+                .arg("-un")
+                .output()
+                .await
+                .map_err(|e| Error::Simres(format!("user: cannot run id -un: {e}")))?;
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        } else {
+            cfg.user.clone()
+        };
+        if user.is_empty() {
+            return Err(Error::Simres(
+                "user: cannot tell the adapter's Unix user; set user".into(),
+            ));
+        }
+        let job_dir = match &cfg.job_dir {
+            Some(d) => d.clone(),
+            None => std::env::temp_dir().join(format!("gma-slurm-{}", std::process::id())),
+        };
+        std::fs::create_dir_all(&job_dir)
+            .map_err(|e| Error::Simres(format!("job_dir: cannot create {}: {e}", job_dir.display())))?;
+        let tag: String = cfg
+            .source
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .take(32)
+            .collect();
+        let family = format!("gma-{tag}-");
+        let run = (now_ns() as u64 ^ u64::from(std::process::id()).rotate_left(20)) & 0xffff_ffff;
+        let m = SlurmManager {
+            slurm,
+            nodes,
+            user,
+            software: cfg.software.clone(),
+            job_dir,
+            max_jobs: cfg.max_jobs,
+            prefix: format!("{family}{run:08x}-"),
+            family,
+            next: AtomicU64::new(1),
+            state: Mutex::new(State::default()),
+            ops: tokio::sync::Mutex::new(()),
+            hub,
+            source: cfg.source.clone(),
+        };
+        m.clean_leftovers().await;
+        Ok(m)
+    }
+
+    /// What `Resources` answers: every offered node.
+    pub fn resources(&self) -> Vec<pb::ReservableResource> {
+        let disk = free_disk_mb(&self.job_dir);
+        self.nodes
+            .iter()
+            .map(|n| pb::ReservableResource {
+                name: n.name.clone(),
+                cpus: n.cpus,
+                memory_mb: n.memory_mb,
+                arch: n.arch.clone(),
+                horizon_s: 0,
+                runs_jobs: true,
+                disk_mb: disk,
+                software: self.software.clone(),
+            })
+            .collect()
+    }
+
+    async fn scontrol(&self, args: &[String]) -> Result<String, CmdError> {
+        self.slurm.run("scontrol", args).await
+    }
+
+    async fn reservations(&self) -> Result<Vec<SlurmReservation>, CmdError> {
+        let args = ["show", "reservation", "-o"].map(String::from);
+        self.scontrol(&args).await.map(|t| parse_reservations(&t))
+    }
+
+    /// Deletes the reservations of earlier runs of this adapter (same source) that no job
+    /// uses; logged, since nobody holds them any more.
+    async fn clean_leftovers(&self) {
+        let Ok(list) = self.reservations().await else {
+            return;
+        };
+        for r in list.into_iter().filter(|r| r.name.starts_with(&self.family)) {
+            match self.delete(&r.name).await {
+                Ok(()) => {
+                    tracing::warn!(reservation = %r.name, "deleted a reservation an earlier run left behind")
+                }
+                Err(e) => {
+                    tracing::warn!(reservation = %r.name, error = %e, "cannot delete a reservation an earlier run left behind")
+                }
+            }
+        }
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), CmdError> {
+        let args = ["delete".to_string(), format!("reservation={name}")];
+        self.scontrol(&args).await.map(|_| ())
+    }
+
+    fn publish_res(&self, r: &Reservation, state: &str) {
+        let Some(hub) = &self.hub else { return };
+        let e = EventData {
+            name: RESERVATION_EVENT.into(),
+            source: self.source.clone(),
+            timestamp_ns: now_ns(),
+            numbers: vec![r.start_s as f64, r.end_s as f64, f64::from(r.cpus)],
+            strings: vec![r.id.clone(), r.resource.clone(), r.owner.clone(), state.into()],
+        };
+        if let (_, Err(err)) = hub.publish(&[e]) {
+            tracing::warn!(error = %err, "cannot publish reservation.state");
+        }
+    }
+
+    fn publish_job(&self, j: &pb::BatchJob, cpus: u32) {
+        let Some(hub) = &self.hub else { return };
+        let e = EventData {
+            name: JOB_EVENT.into(),
+            source: self.source.clone(),
+            timestamp_ns: now_ns(),
+            numbers: vec![
+                if j.exit_code < 0 {
+                    f64::NAN
+                } else {
+                    f64::from(j.exit_code)
+                },
+                f64::from(j.signal),
+                f64::from(cpus),
+                j.submit_s as f64,
+                j.start_s as f64,
+                j.end_s as f64,
+            ],
+            strings: vec![
+                j.job_id.clone(),
+                j.name.clone(),
+                j.reservation_id.clone(),
+                j.resource.clone(),
+                j.owner.clone(),
+                j.state.clone(),
+                gma_core::clip(&j.reason, 1024).to_string(),
+                j.output.clone(),
+            ],
+        };
+        if let (_, Err(err)) = hub.publish(&[e]) {
+            tracing::warn!(error = %err, "cannot publish job.batch");
+        }
+    }
+
+    fn node(&self, name: &str) -> Option<&SlurmNode> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The held reservation `id` of `owner`: NOT_FOUND, or PERMISSION_DENIED naming the
+    /// creator, when it is not.
+    fn holder_check(&self, id: &str, owner: &str, what: &str) -> Result<Reservation, Error> {
+        let st = self.state.lock();
+        let h = st
+            .held
+            .get(id)
+            .ok_or_else(|| Error::NotFound(format!("reservation {:?} not found", clip(id))))?;
+        if h.res.owner != owner {
+            return Err(Error::PermissionDenied(format!(
+                "reservation {:?} was made by {:?}, not {owner:?}: only its creator may {what} it",
+                clip(id),
+                h.res.owner
+            )));
+        }
+        Ok(h.res.clone())
+    }
+
+    /// The earliest time after `start` at which what overlaps `[start, start + dur)` on
+    /// `node` (reservations, jobs) has ended; None when nothing visible is in the way.
+    async fn next_start(
+        &self,
+        node: &str,
+        start: i64,
+        dur: i64,
+        except: &str,
+    ) -> Result<Option<i64>, CmdError> {
+        let mut ends: Vec<i64> = self
+            .reservations()
+            .await?
+            .into_iter()
+            .filter(|r| r.name != except && on_node(&r.nodes, node))
+            .filter(|r| r.start_s < start + dur && r.end_s > start)
+            .map(|r| r.end_s)
+            .collect();
+        let jobs = parse_squeue(&self.slurm.run("squeue", &["--json".into()]).await?).map_err(|m| {
+            CmdError::Output {
+                cmd: "squeue --json".into(),
+                message: m,
+            }
+        })?;
+        ends.extend(
+            jobs.into_iter()
+                .filter(|j| !job_state(&j.job_state).1 && on_node(&j.nodes, node) && j.end_time > start)
+                .map(|j| j.end_time),
+        );
+        Ok(ends.into_iter().filter(|e| *e > start).min())
+    }
+
+    /// Checks a window and answers NEVER for what can never be granted.
+    fn checked(
+        &self,
+        resource: &str,
+        cpus: u32,
+        duration_s: i64,
+        earliest: i64,
+        latest: i64,
+        now: i64,
+    ) -> Result<Result<i64, Answer>, Error> {
+        if resource.is_empty() || resource.len() > 256 {
+            return Err(invalid("resource: give a node name (1..=256 bytes)"));
+        }
+        if cpus == 0 {
+            return Err(invalid("cpus: must be at least 1"));
+        }
+        if !(1..=MAX_SPAN_S).contains(&duration_s) {
+            return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
+        }
+        if earliest > latest {
+            return Err(invalid("earliest_start_s: must not be after latest_start_s"));
+        }
+        if latest > now + MAX_SPAN_S {
+            return Err(invalid("latest_start_s: at most a year ahead"));
+        }
+        let Some(node) = self.node(resource) else {
+            return Ok(Err(Answer::Never(format!(
+                "unknown resource {:?}: this Slurm adapter offers {:?}",
+                clip(resource),
+                self.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>()
+            ))));
+        };
+        if cpus > node.cpus {
+            return Ok(Err(Answer::Never(format!(
+                "{} has {} CPUs, {cpus} asked",
+                node.name, node.cpus
+            ))));
+        }
+        if latest < now {
+            return Ok(Err(Answer::Never("the start window is in the past".into())));
+        }
+        Ok(Ok(earliest.max(now)))
+    }
+
+    /// Creates (`id` None) or moves (`id` Some) a reservation at the earliest start in the
+    /// window, trying after each thing in the way; the three-way answer.
+    async fn place(
+        &self,
+        id: Option<&str>,
+        node: &str,
+        cpus: u32,
+        duration_s: i64,
+        mut start: i64,
+        latest: i64,
+    ) -> Result<Result<(String, SlurmReservation), Answer>, Error> {
+        let name = match id {
+            Some(i) => i.to_string(),
+            None => format!("{}{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed)),
+        };
+        let what = if id.is_some() {
+            "move the reservation"
+        } else {
+            "create the reservation"
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let now = now_s();
+            let start_arg = if start <= now {
+                "now".to_string()
+            } else {
+                format_time(start)
+            };
+            let end = start.max(now) + duration_s;
+            let mut args = vec![
+                if id.is_some() { "update" } else { "create" }.to_string(),
+                if id.is_some() {
+                    format!("ReservationName={name}")
+                } else {
+                    "reservation".into()
+                },
+            ];
+            if id.is_none() {
+                args.push(format!("ReservationName={name}"));
+                args.push(format!("Nodes={node}"));
+                args.push(format!("Users={}", self.user));
+            }
+            args.push(format!("StartTime={start_arg}"));
+            args.push(format!("EndTime={}", format_time(end)));
+            args.push(format!("CoreCnt={cpus}"));
+            match self.scontrol(&args).await {
+                Ok(_) => {
+                    let got = self
+                        .reservations()
+                        .await
+                        .map_err(|e| cmd_error("read the reservation back", &e))?
+                        .into_iter()
+                        .find(|r| r.name == name);
+                    return match got {
+                        Some(r) => Ok(Ok((name, r))),
+                        None => Err(Error::Unavailable(format!(
+                            "slurm accepted reservation {name} but does not list it"
+                        ))),
+                    };
+                }
+                Err(e) if e.unreachable() => return Err(cmd_error(what, &e)),
+                Err(e) => {
+                    let msg = e.stderr();
+                    let low = msg.to_ascii_lowercase();
+                    if !(low.contains("busy") || low.contains("overlaps")) {
+                        return Err(cmd_error(what, &e));
+                    }
+                    let next = self
+                        .next_start(node, start.max(now), duration_s, &name)
+                        .await
+                        .map_err(|e| cmd_error("list what is in the way", &e))?;
+                    match next {
+                        Some(n) if n <= latest => start = n,
+                        Some(n) => {
+                            return Ok(Err(Answer::Retry {
+                                from_s: n,
+                                reason: msg,
+                            }))
+                        }
+                        None => {
+                            return Ok(Err(Answer::Retry {
+                                from_s: start.max(now) + 60,
+                                reason: msg,
+                            }))
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Err(Answer::Retry {
+            from_s: start,
+            reason: format!("no start found after {MAX_ATTEMPTS} tries"),
+        }))
+    }
+
+    pub async fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Error> {
+        let now = now_s();
+        let start = match self.checked(
+            &req.resource,
+            req.cpus,
+            req.duration_s,
+            req.earliest_start_s,
+            req.latest_start_s,
+            now,
+        )? {
+            Ok(s) => s,
+            Err(a) => return Ok(answer_to_proto(&a, false)),
+        };
+        if self.state.lock().held.len() >= MAX_HELD {
+            return Err(Error::FailedPrecondition(format!(
+                "this adapter holds {MAX_HELD} reservations already: release some"
+            )));
+        }
+        let requested = Reservation {
+            id: String::new(),
+            resource: req.resource.clone(),
+            cpus: req.cpus,
+            start_s: start,
+            end_s: start + req.duration_s,
+            owner: owner.to_string(),
+        };
+        self.publish_res(&requested, "requested");
+        let _op = self.ops.lock().await;
+        let placed = self
+            .place(
+                None,
+                &req.resource,
+                req.cpus,
+                req.duration_s,
+                start,
+                req.latest_start_s,
+            )
+            .await?;
+        let answer = match placed {
+            Ok((name, r)) => {
+                let res = Reservation {
+                    id: name.clone(),
+                    resource: req.resource.clone(),
+                    cpus: req.cpus,
+                    start_s: r.start_s,
+                    end_s: r.end_s,
+                    owner: owner.to_string(),
+                };
+                // Confirmed: Slurm reports it active (its start has come and the cores are
+                // held); a later start is confirmed by the read-back loop.
+                let active = r.state == "ACTIVE";
+                self.state.lock().held.insert(
+                    name,
+                    Held {
+                        res: res.clone(),
+                        confirmed: active,
+                        job: None,
+                    },
+                );
+                self.publish_res(&res, "granted");
+                if active {
+                    self.publish_res(&res, "confirmed");
+                }
+                metrics::counter!("gma_slurm_reservations_total", "answer" => "granted").increment(1);
+                Answer::Granted(res)
+            }
+            Err(a) => {
+                metrics::counter!("gma_slurm_reservations_total", "answer" => "refused").increment(1);
+                a
+            }
+        };
+        Ok(answer_to_proto(&answer, false))
+    }
+
+    pub async fn modify(
+        &self,
+        req: &pb::ModifyReservationRequest,
+        owner: &str,
+    ) -> Result<pb::ReserveResponse, Error> {
+        let held = self.holder_check(&req.id, owner, "modify")?;
+        if self
+            .state
+            .lock()
+            .held
+            .get(&req.id)
+            .is_some_and(|h| h.job.is_some())
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "reservation {:?} is claimed by a job: it can no longer be moved",
+                clip(&req.id)
+            )));
+        }
+        let now = now_s();
+        let start = match self.checked(
+            &held.resource,
+            req.cpus,
+            req.duration_s,
+            req.earliest_start_s,
+            req.latest_start_s,
+            now,
+        )? {
+            Ok(s) => s,
+            Err(a) => return Ok(answer_to_proto(&a, false)),
+        };
+        let _op = self.ops.lock().await;
+        let placed = self
+            .place(
+                Some(&req.id),
+                &held.resource,
+                req.cpus,
+                req.duration_s,
+                start,
+                req.latest_start_s,
+            )
+            .await?;
+        let answer = match placed {
+            Ok((_, r)) => {
+                let res = Reservation {
+                    cpus: req.cpus,
+                    start_s: r.start_s,
+                    end_s: r.end_s,
+                    ..held
+                };
+                if let Some(h) = self.state.lock().held.get_mut(&req.id) {
+                    h.res = res.clone();
+                }
+                self.publish_res(&res, "modified");
+                Answer::Granted(res)
+            }
+            Err(a) => a,
+        };
+        // Slurm's update is atomic: a refused move leaves the original as it was.
+        Ok(answer_to_proto(&answer, false))
+    }
+
+    /// Releases a reservation (its job, if any, is cancelled first).
+    pub async fn release(&self, id: &str, owner: &str) -> Result<(), Error> {
+        let held = self.holder_check(id, owner, "release")?;
+        let job = self.state.lock().held.get(id).and_then(|h| h.job.clone());
+        let _op = self.ops.lock().await;
+        if let Some(j) = job {
+            if !self.state.lock().jobs.get(&j).is_some_and(|x| x.info.done) {
+                self.slurm
+                    .run("scancel", std::slice::from_ref(&j))
+                    .await
+                    .map_err(|e| cmd_error("cancel the reservation's job", &e))?;
+            }
+        }
+        self.delete_until_free(id).await?;
+        self.state.lock().held.remove(id);
+        self.publish_res(&held, "released");
+        Ok(())
+    }
+
+    /// Deletes a reservation, waiting (bounded by the command timeout) while a job that is
+    /// ending still uses it.
+    async fn delete_until_free(&self, id: &str) -> Result<(), Error> {
+        let deadline = tokio::time::Instant::now() + self.slurm.timeout;
+        loop {
+            match self.delete(id).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.stderr().contains("Invalid reservation name") => return Ok(()),
+                Err(e) if e.stderr().contains("in use") && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(cmd_error("delete the reservation", &e)),
+            }
+        }
+    }
+
+    pub fn list(&self, req: &pb::ListReservationsRequest) -> Vec<pb::Reservation> {
+        let st = self.state.lock();
+        let mut out: Vec<pb::Reservation> = st
+            .held
+            .values()
+            .map(|h| &h.res)
+            .filter(|r| req.resource.is_empty() || r.resource == req.resource)
+            .filter(|r| req.owner.is_empty() || r.owner == req.owner)
+            .filter(|r| req.from_s == 0 || r.end_s > req.from_s)
+            .filter(|r| req.to_s == 0 || r.start_s < req.to_s)
+            .map(reservation_to_proto)
+            .collect();
+        out.sort_by(|a, b| (a.start_s, &a.id).cmp(&(b.start_s, &b.id)));
+        out
+    }
+
+    /// Starts `spec` in the held reservation `id` (only its creator may), with `sbatch`.
+    pub async fn claim(&self, id: &str, owner: &str, spec: &pb::BatchJobSpec) -> Result<pb::BatchJob, Error> {
+        let held = self.holder_check(id, owner, "claim")?;
+        if let Some(j) = self.state.lock().held.get(id).and_then(|h| h.job.clone()) {
+            return Err(Error::FailedPrecondition(format!(
+                "reservation {:?} is already claimed by job {j}",
+                clip(id)
+            )));
+        }
+        let node = self
+            .node(&held.resource)
+            .cloned()
+            .ok_or_else(|| Error::Internal(format!("reservation {id} is on an unknown node")))?;
+        let now = now_s();
+        let limit_s = validate_spec(spec, &held, &node, &self.software, now)?;
+        let workdir = if spec.workdir.is_empty() {
+            self.job_dir.clone()
+        } else {
+            PathBuf::from(&spec.workdir)
+        };
+        if !workdir.is_dir() {
+            return Err(invalid(format!(
+                "workdir: {} is not a directory on the resource",
+                workdir.display()
+            )));
+        }
+        if spec.disk_mb > 0.0 {
+            let free = free_disk_mb(&workdir);
+            if free < spec.disk_mb {
+                return Err(Error::FailedPrecondition(format!(
+                    "disk_mb: {} has {free:.0} MB free, the job needs {:.0}",
+                    workdir.display(),
+                    spec.disk_mb
+                )));
+            }
+        }
+        if self.state.lock().jobs.len() >= self.max_jobs {
+            return Err(Error::FailedPrecondition(format!(
+                "this adapter follows {} jobs already: wait for some to end",
+                self.max_jobs
+            )));
+        }
+        let script = self.job_dir.join(format!("{id}.sh"));
+        write_script(&script, &spec.script)
+            .map_err(|e| Error::Internal(format!("cannot write the job script {}: {e}", script.display())))?;
+        let output = workdir.join(format!("{}-%j.out", safe_name(&spec.name)));
+        let mut args = vec![
+            "--parsable".to_string(),
+            format!("--reservation={id}"),
+            format!("--job-name={}", spec.name),
+            "--ntasks=1".into(),
+            format!("--cpus-per-task={}", spec.cpus),
+            format!("--time={}", (limit_s / 60).max(1)),
+            format!("--chdir={}", workdir.display()),
+            format!("--output={}", output.display()),
+        ];
+        if spec.memory_mb > 0.0 {
+            args.push(format!("--mem={}", spec.memory_mb.ceil() as u64));
+        }
+        args.push(script.display().to_string());
+        let _op = self.ops.lock().await;
+        let out = self
+            .slurm
+            .run("sbatch", &args)
+            .await
+            .map_err(|e| cmd_error("submit the job", &e))?;
+        let job_id = out.trim().split(';').next().unwrap_or("").to_string();
+        if job_id.is_empty() || !job_id.chars().all(|c| c.is_ascii_digit()) {
+            return Err(Error::Internal(format!(
+                "sbatch printed {:?}, not a job id",
+                clip(out.trim())
+            )));
+        }
+        let info = pb::BatchJob {
+            job_id: job_id.clone(),
+            reservation_id: id.to_string(),
+            resource: held.resource.clone(),
+            owner: owner.to_string(),
+            name: spec.name.clone(),
+            state: "pending".into(),
+            done: false,
+            exit_code: -1,
+            signal: 0,
+            reason: "submitted".into(),
+            submit_s: now,
+            start_s: 0,
+            end_s: 0,
+            output: output.display().to_string().replace("%j", &job_id),
+        };
+        {
+            let mut st = self.state.lock();
+            if let Some(h) = st.held.get_mut(id) {
+                h.job = Some(job_id.clone());
+            }
+            st.jobs.insert(
+                job_id,
+                Job {
+                    info: info.clone(),
+                    cpus: spec.cpus,
+                },
+            );
+        }
+        self.publish_res(&held, "claimed");
+        self.publish_job(&info, spec.cpus);
+        Ok(info)
+    }
+
+    fn owned_job(&self, job_id: &str, owner: &str) -> Result<pb::BatchJob, Error> {
+        let st = self.state.lock();
+        let j = st
+            .jobs
+            .get(job_id)
+            .ok_or_else(|| Error::NotFound(format!("job {:?} not found", clip(job_id))))?;
+        if j.info.owner != owner {
+            return Err(Error::PermissionDenied(format!(
+                "job {:?} belongs to {:?}, not {owner:?}",
+                clip(job_id),
+                j.info.owner
+            )));
+        }
+        Ok(j.info.clone())
+    }
+
+    pub fn job(&self, job_id: &str, owner: &str) -> Result<pb::BatchJob, Error> {
+        self.owned_job(job_id, owner)
+    }
+
+    pub async fn cancel(&self, job_id: &str, owner: &str) -> Result<pb::BatchJob, Error> {
+        let j = self.owned_job(job_id, owner)?;
+        if !j.done {
+            self.slurm
+                .run("scancel", std::slice::from_ref(&j.job_id))
+                .await
+                .map_err(|e| cmd_error("cancel the job", &e))?;
+        }
+        Ok(j)
+    }
+
+    /// One pass of the read-back loop: job states from `squeue --json`, reservations from
+    /// `scontrol show reservation`; every change published. Ended jobs release their
+    /// reservations.
+    pub async fn tick(&self) {
+        let active: Vec<String> = {
+            let st = self.state.lock();
+            st.jobs
+                .values()
+                .filter(|j| !j.info.done)
+                .map(|j| j.info.job_id.clone())
+                .collect()
+        };
+        if !active.is_empty() {
+            match self
+                .slurm
+                .run("squeue", &["--json".into()])
+                .await
+                .map(|t| parse_squeue(&t))
+            {
+                Ok(Ok(list)) => {
+                    let by_id: HashMap<String, _> =
+                        list.into_iter().map(|j| (j.job_id.to_string(), j)).collect();
+                    for id in &active {
+                        match by_id.get(id) {
+                            Some(q) => self.update_job(id, q),
+                            None => self.vanished(id).await,
+                        }
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read job states"),
+                Err(e) => tracing::warn!(error = %e, "cannot read job states"),
+            }
+        }
+        self.release_ended().await;
+        self.forget_old();
+        let any_held = !self.state.lock().held.is_empty();
+        if any_held {
+            match self.reservations().await {
+                Ok(list) => self.follow_reservations(&list),
+                Err(e) => tracing::warn!(error = %e, "cannot read reservations"),
+            }
+        }
+    }
+
+    fn update_job(&self, id: &str, q: &super::command::SqueueJob) {
+        let (state, done) = job_state(&q.job_state);
+        let (exit_code, signal) = match (done, q.exit_code) {
+            (true, Some(s)) => exit_of(s),
+            (true, None) => (-1, 0),
+            _ => (-1, 0),
+        };
+        let changed = {
+            let mut st = self.state.lock();
+            let Some(j) = st.jobs.get_mut(id) else { return };
+            let reason = if q.state_reason.is_empty() || q.state_reason == "None" {
+                q.job_state.clone()
+            } else {
+                format!("{} ({})", q.job_state, q.state_reason)
+            };
+            let new = pb::BatchJob {
+                state: state.into(),
+                done,
+                exit_code,
+                signal,
+                reason,
+                submit_s: if q.submit_time > 0 {
+                    q.submit_time
+                } else {
+                    j.info.submit_s
+                },
+                start_s: if state == "pending" { 0 } else { q.start_time },
+                end_s: if done { q.end_time } else { 0 },
+                ..j.info.clone()
+            };
+            if new.state != j.info.state || new.done != j.info.done {
+                j.info = new.clone();
+                Some((new, j.cpus))
+            } else {
+                j.info = new;
+                None
+            }
+        };
+        if let Some((info, cpus)) = changed {
+            self.publish_job(&info, cpus);
+        }
+    }
+
+    /// A job Slurm no longer lists (forgotten after MinJobAge, or the controller lost it).
+    async fn vanished(&self, id: &str) {
+        let args = ["show".to_string(), "job".into(), "-o".into(), id.to_string()];
+        match self.scontrol(&args).await {
+            Err(e) if e.stderr().contains("Invalid job id") => {}
+            _ => return,
+        }
+        let info = {
+            let mut st = self.state.lock();
+            let Some(j) = st.jobs.get_mut(id) else { return };
+            j.info.state = "failed".into();
+            j.info.done = true;
+            j.info.reason = "the batch system no longer knows the job".into();
+            j.info.end_s = now_s();
+            (j.info.clone(), j.cpus)
+        };
+        self.publish_job(&info.0, info.1);
+    }
+
+    /// Deletes the reservations whose jobs are done.
+    async fn release_ended(&self) {
+        let ended: Vec<Reservation> = {
+            let st = self.state.lock();
+            st.held
+                .values()
+                .filter(|h| {
+                    h.job
+                        .as_ref()
+                        .is_some_and(|j| st.jobs.get(j).is_some_and(|x| x.info.done))
+                })
+                .map(|h| h.res.clone())
+                .collect()
+        };
+        for r in ended {
+            let _op = self.ops.lock().await;
+            match self.delete(&r.id).await {
+                Err(e) if !e.stderr().contains("Invalid reservation name") => {
+                    // Still in use while the job completes: the next pass tries again.
+                    tracing::debug!(reservation = %r.id, error = %e, "cannot release yet");
+                    continue;
+                }
+                _ => {}
+            }
+            if self.state.lock().held.remove(&r.id).is_some() {
+                self.publish_res(&r, "released");
+            }
+        }
+    }
+
+    fn forget_old(&self) {
+        let now = now_s();
+        self.state
+            .lock()
+            .jobs
+            .retain(|_, j| !j.info.done || j.info.end_s + FORGET_AFTER_S > now);
+    }
+
+    fn follow_reservations(&self, list: &[SlurmReservation]) {
+        let now = now_s();
+        let mut events = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let mut gone = Vec::new();
+            for (id, h) in st.held.iter_mut() {
+                match list.iter().find(|r| &r.name == id) {
+                    Some(r) if r.state == "ACTIVE" && !h.confirmed => {
+                        h.confirmed = true;
+                        events.push((h.res.clone(), "confirmed"));
+                    }
+                    Some(_) => {}
+                    None => {
+                        gone.push(id.clone());
+                        let state = if now >= h.res.end_s { "expired" } else { "released" };
+                        events.push((h.res.clone(), state));
+                    }
+                }
+            }
+            for id in gone {
+                st.held.remove(&id);
+            }
+        }
+        for (r, state) in events {
+            self.publish_res(&r, state);
+        }
+    }
+
+    /// Cancels every job still running and deletes every reservation held (shutdown).
+    pub async fn release_all(&self) {
+        let held: Vec<Reservation> = self.state.lock().held.values().map(|h| h.res.clone()).collect();
+        for r in held {
+            if let Err(e) = self.release(&r.id, &r.owner).await {
+                tracing::warn!(reservation = %r.id, error = %e, "cannot release at shutdown");
+            }
+        }
+    }
+}
+
+/// Whether a Slurm node list names `node` (a plain comma list; bracket ranges are compared
+/// as written).
+fn on_node(list: &str, node: &str) -> bool {
+    list.split(',').any(|n| n == node)
+}
+
+/// Validates a job for a reservation; the time limit it gets (seconds).
+fn validate_spec(
+    spec: &pb::BatchJobSpec,
+    held: &Reservation,
+    node: &SlurmNode,
+    software: &[String],
+    now: i64,
+) -> Result<i64, Error> {
+    if spec.name.is_empty() || spec.name.len() > 128 || spec.name.chars().any(|c| c.is_control()) {
+        return Err(invalid("job.name: 1..=128 printable characters"));
+    }
+    if spec.script.len() > MAX_SCRIPT {
+        return Err(invalid(format!("job.script: at most {MAX_SCRIPT} bytes")));
+    }
+    if !spec.script.starts_with("#!") {
+        return Err(invalid(
+            "job.script: must start with #! and an interpreter (e.g. #!/bin/sh), as sbatch requires",
+        ));
+    }
+    if spec.cpus == 0 || spec.cpus > held.cpus {
+        return Err(invalid(format!(
+            "job.cpus: must be within 1..={} (the reservation's CPUs)",
+            held.cpus
+        )));
+    }
+    if !spec.memory_mb.is_finite() || spec.memory_mb < 0.0 {
+        return Err(invalid("job.memory_mb: must be a finite number >= 0"));
+    }
+    if node.memory_mb > 0.0 && spec.memory_mb > node.memory_mb {
+        return Err(Error::FailedPrecondition(format!(
+            "job.memory_mb: {} has {} MB, the job asks {}",
+            node.name, node.memory_mb, spec.memory_mb
+        )));
+    }
+    if !spec.disk_mb.is_finite() || spec.disk_mb < 0.0 {
+        return Err(invalid("job.disk_mb: must be a finite number >= 0"));
+    }
+    if let Some(s) = spec.software.iter().find(|s| !software.contains(s)) {
+        return Err(Error::FailedPrecondition(format!(
+            "job.software: {:?} is not installed here (software = {software:?})",
+            clip(s)
+        )));
+    }
+    if !spec.workdir.is_empty() && !Path::new(&spec.workdir).is_absolute() {
+        return Err(invalid("job.workdir: must be an absolute path"));
+    }
+    if spec.time_limit_s < 0 {
+        return Err(invalid(
+            "job.time_limit_s: must be >= 0 (0 = until the reservation ends)",
+        ));
+    }
+    let left = held.end_s - held.start_s.max(now);
+    if left < 60 {
+        return Err(Error::FailedPrecondition(format!(
+            "reservation {} has {left} s left: a job needs at least a minute (Slurm's time limits are in minutes)",
+            held.id
+        )));
+    }
+    Ok(if spec.time_limit_s == 0 {
+        left
+    } else {
+        spec.time_limit_s.min(left)
+    })
+}
+
+fn safe_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+fn write_script(path: &Path, script: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, script)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Free disk (MB) of the file system holding `dir` (`df -Pk`); 0 when unknown.
+fn free_disk_mb(dir: &Path) -> f64 {
+    let Ok(out) = std::process::Command::new("df").arg("-Pk").arg(dir).output() else {
+        return 0.0;
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|k| k.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> SlurmNode {
+        SlurmNode {
+            name: "n1".into(),
+            cpus: 2,
+            memory_mb: 1000.0,
+            arch: "x86_64".into(),
+            state: "IDLE".into(),
+            partitions: "debug".into(),
+        }
+    }
+
+    fn held(start: i64, end: i64) -> Reservation {
+        Reservation {
+            id: "gma-x-1".into(),
+            resource: "n1".into(),
+            cpus: 2,
+            start_s: start,
+            end_s: end,
+            owner: "alice".into(),
+        }
+    }
+
+    #[test]
+    fn a_job_is_checked_against_its_reservation_and_node() {
+        let spec = pb::BatchJobSpec {
+            name: "j".into(),
+            script: "#!/bin/sh\necho hi\n".into(),
+            cpus: 1,
+            ..Default::default()
+        };
+        let sw = vec!["python3".to_string()];
+        assert_eq!(
+            validate_spec(&spec, &held(100, 400), &node(), &sw, 100).unwrap(),
+            300
+        );
+        let limited = pb::BatchJobSpec {
+            time_limit_s: 120,
+            ..spec.clone()
+        };
+        assert_eq!(
+            validate_spec(&limited, &held(100, 400), &node(), &sw, 100).unwrap(),
+            120
+        );
+        for (bad, want) in [
+            (
+                pb::BatchJobSpec {
+                    script: "echo hi".into(),
+                    ..spec.clone()
+                },
+                "job.script",
+            ),
+            (
+                pb::BatchJobSpec {
+                    cpus: 3,
+                    ..spec.clone()
+                },
+                "job.cpus",
+            ),
+            (
+                pb::BatchJobSpec {
+                    memory_mb: 2000.0,
+                    ..spec.clone()
+                },
+                "job.memory_mb",
+            ),
+            (
+                pb::BatchJobSpec {
+                    software: vec!["matlab".into()],
+                    ..spec.clone()
+                },
+                "job.software",
+            ),
+            (
+                pb::BatchJobSpec {
+                    workdir: "rel".into(),
+                    ..spec.clone()
+                },
+                "job.workdir",
+            ),
+            (
+                pb::BatchJobSpec {
+                    name: String::new(),
+                    ..spec.clone()
+                },
+                "job.name",
+            ),
+        ] {
+            let e = validate_spec(&bad, &held(100, 400), &node(), &sw, 100)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(want), "{want}: {e}");
+        }
+        let e = validate_spec(&spec, &held(100, 130), &node(), &sw, 100).unwrap_err();
+        assert!(e.to_string().contains("at least a minute"), "{e}");
+        assert!(on_node("n1,n2", "n2") && !on_node("n10", "n1"));
+        assert_eq!(safe_name("a b/c"), "a_b_c");
+    }
+}

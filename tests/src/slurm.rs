@@ -1,0 +1,325 @@
+//! A throw-away single-machine Slurm cluster for the tests (docs/slurm.md; the recipe of
+//! the project's notes on real parts): a generated munge key and its own `munged`, a generated
+//! `slurm.conf`, `slurmctld` and one `slurmd` — all under a temp dir, on ports chosen free,
+//! bound to 127.0.0.1 (`CommunicationParameters=NoCtldInAddrAny,NoInAddrAny`), with
+//! `batch_sched_delay=0`. Dropping the [`Cluster`] cancels its jobs, stops the daemons, kills
+//! any `slurmstepd` they left behind and stops `munged`.
+//!
+//! [`Cluster::start`] says why a cluster cannot be started; [`cluster_or_skip`] turns that
+//! into a failure under `CI=true` and a skip message elsewhere. scripts/test.sh installs
+//! `slurmctld slurmd slurm-client munge` when missing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::netns::in_ci;
+use crate::wait_until;
+
+/// A running throw-away cluster.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    /// `SLURM_CONF` of its clients.
+    pub conf: PathBuf,
+    /// Its one node (also the resource name the adapter offers).
+    pub node: String,
+    pub cpus: u32,
+    ctld: Option<Child>,
+    slurmd: Option<Child>,
+    munge_sock: PathBuf,
+}
+
+/// The programs the cluster needs.
+const PROGRAMS: [&str; 8] = [
+    "mungekey",
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sbatch",
+    "squeue",
+    "sinfo",
+];
+
+fn which(prog: &str) -> bool {
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        .iter()
+        .any(|d| Path::new(d).join(prog).is_file())
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| format!("{shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{shown} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn chmod(p: &Path, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("chmod {}: {e}", p.display()))
+}
+
+impl Cluster {
+    /// Starts a cluster; the error says why it cannot (not installed, not root, a daemon that
+    /// would not start, with its log).
+    pub fn start() -> Result<Cluster, String> {
+        if let Some(p) = PROGRAMS.iter().find(|p| !which(p)) {
+            return Err(format!(
+                "{p} is not installed (scripts/test.sh installs slurmctld slurmd slurm-client munge with apt-get)"
+            ));
+        }
+        let uid = run(Command::new("id").arg("-u"))?;
+        if uid.trim() != "0" {
+            return Err(
+                "the throw-away Slurm cluster runs its daemons as root (the sessions and CI run as root)"
+                    .into(),
+            );
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("gma-slurm-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?;
+        let d = dir.path().to_path_buf();
+        let (ctld_port, slurmd_port) = (free_port()?, free_port()?);
+        // A node name of its own, so several clusters (tests in parallel) never meet.
+        let node = format!("n{ctld_port}");
+        for sub in ["munge", "run", "state", "log", "jobs"] {
+            std::fs::create_dir_all(d.join(sub)).map_err(|e| format!("mkdir {sub}: {e}"))?;
+        }
+        std::fs::create_dir_all(d.join("spool").join(&node)).map_err(|e| format!("mkdir spool: {e}"))?;
+        // munged: every directory above its socket must be o+x; the key directory stays private.
+        chmod(&d, 0o711)?;
+        chmod(&d.join("munge"), 0o700)?;
+        chmod(&d.join("run"), 0o755)?;
+        chmod(&d.join("jobs"), 0o777)?;
+        let key = d.join("munge/munge.key");
+        let munge_sock = d.join("run/munge.sock");
+        run(Command::new("mungekey").arg("-c").arg("-k").arg(&key))?;
+        run(Command::new("munged")
+            .arg(format!("--key-file={}", key.display()))
+            .arg(format!("--socket={}", munge_sock.display()))
+            .arg(format!("--pid-file={}", d.join("run/munged.pid").display()))
+            .arg(format!("--log-file={}", d.join("munge/munged.log").display()))
+            .arg(format!("--seed-file={}", d.join("munge/munged.seed").display())))?;
+        let host = run(Command::new("hostname").arg("-s"))?.trim().to_string();
+        let conf = d.join("slurm.conf");
+        let text = format!(
+            "ClusterName=gma{ctld_port}\n\
+             SlurmctldHost={host}(127.0.0.1)\n\
+             SlurmctldPort={ctld_port}\n\
+             SlurmdPort={slurmd_port}\n\
+             CommunicationParameters=NoCtldInAddrAny,NoInAddrAny\n\
+             SlurmUser=root\nSlurmdUser=root\n\
+             AuthType=auth/munge\nAuthInfo=socket={sock}\nCredType=cred/munge\n\
+             StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n\
+             SlurmctldPidFile={d}/run/slurmctld.pid\nSlurmdPidFile={d}/run/slurmd-%n.pid\n\
+             SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n\
+             ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
+             SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
+             SchedulerType=sched/backfill\nSchedulerParameters=batch_sched_delay=0\n\
+             MpiDefault=none\nMailProg=/bin/true\nReturnToService=2\n\
+             AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none\n\
+             JobCompType=jobcomp/none\n\
+             NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN\n\
+             PartitionName=debug Nodes={node} Default=YES MaxTime=60 DefaultTime=5 State=UP\n",
+            sock = munge_sock.display(),
+            d = d.display(),
+        );
+        std::fs::write(&conf, text).map_err(|e| format!("write slurm.conf: {e}"))?;
+        let log = |name: &str| -> Result<Stdio, String> {
+            std::fs::File::create(d.join("log").join(name))
+                .map(Stdio::from)
+                .map_err(|e| format!("log {name}: {e}"))
+        };
+        let mut c = Cluster {
+            dir,
+            conf: conf.clone(),
+            node: node.clone(),
+            cpus: 2,
+            ctld: None,
+            slurmd: None,
+            munge_sock,
+        };
+        c.ctld = Some(
+            Command::new("slurmctld")
+                .args(["-D", "-f"])
+                .arg(&conf)
+                .env("SLURM_CONF", &conf)
+                .stdout(log("slurmctld.out")?)
+                .stderr(log("slurmctld.err")?)
+                .spawn()
+                .map_err(|e| format!("slurmctld: {e}"))?,
+        );
+        c.slurmd = Some(
+            Command::new("slurmd")
+                .args(["-D", "-N", &node, "-f"])
+                .arg(&conf)
+                .env("SLURM_CONF", &conf)
+                .stdout(log("slurmd.out")?)
+                .stderr(log("slurmd.err")?)
+                .spawn()
+                .map_err(|e| format!("slurmd: {e}"))?,
+        );
+        let mut last = String::new();
+        let up = wait_until(Duration::from_secs(30), || {
+            match c.cmd("sinfo", &["-h", "-o", "%T"]) {
+                Ok(s) if s.trim() == "idle" => true,
+                Ok(s) => {
+                    last = format!("sinfo says {:?}", s.trim());
+                    false
+                }
+                Err(e) => {
+                    last = e;
+                    false
+                }
+            }
+        });
+        if !up {
+            return Err(format!(
+                "the cluster did not become idle within 30 s ({last}); slurmctld log: {}; slurmd log: {}",
+                c.log_tail("slurmctld.log"),
+                c.log_tail(&format!("slurmd-{node}.log"))
+            ));
+        }
+        Ok(c)
+    }
+
+    fn log_tail(&self, name: &str) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("log").join(name)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+
+    /// A directory every job may write to.
+    pub fn job_dir(&self) -> PathBuf {
+        self.dir.path().join("jobs")
+    }
+
+    /// Runs a Slurm client command against this cluster (`TZ=UTC`); its stdout, or the
+    /// failure with its stderr.
+    pub fn cmd(&self, prog: &str, args: &[&str]) -> Result<String, String> {
+        run(Command::new(prog)
+            .args(args)
+            .env("SLURM_CONF", &self.conf)
+            .env("TZ", "UTC"))
+    }
+
+    /// The reservations Slurm holds (`scontrol show reservation -o`, one line each).
+    pub fn reservations(&self) -> Result<Vec<String>, String> {
+        Ok(self
+            .cmd("scontrol", &["show", "reservation", "-o"])?
+            .lines()
+            .filter(|l| l.starts_with("ReservationName="))
+            .map(String::from)
+            .collect())
+    }
+
+    /// An adapter config for this cluster (`gma slurm --config`).
+    pub fn adapter_config(&self, extra: &str) -> PathBuf {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let p = self.dir.path().join(format!("adapter-{n}.toml"));
+        let text = format!(
+            "slurm_conf = \"{}\"\njob_dir = \"{}\"\npoll_ms = 100\n{extra}",
+            self.conf.display(),
+            self.job_dir().display()
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Stops slurmctld (a resource manager that is down); the drop stops the rest.
+    pub fn stop_controller(&mut self) {
+        if let Some(c) = self.ctld.take() {
+            stop_child(c);
+        }
+    }
+
+    fn stop(&mut self) {
+        // Cancel every job and wait (bounded) until the queue is empty.
+        if let Ok(ids) = self.cmd("squeue", &["-h", "-o", "%i"]) {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["--full"];
+                args.extend(ids);
+                let _ = self.cmd("scancel", &args);
+                wait_until(Duration::from_secs(10), || {
+                    self.cmd("squeue", &["-h", "-t", "PD,R,CG"])
+                        .is_ok_and(|s| s.trim().is_empty())
+                });
+            }
+        }
+        for child in [self.slurmd.take(), self.ctld.take()].into_iter().flatten() {
+            stop_child(child);
+        }
+        // A slurmstepd left behind (a job that ran while the daemons died) ignores SIGTERM:
+        // find it by its socket in this cluster's spool and kill it.
+        let spool = self.dir.path().join("spool").display().to_string();
+        if let Ok(out) = run(Command::new("ss").arg("-xlp")) {
+            for line in out.lines().filter(|l| l.contains(&spool)) {
+                for pid in line.split("pid=").skip(1) {
+                    let pid: String = pid.chars().take_while(char::is_ascii_digit).collect();
+                    if !pid.is_empty() {
+                        let _ = Command::new("kill").args(["-9", &pid]).status();
+                    }
+                }
+            }
+        }
+        let _ = Command::new("munged")
+            .arg("-s")
+            .arg(format!("--socket={}", self.munge_sock.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn stop_child(mut child: Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A cluster for `test`, or None with a skip message; under `CI=true` a cluster that cannot
+/// start fails the test with its reason.
+pub fn cluster_or_skip(test: &str) -> Option<Cluster> {
+    match Cluster::start() {
+        Ok(c) => Some(c),
+        Err(e) if in_ci() => panic!("CI=true and {test} needs a Slurm cluster, which cannot start here: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: a Slurm cluster cannot start here ({e}); under CI=true this fails");
+            None
+        }
+    }
+}

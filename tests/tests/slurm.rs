@@ -1,0 +1,567 @@
+//! The broker runs jobs under a real Slurm (issue 21, items 2, 3 and 5): a throw-away
+//! single-machine cluster (`common::slurm`), the Slurm adapter `gma slurm`, a directory and a
+//! broker as real processes. A script runs inside an advance reservation via
+//! `gma job submit --broker`; its lifecycle events arrive at a subscriber; a failing script
+//! reports its exit code; a claim by another identity is refused; a controller that is down
+//! is an explicit failure. After each test Slurm holds no reservation.
+//!
+//! Without Slurm (not installed, not root) the tests print a skip message; under `CI=true`
+//! they fail with the reason.
+
+#![allow(clippy::unwrap_used)]
+
+use gma_tests as common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::slurm::{cluster_or_skip, Cluster};
+use common::*;
+use gma_consumer::stream::{ResumePoint, StreamOptions};
+use gma_consumer::subscriber::{Delivery, Subscriber, SubscriberOptions};
+use gma_proto::v1 as pb;
+
+/// A directory, the adapter (registered there) and a broker using it.
+struct Fabric {
+    _tmp: tempfile::TempDir,
+    _dir: Proc,
+    adapter: Proc,
+    broker: Proc,
+    directory: String,
+}
+
+fn fabric(cluster: &Cluster) -> Fabric {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let cfg = cluster.adapter_config("software = [\"sh\"]\n");
+    let adapter = Proc::start(
+        &[
+            "slurm",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            &dir.addr,
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        "gma slurm listening on",
+    );
+    let bcfg = tmp.path().join("broker.toml");
+    std::fs::write(
+        &bcfg,
+        format!("listen = \"127.0.0.1:0\"\ndirectory = \"{}\"\n", dir.addr),
+    )
+    .unwrap();
+    let broker = Proc::start(
+        &["broker", "--config", bcfg.to_str().unwrap()],
+        "gma broker listening on",
+    );
+    // The broker finds the adapter in the directory (as the producer of reservation.state).
+    let found = wait_until(Duration::from_secs(30), || {
+        search_ids(&dir.addr, "job.batch")
+            .is_some_and(|ids| ids.iter().any(|(_, a)| a.ends_with(&adapter.addr)))
+    });
+    assert!(found, "the adapter never registered: {}", adapter.stderr_text());
+    let directory = dir.addr.clone();
+    Fabric {
+        _tmp: tmp,
+        _dir: dir,
+        adapter,
+        broker,
+        directory,
+    }
+}
+
+/// Every event of `patterns` the fabric's producers hold, from the oldest on.
+fn subscribe(directory: &str, patterns: &[&str]) -> Subscriber {
+    Subscriber::start(
+        SubscriberOptions {
+            directory: directory.to_string(),
+            stream: StreamOptions {
+                patterns: patterns.iter().map(|p| p.to_string()).collect(),
+                ..StreamOptions::default()
+            },
+            capacity: 1024,
+            default_resume: Some(ResumePoint {
+                epoch: 0,
+                next_seq: 1,
+            }),
+        },
+        HashMap::new(),
+    )
+}
+
+/// One event as (name, text fields by name, number fields by name).
+#[derive(Debug, Clone)]
+struct Ev {
+    name: String,
+    text: HashMap<String, String>,
+    num: HashMap<String, f64>,
+}
+
+/// Collects events into `seen` until `done(seen)` holds (or fails after 60 s naming `what`).
+async fn collect_until(sub: &mut Subscriber, seen: &mut Vec<Ev>, what: &str, done: impl Fn(&[Ev]) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done(seen) {
+        let d = tokio::time::timeout_at(deadline, sub.recv())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}; events so far: {seen:#?}"))
+            .expect("subscriber ended");
+        if let Delivery::Events { events, .. } = d {
+            for e in events {
+                let mut ev = Ev {
+                    name: e.series.name.clone(),
+                    text: HashMap::new(),
+                    num: HashMap::new(),
+                };
+                let (mut n, mut s) = (0, 0);
+                for f in e.series.fields.iter() {
+                    if f.r#type == pb::FieldType::String as i32 {
+                        ev.text
+                            .insert(f.name.clone(), e.strings.get(s).cloned().unwrap_or_default());
+                        s += 1;
+                    } else {
+                        ev.num
+                            .insert(f.name.clone(), e.numbers.get(n).copied().unwrap_or(f64::NAN));
+                        n += 1;
+                    }
+                }
+                seen.push(ev);
+            }
+        }
+    }
+}
+
+fn job_states(seen: &[Ev], job_name: &str) -> Vec<String> {
+    seen.iter()
+        .filter(|e| e.name == "job.batch" && e.text["name"] == job_name)
+        .map(|e| e.text["state"].clone())
+        .collect()
+}
+
+fn res_states(seen: &[Ev], id: &str) -> Vec<String> {
+    seen.iter()
+        .filter(|e| e.name == "reservation.state" && e.text["id"] == id)
+        .map(|e| e.text["state"].clone())
+        .collect()
+}
+
+fn no_reservation_left(cluster: &Cluster) {
+    let mut last = Vec::new();
+    let clean = wait_until(Duration::from_secs(30), || {
+        last = cluster.reservations().unwrap();
+        last.is_empty()
+    });
+    assert!(clean, "Slurm still holds reservations: {last:#?}");
+}
+
+fn run_file(dir: &Path, name: &str, body: &str) -> String {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, body).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// `gma job submit --broker` running in the background.
+fn submit(file: &str, broker: &str) -> Proc {
+    Proc::start(
+        &[
+            "job", "submit", "--job", file, "--broker", broker, "--output", "json",
+        ],
+        "",
+    )
+}
+
+fn wait_exit(p: &mut Proc) -> i32 {
+    let mut code = None;
+    let ended = wait_until(Duration::from_secs(120), || {
+        code = p.child.try_wait().unwrap().map(|s| s.code().unwrap_or(-1));
+        code.is_some()
+    });
+    assert!(ended, "gma job submit never ended: {}", p.stderr_text());
+    // The readers may still hold the last lines.
+    wait_until(Duration::from_secs(5), || {
+        !p.stdout_lines().is_empty() || !p.stderr_text().is_empty()
+    });
+    code.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_runs_in_an_advance_reservation_through_the_broker() {
+    let Some(cluster) = cluster_or_skip("a_script_runs_in_an_advance_reservation_through_the_broker") else {
+        return;
+    };
+    let f = fabric(&cluster);
+    let mut sub = subscribe(&f.directory, &["job.*", "reservation.*", "broker.decision"]);
+    let jobs = cluster.job_dir();
+    let go = jobs.join("go");
+    // The script runs until the test lets it finish, so "running" is seen for sure.
+    let script = format!(
+        "#!/bin/sh\necho \"hello from job $SLURM_JOB_ID in reservation $SLURM_JOB_RESERVATION\"\n\
+         while [ ! -e {go} ]; do sleep 0.1; done\necho done\n",
+        go = go.display()
+    );
+    let file = run_file(
+        &jobs,
+        "hello",
+        &format!(
+            "name = \"hello\"\ncpus = 1\nmemory_mb = 100\ndisk_mb = 1\nsoftware = [\"sh\"]\nwalltime_s = 120\nscript = '''{script}'''\n"
+        ),
+    );
+    let mut run = submit(&file, &f.broker.addr);
+    let mut seen = Vec::new();
+    collect_until(&mut sub, &mut seen, "the job running", |s| {
+        job_states(s, "hello").contains(&"running".to_string())
+    })
+    .await;
+    // While it runs: Slurm holds the reservation, and the job runs inside it.
+    let res_id = seen
+        .iter()
+        .find(|e| e.name == "job.batch" && e.text["name"] == "hello")
+        .map(|e| e.text["reservation"].clone())
+        .unwrap();
+    let job_id = seen
+        .iter()
+        .find(|e| e.name == "job.batch" && e.text["name"] == "hello")
+        .map(|e| e.text["job"].clone())
+        .unwrap();
+    let held = cluster.reservations().unwrap();
+    assert!(
+        held.iter()
+            .any(|l| l.starts_with(&format!("ReservationName={res_id} "))
+                && l.contains(&format!("Nodes={}", cluster.node))),
+        "{held:#?}"
+    );
+    let q = cluster
+        .cmd("squeue", &["-h", "-j", &job_id, "-o", "%T %v"])
+        .unwrap();
+    assert_eq!(q.trim(), format!("RUNNING {res_id}"));
+    // The CLI follows it too.
+    let followed = wait_until(Duration::from_secs(60), || {
+        run.stdout_lines()
+            .iter()
+            .any(|l| l.contains("\"stage\":\"running\""))
+    });
+    assert!(
+        followed,
+        "gma job submit never printed the running stage: {:?}",
+        run.stdout_lines()
+    );
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(wait_exit(&mut run), 0, "{}", run.stderr_text());
+    // The CLI printed the stages and the end state.
+    let lines: Vec<serde_json::Value> = json_lines(&run.stdout_lines().join("\n"));
+    let stages: Vec<&str> = lines.iter().map(|l| l["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages.first(), Some(&"reserved"), "{stages:?}");
+    assert!(
+        stages.contains(&"claimed") && stages.contains(&"running"),
+        "{stages:?}"
+    );
+    let last = lines.last().unwrap();
+    assert_eq!(
+        (last["stage"].as_str(), last["exit_code"].as_i64()),
+        (Some("completed"), Some(0))
+    );
+    assert_eq!(last["reservation"].as_str(), Some(res_id.as_str()));
+    // The script's output, written under Slurm inside the reservation.
+    let out = std::fs::read_to_string(last["output"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        out,
+        format!("hello from job {job_id} in reservation {res_id}\ndone\n")
+    );
+    // The lifecycle events: the reservation requested, granted, confirmed, claimed, released;
+    // the job pending, running, completed with exit code 0; the broker's decision.
+    collect_until(
+        &mut sub,
+        &mut seen,
+        "the reservation released and the decision",
+        |s| {
+            res_states(s, &res_id).contains(&"released".to_string())
+                && s.iter()
+                    .any(|e| e.name == "broker.decision" && e.text["kind"] == "run")
+        },
+    )
+    .await;
+    assert!(
+        seen.iter().any(|e| e.name == "reservation.state"
+            && e.text["state"] == "requested"
+            && e.text["resource"] == cluster.node),
+        "{seen:#?}"
+    );
+    assert_eq!(
+        res_states(&seen, &res_id),
+        ["granted", "confirmed", "claimed", "released"]
+    );
+    assert_eq!(job_states(&seen, "hello"), ["pending", "running", "completed"]);
+    let end = seen.iter().rfind(|e| e.name == "job.batch").unwrap();
+    assert_eq!(end.num["exit_code"], 0.0);
+    let d = seen.iter().find(|e| e.name == "broker.decision").unwrap();
+    assert_eq!(
+        (d.text["outcome"].as_str(), d.text["chosen"].as_str()),
+        ("completed", cluster.node.as_str())
+    );
+    no_reservation_left(&cluster);
+    drop(f);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_script_reports_its_exit_code_and_leaves_nothing_reserved() {
+    let Some(cluster) = cluster_or_skip("a_failing_script_reports_its_exit_code_and_leaves_nothing_reserved")
+    else {
+        return;
+    };
+    let f = fabric(&cluster);
+    let mut sub = subscribe(&f.directory, &["job.*", "broker.decision"]);
+    let file = run_file(
+        &cluster.job_dir(),
+        "bad",
+        "name = \"bad\"\ncpus = 2\nwalltime_s = 60\ncommand = \"echo failing >&2; exit 3\"\n",
+    );
+    let r = gma(
+        &["job", "submit", "--job", &file, "--broker", &f.broker.addr],
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(": failed, exit code 3"), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("failed with exit code 3 (FAILED (NonZeroExitCode))"),
+        "{}",
+        r.stderr
+    );
+    let mut seen = Vec::new();
+    collect_until(&mut sub, &mut seen, "the failure events", |s| {
+        job_states(s, "bad").contains(&"failed".to_string()) && s.iter().any(|e| e.name == "broker.decision")
+    })
+    .await;
+    let end = seen.iter().rfind(|e| e.name == "job.batch").unwrap();
+    assert_eq!(
+        (end.num["exit_code"], end.text["reason"].as_str()),
+        (3.0, "FAILED (NonZeroExitCode)")
+    );
+    let d = seen.iter().find(|e| e.name == "broker.decision").unwrap();
+    assert_eq!(d.text["outcome"], "failed");
+    assert!(d.text["reason"].starts_with("exit code 3"), "{d:?}");
+    no_reservation_left(&cluster);
+    // A job the resources cannot hold is refused before anything is reserved.
+    let big = run_file(
+        &cluster.job_dir(),
+        "big",
+        "name = \"big\"\ncpus = 64\nwalltime_s = 60\ncommand = \"true\"\n",
+    );
+    let r = gma(
+        &["job", "submit", "--job", &big, "--broker", &f.broker.addr],
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("no resource that runs jobs meets the job's requirements")
+            && r.stderr.contains("FailedPrecondition"),
+        "{}",
+        r.stderr
+    );
+    no_reservation_left(&cluster);
+    drop(f);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_that_is_down_is_an_explicit_failure() {
+    let Some(mut cluster) = cluster_or_skip("a_controller_that_is_down_is_an_explicit_failure") else {
+        return;
+    };
+    let f = fabric(&cluster);
+    let mut sub = subscribe(&f.directory, &["broker.decision"]);
+    cluster.stop_controller();
+    let file = run_file(
+        &cluster.job_dir(),
+        "late",
+        "name = \"late\"\ncpus = 1\nwalltime_s = 60\ncommand = \"true\"\n",
+    );
+    let r = gma(
+        &["job", "submit", "--job", &file, "--broker", &f.broker.addr],
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("resource manager down")
+            && r.stderr.contains("slurm is unreachable")
+            && r.stderr.contains("Unavailable"),
+        "{}",
+        r.stderr
+    );
+    let mut seen = Vec::new();
+    collect_until(&mut sub, &mut seen, "the decision", |s| {
+        s.iter().any(|e| e.name == "broker.decision")
+    })
+    .await;
+    assert_eq!(seen[0].text["outcome"], "unavailable", "{seen:?}");
+    // The adapter holds nothing.
+    let list = gma(
+        &["simres", "list", "--manager", &f.adapter.addr, "--output", "json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    assert_eq!(list.stdout.trim(), "[]");
+    drop(f);
+}
+
+/// A gRPC channel to `addr` with `who`'s certificate of `site`.
+async fn channel(site: &secure::Secure, addr: &str, who: &str) -> tonic::transport::Channel {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let pem = |p: String| std::fs::read(site.dir.join(p)).unwrap();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(pem("ca/ca.pem".into())))
+        .domain_name("127.0.0.1")
+        .identity(Identity::from_pem(
+            pem(format!("certs/{who}.pem")),
+            pem(format!("certs/{who}.key")),
+        ));
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_creator_may_claim_or_release_a_reservation() {
+    let Some(cluster) = cluster_or_skip("only_the_creator_may_claim_or_release_a_reservation") else {
+        return;
+    };
+    // mTLS: the owner is the caller's certificate. Alice and carol may reserve, neither is
+    // an admin (who may act on behalf of another owner, as a broker does).
+    let policy =
+        "default = \"deny\"\n[[rule]]\norg = \"site1\"\nactions = [\"reservation\"]\neffect = \"allow\"\n";
+    let site = secure::Secure::with_policy(policy, &[("ca", "carol", "site1")]);
+    let cfg = cluster.adapter_config("");
+    let adapter = site.start(
+        &[
+            "slurm",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        "gma slurm listening on",
+    );
+    let mut alice =
+        pb::reservations_client::ReservationsClient::new(channel(&site, &adapter.addr, "alice").await);
+    let mut carol =
+        pb::reservations_client::ReservationsClient::new(channel(&site, &adapter.addr, "carol").await);
+    let now = gma_core::time::now_ns() / 1_000_000_000;
+    let granted = alice
+        .reserve(pb::ReserveRequest {
+            resource: cluster.node.clone(),
+            cpus: 1,
+            duration_s: 300,
+            earliest_start_s: now,
+            latest_start_s: now + 600,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(granted.answer, pb::ReserveAnswer::Granted as i32, "{granted:?}");
+    let res = granted.reservation.unwrap();
+    assert_eq!(res.owner, "alice");
+    let job = pb::BatchJobSpec {
+        name: "mine".into(),
+        script: "#!/bin/sh\necho mine\n".into(),
+        cpus: 1,
+        ..Default::default()
+    };
+    // Carol may neither claim nor release alice's reservation, even naming alice as owner.
+    for owner in ["", "alice"] {
+        let e = carol
+            .claim(pb::ClaimRequest {
+                reservation_id: res.id.clone(),
+                owner: owner.into(),
+                job: Some(job.clone()),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        let e = carol
+            .release(pb::ReleaseReservationRequest {
+                id: res.id.clone(),
+                owner: owner.into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    }
+    assert!(
+        cluster.cmd("squeue", &["-h"]).unwrap().trim().is_empty(),
+        "carol's claim queued a job"
+    );
+    // Bad input: precise statuses.
+    let e = alice
+        .claim(pb::ClaimRequest {
+            reservation_id: res.id.clone(),
+            job: Some(pb::BatchJobSpec {
+                script: "echo no interpreter".into(),
+                ..job.clone()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let e = alice
+        .claim(pb::ClaimRequest {
+            reservation_id: "gma-nope".into(),
+            job: Some(job.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    // Alice claims it: the job runs in it; the reservation ends with the job.
+    let started = alice
+        .claim(pb::ClaimRequest {
+            reservation_id: res.id.clone(),
+            job: Some(job.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (started.owner.as_str(), started.reservation_id.as_str()),
+        ("alice", res.id.as_str())
+    );
+    let e = carol
+        .job_status(pb::BatchJobRequest {
+            job_id: started.job_id.clone(),
+            owner: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let done = wait_for("alice's job to end", Duration::from_secs(60), || {
+        let mut alice = alice.clone();
+        let id = started.job_id.clone();
+        async move {
+            let j = alice
+                .job_status(pb::BatchJobRequest {
+                    job_id: id,
+                    owner: String::new(),
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner();
+            if j.done {
+                Ok(j)
+            } else {
+                Err(format!("{j:?}"))
+            }
+        }
+    })
+    .await;
+    assert_eq!((done.state.as_str(), done.exit_code), ("completed", 0));
+    no_reservation_left(&cluster);
+    drop(adapter);
+}
