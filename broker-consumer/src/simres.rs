@@ -29,6 +29,7 @@
 //! seed = 1
 //! ```
 
+use gma_core::Refuse;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,7 +216,7 @@ pub struct Manager {
 }
 
 fn invalid(m: impl Into<String>) -> Error {
-    Error::InvalidArgument(m.into())
+    Error::invalid_argument(m.into())
 }
 
 impl Manager {
@@ -300,7 +301,7 @@ impl Manager {
 
     fn local_id<'a>(&self, id: &'a str) -> Result<&'a str, Error> {
         id.strip_prefix(&self.prefix)
-            .ok_or_else(|| Error::NotFound(format!("reservation {:?} not found", gma_core::clip(id, 64))))
+            .ok_or_else(|| Error::not_found(format!("reservation {:?} not found", gma_core::clip(id, 64))))
     }
 
     fn publish(&self, r: &Reservation, state: &str) {
@@ -438,7 +439,7 @@ impl Manager {
             found
         };
         let resource = holder.ok_or_else(|| {
-            Error::NotFound(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
+            Error::not_found(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
         })?;
         let (earliest, latest) = match self.checked(
             &resource,
@@ -616,7 +617,7 @@ impl ReservationService {
                 if self.gate.raw_allowed(&who, Action::Admin, ON_BEHALF) {
                     return Ok(claimed.to_string());
                 }
-                return Err(Error::PermissionDenied(format!(
+                return Err(Error::permission_denied(format!(
                     "owner {:?} is not the caller ({who}): reserving for another owner needs admin on {ON_BEHALF:?}",
                     gma_core::clip(claimed, 64),
                 )));
