@@ -127,6 +127,10 @@ pub enum DashboardError {
     Config(String),
     #[error("io error: {0}")]
     Io(#[from] std::io::Error),
+    /// The directory could not be reached, refused, or ended its watch: the feed retries, and
+    /// the page shows the message (per member in the cluster view).
+    #[error("{0}")]
+    Directory(String),
 }
 
 /// The refusals of the HTTP routes, mapped to statuses in one place ([`IntoResponse`]): the
@@ -191,7 +195,9 @@ impl DashboardConfig {
         if self.broadcast_capacity == 0 || self.broadcast_capacity > 1 << 20 {
             return bad("broadcast_capacity must lie in 1..=1048576");
         }
-        self.limits.validate().map_err(DashboardError::Config)?;
+        self.limits
+            .validate()
+            .map_err(|e| DashboardError::Config(e.to_string()))?;
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("give both a certificate and its key (--tls-cert and --tls-key)");
         }
