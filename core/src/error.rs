@@ -18,11 +18,13 @@ use serde::{Deserialize, Serialize};
 use tonic::{Code, Status};
 
 /// A request refused: the gRPC code and a message for the caller (lowercase, no trailing
-/// period, says what to do). Converts to and from [`Status`] without loss of either.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+/// period, says what to do). Converts to and from [`Status`] without loss of either. Serialized
+/// as `{"CodeName": "message"}` (`{"NotFound": "no producer record with id a"}`): the form the
+/// directory's replicated replies had when each code was a variant of its error enum, so
+/// members of either version read each other's replies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Refusal {
-    #[serde(with = "code_number")]
     code: Code,
     message: String,
 }
@@ -59,17 +61,30 @@ impl From<Status> for Refusal {
     }
 }
 
-/// Codes travel as their numbers (a directory's answer is replicated through raft).
-mod code_number {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use tonic::Code;
-
-    pub fn serialize<S: Serializer>(c: &Code, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_i32(*c as i32)
+impl Serialize for Refusal {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry(&format!("{:?}", self.code), &self.message)?;
+        m.end()
     }
+}
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Code, D::Error> {
-        i32::deserialize(d).map(Code::from_i32)
+impl<'de> Deserialize<'de> for Refusal {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Refusal, D::Error> {
+        use serde::de::Error as _;
+        let m = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+        let mut entries = m.into_iter();
+        let (Some((name, message)), None) = (entries.next(), entries.next()) else {
+            return Err(D::Error::custom(
+                "a refusal is one entry: {\"CodeName\": \"message\"}",
+            ));
+        };
+        (0..=16)
+            .map(Code::from_i32)
+            .find(|c| format!("{c:?}") == name)
+            .map(|code| Refusal { code, message })
+            .ok_or_else(|| D::Error::custom(format!("unknown gRPC code {name:?}")))
     }
 }
 
@@ -193,10 +208,23 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_survives_serialization() {
+    fn a_refusal_survives_serialization_as_code_name_and_message() {
         let r = Refusal::out_of_range("watch from 3: compacted up to 9; resync");
         let text = toml::to_string(&r).unwrap();
+        assert_eq!(
+            text.trim(),
+            r#"OutOfRange = "watch from 3: compacted up to 9; resync""#
+        );
         assert_eq!(toml::from_str::<Refusal>(&text).unwrap(), r);
+        for code in (0..=16).map(Code::from_i32) {
+            let r = Refusal::new(code, "m");
+            assert_eq!(
+                toml::from_str::<Refusal>(&toml::to_string(&r).unwrap()).unwrap(),
+                r
+            );
+        }
+        assert!(toml::from_str::<Refusal>("Sideways = \"m\"").is_err());
+        assert!(toml::from_str::<Refusal>("NotFound = \"a\"\nInternal = \"b\"").is_err());
     }
 
     #[test]

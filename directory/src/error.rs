@@ -7,16 +7,6 @@ use tonic::Status;
 /// period and say what to do; the variant picks the gRPC code (`impl From<DirError> for Status`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum DirError {
-    /// A request refused with its code (made with [`gma_core::Refuse`]: `DirError::not_found`):
-    /// a bad record, schema, pattern, TTL, page token or raft message (INVALID_ARGUMENT),
-    /// Update/Remove/GetSchema matching nothing (NOT_FOUND), a duplicate id or a schema version
-    /// redefined (ALREADY_EXISTS), the directory full (RESOURCE_EXHAUSTED), a watch asking for
-    /// compacted history (OUT_OF_RANGE), a caller the policy or a member refuses
-    /// (PERMISSION_DENIED), a write sent to a follower or a membership change under way
-    /// (FAILED_PRECONDITION), the directory or its leader out of reach (UNAVAILABLE), and the
-    /// gate's refusals.
-    #[error(transparent)]
-    Refused(#[from] Refusal),
     /// The storage engine failed or holds inconsistent data. INTERNAL.
     #[error("directory storage: {0}")]
     Storage(String),
@@ -26,6 +16,20 @@ pub enum DirError {
     /// The gRPC transport failed (never reaches a client). INTERNAL.
     #[error("directory server: {0}")]
     Transport(String),
+    /// A request refused with its code (made with [`gma_core::Refuse`]: `DirError::not_found`):
+    /// a bad record, schema, pattern, TTL, page token or raft message (INVALID_ARGUMENT),
+    /// Update/Remove/GetSchema matching nothing (NOT_FOUND), a duplicate id or a schema version
+    /// redefined (ALREADY_EXISTS), the directory full (RESOURCE_EXHAUSTED), a watch asking for
+    /// compacted history (OUT_OF_RANGE), a caller the policy or a member refuses
+    /// (PERMISSION_DENIED), a write sent to a follower or a membership change under way
+    /// (FAILED_PRECONDITION), the directory or its leader out of reach (UNAVAILABLE), and the
+    /// gate's refusals.
+    ///
+    /// Serialized as the refusal alone (`{"NotFound": "…"}`), as these replies were when
+    /// each code was a variant here.
+    #[error(transparent)]
+    #[serde(untagged)]
+    Refused(#[from] Refusal),
 }
 
 impl From<DirError> for Status {
@@ -71,5 +75,24 @@ mod tests {
             Status::from(DirError::Storage("x".into())).message(),
             "directory storage: x"
         );
+    }
+
+    #[test]
+    fn replies_serialize_as_before_the_refusal_was_shared() {
+        let cases = [
+            (
+                DirError::not_found("no producer record with id a"),
+                r#"{"NotFound":"no producer record with id a"}"#,
+            ),
+            (
+                DirError::permission_denied("may not"),
+                r#"{"PermissionDenied":"may not"}"#,
+            ),
+            (DirError::Storage("disk".into()), r#"{"Storage":"disk"}"#),
+        ];
+        for (e, json) in cases {
+            assert_eq!(serde_json::to_string(&e).unwrap(), json);
+            assert_eq!(serde_json::from_str::<DirError>(json).unwrap(), e);
+        }
     }
 }
