@@ -13,6 +13,8 @@ use gma_core::filter::{Bound, Filter};
 use gma_core::pattern::Pattern;
 use serde::Deserialize;
 
+use crate::error::Error;
+
 /// One `[[keep]]` rule.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -61,14 +63,18 @@ struct StreamState {
 
 impl Keeper {
     /// Compiles the rules; errors name the rule.
-    pub fn new(rules: &[KeepRule]) -> Result<Keeper, String> {
+    pub fn new(rules: &[KeepRule]) -> Result<Keeper, Error> {
         let mut out = Vec::new();
         for (i, r) in rules.iter().enumerate() {
-            let pattern = Pattern::event(&r.pattern).map_err(|e| format!("keep rule {}: {e}", i + 1))?;
+            let pattern =
+                Pattern::event(&r.pattern).map_err(|e| Error::Config(format!("keep rule {}: {e}", i + 1)))?;
             let filter = if r.abnormal.trim().is_empty() {
                 None
             } else {
-                Some(Filter::parse(&r.abnormal).map_err(|e| format!("keep rule {}: abnormal: {e}", i + 1))?)
+                Some(
+                    Filter::parse(&r.abnormal)
+                        .map_err(|e| Error::Config(format!("keep rule {}: abnormal: {e}", i + 1)))?,
+                )
             };
             out.push(Rule {
                 pattern,
@@ -203,7 +209,11 @@ mod tests {
             sample_normal: 1,
         }])
         .err()
-        .unwrap();
-        assert!(e.starts_with("keep rule 1: abnormal:"), "{e}");
+        .unwrap()
+        .to_string();
+        assert!(
+            e.starts_with("invalid archiver config: keep rule 1: abnormal:"),
+            "{e}"
+        );
     }
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 pub mod chunk;
+pub mod error;
 pub mod keep;
 pub mod provenance;
 pub mod server;

@@ -23,6 +23,8 @@ use gma_core::codec::{OwnedEvent, SeriesInfo};
 use gma_core::event::{dbl, text, Layout};
 use gma_proto::v1 as pb;
 
+use crate::error::Error;
+
 /// The string field naming the producer run: `<producer id>/<epoch>`.
 pub const RUN_FIELD: &str = "_gma_run";
 /// The double field holding the event's seq within its producer run.
@@ -43,7 +45,7 @@ pub fn parse_run(label: &str) -> Option<(&str, u64)> {
 
 /// Checks that the data directory `dir` was written with the same provenance setting as `on`
 /// (writing the marker when a new archive starts with provenance). An error says what to do.
-pub fn check_marker(dir: &Path, on: bool) -> Result<(), String> {
+pub fn check_marker(dir: &Path, on: bool) -> Result<(), Error> {
     let marker = dir.join(MARKER);
     let has_marker = marker.exists();
     // A store exists once its sled folder does (Store::open creates it).
@@ -52,15 +54,15 @@ pub fn check_marker(dir: &Path, on: bool) -> Result<(), String> {
         (true, true) | (false, false) => Ok(()),
         (true, false) if !has_store => std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::write(&marker, b"_gma_run _gma_seq\n"))
-            .map_err(|e| format!("cannot write {}: {e}", marker.display())),
-        (true, false) => Err(format!(
+            .map_err(|e| Error::Config(format!("cannot write {}: {e}", marker.display()))),
+        (true, false) => Err(Error::Config(format!(
             "{} holds an archive written without provenance: set provenance = false or use a new data_dir",
             dir.display()
-        )),
-        (false, true) => Err(format!(
+        ))),
+        (false, true) => Err(Error::Config(format!(
             "{} holds an archive written with provenance: set provenance = true or use a new data_dir",
             dir.display()
-        )),
+        ))),
     }
 }
 
@@ -221,12 +223,14 @@ mod tests {
         check_marker(&fresh, true).unwrap();
         assert!(check_marker(&fresh, false)
             .unwrap_err()
+            .to_string()
             .contains("provenance = true"));
         let old = d.path().join("b");
         std::fs::create_dir_all(old.join("sled")).unwrap();
         check_marker(&old, false).unwrap();
         assert!(check_marker(&old, true)
             .unwrap_err()
+            .to_string()
             .contains("without provenance"));
     }
 }

@@ -125,17 +125,7 @@ impl Default for ArchiverConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ArchiverError {
-    #[error("invalid archiver config: {0}")]
-    Config(String),
-    #[error("store: {0}")]
-    Store(#[from] crate::store::StoreError),
-    #[error("server error: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    #[error("io error: {0}")]
-    Io(#[from] std::io::Error),
-}
+pub use crate::error::Error as ArchiverError;
 
 /// A validated configuration.
 struct Checked {
@@ -174,9 +164,9 @@ impl ArchiverConfig {
                 "store.checkpoint_wal_mib and store.checkpoint_interval_s must be at least 1".into(),
             ));
         }
-        let keeper = Keeper::new(&self.keep).map_err(bad)?;
-        self.endpoint.validate().map_err(bad)?;
-        let policy = load_policy(self.endpoint.access_policy.as_ref()).map_err(bad)?;
+        let keeper = Keeper::new(&self.keep)?;
+        self.endpoint.validate().map_err(|e| bad(e.to_string()))?;
+        let policy = load_policy(self.endpoint.access_policy.as_ref()).map_err(|e| bad(e.to_string()))?;
         Ok(Checked {
             retention,
             keeper,
@@ -277,7 +267,7 @@ pub async fn run_with_rpc(
         )
     });
     let dir = config.data_dir.clone();
-    crate::provenance::check_marker(&dir, config.provenance).map_err(ArchiverError::Config)?;
+    crate::provenance::check_marker(&dir, config.provenance)?;
     let store = Arc::new(
         tokio::task::spawn_blocking(move || Store::open(&dir, store_opts))
             .await

@@ -15,12 +15,14 @@ use futures::Stream;
 use gma_core::authz::{Action, Decision, Door, Identity};
 use gma_core::guard::Gate;
 use gma_core::pattern::Pattern;
+use gma_core::Refuse;
 use gma_proto::v1::{self as pb, archive_server::Archive};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::store::{Agg, Points, QuerySpec, Store, StoreError};
+use crate::error::Error;
+use crate::store::{Agg, Points, QuerySpec, Store};
 use crate::Counters;
 
 /// Default points per response message.
@@ -59,18 +61,7 @@ pub(crate) struct ArchiveService {
     pub counters: Arc<Counters>,
 }
 
-fn invalid(m: impl Into<String>) -> Status {
-    Status::invalid_argument(m.into())
-}
-
-pub(crate) fn store_status(e: StoreError) -> Status {
-    match e {
-        StoreError::Invalid(m) => Status::invalid_argument(m),
-        other => Status::internal(other.to_string()),
-    }
-}
-
-fn agg_of(a: i32) -> Result<Agg, Status> {
+fn agg_of(a: i32) -> Result<Agg, Error> {
     Ok(match pb::Aggregate::try_from(a) {
         Ok(pb::Aggregate::Raw) => Agg::Raw,
         Ok(pb::Aggregate::Mean) => Agg::Mean,
@@ -81,7 +72,7 @@ fn agg_of(a: i32) -> Result<Agg, Status> {
         Ok(pb::Aggregate::P50) => Agg::P50,
         Ok(pb::Aggregate::P90) => Agg::P90,
         Ok(pb::Aggregate::P99) => Agg::P99,
-        Err(_) => return Err(invalid(format!("aggregate {a} is unknown"))),
+        Err(_) => return Err(Error::invalid_argument(format!("aggregate {a} is unknown"))),
     })
 }
 
@@ -94,7 +85,7 @@ impl ArchiveService {
         who: &Identity,
         name: &Pattern,
         source: Option<&Pattern>,
-    ) -> Result<Option<BTreeSet<String>>, Status> {
+    ) -> Result<Option<BTreeSet<String>>, Error> {
         let grant = self.gate.authorize(who, Action::ArchiveQuery, &[name.as_str()])?;
         if grant.decision == Decision::Allow {
             return Ok(None);
@@ -108,53 +99,56 @@ impl ArchiveService {
             .collect();
         if names.is_empty() {
             let p = name.as_str();
-            return Err(self.gate.summary_only(
-                who,
-                p,
-                &grant,
-                &format!(
-                    "no archived summary series matches it; ask for {p}.avg1m, {p}.avg10m or \
+            return Err(self
+                .gate
+                .summary_only(
+                    who,
+                    p,
+                    &grant,
+                    &format!(
+                        "no archived summary series matches it; ask for {p}.avg1m, {p}.avg10m or \
                      {p}.avg60m (archived once a producer derives them)"
-                ),
-            ));
+                    ),
+                )
+                .into());
         }
         Ok(Some(names))
     }
 }
 
-fn patterns(name: &str, source: &str) -> Result<(Pattern, Option<Pattern>), Status> {
+fn patterns(name: &str, source: &str) -> Result<(Pattern, Option<Pattern>), Error> {
     let name = if name.is_empty() { "*" } else { name };
-    let p = Pattern::event(name).map_err(|e| invalid(e.to_string()))?;
+    let p = Pattern::event(name).map_err(|e| Error::invalid_argument(e.to_string()))?;
     let s = if source.is_empty() {
         None
     } else {
-        Some(Pattern::source(source).map_err(|e| invalid(e.to_string()))?)
+        Some(Pattern::source(source).map_err(|e| Error::invalid_argument(e.to_string()))?)
     };
     Ok((p, s))
 }
 
 /// Validates a query request into a [`QuerySpec`].
-pub fn spec_of(req: &pb::ArchiveQueryRequest) -> Result<QuerySpec, Status> {
+pub fn spec_of(req: &pb::ArchiveQueryRequest) -> Result<QuerySpec, Error> {
     let (name, source) = patterns(&req.pattern, &req.source)?;
     if req.field.len() > 256 {
-        return Err(invalid("field: longer than 256 bytes"));
+        return Err(Error::invalid_argument("field: longer than 256 bytes"));
     }
     if req.to_ns <= req.from_ns {
-        return Err(invalid(format!(
+        return Err(Error::invalid_argument(format!(
             "inverted or empty range: to ({}) must be after from ({})",
             gma_core::time::format_rfc3339(req.to_ns),
             gma_core::time::format_rfc3339(req.from_ns)
         )));
     }
     if req.step_ns < 0 {
-        return Err(invalid(format!(
+        return Err(Error::invalid_argument(format!(
             "step {} ns must be positive (or 0 for none)",
             req.step_ns
         )));
     }
     let agg = agg_of(req.aggregate)?;
     if agg == Agg::Raw && req.step_ns > 0 {
-        return Err(invalid(
+        return Err(Error::invalid_argument(
             "a step needs an aggregate (mean, min, max, sum, count, p50, p90, p99)",
         ));
     }
@@ -201,7 +195,7 @@ impl Archive for ArchiveService {
             spec.field.as_ref().is_none_or(|f| &s.field == f)
                 && spec.names.as_ref().is_none_or(|n| n.contains(&s.name))
         }) {
-            return Err(Status::not_found(format!(
+            return Err(Error::not_found(format!(
                 "no series stored for {}{}{}",
                 gma_core::clip(spec.name.as_str(), 80),
                 spec.source
@@ -212,7 +206,8 @@ impl Archive for ArchiveService {
                     .as_ref()
                     .map(|f| format!(" with a field {:?}", gma_core::clip(f, 80)))
                     .unwrap_or_default()
-            )));
+            ))
+            .into());
         }
         let (tx, rx) = mpsc::channel(QUERY_BUFFER);
         let store = self.store.clone();
@@ -226,7 +221,7 @@ impl Archive for ArchiveService {
                 .is_ok()
             };
             if let Err(e) = store.query(&spec, &mut emit) {
-                let _ = tx.blocking_send(Err(store_status(e)));
+                let _ = tx.blocking_send(Err(Error::from(e).into()));
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -268,13 +263,16 @@ impl Archive for ArchiveService {
     ) -> Result<Response<pb::ArchiveStatsResponse>, Status> {
         let (who, grant) = self.gate.check(&req, Action::ArchiveQuery, &["*"])?;
         if grant.decision != Decision::Allow {
-            return Err(self.gate.summary_only(
-                &who,
-                "*",
-                &grant,
-                "the archive's figures cover every series it holds; they need archive.query \
+            return Err(self
+                .gate
+                .summary_only(
+                    &who,
+                    "*",
+                    &grant,
+                    "the archive's figures cover every series it holds; they need archive.query \
                  allowed on \"*\"",
-            ));
+                )
+                .into());
         }
         let s = self.store.stats();
         let c = &self.counters;

@@ -435,7 +435,7 @@ pub(crate) async fn op_phase<F, Fut>(
 ) -> anyhow::Result<OpFigures>
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), String>> + Send,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send,
 {
     let cpu0 = cpu();
     let t0 = Instant::now();
@@ -454,9 +454,9 @@ where
                         let _ = r.latency.record(micros(t.elapsed()));
                         r.acked += 1;
                     }
-                    Err(e) => {
+                    Err(s) => {
                         r.errors += 1;
-                        r.last_error = Some(e);
+                        r.last_error = Some(format!("{:?}: {}", s.code(), s.message()));
                     }
                 }
             }
@@ -510,9 +510,7 @@ async fn register_phase(
                 let id = format!("{prefix}-{k}-{n}");
                 let ids = ids.clone();
                 async move {
-                    c.register(register_req(id.clone(), HashMap::new()))
-                        .await
-                        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+                    c.register(register_req(id.clone(), HashMap::new())).await?;
                     if k == 0 {
                         let mut ids = ids.lock().unwrap_or_else(|p| p.into_inner());
                         if ids.len() < SEARCHES {

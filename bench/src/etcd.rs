@@ -111,7 +111,6 @@ async fn gma_side(nodes: usize, d: Duration) -> anyhow::Result<Side> {
                     c.register(register_req(format!("l{i}-{k}-{n}"), HashMap::new()))
                         .await
                         .map(drop)
-                        .map_err(status_err)
                 }
             })
             .await?,
@@ -140,7 +139,6 @@ async fn gma_side(nodes: usize, d: Duration) -> anyhow::Result<Side> {
                     })
                     .await
                     .map(drop)
-                    .map_err(status_err)
                 }
             })
             .await?,
@@ -344,8 +342,7 @@ async fn etcd_side(etcd: &Path, nodes: usize, d: Duration) -> anyhow::Result<(Si
                             ttl: LEASE_TTL_S,
                             id: 0,
                         })
-                        .await
-                        .map_err(status_err)?
+                        .await?
                         .into_inner()
                         .id;
                     KvClient::new(ch)
@@ -356,7 +353,6 @@ async fn etcd_side(etcd: &Path, nodes: usize, d: Duration) -> anyhow::Result<(Si
                         })
                         .await
                         .map(drop)
-                        .map_err(status_err)
                 }
             })
             .await?,
@@ -378,7 +374,6 @@ async fn etcd_side(etcd: &Path, nodes: usize, d: Duration) -> anyhow::Result<(Si
                     })
                     .await
                     .map(drop)
-                    .map_err(status_err)
                 }
             })
             .await?,

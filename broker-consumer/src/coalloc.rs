@@ -98,6 +98,19 @@ pub enum CoallocError {
     Reserve(#[from] ReserveError),
 }
 
+/// Why Algorithm 1 ended without a coallocation (reported as [`CoOutcome::Failed`]'s reason).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum NoFit {
+    #[error("gave up after {MAX_ITERATIONS} iterations (window at [{t_e}, {t_l}])")]
+    GaveUp { t_e: i64, t_l: i64 },
+    #[error("no reservation possible after the window [{t_e}, {t_l}] (every refusal was final)")]
+    Final { t_e: i64, t_l: i64 },
+    #[error("the window would not move forward (T_best {next} <= t_l {t_l})")]
+    Stuck { next: i64, t_l: i64 },
+    #[error("the earliest possible common start window [{t_e}, {t_l}] begins after T_l = {end}")]
+    PastEnd { t_e: i64, t_l: i64, end: i64 },
+}
+
 /// Checks a request before any reservation is made.
 pub fn validate(req: &CoRequest) -> Result<(), CoallocError> {
     let bad = |m: String| Err(CoallocError::Invalid(m));
@@ -434,15 +447,13 @@ impl<'a, R: Reserver> Run<'a, R> {
     }
 
     /// Algorithm 1. `Ok(Err(reason))` is a failure (cleanup is the caller's).
-    async fn run(&mut self) -> Result<Result<(), String>, ReserveError> {
+    async fn run(&mut self) -> Result<Result<(), NoFit>, ReserveError> {
         let (big_t_e, big_t_l, eps) = (self.req.window_start_s, self.req.window_end_s, self.req.epsilon_s);
         let mut t_e = big_t_e;
         let mut t_l = big_t_e.saturating_add(eps);
         loop {
             if self.stats.iterations >= MAX_ITERATIONS {
-                return Ok(Err(format!(
-                    "gave up after {MAX_ITERATIONS} iterations (window at [{t_e}, {t_l}])"
-                )));
+                return Ok(Err(NoFit::GaveUp { t_e, t_l }));
             }
             self.stats.iterations += 1;
             let w = Window {
@@ -493,21 +504,19 @@ impl<'a, R: Reserver> Run<'a, R> {
                 return Ok(Ok(()));
             }
             let Some(next) = best else {
-                return Ok(Err(format!(
-                    "no reservation possible after the window [{t_e}, {t_l}] (every refusal was final)"
-                )));
+                return Ok(Err(NoFit::Final { t_e, t_l }));
             };
             if next <= t_l {
-                return Ok(Err(format!(
-                    "the window would not move forward (T_best {next} <= t_l {t_l})"
-                )));
+                return Ok(Err(NoFit::Stuck { next, t_l }));
             }
             t_l = next;
             t_e = next.saturating_sub(eps);
             if t_e > big_t_l {
-                return Ok(Err(format!(
-                    "the earliest possible common start window [{t_e}, {t_l}] begins after T_l = {big_t_l}"
-                )));
+                return Ok(Err(NoFit::PastEnd {
+                    t_e,
+                    t_l,
+                    end: big_t_l,
+                }));
             }
         }
     }
@@ -542,7 +551,7 @@ pub async fn coallocate<R: Reserver>(req: &CoRequest, r: &R) -> Result<CoOutcome
         Ok(Err(reason)) => {
             run.release_all().await;
             Ok(CoOutcome::Failed {
-                reason,
+                reason: reason.to_string(),
                 stats: run.stats,
             })
         }

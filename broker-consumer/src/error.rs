@@ -1,8 +1,9 @@
 //! The broker's (and the simulated resource manager's) one error type and its one mapping to
-//! gRPC status codes (model: `gma_directory::error`). The gate's own refusals
-//! (`PERMISSION_DENIED`, `RESOURCE_EXHAUSTED` from [`gma_core::guard::Gate`]) pass through
-//! unchanged as [`Error::Gate`].
+//! gRPC status codes (model: `gma_directory::error`). Refusals of a request — the gate's
+//! included — are a [`gma_core::Refusal`] (made with [`gma_core::Refuse`]: `Error::not_found`);
+//! the broker's own failures are INTERNAL.
 
+use gma_core::{Refusal, Refuse};
 use tonic::Status;
 
 use crate::reserve::ReserveError;
@@ -23,29 +24,14 @@ pub enum JobError {
 /// (`impl From<Error> for Status`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The request is malformed: bad job, policy, window, owner. INVALID_ARGUMENT.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// No such reservation. NOT_FOUND.
-    #[error("{0}")]
-    NotFound(String),
-    /// The caller may not do this (another owner's reservation, reserving on behalf without
-    /// admin). PERMISSION_DENIED.
-    #[error("{0}")]
-    PermissionDenied(String),
-    /// Nothing can serve the request as things stand (no resource manager, no reservable
-    /// resource meets a job's requirements). FAILED_PRECONDITION.
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// A peer (the directory, a resource manager) could not be reached. UNAVAILABLE.
-    #[error("{0}")]
-    Unavailable(String),
-    /// A resource manager answered something this side cannot use. INTERNAL.
-    #[error("{0}")]
-    Internal(String),
-    /// A refusal of the gate (rate limit, policy), passed through as is.
-    #[error("{}", .0.message())]
-    Gate(Box<Status>),
+    /// A request refused with its code: a bad job, policy, window or owner (INVALID_ARGUMENT),
+    /// no such reservation (NOT_FOUND), another owner's reservation or reserving on behalf
+    /// without admin (PERMISSION_DENIED), no resource manager or none meeting a job's
+    /// requirements (FAILED_PRECONDITION), the directory or a resource manager out of reach
+    /// (UNAVAILABLE), an answer of a resource manager this side cannot use (INTERNAL), and the
+    /// gate's refusals.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// The broker's configuration is invalid (never reaches a client). INTERNAL.
     #[error("invalid broker config: {0}")]
     Config(String),
@@ -58,16 +44,10 @@ pub enum Error {
     Producer(String),
 }
 
-impl From<Status> for Error {
-    fn from(s: Status) -> Error {
-        Error::Gate(Box::new(s))
-    }
-}
-
 /// A job that does not parse or validate is bad input.
 impl From<JobError> for Error {
     fn from(e: JobError) -> Error {
-        Error::InvalidArgument(e.to_string())
+        Error::invalid_argument(e.to_string())
     }
 }
 
@@ -76,26 +56,18 @@ impl From<JobError> for Error {
 impl From<ReserveError> for Error {
     fn from(e: ReserveError) -> Error {
         match e {
-            ReserveError::NotFound { id } => Error::NotFound(format!("reservation {id:?} not found")),
-            ReserveError::Invalid(m) => Error::PermissionDenied(m),
-            other => Error::Internal(other.to_string()),
+            ReserveError::NotFound { id } => Error::not_found(format!("reservation {id:?} not found")),
+            ReserveError::Invalid(m) => Error::permission_denied(m),
+            other => Error::internal(other.to_string()),
         }
     }
 }
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        let msg = e.to_string();
         match e {
-            Error::InvalidArgument(_) => Status::invalid_argument(msg),
-            Error::NotFound(_) => Status::not_found(msg),
-            Error::PermissionDenied(_) => Status::permission_denied(msg),
-            Error::FailedPrecondition(_) => Status::failed_precondition(msg),
-            Error::Unavailable(_) => Status::unavailable(msg),
-            Error::Gate(s) => *s,
-            Error::Internal(_) | Error::Config(_) | Error::Simres(_) | Error::Producer(_) => {
-                Status::internal(msg)
-            }
+            Error::Refused(r) => r.into(),
+            other => Status::internal(other.to_string()),
         }
     }
 }
@@ -109,30 +81,23 @@ mod tests {
     fn each_variant_maps_to_its_code_and_keeps_its_message() {
         let cases = [
             (
-                Error::InvalidArgument("jobs: give at least one job".into()),
+                Error::invalid_argument("jobs: give at least one job"),
                 Code::InvalidArgument,
             ),
+            (Error::not_found("reservation \"x\" not found"), Code::NotFound),
+            (Error::permission_denied("owner"), Code::PermissionDenied),
             (
-                Error::NotFound("reservation \"x\" not found".into()),
-                Code::NotFound,
-            ),
-            (Error::PermissionDenied("owner".into()), Code::PermissionDenied),
-            (
-                Error::FailedPrecondition("no resource manager".into()),
+                Error::failed_precondition("no resource manager"),
                 Code::FailedPrecondition,
             ),
             (
-                Error::Unavailable("cannot search the directory".into()),
+                Error::unavailable("cannot search the directory"),
                 Code::Unavailable,
             ),
-            (Error::Internal("odd answer".into()), Code::Internal),
+            (Error::internal("odd answer"), Code::Internal),
             (
-                Error::from(Status::resource_exhausted("rate limit")),
+                Error::from(Refusal::resource_exhausted("rate limit")),
                 Code::ResourceExhausted,
-            ),
-            (
-                Error::from(Status::permission_denied("policy")),
-                Code::PermissionDenied,
             ),
             (
                 Error::Simres("resource: give at least one [[resource]] table".into()),

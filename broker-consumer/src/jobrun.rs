@@ -22,6 +22,7 @@
 //! ```
 //! `reference_time_s` defaults to `walltime_s`; every other key of the job file applies.
 
+use gma_core::Refuse;
 use std::path::Path;
 use std::time::Duration;
 
@@ -125,10 +126,10 @@ pub fn parse_run_file(text: &str, origin: &str, dir: Option<&Path>) -> Result<pb
         policy: 0,
         window_s: window_s as i64,
     };
-    check(&req).map_err(|e| match e {
-        Error::InvalidArgument(m) => match m.split_once(": ") {
+    check(&req).map_err(|e| match &e {
+        Error::Refused(r) if r.code() == tonic::Code::InvalidArgument => match r.message().split_once(": ") {
             Some((f, msg)) => field(f, msg),
-            None => field("job", &m),
+            None => field("job", r.message()),
         },
         other => field("job", &other.to_string()),
     })?;
@@ -144,7 +145,7 @@ pub struct Plan {
 }
 
 fn check(req: &pb::RunJobRequest) -> Result<(), Error> {
-    let bad = |m: &str| Err(Error::InvalidArgument(m.to_string()));
+    let bad = |m: &str| Err(Error::invalid_argument(m.to_string()));
     if req.script.len() > MAX_SCRIPT {
         return bad(&format!("script: at most {MAX_SCRIPT} bytes"));
     }
@@ -168,7 +169,7 @@ pub fn plan(req: &pb::RunJobRequest, policy: Policy) -> Result<Plan, Error> {
     let spec = req
         .job
         .as_ref()
-        .ok_or_else(|| Error::InvalidArgument("job: give the job to run".into()))?;
+        .ok_or_else(|| Error::invalid_argument("job: give the job to run"))?;
     let job = Job::from_proto(spec, "job.")?;
     check(req)?;
     let spec = pb::BatchJobSpec {

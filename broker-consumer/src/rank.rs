@@ -28,6 +28,7 @@
 //! min-max normalized over those resources). Every order is total: ties fall to TTD, then the
 //! resource name.
 
+use gma_core::Refuse;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -176,7 +177,7 @@ impl Default for RankConfig {
 impl RankConfig {
     /// Checks every field; the error (INVALID_ARGUMENT) names the first bad one.
     pub fn validate(&self) -> Result<(), crate::error::Error> {
-        let bad = |m: &str| Err(crate::error::Error::InvalidArgument(m.into()));
+        let bad = |m: &str| Err(crate::error::Error::invalid_argument(m));
         if self.max_age_ms == 0 {
             return bad("rank.max_age_ms must be > 0");
         }

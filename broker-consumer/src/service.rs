@@ -10,6 +10,7 @@
 //! decision is published as a `broker.decision` event from the broker's own producer, served on
 //! the same endpoint as the `Broker` service.
 
+use gma_core::Refuse;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,7 +144,7 @@ fn policy_of(p: i32) -> Result<Policy, BrokerError> {
         Ok(pb::BrokerPolicy::Utility) => Policy::Utility,
         Ok(pb::BrokerPolicy::Cost) => Policy::Cost,
         Err(_) => {
-            return Err(BrokerError::InvalidArgument(format!(
+            return Err(BrokerError::invalid_argument(format!(
                 "policy: unknown policy {p}"
             )))
         }
@@ -275,7 +276,7 @@ impl BrokerCore {
         let mut out = self.reservations.clone();
         if let Some(dir) = &self.directory {
             let unreachable = |e: gma_consumer::ConsumerError| {
-                BrokerError::Unavailable(format!("cannot search the directory for resource managers: {e}"))
+                BrokerError::unavailable(format!("cannot search the directory for resource managers: {e}"))
             };
             let mut client = gma_consumer::directory::client(dir).await.map_err(unreachable)?;
             let found = gma_consumer::directory::producers(&mut client, RESERVATION_EVENT, "")
@@ -298,10 +299,10 @@ impl BrokerCore {
     ) -> Result<pb::CoallocateResponse, BrokerError> {
         let t0 = Instant::now();
         if req.jobs.is_empty() {
-            return Err(BrokerError::InvalidArgument("jobs: give at least one job".into()));
+            return Err(BrokerError::invalid_argument("jobs: give at least one job"));
         }
         if req.jobs.len() > MAX_COALLOC_JOBS {
-            return Err(BrokerError::InvalidArgument(format!(
+            return Err(BrokerError::invalid_argument(format!(
                 "jobs: at most {MAX_COALLOC_JOBS} jobs"
             )));
         }
@@ -315,7 +316,7 @@ impl BrokerCore {
         let mut names = std::collections::HashSet::new();
         for (i, j) in jobs.iter().enumerate() {
             if !names.insert(j.name.as_str()) {
-                return Err(BrokerError::InvalidArgument(format!(
+                return Err(BrokerError::invalid_argument(format!(
                     "jobs[{i}].name: {:?} is used twice",
                     j.name
                 )));
@@ -338,24 +339,24 @@ impl BrokerCore {
             req.epsilon_s
         };
         if end < start {
-            return Err(BrokerError::InvalidArgument(
-                "window_end_s: must not be before window_start_s".into(),
+            return Err(BrokerError::invalid_argument(
+                "window_end_s: must not be before window_start_s",
             ));
         }
         if !(1..=86_400).contains(&eps) {
-            return Err(BrokerError::InvalidArgument(
-                "epsilon_s: must be within 1..=86400 seconds".into(),
+            return Err(BrokerError::invalid_argument(
+                "epsilon_s: must be within 1..=86400 seconds",
             ));
         }
         let managers = self.managers().await?;
         if managers.is_empty() {
-            return Err(BrokerError::FailedPrecondition(
-                "no resource manager: none publishes reservation.state in the directory and none is configured (reservations = [...])".into(),
+            return Err(BrokerError::failed_precondition(
+                "no resource manager: none publishes reservation.state in the directory and none is configured (reservations = [...])",
             ));
         }
         let reserver = RemoteReserver::connect(&managers)
             .await
-            .map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+            .map_err(|e| BrokerError::unavailable(e.to_string()))?;
         // Candidates of each job: the reservable resources that pass its requirements, in the
         // order the policy ranks them on the live view; reservable resources the view does not
         // know (no load stream) follow, by name.
@@ -391,7 +392,7 @@ impl BrokerCore {
             let ranking = rank(&sub, j, policy, &cfg, Limits::default())?;
             let candidates: Vec<String> = ranking.ranked.into_iter().map(|r| r.resource).collect();
             if candidates.is_empty() {
-                return Err(BrokerError::FailedPrecondition(format!(
+                return Err(BrokerError::failed_precondition(format!(
                     "jobs[{i}] ({}): no reservable resource meets its requirements",
                     j.name
                 )));
@@ -418,7 +419,7 @@ impl BrokerCore {
             owner,
         };
         let outcome = coallocate(&co, &reserver).await.map_err(|e| {
-            BrokerError::Unavailable(format!("coallocation aborted (every reservation released): {e}"))
+            BrokerError::unavailable(format!("coallocation aborted (every reservation released): {e}"))
         })?;
         let elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -530,7 +531,7 @@ impl Broker for BrokerService {
         let spec = r
             .job
             .as_ref()
-            .ok_or_else(|| BrokerError::InvalidArgument("job: give the job to place".into()))?;
+            .ok_or_else(|| BrokerError::invalid_argument("job: give the job to place"))?;
         let job = Job::from_proto(spec, "job.").map_err(BrokerError::from)?;
         let limits = Limits {
             limit: r.limit as usize,
@@ -619,15 +620,18 @@ impl Broker for BrokerService {
                 .gate
                 .authorize(&who, Action::ProducerSubscribe, &[name.as_str()])?;
             if grant.decision != Decision::Allow {
-                return Err(self.gate.summary_only(
-                    &who,
-                    name,
-                    &grant,
-                    &format!(
-                        "the broker's view holds raw values of {name}; subscribe to its summaries \
+                return Err(self
+                    .gate
+                    .summary_only(
+                        &who,
+                        name,
+                        &grant,
+                        &format!(
+                            "the broker's view holds raw values of {name}; subscribe to its summaries \
                          instead (gma subscribe {name} --summary 1m)"
-                    ),
-                ));
+                        ),
+                    )
+                    .into());
             }
         }
         let now = now_ns();

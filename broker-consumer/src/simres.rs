@@ -29,6 +29,7 @@
 //! seed = 1
 //! ```
 
+use gma_core::Refuse;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,7 +215,7 @@ pub struct Manager {
 }
 
 fn invalid(m: impl Into<String>) -> Error {
-    Error::InvalidArgument(m.into())
+    Error::invalid_argument(m.into())
 }
 
 impl Manager {
@@ -300,7 +301,7 @@ impl Manager {
 
     pub(crate) fn local_id<'a>(&self, id: &'a str) -> Result<&'a str, Error> {
         id.strip_prefix(&self.prefix)
-            .ok_or_else(|| Error::NotFound(format!("reservation {:?} not found", gma_core::clip(id, 64))))
+            .ok_or_else(|| Error::not_found(format!("reservation {:?} not found", gma_core::clip(id, 64))))
     }
 
     fn publish(&self, r: &Reservation, state: &str) {
@@ -438,7 +439,7 @@ impl Manager {
             found
         };
         let resource = holder.ok_or_else(|| {
-            Error::NotFound(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
+            Error::not_found(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
         })?;
         let (earliest, latest) = match self.checked(
             &resource,
@@ -638,7 +639,7 @@ pub fn caller_owner<T>(gate: &Gate, req: &Request<T>, claimed: &str) -> Result<S
             if gate.raw_allowed(&who, Action::Admin, ON_BEHALF) {
                 return Ok(claimed.to_string());
             }
-            return Err(Error::PermissionDenied(format!(
+            return Err(Error::permission_denied(format!(
                 "owner {:?} is not the caller ({who}): reserving for another owner needs admin on {ON_BEHALF:?}",
                 gma_core::clip(claimed, 64),
             )));
@@ -724,26 +725,26 @@ impl Reservations for ReservationService {
             .find(|r| r.id == local);
         match held {
             None => {
-                Err(Error::NotFound(format!("reservation {:?} not found", gma_core::clip(id, 64))).into())
+                Err(Error::not_found(format!("reservation {:?} not found", gma_core::clip(id, 64))).into())
             }
-            Some(r) if r.owner != owner => Err(Error::PermissionDenied(format!(
+            Some(r) if r.owner != owner => Err(Error::permission_denied(format!(
                 "reservation {:?} belongs to {:?}, not {owner:?}: only its creator may claim it",
                 gma_core::clip(id, 64),
                 r.owner
             ))
             .into()),
-            Some(_) => Err(Error::FailedPrecondition(NO_JOBS.into()).into()),
+            Some(_) => Err(Error::failed_precondition(NO_JOBS).into()),
         }
     }
 
     async fn job_status(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
         self.owner(&req, &req.get_ref().owner)?;
-        Err(Error::FailedPrecondition(NO_JOBS.into()).into())
+        Err(Error::failed_precondition(NO_JOBS).into())
     }
 
     async fn cancel_job(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
         self.owner(&req, &req.get_ref().owner)?;
-        Err(Error::FailedPrecondition(NO_JOBS.into()).into())
+        Err(Error::failed_precondition(NO_JOBS).into())
     }
 }
 

@@ -15,6 +15,7 @@
 //! The paper leaves the weights open: here they are the requirements' `weight`s normalized to
 //! sum 1 (all 0 = equal weights). For utilities in `[0, 1]`: product ≤ min ≤ weighted mean ≤ max.
 
+use gma_core::Refuse;
 use serde::Deserialize;
 
 use crate::error::Error;
@@ -132,42 +133,42 @@ impl Requirement {
                 .strip_prefix("bench_")
                 .is_some_and(|b| !b.is_empty());
         if !known {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{at}.attribute: unknown attribute {:?} (one of {}, bench_<name>)",
                 gma_core::clip(&self.attribute, 64),
                 ATTRIBUTES.join(", ")
             )));
         }
         if self.intervals.is_empty() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{at}.intervals: give at least one interval"
             )));
         }
         if self.intervals.len() > 64 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{at}.intervals: at most 64 intervals"
             )));
         }
         if !self.weight.is_finite() || self.weight < 0.0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{at}.weight: must be a finite number >= 0"
             )));
         }
         for (k, i) in self.intervals.iter().enumerate() {
             if !(0.0..=1.0).contains(&i.utility) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{at}.intervals[{k}].utility: must be within 0..=1"
                 )));
             }
             let bad = |b: Option<f64>| b.is_some_and(|v| v.is_nan());
             if bad(i.min) || bad(i.max) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{at}.intervals[{k}]: bounds must be numbers"
                 )));
             }
             if let (Some(lo), Some(hi)) = (i.min, i.max) {
                 if lo >= hi {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "{at}.intervals[{k}]: min must be below max"
                     )));
                 }

@@ -16,6 +16,7 @@
 //! Reads never wait on a producer: [`LiveView::snapshot`] hands out the current rows as shared
 //! pointers (rebuilt only after a change), so a decision costs no copy of the table.
 
+use gma_core::Refuse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -57,19 +58,19 @@ impl Annotation {
     /// Checks every field; the error (INVALID_ARGUMENT) names the first bad one under `at`.
     pub fn validate(&self, at: &str) -> Result<(), Error> {
         gma_core::pattern::source_patterns(std::slice::from_ref(&self.pattern))
-            .map_err(|e| Error::InvalidArgument(format!("{at}.match: {e}")))?;
+            .map_err(|e| Error::invalid_argument(format!("{at}.match: {e}")))?;
         for (name, v) in [
             ("bandwidth_mbps", self.bandwidth_mbps),
             ("cost_per_cpu_hour", self.cost_per_cpu_hour),
         ] {
             if v.is_some_and(|x| !x.is_finite() || x < 0.0) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{at}.{name}: must be a finite number >= 0"
                 )));
             }
         }
         if self.benchmarks.values().any(|s| !s.is_finite() || *s <= 0.0) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{at}.benchmarks: scores must be finite numbers > 0"
             )));
         }
@@ -114,7 +115,7 @@ impl LiveView {
         for (i, a) in annotations.into_iter().enumerate() {
             a.validate(&format!("resources[{i}]"))?;
             let mut p = gma_core::pattern::source_patterns(std::slice::from_ref(&a.pattern))
-                .map_err(|e| Error::InvalidArgument(format!("resources[{i}].match: {e}")))?;
+                .map_err(|e| Error::invalid_argument(format!("resources[{i}].match: {e}")))?;
             if let Some(p) = p.pop() {
                 compiled.push((p, a));
             }

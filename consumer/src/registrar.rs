@@ -17,6 +17,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::Code;
 
+use crate::ConsumerError;
+
 /// What a role registers: its record and the schemas of its events, with a version that
 /// changes whenever either does.
 pub trait Catalog: Send + Sync + 'static {
@@ -50,7 +52,7 @@ pub async fn run(
     reg: Registration,
     catalog: Arc<dyn Catalog>,
     mut stop: watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<(), ConsumerError> {
     let mut backoff = Duration::from_millis(100);
     let mut registered_once = false;
     loop {
@@ -58,7 +60,7 @@ pub async fn run(
             Outcome::Stop => break,
             Outcome::Refused(why) if !registered_once => {
                 tracing::error!(id = %reg.id, error = %why, "the directory refused the registration");
-                return Err(why);
+                return Err(ConsumerError::Registration(why));
             }
             Outcome::Retry(why) | Outcome::Refused(why) => {
                 metrics::counter!(crate::telemetry::REGISTRATION_RETRIES).increment(1);
@@ -88,7 +90,7 @@ pub async fn run(
 
 /// Connects to the first reachable member of `addrs` (`a:1,b:2`), starting after the one
 /// used last time so a dead member is not always tried first.
-pub async fn connect(addrs: &str) -> Result<DirectoryClient<Channel>, String> {
+pub async fn connect(addrs: &str) -> Result<DirectoryClient<Channel>, ConsumerError> {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let list: Vec<&str> = addrs
         .split(',')
@@ -96,13 +98,14 @@ pub async fn connect(addrs: &str) -> Result<DirectoryClient<Channel>, String> {
         .filter(|a| !a.is_empty())
         .collect();
     if list.is_empty() {
-        return Err("no directory address given".into());
+        return Err(ConsumerError::Directory("no directory address given".into()));
     }
     let start = NEXT.load(std::sync::atomic::Ordering::Relaxed);
     let mut errors = Vec::new();
     for i in 0..list.len() {
         let k = (start + i) % list.len();
-        let ep = gma_core::tls::endpoint(list[k]).map_err(|e| format!("bad directory address: {e}"))?;
+        let ep = gma_core::tls::endpoint(list[k])
+            .map_err(|e| ConsumerError::Directory(format!("bad directory address: {e}")))?;
         let uri = ep.uri().to_string();
         match ep.connect_timeout(Duration::from_secs(2)).connect().await {
             Ok(ch) => {
@@ -113,7 +116,10 @@ pub async fn connect(addrs: &str) -> Result<DirectoryClient<Channel>, String> {
         }
     }
     NEXT.store(start + 1, std::sync::atomic::Ordering::Relaxed);
-    Err(format!("cannot connect to the directory ({})", errors.join("; ")))
+    Err(ConsumerError::Directory(format!(
+        "cannot connect to the directory ({})",
+        errors.join("; ")
+    )))
 }
 
 /// Registers, or takes over an existing record with our id, returning (lease, ttl, version).
@@ -166,7 +172,7 @@ async fn session(
 ) -> Outcome {
     let mut client = match connect(&reg.directory).await {
         Ok(c) => c,
-        Err(e) => return Outcome::Retry(e),
+        Err(e) => return Outcome::Retry(e.to_string()),
     };
     let (mut lease, ttl_ms, mut version) = match register(&mut client, reg, catalog).await {
         Ok(v) => v,

@@ -24,6 +24,7 @@ use futures::Stream;
 use gma_core::authz::{Action, Decision, Door};
 use gma_core::codec::{BatchDecoder, OwnedEvent};
 use gma_core::guard::Gate;
+use gma_core::Refuse;
 use gma_proto::v1 as pb;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -96,6 +97,9 @@ impl Default for SinkConfig {
     }
 }
 
+/// Why a [`SinkHandler`] ends a stream: its own error, whatever the owner's type is.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
 /// What the sink's owner does with pushed events.
 pub trait SinkHandler: Send + Sync + 'static {
     /// Where this producer's stream should resume (None: the sink's own memory of it, or the
@@ -107,8 +111,13 @@ pub trait SinkHandler: Send + Sync + 'static {
     fn opened(&self, _hello: &pb::DeliverHello) {}
     /// The events of one batch in seq order, and the gaps it reported. `Ok` acknowledges the
     /// batch to the producer (return only once the events are as safe as the sink promises);
-    /// `Err` ends the stream with that reason.
-    fn events(&self, producer_id: &str, events: Vec<OwnedEvent>, gaps: &[pb::Gap]) -> Result<(), String>;
+    /// `Err` ends the stream with the error's message as the reason.
+    fn events(
+        &self,
+        producer_id: &str,
+        events: Vec<OwnedEvent>,
+        gaps: &[pb::Gap],
+    ) -> Result<(), HandlerError>;
     /// The stream ended (by either side, or broke).
     fn closed(&self, _producer_id: &str, _reason: &str) {}
 }
@@ -167,8 +176,7 @@ impl Sink {
         let bound = listener
             .local_addr()
             .map_err(|e| ConsumerError::Address(String::new(), e.to_string()))?;
-        let policy = gma_core::guard::load_policy(self.config.endpoint.access_policy.as_ref())
-            .map_err(ConsumerError::Invalid)?;
+        let policy = gma_core::guard::load_policy(self.config.endpoint.access_policy.as_ref())?;
         let gate = Arc::new(Gate::new(policy, self.config.endpoint.limits.clone()));
         let tls = self
             .config
@@ -272,7 +280,7 @@ impl pb::consumer_server::Consumer for Service {
         let grant = self.gate.authorize(&who, Action::Ingest, &accepts)?;
         if grant.decision != Decision::Allow {
             let first = accepts.first().copied().unwrap_or("*");
-            return Err(self.gate.summary_only(&who, first, &grant, INGEST_ONLY));
+            return Err(self.gate.summary_only(&who, first, &grant, INGEST_ONLY).into());
         }
         let gate = self.gate.clone();
         let mut inbound = req.into_inner();
@@ -281,16 +289,16 @@ impl pb::consumer_server::Consumer for Service {
                 msg: Some(pb::deliver_request::Msg::Hello(h)),
             }) => h,
             Some(_) => {
-                return Err(Status::invalid_argument(
-                    "the first Deliver message must be a hello",
-                ))
+                return Err(
+                    ConsumerError::invalid_argument("the first Deliver message must be a hello").into(),
+                )
             }
-            None => return Err(Status::invalid_argument("Deliver stream ended before its hello")),
+            None => {
+                return Err(ConsumerError::invalid_argument("Deliver stream ended before its hello").into())
+            }
         };
         if hello.producer_id.is_empty() || hello.producer_id.len() > 512 {
-            return Err(Status::invalid_argument(
-                "hello.producer_id must be 1..=512 bytes",
-            ));
+            return Err(ConsumerError::invalid_argument("hello.producer_id must be 1..=512 bytes").into());
         }
         let sink = self.sink.clone();
         let producer = hello.producer_id.clone();
@@ -362,12 +370,13 @@ impl pb::consumer_server::Consumer for Service {
                                     Ok(g) => gate.summary_only(&who, &name, &g, INGEST_ONLY),
                                 };
                                 let why = status.message().to_string();
-                                let _ = tx.send(Err(status)).await;
+                                let _ = tx.send(Err(Status::from(ConsumerError::from(status)))).await;
                                 break why;
                             }
                             let last = events.last().map(|e| e.seq);
                             metrics::counter!(crate::telemetry::SINK_EVENTS).increment(events.len() as u64);
                             if let Err(e) = sink.handler.events(&producer, events, &b.gaps) {
+                                let e = e.to_string();
                                 let _ = tx.send(Ok(pb::DeliverResponse { end: true, reason: e.clone(), ..Default::default() })).await;
                                 break e;
                             }

@@ -177,23 +177,26 @@ impl fmt::Display for Identity {
 /// counts when there are several. A subject with neither is an error, so a certificate never
 /// passes for [`Identity::anonymous`]. The certificate is parsed, not verified: that is the TLS
 /// layer's job.
-pub fn identity_from_der(cert_der: &[u8]) -> Result<Identity, String> {
+pub fn identity_from_der(cert_der: &[u8]) -> Result<Identity, crate::Error> {
+    let bad = crate::Error::Certificate;
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
-        .map_err(|e| format!("cannot parse the peer certificate: {e}"))?;
+        .map_err(|e| bad(format!("cannot parse the peer certificate: {e}")))?;
     let subject = cert.subject();
     let text = |attr: Option<&x509_parser::x509::AttributeTypeAndValue<'_>>, what: &str| {
         attr.map_or(Ok(String::new()), |a| {
-            a.as_str()
-                .map(str::to_string)
-                .map_err(|e| format!("certificate subject {subject}: {what} is not a string: {e}"))
+            a.as_str().map(str::to_string).map_err(|e| {
+                bad(format!(
+                    "certificate subject {subject}: {what} is not a string: {e}"
+                ))
+            })
         })
     };
     let cn = text(subject.iter_common_name().next(), "CN")?;
     let org = text(subject.iter_organization().next(), "O")?;
     if cn.is_empty() && org.is_empty() {
-        return Err(format!(
+        return Err(bad(format!(
             "certificate subject {subject:?} has neither a CN nor an O: cannot name the peer"
-        ));
+        )));
     }
     Ok(Identity { cn, org })
 }
@@ -293,15 +296,15 @@ impl fmt::Display for Action {
 }
 
 impl FromStr for Action {
-    type Err = String;
+    type Err = crate::Error;
 
-    fn from_str(s: &str) -> Result<Action, String> {
+    fn from_str(s: &str) -> Result<Action, crate::Error> {
         Action::ALL.into_iter().find(|a| a.as_str() == s).ok_or_else(|| {
             let all: Vec<&str> = Action::ALL.iter().map(|a| a.as_str()).collect();
-            format!(
+            crate::Error::Value(format!(
                 "unknown action {s:?}: expected one of {} or \"*\" (all)",
                 all.join(", ")
-            )
+            ))
         })
     }
 }
@@ -763,13 +766,17 @@ struct DefaultSpec(Decision);
 
 /// Deserializes a string through `parse` inside the deserializer, so TOML errors carry the
 /// value's line and column.
-fn de_str<'de, D, T>(d: D, what: &'static str, parse: fn(&str) -> Result<T, String>) -> Result<T, D::Error>
+fn de_str<'de, D, T>(
+    d: D,
+    what: &'static str,
+    parse: fn(&str) -> Result<T, crate::Error>,
+) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
 {
     struct V<T> {
         what: &'static str,
-        parse: fn(&str) -> Result<T, String>,
+        parse: fn(&str) -> Result<T, crate::Error>,
     }
     impl<T> de::Visitor<'_> for V<T> {
         type Value = T;
@@ -798,9 +805,9 @@ impl<'de> Deserialize<'de> for EffectSpec {
             "allow" => Ok(EffectSpec(Effect::Allow)),
             "summary" => Ok(EffectSpec(Effect::Summary)),
             "deny" => Ok(EffectSpec(Effect::Deny)),
-            s => Err(format!(
+            s => Err(crate::Error::Value(format!(
                 "unknown effect {s:?}: expected \"allow\", \"summary\" or \"deny\""
-            )),
+            ))),
         })
     }
 }
@@ -810,7 +817,9 @@ impl<'de> Deserialize<'de> for DefaultSpec {
         de_str(d, "a default", |s| match s {
             "allow" => Ok(DefaultSpec(Decision::Allow)),
             "deny" => Ok(DefaultSpec(Decision::Deny)),
-            s => Err(format!("unknown default {s:?}: expected \"deny\" or \"allow\"")),
+            s => Err(crate::Error::Value(format!(
+                "unknown default {s:?}: expected \"deny\" or \"allow\""
+            ))),
         })
     }
 }
@@ -910,7 +919,7 @@ mod tests {
             assert_eq!(a.as_str().parse::<Action>().unwrap(), a);
             assert_eq!(a.to_string(), a.as_str());
         }
-        let e = "producer.subscrib".parse::<Action>().unwrap_err();
+        let e = "producer.subscrib".parse::<Action>().unwrap_err().to_string();
         assert!(e.contains("producer.subscribe") && e.contains("admin"), "{e}");
         assert!(!DirectoryRegister.resource_is_event() && !Admin.resource_is_event());
         assert!(ProducerSubscribe.resource_is_event() && DirectorySearch.resource_is_event());
@@ -1340,7 +1349,7 @@ effect = "allow"
 
     #[test]
     fn identity_from_garbage_is_an_error() {
-        let e = identity_from_der(b"not a certificate").unwrap_err();
+        let e = identity_from_der(b"not a certificate").unwrap_err().to_string();
         assert!(e.starts_with("cannot parse the peer certificate"), "{e}");
     }
 }

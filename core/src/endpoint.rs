@@ -48,13 +48,13 @@ impl Default for Endpoint {
 
 impl Endpoint {
     /// The one check of the shared keys; the message names the key and what to write.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::Error> {
         self.limits.validate()?;
         if self.rpc_events_ms > MAX_RPC_EVENTS_MS {
-            return Err(format!(
+            return Err(crate::Error::Config(format!(
                 "rpc_events_ms must be within 0..={MAX_RPC_EVENTS_MS} (0 = no gma.rpc events), not {}",
                 self.rpc_events_ms
-            ));
+            )));
         }
         Ok(())
     }
@@ -130,6 +130,7 @@ mod tests {
         assert!(e
             .validate()
             .unwrap_err()
+            .to_string()
             .starts_with("rpc_events_ms must be within"));
         let e = Endpoint {
             limits: crate::guard::Limits {
@@ -138,7 +139,7 @@ mod tests {
             },
             ..Endpoint::default()
         };
-        assert!(e.validate().unwrap_err().contains("limits.burst"));
+        assert!(e.validate().unwrap_err().to_string().contains("limits.burst"));
     }
 
     #[test]

@@ -66,8 +66,8 @@ pub enum SchemaError {
     },
     /// `timestamp_ns` outside [`crate::time::MAX_TIMESTAMP_NS`]'s range (0 is allowed: the
     /// producer's clock at Ingest).
-    #[error("event {name:?}: {message}")]
-    Timestamp { name: String, message: String },
+    #[error("event {name:?}: {error}")]
+    Timestamp { name: String, error: crate::Error },
 }
 
 /// Field counts of a schema, by type.
@@ -149,9 +149,9 @@ pub fn same_definition(a: &pb::EventSchema, b: &pb::EventSchema) -> bool {
 pub fn from_wire(e: &pb::Event, schema: &pb::EventSchema) -> Result<EventData, SchemaError> {
     validate_source(&e.source)?;
     if e.timestamp_ns != 0 {
-        crate::time::check_timestamp_ns(e.timestamp_ns).map_err(|message| SchemaError::Timestamp {
+        crate::time::check_timestamp_ns(e.timestamp_ns).map_err(|error| SchemaError::Timestamp {
             name: e.name.clone(),
-            message,
+            error,
         })?;
     }
     let nonconf = |m: String| SchemaError::Nonconforming {

@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::Deserialize;
-use tonic::{Request, Status};
+use tonic::Request;
 
 use crate::authz::{Action, Decision, Grant, Identity, Policy};
+use crate::error::{Error, Refusal, Refuse};
 
 /// The limits of a role (`[limits]` in role configs): per identity (request rate), per
 /// connection (open subscriptions) and per listener (connections and their timeouts,
@@ -64,21 +65,22 @@ impl Default for Limits {
 }
 
 impl Limits {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Config(m));
         if !(self.requests_per_s.is_finite() && self.requests_per_s > 0.0) {
-            return Err(format!(
+            return bad(format!(
                 "limits.requests_per_s must be a positive number, not {}",
                 self.requests_per_s
             ));
         }
         if !(self.burst.is_finite() && self.burst >= 1.0) {
-            return Err(format!("limits.burst must be at least 1, not {}", self.burst));
+            return bad(format!("limits.burst must be at least 1, not {}", self.burst));
         }
         if self.subscriptions_per_connection == 0 {
-            return Err("limits.subscriptions_per_connection must be at least 1".into());
+            return bad("limits.subscriptions_per_connection must be at least 1".into());
         }
         if self.max_connections == 0 || self.max_connections_per_address == 0 {
-            return Err(
+            return bad(
                 "limits.max_connections and limits.max_connections_per_address must be at least 1".into(),
             );
         }
@@ -89,7 +91,7 @@ impl Limits {
             ("keepalive_timeout_ms", self.keepalive_timeout_ms),
         ] {
             if !(100..=86_400_000).contains(&ms) {
-                return Err(format!(
+                return bad(format!(
                     "limits.{key} must lie in [100, 86400000] milliseconds, not {ms}"
                 ));
             }
@@ -136,9 +138,9 @@ impl Default for Gate {
 }
 
 /// Loads the policy file of a role (`access_policy = "FILE"` / `--access-policy FILE`); none allows all.
-pub fn load_policy(path: Option<&PathBuf>) -> Result<Policy, String> {
+pub fn load_policy(path: Option<&PathBuf>) -> Result<Policy, Error> {
     match path {
-        Some(p) => Policy::load(p).map_err(|e| e.to_string()),
+        Some(p) => Policy::load(p).map_err(|e| Error::Config(e.to_string())),
         None => Ok(Policy::allow_all()),
     }
 }
@@ -162,7 +164,7 @@ impl Gate {
     }
 
     /// Charges one request to the peer of `req` and returns its identity.
-    pub fn admit<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
+    pub fn admit<T>(&self, req: &Request<T>) -> Result<Identity, Refusal> {
         let id = crate::tls::peer_identity(req);
         let who = if id.is_anonymous() {
             Who::Anonymous(req.remote_addr().map(|a| a.ip()))
@@ -170,7 +172,7 @@ impl Gate {
             Who::Named(id.clone())
         };
         if !self.take(who) {
-            return Err(Status::resource_exhausted(format!(
+            return Err(Refusal::resource_exhausted(format!(
                 "rate limit: {} made more than {} requests/s (burst {}); slow down and retry",
                 describe_peer(&id, req.remote_addr()),
                 self.limits.requests_per_s,
@@ -207,14 +209,14 @@ impl Gate {
 
     /// Decides `action` on every resource (an empty list means `*`): the strictest answer, with
     /// the largest rate class. Deny is `PERMISSION_DENIED` naming the identity and the rule.
-    pub fn authorize(&self, who: &Identity, action: Action, resources: &[&str]) -> Result<Grant, Status> {
+    pub fn authorize(&self, who: &Identity, action: Action, resources: &[&str]) -> Result<Grant, Refusal> {
         let all = ["*"];
         let resources = if resources.is_empty() { &all[..] } else { resources };
         let mut out: Option<Grant> = None;
         for r in resources {
             let g = self.policy.authorize(who, action, r);
             if g.decision == Decision::Deny {
-                return Err(Status::permission_denied(format!(
+                return Err(Refusal::permission_denied(format!(
                     "{who} may not {action} {r:?} (denied by {})",
                     self.policy.describe(&g)
                 )));
@@ -247,8 +249,8 @@ impl Gate {
 
     /// `PERMISSION_DENIED` for an identity granted only summaries of `resource` (by `grant`)
     /// that asked for what only raw data answers: names the way out (`how`) and the rule.
-    pub fn summary_only(&self, who: &Identity, resource: &str, grant: &Grant, how: &str) -> Status {
-        Status::permission_denied(summary_only_message(&self.policy, who, resource, grant, how))
+    pub fn summary_only(&self, who: &Identity, resource: &str, grant: &Grant, how: &str) -> Refusal {
+        Refusal::permission_denied(summary_only_message(&self.policy, who, resource, grant, how))
     }
 
     /// [`Gate::admit`] then [`Gate::authorize`].
@@ -257,7 +259,7 @@ impl Gate {
         req: &Request<T>,
         action: Action,
         resources: &[&str],
-    ) -> Result<(Identity, Grant), Status> {
+    ) -> Result<(Identity, Grant), Refusal> {
         let who = self.admit(req)?;
         let grant = self.authorize(&who, action, resources)?;
         Ok((who, grant))
@@ -272,7 +274,7 @@ impl Gate {
         action: Action,
         resources: &[&str],
         how: &str,
-    ) -> Result<Identity, Status> {
+    ) -> Result<Identity, Refusal> {
         let (who, grant) = self.check(req, action, resources)?;
         if grant.decision != Decision::Allow {
             let r = resources.first().copied().unwrap_or("*");
@@ -283,7 +285,7 @@ impl Gate {
 
     /// Claims one subscription slot of the connection of `req`, released when the returned
     /// slot is dropped. Over `subscriptions_per_connection` gets `RESOURCE_EXHAUSTED`.
-    pub fn open_subscription<T>(&self, req: &Request<T>) -> Result<Slot, Status> {
+    pub fn open_subscription<T>(&self, req: &Request<T>) -> Result<Slot, Refusal> {
         let Some(addr) = req.remote_addr() else {
             return Ok(Slot {
                 addr: None,
@@ -296,7 +298,7 @@ impl Gate {
         };
         let n = open.entry(addr).or_insert(0);
         if *n >= self.limits.subscriptions_per_connection {
-            return Err(Status::resource_exhausted(format!(
+            return Err(Refusal::resource_exhausted(format!(
                 "too many subscriptions: connection {addr} already holds {} (limit {}); close some or open another connection",
                 n, self.limits.subscriptions_per_connection
             )));

@@ -19,6 +19,8 @@
 //! - [`authz`]: identities from X.509 subjects (CN, O) and the one authorization policy
 //!   (TOML rules, first match wins; allow / summary-only / deny, rate classes).
 //! - [`guard`]: the gate in front of every RPC: authorization plus per-identity limits.
+//! - [`error`]: [`Refusal`] (a request refused: gRPC code and message), the part every service
+//!   crate's error enum shares, and [`Error`], what gma-core's own functions fail with.
 //! - [`rpc`]: the middleware sensor: a tower layer counting every RPC (requests, errors,
 //!   latency histogram) for Prometheus and the `gma.rpc` events.
 //! - [`telemetry`]: [`metric_names!`], how a crate declares its Prometheus metrics and their
@@ -30,6 +32,7 @@ pub mod codec;
 pub mod config;
 pub mod conn;
 pub mod endpoint;
+pub mod error;
 pub mod event;
 pub mod filter;
 pub mod forecast;
@@ -40,6 +43,8 @@ pub mod rpc;
 pub mod telemetry;
 pub mod time;
 pub mod tls;
+
+pub use error::{Error, Refusal, Refuse};
 
 /// Largest gRPC message any role decodes (requests and stream items): 4 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

@@ -15,14 +15,14 @@ pub fn valid_timestamp_ns(ns: i64) -> bool {
 }
 
 /// [`valid_timestamp_ns`] with the message callers return (INVALID_ARGUMENT).
-pub fn check_timestamp_ns(ns: i64) -> Result<(), String> {
+pub fn check_timestamp_ns(ns: i64) -> Result<(), crate::Error> {
     if valid_timestamp_ns(ns) {
         return Ok(());
     }
-    Err(format!(
+    Err(crate::Error::Value(format!(
         "timestamp_ns {ns} is outside the valid range 1..={MAX_TIMESTAMP_NS} (nanoseconds since \
          1970-01-01 up to the end of 2099); send nanoseconds since the Unix epoch, or 0 for the producer's clock"
-    ))
+    )))
 }
 
 /// Now, in nanoseconds since the Unix epoch (UTC).
@@ -123,12 +123,12 @@ pub fn parse_rfc3339(s: &str) -> Option<Option<i64>> {
 
 /// Parses a duration: a number and a unit (`ns`, `us`, `ms`, `s`, `m`, `h`, `d`, `w`), or
 /// several (`1h30m`), into nanoseconds. A bare number is refused (say the unit).
-pub fn parse_duration(s: &str) -> Result<i64, String> {
+pub fn parse_duration(s: &str) -> Result<i64, crate::Error> {
     let bad = |why: &str| {
-        format!(
+        crate::Error::Value(format!(
             "duration {:?}: {why} (e.g. 90s, 15m, 1h30m, 7d)",
             crate::clip(s, 40)
-        )
+        ))
     };
     if s.is_empty() {
         return Err(bad("empty"));
@@ -166,18 +166,19 @@ pub fn parse_duration(s: &str) -> Result<i64, String> {
 
 /// Parses an instant for queries: `now`, a relative time `-15m` / `-1h30m` (before `now_ns`),
 /// RFC 3339, `@UNIX_SECONDS[.fraction]` or integer nanoseconds.
-pub fn parse_instant(s: &str, now_ns: i64) -> Result<i64, String> {
+pub fn parse_instant(s: &str, now_ns: i64) -> Result<i64, crate::Error> {
     let bad = || {
-        format!(
+        crate::Error::Value(format!(
             "time {:?}: expected now, -DURATION (e.g. -15m), RFC 3339 (2024-05-01T12:00:00Z), @UNIX_SECONDS or integer nanoseconds",
             crate::clip(s, 40)
-        )
+        ))
     };
     if s == "now" {
         return Ok(now_ns);
     }
     if let Some(d) = s.strip_prefix('-') {
-        let d = parse_duration(d).map_err(|e| format!("time {:?}: {e}", crate::clip(s, 40)))?;
+        let d = parse_duration(d)
+            .map_err(|e| crate::Error::Value(format!("time {:?}: {e}", crate::clip(s, 40))))?;
         return now_ns.checked_sub(d).ok_or_else(bad);
     }
     if let Some(secs) = s.strip_prefix('@') {
@@ -192,10 +193,10 @@ pub fn parse_instant(s: &str, now_ns: i64) -> Result<i64, String> {
     }
     match parse_rfc3339(s) {
         Some(Some(ns)) => Ok(ns),
-        Some(None) => Err(format!(
+        Some(None) => Err(crate::Error::Value(format!(
             "time {:?}: out of range (years 1678..2262)",
             crate::clip(s, 40)
-        )),
+        ))),
         None => Err(bad()),
     }
 }
@@ -235,7 +236,10 @@ mod tests {
         }
         for bad in [0, -1, i64::MIN, i64::MAX, MAX_TIMESTAMP_NS + 1] {
             let e = check_timestamp_ns(bad).unwrap_err();
-            assert!(e.contains(&format!("timestamp_ns {bad} is outside")), "{e}");
+            assert!(
+                e.to_string().contains(&format!("timestamp_ns {bad} is outside")),
+                "{e}"
+            );
         }
         // The bound is the last nanosecond of 2099.
         assert_eq!(
@@ -255,9 +259,16 @@ mod tests {
         assert_eq!(parse_instant("1700000000000000000", now), Ok(now));
         assert!(parse_instant("yesterday", now)
             .unwrap_err()
+            .to_string()
             .contains("expected now"));
-        assert!(parse_instant("-15", now).unwrap_err().contains("missing unit"));
-        assert!(parse_instant("-15x", now).unwrap_err().contains("unknown unit"));
+        assert!(parse_instant("-15", now)
+            .unwrap_err()
+            .to_string()
+            .contains("missing unit"));
+        assert!(parse_instant("-15x", now)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
         assert_eq!(parse_duration("7d"), Ok(7 * 86_400_000_000_000));
         assert!(parse_duration("99999999999999w").is_err());
         assert_eq!(format_rfc3339(now), "2023-11-14T22:13:20.000Z");

@@ -237,7 +237,7 @@ pub fn client_tls_on() -> bool {
 
 /// An endpoint for `addr` (`host:port`, `http://...` or `https://...`) with this process's
 /// client TLS: with TLS installed every connection is `https` and verified.
-pub fn endpoint(addr: &str) -> Result<Endpoint, String> {
+pub fn endpoint(addr: &str) -> Result<Endpoint, crate::Error> {
     let bare = addr.trim_start_matches("http://").trim_start_matches("https://");
     let tls = CLIENT.get().and_then(|c| c.clone());
     let uri = if tls.is_some() {
@@ -245,14 +245,15 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, String> {
     } else {
         crate::addr::endpoint_uri(addr)
     };
-    let mut ep = Endpoint::from_shared(uri.clone()).map_err(|e| format!("bad address {uri}: {e}"))?;
+    let mut ep = Endpoint::from_shared(uri.clone())
+        .map_err(|e| crate::Error::Address(format!("bad address {uri}: {e}")))?;
     if let Some(cfg) = tls {
         // Certificates name hosts, not ports; an IP SAN covers a numeric host.
         let host = bare.rsplit_once(':').map(|(h, _)| h).unwrap_or(bare);
         let host = host.trim_start_matches('[').trim_end_matches(']');
         ep = ep
             .tls_config(cfg.domain_name(host.to_string()))
-            .map_err(|e| format!("tls for {uri}: {e}"))?;
+            .map_err(|e| crate::Error::Address(format!("tls for {uri}: {e}")))?;
     }
     Ok(ep
         .connect_timeout(Duration::from_secs(3))

@@ -90,25 +90,25 @@ struct Net {
 }
 
 impl Net {
-    fn parse(s: &str) -> Result<Net, String> {
+    fn parse(s: &str) -> Result<Net, DashboardError> {
         let (a, bits) = match s.split_once('/') {
             Some((a, b)) => (a, Some(b)),
             None => (s, None),
         };
-        let addr: IpAddr = a
-            .trim()
-            .parse()
-            .map_err(|e| format!("trusted proxy {s:?}: {e} (give an IP address or a CIDR block)"))?;
+        let addr: IpAddr = a.trim().parse().map_err(|e| {
+            DashboardError::Config(format!(
+                "trusted proxy {s:?}: {e} (give an IP address or a CIDR block)"
+            ))
+        })?;
         let addr = addr.to_canonical();
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let bits = match bits {
             None => max,
-            Some(b) => b
-                .trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|b| *b <= max)
-                .ok_or_else(|| format!("trusted proxy {s:?}: the prefix length must lie in 0..={max}"))?,
+            Some(b) => b.trim().parse::<u8>().ok().filter(|b| *b <= max).ok_or_else(|| {
+                DashboardError::Config(format!(
+                    "trusted proxy {s:?}: the prefix length must lie in 0..={max}"
+                ))
+            })?,
         };
         Ok(Net { addr, bits })
     }
@@ -209,8 +209,7 @@ impl Auth {
                     .trusted_proxies
                     .iter()
                     .map(|s| Net::parse(s))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(DashboardError::Config)?;
+                    .collect::<Result<Vec<_>, _>>()?;
                 Some(Proxy {
                     user_name: user.clone(),
                     user: header(user, "proxy_user_header")?,

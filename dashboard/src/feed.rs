@@ -21,7 +21,7 @@ use pb::directory_client::DirectoryClient;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-use crate::{now_ms, Shared};
+use crate::{now_ms, DashboardError, Shared};
 
 async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
     tokio::select! {
@@ -40,7 +40,7 @@ pub async fn records(shared: Arc<Shared>, directory: String, mut stop: watch::Re
             Ok(()) => return,
             Err(e) => {
                 tracing::info!(error = %e, "directory watch interrupted; resuming");
-                shared.send_status("directory", Some(&e));
+                shared.send_status("directory", Some(&e.to_string()));
             }
         }
         if !pause(&mut stop, backoff).await {
@@ -56,10 +56,11 @@ async fn watch_once(
     from: &mut u64,
     first_listing: &mut bool,
     stop: &mut watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<(), DashboardError> {
+    let down = |m: String| DashboardError::Directory(m);
     let mut client = gma_consumer::directory::client(directory)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| down(e.to_string()))?;
     let req = |from_revision| pb::WatchRequest {
         from_revision,
         kind: pb::RecordKind::Unspecified as i32,
@@ -72,10 +73,10 @@ async fn watch_once(
             client
                 .watch(req(0))
                 .await
-                .map_err(|s| s.message().to_string())?
+                .map_err(|s| down(s.message().to_string()))?
                 .into_inner()
         }
-        Err(s) => return Err(s.message().to_string()),
+        Err(s) => return Err(down(s.message().to_string())),
     };
     shared.send_status("directory", None);
     let relisting = *from == 0;
@@ -87,8 +88,8 @@ async fn watch_once(
         };
         let ev = match msg {
             Ok(Some(ev)) => ev,
-            Ok(None) => return Err("directory watch ended".into()),
-            Err(s) => return Err(s.message().to_string()),
+            Ok(None) => return Err(down("directory watch ended".into())),
+            Err(s) => return Err(down(s.message().to_string())),
         };
         *from = (*from).max(ev.revision + 1);
         let ty = pb::WatchEventType::try_from(ev.r#type).unwrap_or(pb::WatchEventType::Unspecified);
@@ -128,18 +129,19 @@ async fn watch_once(
 async fn member_status(
     clients: &mut HashMap<String, DirectoryClient<Channel>>,
     address: &str,
-) -> Result<pb::ClusterStatusResponse, String> {
+) -> Result<pb::ClusterStatusResponse, DashboardError> {
+    let down = |m: String| DashboardError::Directory(m);
     if !clients.contains_key(address) {
-        let ep = gma_core::tls::endpoint(address)?;
+        let ep = gma_core::tls::endpoint(address).map_err(|e| down(e.to_string()))?;
         let ch = ep
             .connect_timeout(Duration::from_secs(1))
             .connect()
             .await
-            .map_err(|e| gma_consumer::error_chain(&e))?;
+            .map_err(|e| down(gma_consumer::error_chain(&e)))?;
         clients.insert(address.to_string(), DirectoryClient::new(ch));
     }
     let Some(c) = clients.get_mut(address) else {
-        return Err("no client".into());
+        return Err(down("no client".into()));
     };
     let mut req = tonic::Request::new(pb::ClusterStatusRequest {});
     req.set_timeout(Duration::from_secs(1));
@@ -147,7 +149,7 @@ async fn member_status(
         Ok(r) => Ok(r.into_inner()),
         Err(s) => {
             clients.remove(address);
-            Err(s.message().to_string())
+            Err(down(s.message().to_string()))
         }
     }
 }
@@ -174,7 +176,7 @@ pub async fn cluster(
             _ = stop.wait_for(|s| *s) => return,
         }
         // Ask the configured members in turn until one answers.
-        let mut status = Err("no directory address".to_string());
+        let mut status = Err(DashboardError::Directory("no directory address".into()));
         for a in &addrs {
             status = member_status(&mut clients, a).await;
             if status.is_ok() {
@@ -196,7 +198,7 @@ pub async fn cluster(
                 j["answered_by"] = serde_json::json!(s.node_id);
                 j
             }
-            Err(e) => serde_json::json!({ "error": e }),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
         };
         shared.update(|m| m.set_cluster(json).into_iter().collect());
     }

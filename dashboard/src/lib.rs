@@ -119,6 +119,10 @@ pub enum DashboardError {
     Config(String),
     #[error("io error: {0}")]
     Io(#[from] std::io::Error),
+    /// The directory could not be reached, refused, or ended its watch: the feed retries, and
+    /// the page shows the message (per member in the cluster view).
+    #[error("{0}")]
+    Directory(String),
 }
 
 /// The refusals of the HTTP routes, mapped to statuses in one place ([`IntoResponse`]): the
@@ -183,7 +187,9 @@ impl DashboardConfig {
         if self.broadcast_capacity == 0 || self.broadcast_capacity > 1 << 20 {
             return bad("broadcast_capacity must lie in 1..=1048576");
         }
-        self.endpoint.validate().map_err(DashboardError::Config)?;
+        self.endpoint
+            .validate()
+            .map_err(|e| DashboardError::Config(e.to_string()))?;
         if self.endpoint.rpc_events_ms != gma_core::endpoint::Endpoint::default().rpc_events_ms {
             return bad("the dashboard publishes no gma.rpc events: leave out rpc_events_ms");
         }

@@ -412,7 +412,7 @@ impl Model {
 /// (`None` = unreachable).
 pub fn cluster_json(
     status: &pb::ClusterStatusResponse,
-    members: &HashMap<u64, Result<pb::ClusterStatusResponse, String>>,
+    members: &HashMap<u64, Result<pb::ClusterStatusResponse, crate::DashboardError>>,
 ) -> Value {
     let list: Vec<Value> = status
         .members
@@ -427,7 +427,7 @@ pub fn cluster_json(
                 "reachable": own.is_some_and(|r| r.is_ok()),
                 "state": own.and_then(|r| r.as_ref().ok()).map(|s| s.state.clone()).unwrap_or_default(),
                 "last_applied": own.and_then(|r| r.as_ref().ok()).map(|s| s.last_applied),
-                "error": own.and_then(|r| r.as_ref().err()).cloned(),
+                "error": own.and_then(|r| r.as_ref().err()).map(|e| e.to_string()),
             })
         })
         .collect();

@@ -21,8 +21,9 @@
 
 use gma_core::authz::{Action, Door, Identity, Peers};
 use gma_core::guard::{load_policy, Gate, Slot};
+use gma_core::Refuse;
 use tonic::metadata::MetadataValue;
-use tonic::{Request, Status};
+use tonic::Request;
 
 use crate::config::DirectoryConfig;
 use crate::error::DirError;
@@ -131,8 +132,13 @@ pub(crate) struct Access {
 
 impl Access {
     pub fn new(config: &DirectoryConfig) -> Result<Access, DirError> {
-        config.endpoint.limits.validate().map_err(DirError::Config)?;
-        let policy = load_policy(config.endpoint.access_policy.as_ref()).map_err(DirError::Config)?;
+        config
+            .endpoint
+            .limits
+            .validate()
+            .map_err(|e| DirError::Config(e.to_string()))?;
+        let policy = load_policy(config.endpoint.access_policy.as_ref())
+            .map_err(|e| DirError::Config(e.to_string()))?;
         Ok(Access {
             gate: Gate::new(policy, config.endpoint.limits.clone()),
             members: config.members.clone(),
@@ -147,7 +153,7 @@ impl Access {
 
     /// The identity a client-API request acts for, and whether a member passed it on (then
     /// the member already charged it). Only a verified member may speak for another identity.
-    fn caller<T>(&self, req: &Request<T>) -> Result<(Identity, bool), Status> {
+    fn caller<T>(&self, req: &Request<T>) -> Result<(Identity, bool), DirError> {
         let md = req.metadata();
         let (Some(cn), Some(org)) = (md.get_bin(CALLER_CN), md.get_bin(CALLER_ORG)) else {
             return Ok((gma_core::tls::peer_identity(req), false));
@@ -158,7 +164,7 @@ impl Access {
             return Ok((peer, false));
         }
         if !self.is_member(&peer) {
-            return Err(Status::permission_denied(format!(
+            return Err(DirError::permission_denied(format!(
                 "{peer} is not a directory member and may not speak for another identity; drop the {CALLER_CN} metadata"
             )));
         }
@@ -166,14 +172,14 @@ impl Access {
             v.to_bytes()
                 .ok()
                 .and_then(|b| String::from_utf8(b.to_vec()).ok())
-                .ok_or_else(|| Status::invalid_argument("the caller metadata is not UTF-8"))
+                .ok_or_else(|| DirError::invalid_argument("the caller metadata is not UTF-8"))
         };
         Ok((Identity::new(text(cn)?, text(org)?), true))
     }
 
     /// Charges the request (unless a member passed it on) and authorizes `action` on
     /// `resource` (empty = `*`) for its caller.
-    pub fn check<T>(&self, req: &Request<T>, action: Action, resource: &str) -> Result<Identity, Status> {
+    pub fn check<T>(&self, req: &Request<T>, action: Action, resource: &str) -> Result<Identity, DirError> {
         let (who, passed_on) = self.caller(req)?;
         if !passed_on {
             self.gate.admit(req)?;
@@ -188,34 +194,35 @@ impl Access {
     }
 
     /// Authorizes without charging (messages of an open stream, forwarded commands).
-    pub fn authorize(&self, who: &Identity, action: Action, resource: &str) -> Result<(), Status> {
-        self.gate.authorize(who, action, &[resource]).map(|_| ())
+    pub fn authorize(&self, who: &Identity, action: Action, resource: &str) -> Result<(), DirError> {
+        self.gate.authorize(who, action, &[resource])?;
+        Ok(())
     }
 
     /// Charges the request only (rate limit): Version, ClusterStatus, KeepAlive.
-    pub fn admit<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
-        self.gate.admit(req)
+    pub fn admit<T>(&self, req: &Request<T>) -> Result<Identity, DirError> {
+        Ok(self.gate.admit(req)?)
     }
 
     /// One Watch stream of the caller's connection.
-    pub fn watch_slot<T>(&self, req: &Request<T>) -> Result<Slot, Status> {
-        self.gate.open_subscription(req)
+    pub fn watch_slot<T>(&self, req: &Request<T>) -> Result<Slot, DirError> {
+        Ok(self.gate.open_subscription(req)?)
     }
 
     /// Raft traffic: when certificates are required, only configured members. Returns the
     /// peer's identity.
-    pub fn raft_peer<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
+    pub fn raft_peer<T>(&self, req: &Request<T>) -> Result<Identity, DirError> {
         let who = gma_core::tls::peer_identity(req);
         if !self.verify_members {
             return Ok(who);
         }
         if who.is_anonymous() {
-            return Err(Status::permission_denied(
+            return Err(DirError::permission_denied(
                 "raft traffic is only accepted from directory members presenting a certificate",
             ));
         }
         if !self.is_member(&who) {
-            return Err(Status::permission_denied(format!(
+            return Err(DirError::permission_denied(format!(
                 "{who} is not a directory member (no [[members]] entry matches its CN and O); raft traffic refused"
             )));
         }
@@ -224,7 +231,7 @@ impl Access {
 
     /// A raft message from `who` that claims to come from node `node`: the member's entries
     /// must allow that node id (an entry without id allows any).
-    pub fn raft_sender(&self, who: &Identity, node: Option<NodeId>) -> Result<(), Status> {
+    pub fn raft_sender(&self, who: &Identity, node: Option<NodeId>) -> Result<(), DirError> {
         if !self.verify_members {
             return Ok(());
         }
@@ -235,7 +242,7 @@ impl Access {
         let ids: Vec<NodeId> = entries.iter().filter_map(|m| m.id).collect();
         match node {
             Some(n) if ids.contains(&n) => Ok(()),
-            _ => Err(Status::permission_denied(format!(
+            _ => Err(DirError::permission_denied(format!(
                 "{who} is the directory member with node id {ids:?}, not node {}; raft traffic refused",
                 node.map(|n| n.to_string()).unwrap_or_else(|| "unknown".into())
             ))),
@@ -244,9 +251,9 @@ impl Access {
 
     /// The client identity a raft `Forward` carries, trusted only when the peer was verified
     /// as a member ([`Access::raft_peer`]); without client certificates it is ignored.
-    pub fn forwarded_caller(&self, caller: Option<gma_proto::raft::Caller>) -> Result<Identity, Status> {
+    pub fn forwarded_caller(&self, caller: Option<gma_proto::raft::Caller>) -> Result<Identity, DirError> {
         let Some(c) = caller else {
-            return Err(Status::invalid_argument(
+            return Err(DirError::invalid_argument(
                 "a forwarded command must name the caller it was authorized for (a member of an older version?); upgrade every member",
             ));
         };
@@ -257,7 +264,7 @@ impl Access {
     }
 
     /// Membership changes: `admin` under the policy.
-    pub fn admin<T>(&self, req: &Request<T>, op: &str) -> Result<(), Status> {
+    pub fn admin<T>(&self, req: &Request<T>, op: &str) -> Result<(), DirError> {
         self.check(req, Action::Admin, op).map(|_| ())
     }
 }
@@ -272,6 +279,7 @@ pub(crate) fn speak_for<T>(req: &mut Request<T>, who: &Identity) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Status;
 
     fn config(members: &str) -> DirectoryConfig {
         let mut c: DirectoryConfig =
@@ -292,7 +300,7 @@ mod tests {
         assert!(!a.is_member(&Identity::new("dir-evil", "grid")));
         assert!(!a.is_member(&Identity::anonymous()));
         a.raft_sender(&two, Some(2)).unwrap();
-        let e = a.raft_sender(&two, Some(3)).unwrap_err();
+        let e = Status::from(a.raft_sender(&two, Some(3)).unwrap_err());
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(e.message().contains("not node 3"), "{}", e.message());
         // An entry without id: any node.
@@ -305,7 +313,7 @@ mod tests {
         let mut req = Request::new(());
         speak_for(&mut req, &Identity::new("alice", "site1"));
         // No certificate on the request: anonymous, not a member.
-        let e = a.caller(&req).unwrap_err();
+        let e = Status::from(a.caller(&req).unwrap_err());
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(e.message().contains("may not speak for"), "{}", e.message());
         // Without verified members the claim is ignored.
@@ -320,7 +328,7 @@ mod tests {
             Identity::anonymous()
         );
         assert_eq!(
-            a.forwarded_caller(None).unwrap_err().code(),
+            Status::from(a.forwarded_caller(None).unwrap_err()).code(),
             tonic::Code::InvalidArgument
         );
     }

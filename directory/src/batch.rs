@@ -11,6 +11,7 @@
 //! To ensure correctness: a batch is only formed here, on the member that proposes; a `Batch`
 //! arriving from outside (a forwarded write) is refused, and batches never nest.
 
+use gma_core::Refuse;
 use std::sync::Arc;
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -53,19 +54,19 @@ impl Batcher {
     /// Proposes `cmd` (in a batch with whatever waits with it) and returns its own reply.
     pub async fn write(&self, cmd: Command) -> WriteResult {
         if matches!(cmd, Command::Batch(_)) {
-            return Ok(Err(DirError::invalid(
+            return Ok(Err(DirError::invalid_argument(
                 "a batch of commands is formed by the member that proposes it, never sent to it",
             )));
         }
         let (done, rx) = oneshot::channel();
         if self.tx.send(Queued { cmd, done }).await.is_err() {
-            return Ok(Err(DirError::Unavailable(
-                "the directory is shutting down: retry".into(),
+            return Ok(Err(DirError::unavailable(
+                "the directory is shutting down: retry",
             )));
         }
         rx.await.unwrap_or_else(|_| {
-            Ok(Err(DirError::Unavailable(
-                "the directory is shutting down: retry".into(),
+            Ok(Err(DirError::unavailable(
+                "the directory is shutting down: retry",
             )))
         })
     }

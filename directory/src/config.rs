@@ -179,7 +179,7 @@ impl DirectoryConfig {
         if self.node_id == 0 {
             return bad("node_id must be at least 1".into());
         }
-        crate::member::parse_peers(&self.peers).map_err(DirError::Config)?;
+        crate::member::parse_peers(&self.peers)?;
         if self.heartbeat_ms == 0
             || self.election_min_ms <= self.heartbeat_ms * 2
             || self.election_max_ms <= self.election_min_ms
@@ -195,7 +195,9 @@ impl DirectoryConfig {
         if self.snapshot_logs == 0 {
             return bad("snapshot_logs must be at least 1".into());
         }
-        self.endpoint.validate().map_err(DirError::Config)?;
+        self.endpoint
+            .validate()
+            .map_err(|e| DirError::Config(e.to_string()))?;
         if self.endpoint.tls.enabled()
             && !self.peers.trim().is_empty()
             && self.endpoint.tls.client_ca.is_none()
@@ -239,7 +241,7 @@ impl DirectoryConfig {
         if self.endpoint.tls.client_ca.is_none() {
             return Ok(());
         }
-        let peers = crate::member::parse_peers(&self.peers).map_err(DirError::Config)?;
+        let peers = crate::member::parse_peers(&self.peers)?;
         if peers.is_empty() {
             return Ok(());
         }

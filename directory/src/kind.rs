@@ -1,6 +1,7 @@
 //! The two kinds of directory records (producer, consumer): what the state machine, the
 //! validation and the raft log codec all name.
 
+use gma_core::Refuse;
 use std::fmt;
 
 use gma_proto::v1::{self as pb, record::Record as Body};
@@ -29,7 +30,7 @@ impl Kind {
             Ok(pb::RecordKind::Unspecified) => Ok(None),
             Ok(pb::RecordKind::Producer) => Ok(Some(Kind::Producer)),
             Ok(pb::RecordKind::Consumer) => Ok(Some(Kind::Consumer)),
-            Err(_) => Err(DirError::invalid(format!(
+            Err(_) => Err(DirError::invalid_argument(format!(
                 "unknown record kind {kind}: use RECORD_KIND_PRODUCER (1) or RECORD_KIND_CONSUMER (2)"
             ))),
         }

@@ -6,6 +6,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::DirError;
+
 pub type NodeId = u64;
 
 /// A member's addresses: `rpc_addr` for raft traffic, `api_addr` for the Directory service
@@ -47,22 +49,23 @@ impl Member {
 }
 
 /// Node map from `--peers 1=host:port,2=host:port`.
-pub fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, Node>, String> {
+pub fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, Node>, DirError> {
+    let bad = |m: String| DirError::Config(m);
     let mut out = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part
             .split_once('=')
-            .ok_or_else(|| format!("peer {part:?} is not ID=HOST:PORT"))?;
+            .ok_or_else(|| bad(format!("peer {part:?} is not ID=HOST:PORT")))?;
         let id: NodeId = id
             .trim()
             .parse()
-            .map_err(|_| format!("peer id {id:?} is not a number"))?;
+            .map_err(|_| bad(format!("peer id {id:?} is not a number")))?;
         if id == 0 {
-            return Err("node ids start at 1".into());
+            return Err(bad("node ids start at 1".into()));
         }
         let addr = addr.trim().trim_start_matches("http://").to_string();
         if !addr.contains(':') {
-            return Err(format!("peer address {addr:?} is not HOST:PORT"));
+            return Err(bad(format!("peer address {addr:?} is not HOST:PORT")));
         }
         out.insert(
             id,

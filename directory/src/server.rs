@@ -37,7 +37,7 @@ pub(crate) async fn start_node_with(
 ) -> Result<Arc<Shared>, DirError> {
     config.validate()?;
     let id = config.node_id;
-    let peers = crate::member::parse_peers(&config.peers).map_err(DirError::Config)?;
+    let peers = crate::member::parse_peers(&config.peers)?;
     let me = peers.get(&id).cloned().unwrap_or_else(|| Node {
         rpc_addr: advertised.to_string(),
         api_addr: advertised.to_string(),

@@ -17,6 +17,7 @@
 //! OUT_OF_RANGE. Revisions are the same on every node (the state machine is deterministic), so
 //! a watcher can resume on any node after a failover.
 
+use gma_core::Refuse;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -123,16 +124,12 @@ pub(crate) struct Shared {
     batcher: crate::batch::Batcher,
 }
 
-fn unavailable(m: impl Into<String>) -> DirError {
-    DirError::Unavailable(m.into())
-}
-
 /// Sends a write made for `caller` to the leader (which authorizes it again for `caller`) and
 /// returns its reply.
 async fn forward(leader: &Node, cmd: &Command, caller: &Identity) -> Result<Ack, DirError> {
     let data =
         serde_json::to_vec(cmd).map_err(|e| DirError::Storage(format!("cannot encode command: {e}")))?;
-    let mut client = crate::raft::network::client(&leader.rpc_addr).map_err(unavailable)?;
+    let mut client = crate::raft::network::client(&leader.rpc_addr)?;
     let mut req = Request::new(gma_proto::raft::ForwardRequest {
         command: data,
         caller: Some(gma_proto::raft::Caller {
@@ -144,34 +141,34 @@ async fn forward(leader: &Node, cmd: &Command, caller: &Identity) -> Result<Ack,
     let r = client.forward(req).await.map_err(|s| match s.code() {
         // The leader does not take this member's word (not in its [[members]]): retrying
         // does not help.
-        tonic::Code::PermissionDenied | tonic::Code::InvalidArgument => DirError::PermissionDenied(format!(
+        tonic::Code::PermissionDenied | tonic::Code::InvalidArgument => DirError::permission_denied(format!(
             "the directory leader at {} refused this member's forwarded write: {}",
             leader.api_addr,
             s.message()
         )),
-        _ => unavailable(format!(
+        _ => DirError::unavailable(format!(
             "cannot reach the directory leader at {} ({}); while no majority of members is up no write can commit: retry, and check `gma cluster status`",
             leader.api_addr,
             s.message()
         )),
     })?;
     let reply: Reply = serde_json::from_slice(&r.into_inner().reply)
-        .map_err(|e| unavailable(format!("malformed reply from the leader: {e}")))?;
+        .map_err(|e| DirError::unavailable(format!("malformed reply from the leader: {e}")))?;
     reply.0
 }
 
 /// A client-facing Directory client for the leader (to pass linearizable reads on).
 async fn leader_client(
     leader: &Node,
-) -> Result<pb::directory_client::DirectoryClient<tonic::transport::Channel>, Status> {
+) -> Result<pb::directory_client::DirectoryClient<tonic::transport::Channel>, DirError> {
     let ch = gma_core::tls::endpoint(&leader.api_addr)
-        .map_err(|e| Status::unavailable(format!("bad leader address {}: {e}", leader.api_addr)))?
+        .map_err(|e| DirError::unavailable(format!("bad leader address {}: {e}", leader.api_addr)))?
         .connect_timeout(std::time::Duration::from_secs(1))
         .tcp_nodelay(true)
         .connect()
         .await
         .map_err(|e| {
-            Status::unavailable(format!(
+            DirError::unavailable(format!(
                 "cannot reach the directory leader at {}: {e}",
                 leader.api_addr
             ))
@@ -217,7 +214,7 @@ impl Shared {
     /// was authorized for) on the leader.
     pub async fn propose(&self, cmd: Command, forward_for: Option<&Identity>) -> Result<Ack, DirError> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(unavailable(
+            return Err(DirError::unavailable(
                 "the directory is shutting down: retry on another member",
             ));
         }
@@ -225,7 +222,7 @@ impl Shared {
         let written = match tokio::time::timeout(timeout, self.batcher.write(cmd.clone())).await {
             Ok(r) => r,
             Err(_) => {
-                return Err(unavailable(format!(
+                return Err(DirError::unavailable(format!(
                     "the write was not committed within {} ms (no quorum reachable?); it may still be applied later: retry, and check `gma cluster status`",
                     self.config.write_timeout_ms
                 )))
@@ -235,16 +232,18 @@ impl Shared {
             Ok(r) => r,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 let (Some(leader), Some(caller)) = (f.leader_node, forward_for) else {
-                    return Err(unavailable(
+                    return Err(DirError::unavailable(
                         "no directory leader is known yet (election in progress or no quorum): retry shortly",
                     ));
                 };
                 forward(&leader, &cmd, caller).await
             }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                Err(unavailable(format!("membership change in progress: {e}")))
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
+                DirError::unavailable(format!("membership change in progress: {e}")),
+            ),
+            Err(RaftError::Fatal(e)) => {
+                Err(DirError::unavailable(format!("raft stopped on this member: {e}")))
             }
-            Err(RaftError::Fatal(e)) => Err(unavailable(format!("raft stopped on this member: {e}"))),
         }
     }
 
@@ -268,14 +267,14 @@ impl Shared {
             }
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node {
                 Some(n) if f.leader_id != Some(self.id) => Ok(Some(n)),
-                _ => Err(unavailable(
+                _ => Err(DirError::unavailable(
                     "no directory leader is known yet (election in progress or no quorum): retry, or read with stale_ok",
                 )),
             },
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => Err(unavailable(format!(
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => Err(DirError::unavailable(format!(
                 "this member cannot reach a quorum ({q}): retry on another member, or read with stale_ok"
             ))),
-            Err(RaftError::Fatal(e)) => Err(unavailable(format!("raft stopped on this member: {e}"))),
+            Err(RaftError::Fatal(e)) => Err(DirError::unavailable(format!("raft stopped on this member: {e}"))),
         }
     }
 
@@ -299,7 +298,7 @@ impl Shared {
             .await
             .map(|_| ())
             .map_err(|e| {
-                unavailable(format!(
+                DirError::unavailable(format!(
                     "this member leads again after a restart and has not yet applied its log up to index {last} ({e}): retry"
                 ))
             })
@@ -370,7 +369,7 @@ impl Shared {
             return Ok(c.default_ttl_ms);
         }
         if requested < c.min_ttl_ms || requested > c.max_ttl_ms {
-            return Err(DirError::invalid(format!(
+            return Err(DirError::invalid_argument(format!(
                 "lease_ttl_ms {requested} is outside [{}, {}]: pick a value in range, or 0 for the default ({} ms)",
                 c.min_ttl_ms, c.max_ttl_ms, c.default_ttl_ms
             )));
@@ -387,7 +386,7 @@ impl Shared {
         caller: &Identity,
         cmd: Command,
     ) -> Result<Command, DirError> {
-        let denied = |s: Status| DirError::PermissionDenied(s.message().to_string());
+        let denied = |e: DirError| DirError::permission_denied(e.to_string());
         let register = Action::DirectoryRegister;
         // A Register or Update: the record must be valid before and after its owner is stamped.
         let admit = |record: &mut pb::Record, schemas: &[pb::EventSchema]| {
@@ -464,15 +463,14 @@ impl Shared {
                 }
             }
             Command::Expire { .. } | Command::ExtendAll { .. } => {
-                return Err(DirError::PermissionDenied(
-                    "lease expiry is the leader's own command; a member may only forward client commands"
-                        .into(),
+                return Err(DirError::permission_denied(
+                    "lease expiry is the leader's own command; a member may only forward client commands",
                 ))
             }
             Command::Batch(_) => {
                 // A member forwards each client's command on its own (`propose`); batches are
                 // formed by the proposing member's batcher, never forwarded.
-                return Err(DirError::invalid(
+                return Err(DirError::invalid_argument(
                     "a forwarded write carries one client command, not a batch",
                 ));
             }
@@ -607,9 +605,10 @@ impl Directory for DirectoryService {
             .check(&req, Action::DirectoryRegister, &req.get_ref().id)?;
         let req = req.into_inner();
         let Some(kind) = Kind::from_pb(req.kind)? else {
-            return Err(
-                DirError::invalid("kind is required: RECORD_KIND_PRODUCER or RECORD_KIND_CONSUMER").into(),
-            );
+            return Err(DirError::invalid_argument(
+                "kind is required: RECORD_KIND_PRODUCER or RECORD_KIND_CONSUMER",
+            )
+            .into());
         };
         let id = req.id;
         crate::validate::id(kind, &id)?;
@@ -654,7 +653,7 @@ impl Directory for DirectoryService {
                 // The leader re-checks against its own state: this member may lag behind it.
                 let checked = access.restricts().then_some(held);
                 let reply = match allowed {
-                    Err(status) => Err(status),
+                    Err(e) => Err(Status::from(e)),
                     Ok(()) => shared
                         .write(&who, |now_ms| Command::KeepAlive {
                             lease_id,
@@ -897,7 +896,9 @@ impl Watcher {
             }
             Err(e) => {
                 let e = match e {
-                    DirError::OutOfRange(m) => DirError::OutOfRange(format!("watch fell behind: {m}")),
+                    DirError::Refused(r) if r.code() == tonic::Code::OutOfRange => {
+                        DirError::out_of_range(format!("watch fell behind: {}", r.message()))
+                    }
                     other => other,
                 };
                 self.send(Err(e.into())).await;
@@ -1039,6 +1040,9 @@ mod tests {
             .write(&Identity::anonymous(), |now_ms| Command::Expire { now_ms })
             .await
             .unwrap_err();
-        assert!(matches!(e, DirError::Unavailable(_)), "{e:?}");
+        assert!(
+            matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::Unavailable),
+            "{e:?}"
+        );
     }
 }

@@ -13,6 +13,7 @@
 //! leases carry none. The last `history_limit` changes are kept so watchers can resume; older
 //! ones are compacted and a resume before them is OUT_OF_RANGE.
 
+use gma_core::Refuse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::{Bound, RangeInclusive};
 
@@ -371,7 +372,7 @@ impl DirectoryState {
                 now_ms,
             } => self.update(record, schemas, ttl_ms, now_ms),
             Command::Remove { kind, id } => self.remove(kind, id),
-            Command::Batch(_) => Err(DirError::invalid(
+            Command::Batch(_) => Err(DirError::invalid_argument(
                 "a batch is applied command by command by the raft state machine",
             )),
             Command::KeepAlive {
@@ -385,7 +386,7 @@ impl DirectoryState {
                         .into_iter()
                         .find(|id| !ok.contains(id));
                     if let Some(id) = unchecked {
-                        return Err(DirError::Unavailable(format!(
+                        return Err(DirError::unavailable(format!(
                             "lease {lease_id} holds {id:?}, which the member that took this renewal had not seen when it authorized it: retry"
                         )));
                     }
@@ -408,28 +409,28 @@ impl DirectoryState {
         let (kind, body) = validate::record(Some(&record))?;
         let key = (kind, id_of(body).to_string());
         if self.records.contains_key(&key) {
-            return Err(DirError::AlreadyExists(format!(
+            return Err(DirError::already_exists(format!(
                 "{kind} {} is already registered: use Update to change it, or Remove it first",
                 key.1
             )));
         }
         self.check_schemas(body, &schemas)?;
         if self.records.len() >= self.limits.max_records {
-            return Err(DirError::ResourceExhausted(format!(
+            return Err(DirError::resource_exhausted(format!(
                 "the directory is full ({} records, max_records): remove stale records or raise max_records",
                 self.records.len()
             )));
         }
         let existing_ttl = if lease_id == 0 {
             if ttl_ms == 0 {
-                return Err(DirError::invalid("lease ttl must be greater than 0"));
+                return Err(DirError::invalid_argument("lease ttl must be greater than 0"));
             }
             None
         } else {
             match self.leases.get(&lease_id) {
                 Some(l) if l.expires_at_ms > now_ms => Some(l.ttl_ms),
                 _ => {
-                    return Err(DirError::NotFound(format!(
+                    return Err(DirError::not_found(format!(
                         "lease {lease_id} does not exist or has expired: register without a lease id"
                     )))
                 }
@@ -468,7 +469,7 @@ impl DirectoryState {
         let (kind, body) = validate::record(Some(&record))?;
         let key = (kind, id_of(body).to_string());
         let Some(old) = self.records.get(&key) else {
-            return Err(DirError::NotFound(format!("no {kind} record with id {}", key.1)));
+            return Err(DirError::not_found(format!("no {kind} record with id {}", key.1)));
         };
         let (old_lease, create_revision) = (old.lease_id, old.create_revision);
         self.check_schemas(body, &schemas)?;
@@ -502,7 +503,7 @@ impl DirectoryState {
         validate::id(kind, &id)?;
         let key = (kind, id);
         let Some(entry) = self.remove_record(&key) else {
-            return Err(DirError::NotFound(format!("no {kind} record with id {}", key.1)));
+            return Err(DirError::not_found(format!("no {kind} record with id {}", key.1)));
         };
         let mut applied = Applied::default();
         self.detach(entry.lease_id, &key, &mut applied);
@@ -579,7 +580,7 @@ impl DirectoryState {
                         .latest_schema(&s.name)
                         .map_or(s.version, |l| l.version)
                         .saturating_add(1);
-                    return Err(DirError::AlreadyExists(format!(
+                    return Err(DirError::already_exists(format!(
                         "schema {} version {} exists with different fields; register it as version {next}",
                         s.name, s.version
                     )));
@@ -593,7 +594,7 @@ impl DirectoryState {
                 .iter()
                 .find(|e| !sent.contains(e.as_str()) && self.latest_schema(e).is_none())
             {
-                return Err(DirError::invalid(format!(
+                return Err(DirError::invalid_argument(format!(
                     "event {e} has no schema: send it in schemas"
                 )));
             }
@@ -762,7 +763,7 @@ impl DirectoryState {
     pub fn get_schema(&self, name: &str, version: u32) -> Result<pb::EventSchema, DirError> {
         validate::schema_name(name)?;
         let Some(latest) = self.latest_schema(name) else {
-            return Err(DirError::NotFound(format!(
+            return Err(DirError::not_found(format!(
                 "no schema named {name}: a producer registers it with its record"
             )));
         };
@@ -770,7 +771,7 @@ impl DirectoryState {
             return Ok(latest.clone());
         }
         self.schema(name, version).cloned().ok_or_else(|| {
-            DirError::NotFound(format!(
+            DirError::not_found(format!(
                 "schema {name} has no version {version}; the latest is {}",
                 latest.version
             ))
@@ -838,7 +839,7 @@ impl DirectoryState {
     /// changes at or after `from` were compacted away.
     pub fn changes_since(&self, from: u64, filter: &RecordFilter) -> Result<Vec<pb::WatchEvent>, DirError> {
         if from <= self.compacted {
-            return Err(DirError::OutOfRange(format!(
+            return Err(DirError::out_of_range(format!(
                 "revision {from} was compacted; oldest available is {}; watch from 0 to re-list",
                 self.compacted + 1
             )));
@@ -871,7 +872,7 @@ impl RecordFilter {
         let event = if event_pattern.is_empty() {
             None
         } else {
-            Some(Pattern::event(event_pattern).map_err(|e| DirError::invalid(e.to_string()))?)
+            Some(Pattern::event(event_pattern).map_err(|e| DirError::invalid_argument(e.to_string()))?)
         };
         Ok(RecordFilter {
             kind: Kind::from_pb(kind)?,
@@ -924,7 +925,7 @@ impl SearchQuery {
         let source = if req.source.is_empty() {
             None
         } else {
-            Some(Pattern::source(&req.source).map_err(|e| DirError::invalid(e.to_string()))?)
+            Some(Pattern::source(&req.source).map_err(|e| DirError::invalid_argument(e.to_string()))?)
         };
         let page_size = match req.page_size as usize {
             0 => DEFAULT_PAGE_SIZE,
@@ -991,8 +992,11 @@ fn encode_token(key: &RecordKey) -> String {
 }
 
 fn decode_token(token: &str) -> Result<RecordKey, DirError> {
-    let bad =
-        || DirError::invalid("invalid page_token: pass next_page_token from the previous response unchanged");
+    let bad = || {
+        DirError::invalid_argument(
+            "invalid page_token: pass next_page_token from the previous response unchanged",
+        )
+    };
     let pairs = token.as_bytes().chunks_exact(2);
     if !pairs.remainder().is_empty() || token.len() > 2 * 512 {
         return Err(bad());

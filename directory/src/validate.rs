@@ -3,6 +3,7 @@
 //! Checks that need the directory's contents (duplicates, known schemas, schema conflicts,
 //! capacity) live in [`crate::state`]; everything here can run before a command is applied.
 
+use gma_core::Refuse;
 use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv6Addr;
 
@@ -30,9 +31,9 @@ pub const MAX_SCHEMAS: usize = 10_000;
 
 /// The record's body, kind and id, once its syntax has been checked.
 pub(crate) fn record(record: Option<&pb::Record>) -> Result<(Kind, &Body), DirError> {
-    let body = record
-        .and_then(|r| r.record.as_ref())
-        .ok_or_else(|| DirError::invalid("record is required: set record.producer or record.consumer"))?;
+    let body = record.and_then(|r| r.record.as_ref()).ok_or_else(|| {
+        DirError::invalid_argument("record is required: set record.producer or record.consumer")
+    })?;
     match body {
         Body::Producer(p) => producer(p)?,
         Body::Consumer(c) => consumer(c)?,
@@ -43,15 +44,15 @@ pub(crate) fn record(record: Option<&pb::Record>) -> Result<(Kind, &Body), DirEr
 /// Checks a record id: 1–256 printable ASCII characters, no spaces.
 pub(crate) fn id(kind: Kind, id: &str) -> Result<(), DirError> {
     if id.is_empty() {
-        return Err(DirError::invalid(format!("{kind} id is required")));
+        return Err(DirError::invalid_argument(format!("{kind} id is required")));
     }
     if id.len() > MAX_FIELD_LEN {
-        return Err(DirError::invalid(format!(
+        return Err(DirError::invalid_argument(format!(
             "{kind} id is longer than {MAX_FIELD_LEN} bytes"
         )));
     }
     if let Some((i, c)) = id.char_indices().find(|(_, c)| !c.is_ascii_graphic()) {
-        return Err(DirError::invalid(format!(
+        return Err(DirError::invalid_argument(format!(
             "{kind} id {id:?} has character {c:?} at position {i}: use printable ascii without spaces"
         )));
     }
@@ -63,7 +64,7 @@ fn producer(p: &pb::ProducerRecord) -> Result<(), DirError> {
     id(kind, &p.id)?;
     address(kind, &p.id, &p.address)?;
     if p.events.is_empty() {
-        return Err(DirError::invalid(format!(
+        return Err(DirError::invalid_argument(format!(
             "producer {} offers no events: list at least one event name",
             p.id
         )));
@@ -71,9 +72,10 @@ fn producer(p: &pb::ProducerRecord) -> Result<(), DirError> {
     count(kind, &p.id, "events", p.events.len(), MAX_EVENTS)?;
     let mut seen = HashSet::with_capacity(p.events.len());
     for e in &p.events {
-        validate_event_name(e).map_err(|err| DirError::invalid(format!("producer {}: {err}", p.id)))?;
+        validate_event_name(e)
+            .map_err(|err| DirError::invalid_argument(format!("producer {}: {err}", p.id)))?;
         if !seen.insert(e.as_str()) {
-            return Err(DirError::invalid(format!(
+            return Err(DirError::invalid_argument(format!(
                 "producer {} lists event {e} twice",
                 p.id
             )));
@@ -81,12 +83,12 @@ fn producer(p: &pb::ProducerRecord) -> Result<(), DirError> {
     }
     count(kind, &p.id, "sources", p.sources.len(), MAX_SOURCES)?;
     for s in &p.sources {
-        validate_source(s).map_err(|err| DirError::invalid(format!("producer {}: {err}", p.id)))?;
+        validate_source(s).map_err(|err| DirError::invalid_argument(format!("producer {}: {err}", p.id)))?;
     }
     count(kind, &p.id, "services", p.services.len(), MAX_SERVICES)?;
     for s in &p.services {
         if s.is_empty() || s.len() > MAX_FIELD_LEN || !s.chars().all(|c| c.is_ascii_graphic()) {
-            return Err(DirError::invalid(format!(
+            return Err(DirError::invalid_argument(format!(
                 "producer {} has an invalid service name {s:?}: use 1-{MAX_FIELD_LEN} printable ascii characters",
                 p.id
             )));
@@ -102,14 +104,14 @@ fn consumer(c: &pb::ConsumerRecord) -> Result<(), DirError> {
     id(kind, &c.id)?;
     address(kind, &c.id, &c.address)?;
     if c.accepts.is_empty() {
-        return Err(DirError::invalid(format!(
+        return Err(DirError::invalid_argument(format!(
             "consumer {} accepts no events: list at least one event pattern (\"*\" for all)",
             c.id
         )));
     }
     count(kind, &c.id, "accepts", c.accepts.len(), MAX_ACCEPTS)?;
     for a in &c.accepts {
-        Pattern::event(a).map_err(|err| DirError::invalid(format!("consumer {}: {err}", c.id)))?;
+        Pattern::event(a).map_err(|err| DirError::invalid_argument(format!("consumer {}: {err}", c.id)))?;
     }
     text(kind, &c.id, "manner", &c.manner)?;
     text(kind, &c.id, "site", &c.site)?;
@@ -119,7 +121,7 @@ fn consumer(c: &pb::ConsumerRecord) -> Result<(), DirError> {
 
 fn count(kind: Kind, id: &str, what: &str, n: usize, max: usize) -> Result<(), DirError> {
     if n > max {
-        return Err(DirError::invalid(format!(
+        return Err(DirError::invalid_argument(format!(
             "{kind} {id} lists {n} {what}, at most {max}"
         )));
     }
@@ -128,7 +130,7 @@ fn count(kind: Kind, id: &str, what: &str, n: usize, max: usize) -> Result<(), D
 
 fn text(kind: Kind, id: &str, what: &str, value: &str) -> Result<(), DirError> {
     if value.len() > MAX_FIELD_LEN {
-        return Err(DirError::invalid(format!(
+        return Err(DirError::invalid_argument(format!(
             "{kind} {id}: {what} is longer than {MAX_FIELD_LEN} bytes"
         )));
     }
@@ -145,12 +147,12 @@ fn attributes(
     let sorted: BTreeMap<&String, &String> = attrs.iter().collect();
     for (k, v) in sorted {
         if k.is_empty() || k.len() > MAX_FIELD_LEN {
-            return Err(DirError::invalid(format!(
+            return Err(DirError::invalid_argument(format!(
                 "{kind} {id}: attribute keys must be 1-{MAX_FIELD_LEN} bytes"
             )));
         }
         if v.len() > MAX_FIELD_LEN {
-            return Err(DirError::invalid(format!(
+            return Err(DirError::invalid_argument(format!(
                 "{kind} {id}: attribute {k:?} has a value longer than {MAX_FIELD_LEN} bytes"
             )));
         }
@@ -161,7 +163,7 @@ fn attributes(
 /// Checks `http://host:port` or `https://host:port` (port required, no path).
 pub(crate) fn address(kind: Kind, id: &str, addr: &str) -> Result<(), DirError> {
     check_address(addr).map_err(|why| {
-        DirError::invalid(format!(
+        DirError::invalid_argument(format!(
             "{kind} {id} has an invalid address {:?}: {why} (expected http://host:port or https://host:port)",
             addr.chars().take(80).collect::<String>()
         ))
@@ -210,23 +212,23 @@ fn check_address(addr: &str) -> Result<(), &'static str> {
 /// with different fields.
 pub(crate) fn schemas(list: &[pb::EventSchema]) -> Result<(), DirError> {
     if list.len() > MAX_SCHEMAS {
-        return Err(DirError::invalid(format!(
+        return Err(DirError::invalid_argument(format!(
             "request carries {} schemas, at most {MAX_SCHEMAS}",
             list.len()
         )));
     }
     let mut seen: BTreeMap<(&str, u32), &pb::EventSchema> = BTreeMap::new();
     for s in list {
-        validate_schema(s).map_err(|e| DirError::invalid(e.to_string()))?;
+        validate_schema(s).map_err(|e| DirError::invalid_argument(e.to_string()))?;
         if s.description.len() > 4096 {
-            return Err(DirError::invalid(format!(
+            return Err(DirError::invalid_argument(format!(
                 "schema {} version {}: description is longer than 4096 bytes",
                 s.name, s.version
             )));
         }
         if let Some(prev) = seen.insert((s.name.as_str(), s.version), s) {
             if !gma_core::event::same_definition(prev, s) {
-                return Err(DirError::invalid(format!(
+                return Err(DirError::invalid_argument(format!(
                     "schema {} version {} is given twice with different fields",
                     s.name, s.version
                 )));
@@ -238,7 +240,7 @@ pub(crate) fn schemas(list: &[pb::EventSchema]) -> Result<(), DirError> {
 
 /// Checks a schema name for GetSchema.
 pub(crate) fn schema_name(name: &str) -> Result<(), DirError> {
-    validate_event_name(name).map_err(|e| DirError::invalid(e.to_string()))
+    validate_event_name(name).map_err(|e| DirError::invalid_argument(e.to_string()))
 }
 
 #[cfg(test)]

@@ -458,7 +458,7 @@ fn raft_run(seed: u64, cycles: usize, ack_before_sync: bool) -> Result<u64, Stri
                             format!("entry {}", e.log_id.index)
                         }
                         Ok(o) => format!("{o:?}"),
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     };
                     dump.push_str(&format!("\n  seq {} seg {}: {what}", r.pos.seq, r.pos.segment));
                 }

@@ -165,7 +165,7 @@ async fn apply_replies_and_broadcasts_in_revision_order() {
     let ack = replies[2].0.clone().unwrap();
     assert_eq!((ack.lease_id, ack.ttl_ms, ack.revision), (1, 10_000, 1));
     assert!(
-        matches!(replies[3].0, Err(DirError::AlreadyExists(_))),
+        matches!(replies[3].0, Err(DirError::Refused(ref r)) if r.code() == tonic::Code::AlreadyExists),
         "a rejected command is a reply, not a storage error"
     );
     assert_eq!(replies[4].0.clone().unwrap().revision, 2);

@@ -926,7 +926,7 @@ mod tests {
     /// One simulated run: random appends, syncs, rotations and removals until the power fails
     /// at a random operation, then a crash of a random kind and a reopen. Every record whose
     /// sync completed must be back, byte for byte, contiguous, once.
-    fn crash_run(seed: u64, ack_before_sync: bool) -> Result<(), String> {
+    fn crash_run(seed: u64, ack_before_sync: bool) -> anyhow::Result<()> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let fs = SimFs::new();
         let dir = Path::new("/log");
@@ -939,8 +939,8 @@ mod tests {
         let mut floor = 1u64;
         for round in 0..4 {
             let (log, rec) = Log::open(Arc::new(fs.handle()), dir, o.clone())
-                .map_err(|e| format!("round {round}: recovery failed: {e}"))?;
-            check(&rec, &acked, floor).map_err(|e| format!("round {round}: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("round {round}: recovery failed: {e}"))?;
+            check(&rec, &acked, floor).map_err(|e| anyhow::anyhow!("round {round}: {e}"))?;
             // Appended but not (yet) acknowledged: acknowledged if a completed sync covers them.
             let mut pending: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
             fs.arm(rng.random_range(1..40));
@@ -980,12 +980,13 @@ mod tests {
         Ok(())
     }
 
-    fn check(rec: &Recovered, acked: &BTreeMap<u64, Vec<u8>>, floor: u64) -> Result<(), String> {
+    fn check(rec: &Recovered, acked: &BTreeMap<u64, Vec<u8>>, floor: u64) -> anyhow::Result<()> {
         for w in rec.records.windows(2) {
             if w[1].pos.seq != w[0].pos.seq + 1 {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "records {} and {} are not contiguous",
-                    w[0].pos.seq, w[1].pos.seq
+                    w[0].pos.seq,
+                    w[1].pos.seq
                 ));
             }
         }
@@ -993,8 +994,8 @@ mod tests {
         for (s, v) in acked.range(floor..) {
             match got.get(s) {
                 Some(g) if *g == v => {}
-                Some(_) => return Err(format!("acknowledged record {s} came back different")),
-                None => return Err(format!("acknowledged record {s} is missing")),
+                Some(_) => return Err(anyhow::anyhow!("acknowledged record {s} came back different")),
+                None => return Err(anyhow::anyhow!("acknowledged record {s} is missing")),
             }
         }
         Ok(())

@@ -24,6 +24,7 @@
 //! role = "peer"                  # peer | parent | child
 //! ```
 
+use gma_core::Refuse;
 use std::path::PathBuf;
 
 use gma_broker::{Annotation, RankConfig};
@@ -100,12 +101,12 @@ impl Default for FederationConfig {
 /// A site id: a source name (printable ASCII, no spaces) without `/` (it starts job ids).
 pub fn validate_site(site: &str) -> Result<(), Error> {
     if site.is_empty() {
-        return Err(Error::InvalidArgument("give the site id (site = \"...\")".into()));
+        return Err(Error::invalid_argument("give the site id (site = \"...\")"));
     }
     gma_core::pattern::validate_source(site)
-        .map_err(|e| Error::InvalidArgument(format!("site {site:?}: {e}")))?;
+        .map_err(|e| Error::invalid_argument(format!("site {site:?}: {e}")))?;
     if site.contains('/') || site.contains('*') || site.contains('?') || site.len() > 128 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "site {site:?}: at most 128 bytes, without '/', '*' or '?'"
         )));
     }
@@ -115,15 +116,15 @@ pub fn validate_site(site: &str) -> Result<(), Error> {
 impl FederationConfig {
     pub fn validate(&self) -> Result<(), Error> {
         validate_site(&self.site)?;
-        self.endpoint.validate().map_err(Error::InvalidArgument)?;
+        self.endpoint
+            .validate()
+            .map_err(|e| Error::invalid_argument(e.to_string()))?;
         self.rank
             .validate()
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            .map_err(|e| Error::invalid_argument(e.to_string()))?;
         self.route.validate()?;
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
-            return Err(Error::InvalidArgument(
-                "time_scale must be a finite number > 0".into(),
-            ));
+            return Err(Error::invalid_argument("time_scale must be a finite number > 0"));
         }
         for (name, v, lo) in [
             ("heartbeat_ms", self.heartbeat_ms, 10),
@@ -134,48 +135,44 @@ impl FederationConfig {
             ("lease_ttl_ms", self.lease_ttl_ms, 500),
         ] {
             if v < lo || v > 86_400_000 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{name} must be within {lo}..=86400000"
                 )));
             }
         }
         if self.push_debounce_ms > 3_600_000 {
-            return Err(Error::InvalidArgument(
-                "push_debounce_ms must be at most 3600000".into(),
+            return Err(Error::invalid_argument(
+                "push_debounce_ms must be at most 3600000",
             ));
         }
         if self.session_misses == 0 || self.session_misses > 100 {
-            return Err(Error::InvalidArgument(
-                "session_misses must be within 1..=100".into(),
-            ));
+            return Err(Error::invalid_argument("session_misses must be within 1..=100"));
         }
         if self.valid_for_ms < 10 {
-            return Err(Error::InvalidArgument("valid_for_ms must be at least 10".into()));
+            return Err(Error::invalid_argument("valid_for_ms must be at least 10"));
         }
         if self.max_hops > 16 {
-            return Err(Error::InvalidArgument("max_hops must be at most 16".into()));
+            return Err(Error::invalid_argument("max_hops must be at most 16"));
         }
         if self.follow.is_empty() {
-            return Err(Error::InvalidArgument(
-                "follow: give at least one event name".into(),
-            ));
+            return Err(Error::invalid_argument("follow: give at least one event name"));
         }
         gma_core::pattern::event_patterns(&self.follow)
-            .map_err(|e| Error::InvalidArgument(format!("follow: {e}")))?;
+            .map_err(|e| Error::invalid_argument(format!("follow: {e}")))?;
         for (i, p) in self.peer.iter().enumerate() {
-            validate_site(&p.site).map_err(|e| Error::InvalidArgument(format!("peer[{i}]: {e}")))?;
+            validate_site(&p.site).map_err(|e| Error::invalid_argument(format!("peer[{i}]: {e}")))?;
             if p.site == self.site {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "peer[{i}]: a site is not its own peer"
                 )));
             }
             if p.endpoint.is_empty() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "peer[{i}].endpoint: give HOST:PORT"
                 )));
             }
             if p.hops > 16 {
-                return Err(Error::InvalidArgument(format!("peer[{i}].hops: at most 16")));
+                return Err(Error::invalid_argument(format!("peer[{i}].hops: at most 16")));
             }
         }
         Ok(())

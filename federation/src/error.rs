@@ -1,9 +1,11 @@
 //! The federation endpoint's one error type and its one mapping to gRPC status codes (model:
-//! `gma_directory::error`). The gate's own refusals (`PERMISSION_DENIED`, `RESOURCE_EXHAUSTED`
-//! from [`gma_core::guard::Gate`]) pass through unchanged as [`Error::Gate`].
+//! `gma_directory::error`). Refusals of a request — the gate's included — are a
+//! [`gma_core::Refusal`] (made with [`gma_core::Refuse`]: `Error::not_found`); the federation's
+//! own failures are INTERNAL.
 
 use std::path::PathBuf;
 
+use gma_core::{Refusal, Refuse};
 use tonic::Status;
 
 /// A refused forward, as the receiver says it.
@@ -37,34 +39,14 @@ pub enum StoreError {
 /// (`impl From<Error> for Status`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The request is malformed: bad job, site id, summary, first frame. INVALID_ARGUMENT.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// No such job or session. NOT_FOUND.
-    #[error("{0}")]
-    NotFound(String),
-    /// The forwarded job is already held here. ALREADY_EXISTS.
-    #[error("{0}")]
-    AlreadyExists(String),
-    /// A site certificate is required and none was presented. UNAUTHENTICATED.
-    #[error("{0}")]
-    Unauthenticated(String),
-    /// The caller may not speak for that site, or is not a linked site. PERMISSION_DENIED.
-    #[error("{0}")]
-    PermissionDenied(String),
-    /// A bound was hit: the job queue is full. RESOURCE_EXHAUSTED.
-    #[error("{0}")]
-    ResourceExhausted(String),
-    /// The job cannot take this step in its state (started, a loop, infeasible here).
-    /// FAILED_PRECONDITION.
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// A linked site could not be reached or did not answer in time. UNAVAILABLE.
-    #[error("{0}")]
-    Unavailable(String),
-    /// A refusal of the gate (rate limit, policy), passed through as is.
-    #[error("{}", .0.message())]
-    Gate(Box<Status>),
+    /// A request refused with its code: a bad job, site id, summary or first frame
+    /// (INVALID_ARGUMENT), no such job or session (NOT_FOUND), a forwarded job already held
+    /// (ALREADY_EXISTS), no site certificate (UNAUTHENTICATED), a caller that may not speak for
+    /// that site or is not linked (PERMISSION_DENIED), the job queue full (RESOURCE_EXHAUSTED),
+    /// a job that cannot take this step in its state (FAILED_PRECONDITION), a linked site out of
+    /// reach (UNAVAILABLE), and the gate's refusals.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// The configuration is invalid (never reaches a client). INTERNAL.
     #[error("invalid federation config: {0}")]
     Config(String),
@@ -76,39 +58,24 @@ pub enum Error {
     Store(#[from] StoreError),
 }
 
-impl From<Status> for Error {
-    fn from(s: Status) -> Error {
-        Error::Gate(Box::new(s))
-    }
-}
-
 /// A forwarded job refused by this site.
 impl From<Reject> for Error {
     fn from(r: Reject) -> Error {
         match r {
-            Reject::NotPeer(m) => Error::PermissionDenied(m),
-            Reject::Loop(m) | Reject::Infeasible(m) => Error::FailedPrecondition(m),
-            Reject::Invalid(m) => Error::InvalidArgument(m),
-            Reject::Busy(m) => Error::ResourceExhausted(m),
-            Reject::Exists(m) => Error::AlreadyExists(m),
+            Reject::NotPeer(m) => Error::permission_denied(m),
+            Reject::Loop(m) | Reject::Infeasible(m) => Error::failed_precondition(m),
+            Reject::Invalid(m) => Error::invalid_argument(m),
+            Reject::Busy(m) => Error::resource_exhausted(m),
+            Reject::Exists(m) => Error::already_exists(m),
         }
     }
 }
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        let msg = e.to_string();
         match e {
-            Error::InvalidArgument(_) => Status::invalid_argument(msg),
-            Error::NotFound(_) => Status::not_found(msg),
-            Error::AlreadyExists(_) => Status::already_exists(msg),
-            Error::Unauthenticated(_) => Status::unauthenticated(msg),
-            Error::PermissionDenied(_) => Status::permission_denied(msg),
-            Error::ResourceExhausted(_) => Status::resource_exhausted(msg),
-            Error::FailedPrecondition(_) => Status::failed_precondition(msg),
-            Error::Unavailable(_) => Status::unavailable(msg),
-            Error::Gate(s) => *s,
-            Error::Config(_) | Error::Producer(_) | Error::Store(_) => Status::internal(msg),
+            Error::Refused(r) => r.into(),
+            other => Status::internal(other.to_string()),
         }
     }
 }
@@ -122,33 +89,33 @@ mod tests {
     fn each_variant_maps_to_its_code_and_keeps_its_message() {
         let cases = [
             (
-                Error::Unavailable("b did not answer within 5s".into()),
+                Error::unavailable("b did not answer within 5s"),
                 Code::Unavailable,
             ),
             (
-                Error::InvalidArgument("job: give the job".into()),
+                Error::invalid_argument("job: give the job"),
                 Code::InvalidArgument,
             ),
-            (Error::NotFound("no job \"x\" here".into()), Code::NotFound),
-            (Error::AlreadyExists("held".into()), Code::AlreadyExists),
+            (Error::not_found("no job \"x\" here"), Code::NotFound),
+            (Error::already_exists("held"), Code::AlreadyExists),
             (
-                Error::Unauthenticated("present a site certificate".into()),
+                Error::unauthenticated("present a site certificate"),
                 Code::Unauthenticated,
             ),
             (
-                Error::PermissionDenied("not a linked site".into()),
+                Error::permission_denied("not a linked site"),
                 Code::PermissionDenied,
             ),
             (
-                Error::ResourceExhausted("the queue is full (1 jobs)".into()),
+                Error::resource_exhausted("the queue is full (1 jobs)"),
                 Code::ResourceExhausted,
             ),
             (
-                Error::FailedPrecondition("has started".into()),
+                Error::failed_precondition("has started"),
                 Code::FailedPrecondition,
             ),
             (
-                Error::from(Status::resource_exhausted("rate limit")),
+                Error::from(Refusal::resource_exhausted("rate limit")),
                 Code::ResourceExhausted,
             ),
             (Error::Producer("bind".into()), Code::Internal),

@@ -11,6 +11,7 @@
 //! state file when the endpoint restarts), not as long as the command that added it. It
 //! follows the records with Watch: a new record adds a session, a removed one ends it.
 
+use gma_core::Refuse;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -75,7 +76,7 @@ fn consumer_of(e: &pb::RecordEntry) -> Option<&pb::ConsumerRecord> {
 async fn client(dir: &str) -> Result<DirectoryClient<Channel>, Error> {
     gma_consumer::directory::client(dir)
         .await
-        .map_err(|e| Error::Unavailable(e.to_string()))
+        .map_err(|e| Error::unavailable(e.to_string()))
 }
 
 fn reg(link: &Link, ttl_ms: u64) -> pb::RegisterRequest {
@@ -114,7 +115,7 @@ pub async fn add(dir: &str, link: &Link) -> Result<(), Error> {
     put(&mut c, link, 60_000)
         .await
         .map(|_| ())
-        .map_err(|s| Error::Unavailable(format!("{} ({:?})", s.message(), s.code())))
+        .map_err(|s| Error::unavailable(format!("{} ({:?})", s.message(), s.code())))
 }
 
 /// `gma federation remove`.
@@ -126,7 +127,7 @@ pub async fn remove(dir: &str, site: &str) -> Result<(), Error> {
     })
     .await
     .map(|_| ())
-    .map_err(|s| Error::Unavailable(format!("{} ({:?})", s.message(), s.code())))
+    .map_err(|s| Error::unavailable(format!("{} ({:?})", s.message(), s.code())))
 }
 
 /// The links recorded in the directory.
@@ -140,7 +141,7 @@ pub async fn list(dir: &str) -> Result<Vec<Link>, Error> {
         },
     )
     .await
-    .map_err(|e| Error::Unavailable(e.to_string()))?;
+    .map_err(|e| Error::unavailable(e.to_string()))?;
     let mut out: Vec<Link> = entries.iter().filter_map(consumer_of).filter_map(parse).collect();
     out.sort_by(|a, b| a.site.cmp(&b.site));
     Ok(out)
@@ -189,7 +190,7 @@ async fn session(
     for l in links.values() {
         let lease = put(&mut c, l, ttl_ms)
             .await
-            .map_err(|s| Error::Unavailable(s.message().to_string()))?;
+            .map_err(|s| Error::unavailable(s.message().to_string()))?;
         leases.insert(l.site.clone(), lease);
     }
     let mut watch = c
@@ -199,13 +200,13 @@ async fn session(
             event_pattern: String::new(),
         })
         .await
-        .map_err(|s| Error::Unavailable(s.message().to_string()))?
+        .map_err(|s| Error::unavailable(s.message().to_string()))?
         .into_inner();
     let (ka_tx, ka_rx) = mpsc::channel(64);
     let mut ka = c
         .keep_alive(ReceiverStream::new(ka_rx))
         .await
-        .map_err(|s| Error::Unavailable(s.message().to_string()))?
+        .map_err(|s| Error::unavailable(s.message().to_string()))?
         .into_inner();
     let mut tick = tokio::time::interval(Duration::from_millis((ttl_ms / 3).max(100)));
     loop {
@@ -213,20 +214,20 @@ async fn session(
             _ = tick.tick() => {
                 for lease in leases.values() {
                     if ka_tx.send(pb::KeepAliveRequest { lease_id: *lease }).await.is_err() {
-                        return Err(Error::Unavailable("keepalive stream closed".into()));
+                        return Err(Error::unavailable("keepalive stream closed"));
                     }
                 }
             }
             r = ka.message() => match r {
                 Ok(Some(_)) => {}
-                Ok(None) => return Err(Error::Unavailable("keepalive stream ended".into())),
-                Err(s) => return Err(Error::Unavailable(s.message().to_string())),
+                Ok(None) => return Err(Error::unavailable("keepalive stream ended")),
+                Err(s) => return Err(Error::unavailable(s.message().to_string())),
             },
             ev = watch.message() => {
                 let ev = match ev {
                     Ok(Some(ev)) => ev,
-                    Ok(None) => return Err(Error::Unavailable("watch ended".into())),
-                    Err(s) => return Err(Error::Unavailable(s.message().to_string())),
+                    Ok(None) => return Err(Error::unavailable("watch ended")),
+                    Err(s) => return Err(Error::unavailable(s.message().to_string())),
                 };
                 let Some(entry) = ev.entry.as_ref() else { continue };
                 let Some(rec) = consumer_of(entry) else { continue };
@@ -239,7 +240,7 @@ async fn session(
                         if leases.get(&link.site) == Some(&entry.lease_id) && links.get(&link.site) == Some(&link) {
                             continue; // our own
                         }
-                        let lease = put(&mut c, &link, ttl_ms).await.map_err(|s| Error::Unavailable(s.message().to_string()))?;
+                        let lease = put(&mut c, &link, ttl_ms).await.map_err(|s| Error::unavailable(s.message().to_string()))?;
                         leases.insert(link.site.clone(), lease);
                         tracing::info!(site = %link.site, endpoint = %link.endpoint, role = link.role.as_str(), "federation link");
                         links.insert(link.site.clone(), link);
@@ -252,7 +253,7 @@ async fn session(
                         if ev.reason.contains("expired") {
                             // Our lease lapsed (we were stopped): put it back.
                             if let Some(l) = links.get(&link.site).cloned() {
-                                let lease = put(&mut c, &l, ttl_ms).await.map_err(|s| Error::Unavailable(s.message().to_string()))?;
+                                let lease = put(&mut c, &l, ttl_ms).await.map_err(|s| Error::unavailable(s.message().to_string()))?;
                                 leases.insert(l.site.clone(), lease);
                             }
                         } else {

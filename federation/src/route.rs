@@ -32,6 +32,7 @@
 //! The caller applies the herd control: after each forward it debits its copy of the peer's
 //! summary ([`debit`]) until a newer summary arrives, which also counts as work in flight.
 
+use gma_core::Refuse;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
@@ -86,7 +87,7 @@ impl RoutePolicy {
             ("stale_penalty", self.stale_penalty),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "route.{name} must be a finite number >= 0"
                 )));
             }
@@ -95,8 +96,8 @@ impl RoutePolicy {
             && self.in_flight_fraction > 0.0
             && self.in_flight_fraction <= 1.0)
         {
-            return Err(Error::InvalidArgument(
-                "route.in_flight_fraction must be within (0, 1]".into(),
+            return Err(Error::invalid_argument(
+                "route.in_flight_fraction must be within (0, 1]",
             ));
         }
         Ok(())
@@ -419,46 +420,44 @@ pub fn peer_check(
 ) -> Result<f64, Error> {
     let j = job.job;
     if !p.live {
-        return Err(Error::FailedPrecondition("session not live".into()));
+        return Err(Error::failed_precondition("session not live"));
     }
     if !p.fresh(now_ns) {
-        return Err(Error::FailedPrecondition(format!(
+        return Err(Error::failed_precondition(format!(
             "summary stale ({} ms old, valid for {} ms)",
             p.age_ms(now_ns),
             p.summary.valid_for_ms
         )));
     }
     if job.visited.iter().any(|v| v == p.site) {
-        return Err(Error::FailedPrecondition("already visited".into()));
+        return Err(Error::failed_precondition("already visited"));
     }
     if job.excluded.iter().any(|v| v == p.site) {
-        return Err(Error::FailedPrecondition("refused this job lately".into()));
+        return Err(Error::failed_precondition("refused this job lately"));
     }
     if job.hops_left.min(p.link_hops) == 0 {
-        return Err(Error::FailedPrecondition("no hop left".into()));
+        return Err(Error::failed_precondition("no hop left"));
     }
     if !j.software.is_empty() || !j.candidates.is_empty() {
-        return Err(Error::FailedPrecondition(
-            "the job names software or hosts: summaries cannot vouch for them".into(),
+        return Err(Error::failed_precondition(
+            "the job names software or hosts: summaries cannot vouch for them",
         ));
     }
     if !p.summary.load.accepts_foreign {
-        return Err(Error::FailedPrecondition("accepts no foreign jobs".into()));
+        return Err(Error::failed_precondition("accepts no foreign jobs"));
     }
     if p.summary.load.foreign_quota_free < j.cpus {
-        return Err(Error::FailedPrecondition("foreign CPU quota exhausted".into()));
+        return Err(Error::failed_precondition("foreign CPU quota exhausted"));
     }
     let cap = in_flight_cap(p.advertised, policy.in_flight_fraction);
     if p.in_flight_cpus.saturating_add(j.cpus) > cap {
-        return Err(Error::FailedPrecondition(format!(
+        return Err(Error::failed_precondition(format!(
             "{} CPUs in flight (cap {cap})",
             p.in_flight_cpus
         )));
     }
     let Some((_, exec)) = best_class(p.summary, j) else {
-        return Err(Error::FailedPrecondition(
-            "no class has a node that fits now".into(),
-        ));
+        return Err(Error::failed_precondition("no class has a node that fits now"));
     };
     let start = p.summary.probe_start_for(j.cpus);
     let start = if start.is_finite() { start } else { 0.0 };

@@ -13,6 +13,7 @@
 //! caller's certificate CN must be that site (else `PERMISSION_DENIED`), and the caller must be
 //! a linked site.
 
+use gma_core::Refuse;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -258,7 +259,7 @@ impl Shared {
             return Ok(c.clone());
         }
         let ep =
-            gma_core::tls::endpoint(endpoint).map_err(|e| FederationError::Unavailable(e.to_string()))?;
+            gma_core::tls::endpoint(endpoint).map_err(|e| FederationError::unavailable(e.to_string()))?;
         let c = ep.connect_lazy();
         g.insert(endpoint.to_string(), c.clone());
         Ok(c)
@@ -271,7 +272,7 @@ impl Shared {
     fn client(&self, site: &str) -> Result<FederationClient<Channel>, FederationError> {
         let ep = self
             .peer_endpoint(site)
-            .ok_or_else(|| FederationError::Unavailable(format!("{site} is not a linked site")))?;
+            .ok_or_else(|| FederationError::unavailable(format!("{site} is not a linked site")))?;
         Ok(FederationClient::new(self.channel(&ep)?).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
     }
 
@@ -416,8 +417,8 @@ impl Shared {
                     reason: s.message().to_string(),
                 })
             }
-            Ok(Err(s)) => Err(FederationError::Unavailable(gma_core::tls::explain(&s))),
-            Err(_) => Err(FederationError::Unavailable(format!(
+            Ok(Err(s)) => Err(FederationError::unavailable(gma_core::tls::explain(&s))),
+            Err(_) => Err(FederationError::unavailable(format!(
                 "{to} did not answer within {CALL_TIMEOUT:?}"
             ))),
         }
@@ -438,32 +439,30 @@ impl Shared {
             .map(str::to_string);
         let site = match (claimed, header) {
             (Some(c), Some(h)) if c != h => {
-                return Err(FederationError::InvalidArgument(format!(
+                return Err(FederationError::invalid_argument(format!(
                     "site_id {c:?} differs from the {SITE_HEADER} header {h:?}"
                 )))
             }
             (Some(c), _) => c.to_string(),
             (None, Some(h)) => h,
             (None, None) => {
-                return Err(FederationError::InvalidArgument(format!(
+                return Err(FederationError::invalid_argument(format!(
                     "name the calling site in the {SITE_HEADER} header"
                 )))
             }
         };
         validate_site(&site)?;
         if self.mtls && who.is_anonymous() {
-            return Err(FederationError::Unauthenticated(
-                "present a site certificate".into(),
-            ));
+            return Err(FederationError::unauthenticated("present a site certificate"));
         }
         if !who.is_anonymous() && who.cn != site {
             metrics::counter!("gma_federation_denied_total").increment(1);
-            return Err(FederationError::PermissionDenied(format!(
+            return Err(FederationError::permission_denied(format!(
                 "{who} may not speak for site {site:?}: the certificate CN must be the site id"
             )));
         }
         if !self.state.lock().is_peer(&site) {
-            return Err(FederationError::PermissionDenied(format!(
+            return Err(FederationError::permission_denied(format!(
                 "{site} is not a linked site of {} (gma federation add --site {site} ... at {})",
                 self.site(),
                 self.site()
@@ -616,17 +615,17 @@ impl pb::federation_server::Federation for FederationService {
         let sh = self.shared.clone();
         let site = sh.caller(&req, "session", None)?;
         let mut inbound = req.into_inner();
-        let first = inbound.message().await?.ok_or_else(|| {
-            FederationError::InvalidArgument("the stream ended before its Attach frame".into())
-        })?;
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| FederationError::invalid_argument("the stream ended before its Attach frame"))?;
         let Some(pb::frame::Kind::Attach(a)) = first.kind else {
-            return Err(FederationError::InvalidArgument(
-                "the first frame must be Attach{session_id}".into(),
-            )
-            .into());
+            return Err(
+                FederationError::invalid_argument("the first frame must be Attach{session_id}").into(),
+            );
         };
         if sh.sessions.lock().get(&a.session_id) != Some(&site) {
-            return Err(FederationError::NotFound(format!(
+            return Err(FederationError::not_found(format!(
                 "no session {:?} of {site}: call OpenSession first",
                 gma_core::clip(&a.session_id, 64)
             ))
@@ -665,7 +664,7 @@ impl pb::federation_server::Federation for FederationService {
                                     }
                                     Err(e) => {
                                         tracing::warn!(%site, error = %e, "summary refused");
-                                        let _ = tx.send(Err(FederationError::InvalidArgument(format!("summary: {e}")).into())).await;
+                                        let _ = tx.send(Err(FederationError::invalid_argument(format!("summary: {e}")).into())).await;
                                         break;
                                     }
                                 }
@@ -796,9 +795,9 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
         let r = req.into_inner();
         let spec = r
             .job
-            .ok_or_else(|| FederationError::InvalidArgument("job: give the job".into()))?;
+            .ok_or_else(|| FederationError::invalid_argument("job: give the job"))?;
         let job =
-            Job::from_proto(&spec, "job.").map_err(|e| FederationError::InvalidArgument(e.to_string()))?;
+            Job::from_proto(&spec, "job.").map_err(|e| FederationError::invalid_argument(e.to_string()))?;
         let pin = (!r.site.is_empty()).then_some(r.site);
         let id = sh.with(|s, now| s.submit(job, pin, now))?;
         let state = sh
@@ -822,7 +821,7 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
             .job(id)
             .map(|j| Response::new(j.info()))
             .ok_or_else(|| {
-                FederationError::NotFound(format!("no job {:?} at {}", gma_core::clip(id, 128), sh.site()))
+                FederationError::not_found(format!("no job {:?} at {}", gma_core::clip(id, 128), sh.site()))
                     .into()
             })
     }
@@ -922,7 +921,7 @@ async fn session_once(
             }
             Err(_) => return format!("cannot connect to {}: timed out", link.endpoint),
         },
-        Err(e) => return e,
+        Err(e) => return e.to_string(),
     };
     let mut c = FederationClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
     let me = sh.site().to_string();

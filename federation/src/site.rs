@@ -34,6 +34,7 @@
 //! - A granted job whose runner vanishes shows its last state until the session comes back
 //!   and `ListForwarded` reconciles it; one the runner does not know any more is `failed`.
 
+use gma_core::Refuse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use gma_broker::{rank_candidates, Job, Policy, RankConfig, Resource, Snapshot};
@@ -672,16 +673,16 @@ impl SiteState {
     pub fn peer_summary(&mut self, site: &str, s: Summary, now: i64) -> Result<bool, Error> {
         let me = self.p.site.clone();
         let Some(p) = self.peers.get_mut(site) else {
-            return Err(Error::InvalidArgument(format!("{site} is not a linked site")));
+            return Err(Error::invalid_argument(format!("{site} is not a linked site")));
         };
         if s.site != site {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "summary of {:?} on {site}'s session",
                 s.site
             )));
         }
         if s.contributing.contains(&me) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "summary from {site} contains {me} itself (split horizon)"
             )));
         }
@@ -735,16 +736,16 @@ impl SiteState {
     /// A job from a local user; `pin` forwards it to that peer instead of routing it.
     pub fn submit(&mut self, job: Job, pin: Option<String>, now: i64) -> Result<String, Error> {
         job.validate()
-            .map_err(|e| Error::InvalidArgument(format!("job.{e}")))?;
+            .map_err(|e| Error::invalid_argument(format!("job.{e}")))?;
         if let Some(site) = &pin {
             if !self.peers.contains_key(site) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "site: {site:?} is not a linked site (gma federation status lists them)"
                 )));
             }
         }
         if self.queue.len() >= self.p.max_queue {
-            return Err(Error::ResourceExhausted(format!(
+            return Err(Error::resource_exhausted(format!(
                 "the queue is full ({} jobs)",
                 self.p.max_queue
             )));
@@ -796,7 +797,7 @@ impl SiteState {
     /// is asked to cancel (`cancelling`). Started: refused.
     pub fn cancel(&mut self, id: &str, now: i64) -> Result<&'static str, Error> {
         let Some(j) = self.jobs.get_mut(id) else {
-            return Err(Error::NotFound(format!("no job {id:?} here")));
+            return Err(Error::not_found(format!("no job {id:?} here")));
         };
         match j.state {
             JobState::Queued => {
@@ -822,7 +823,7 @@ impl SiteState {
                 Ok("cancelling")
             }
             s if s.terminal() => Ok(s.as_str()),
-            _ => Err(Error::FailedPrecondition(format!(
+            _ => Err(Error::failed_precondition(format!(
                 "job {id} has started ({}): it cannot be cancelled",
                 j.state.as_str()
             ))),
@@ -1045,10 +1046,10 @@ impl SiteState {
         self.heard(from, now);
         // FAILED_PRECONDITION throughout, as the forwarding site has always been answered.
         let Some(j) = self.jobs.get_mut(id) else {
-            return Err(Error::FailedPrecondition(format!("no job {id:?} here")));
+            return Err(Error::failed_precondition(format!("no job {id:?} here")));
         };
         if j.from.as_deref() != Some(from) {
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "job {id} was not forwarded here by {from}"
             )));
         }
@@ -1070,7 +1071,7 @@ impl SiteState {
                 Ok("cancelling")
             }
             s if s.terminal() => Ok(s.as_str()),
-            _ => Err(Error::FailedPrecondition(format!(
+            _ => Err(Error::failed_precondition(format!(
                 "job {id} has started here: it cannot be cancelled"
             ))),
         }

@@ -19,6 +19,7 @@
 //! Free CPUs are floored to whole CPUs and count only up (fresh) nodes, so a summary never
 //! promises more than the hosts published.
 
+use gma_core::Refuse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use gma_broker::Snapshot;
@@ -426,7 +427,7 @@ impl Summary {
     pub fn from_proto(p: &pb::SiteSummary) -> Result<Summary, Error> {
         let name = |what: &str, s: &str| -> Result<(), Error> {
             if s.len() > MAX_NAME {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{what}: at most {MAX_NAME} bytes"
                 )));
             }
@@ -434,7 +435,7 @@ impl Summary {
         };
         name("site", &p.site)?;
         if p.contributing_sites.len() > MAX_LIST {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "contributing_sites: at most {MAX_LIST} entries"
             )));
         }
@@ -442,12 +443,12 @@ impl Summary {
             name("contributing_sites", s)?;
         }
         if p.classes.len() > MAX_CLASSES {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "classes: at most {MAX_CLASSES} classes"
             )));
         }
         if p.probe_start_s.len() != PROBE_CPUS.len() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "probe_start_s: give {} values",
                 PROBE_CPUS.len()
             )));
@@ -455,7 +456,7 @@ impl Summary {
         let mut probe_start_s = [f64::INFINITY; 4];
         for (i, v) in p.probe_start_s.iter().enumerate() {
             if v.is_nan() || *v < 0.0 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "probe_start_s[{i}]: must be a number >= 0 (inf: unknown)"
                 )));
             }
@@ -466,7 +467,7 @@ impl Summary {
             name(&format!("classes[{i}].arch"), &c.arch)?;
             name(&format!("classes[{i}].os"), &c.os)?;
             if c.free_cpu_hist.len() != HIST_GRADES.len() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "classes[{i}].free_cpu_hist: give {} counts",
                     HIST_GRADES.len()
                 )));
@@ -475,12 +476,12 @@ impl Summary {
                 || c.cpus_free_sum > c.cpus_total
                 || c.cpus_free_max_node > c.cpus_free_sum
             {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "classes[{i}]: inconsistent (nodes_up <= nodes_total, free_max <= free_sum <= total)"
                 )));
             }
             if c.benchmarks.len() > MAX_LIST {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "classes[{i}].benchmarks: at most {MAX_LIST}"
                 )));
             }
@@ -490,7 +491,7 @@ impl Summary {
             for b in &c.benchmarks {
                 name(&format!("classes[{i}].benchmarks.name"), &b.name)?;
                 if !(b.min.is_finite() && b.max.is_finite() && b.min > 0.0 && b.min <= b.max) {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "classes[{i}].benchmarks.{}: min and max must be finite, > 0, min <= max",
                         gma_core::clip(&b.name, 32)
                     )));
@@ -523,7 +524,7 @@ impl Summary {
                 benchmarks,
             };
             if classes.insert(key, stats).is_some() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "classes[{i}]: the class is listed twice"
                 )));
             }

@@ -17,6 +17,7 @@ use gma_core::authz::{Action, Door};
 use gma_core::event::EventData;
 use gma_core::guard::Gate;
 use gma_core::time::now_ns;
+use gma_core::Refusal;
 use gma_proto::v1 as pb;
 use gma_sensors::contract::{contract_schema, ContractConfig, ContractMonitor, ContractOutput};
 use tokio::sync::{oneshot, Mutex};
@@ -87,6 +88,42 @@ struct App {
 }
 
 #[derive(Clone)]
+/// What `AppControl` refuses; `impl From<ControlError> for Status` picks the code.
+#[derive(Debug, thiserror::Error)]
+enum ControlError {
+    /// The request names another application. NOT_FOUND.
+    #[error("this is application {0:?}")]
+    OtherApp(String),
+    /// The application is not in the state the request needs. FAILED_PRECONDITION.
+    #[error("application is {state}, not {needed}")]
+    State {
+        state: &'static str,
+        needed: &'static str,
+    },
+    /// Resume without hosts. INVALID_ARGUMENT.
+    #[error("give the hosts to resume on")]
+    NoHosts,
+    /// The run loop ended before it answered the stop. ABORTED.
+    #[error("the application ended before it could stop")]
+    Ended,
+    /// The gate's refusal, with its code.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+}
+
+impl From<ControlError> for Status {
+    fn from(e: ControlError) -> Status {
+        let msg = e.to_string();
+        match e {
+            ControlError::OtherApp(_) => Status::not_found(msg),
+            ControlError::State { .. } => Status::failed_precondition(msg),
+            ControlError::NoHosts => Status::invalid_argument(msg),
+            ControlError::Ended => Status::aborted(msg),
+            ControlError::Refused(r) => r.into(),
+        }
+    }
+}
+
 struct Control {
     app: Arc<Mutex<App>>,
     wake: Arc<tokio::sync::Notify>,
@@ -96,15 +133,14 @@ struct Control {
 
 impl Control {
     /// `job` on `op`, allowed outright.
-    fn check<T>(&self, req: &Request<T>, op: &str) -> Result<(), Status> {
-        self.gate
-            .check_raw(
-                req,
-                Action::Job,
-                &[op],
-                "application control needs an allow grant of job",
-            )
-            .map(|_| ())
+    fn check<T>(&self, req: &Request<T>, op: &str) -> Result<(), ControlError> {
+        self.gate.check_raw(
+            req,
+            Action::Job,
+            &[op],
+            "application control needs an allow grant of job",
+        )?;
+        Ok(())
     }
 }
 
@@ -116,13 +152,14 @@ impl pb::app_control_server::AppControl for Control {
         let rx = {
             let mut app = self.app.lock().await;
             if req.app_id != app.app_id {
-                return Err(Status::not_found(format!("this is application {:?}", app.app_id)));
+                return Err(ControlError::OtherApp(app.app_id.clone()).into());
             }
             if app.state != RunState::Running {
-                return Err(Status::failed_precondition(format!(
-                    "application is {}, not running",
-                    app.state.as_str()
-                )));
+                return Err(ControlError::State {
+                    state: app.state.as_str(),
+                    needed: "running",
+                }
+                .into());
             }
             app.state = RunState::Stopping;
             app.monitor.stopped();
@@ -133,7 +170,7 @@ impl pb::app_control_server::AppControl for Control {
         // Answered once the run loop has checkpointed at the phase boundary.
         rx.await
             .map(Response::new)
-            .map_err(|_| Status::aborted("the application ended before it could stop"))
+            .map_err(|_| ControlError::Ended.into())
     }
 
     async fn resume(
@@ -143,17 +180,18 @@ impl pb::app_control_server::AppControl for Control {
         self.check(&req, "app.resume")?;
         let req = req.into_inner();
         if req.hosts.is_empty() {
-            return Err(Status::invalid_argument("give the hosts to resume on"));
+            return Err(ControlError::NoHosts.into());
         }
         let mut app = self.app.lock().await;
         if req.app_id != app.app_id {
-            return Err(Status::not_found(format!("this is application {:?}", app.app_id)));
+            return Err(ControlError::OtherApp(app.app_id.clone()).into());
         }
         if app.state != RunState::Stopped {
-            return Err(Status::failed_precondition(format!(
-                "application is {}, not stopped",
-                app.state.as_str()
-            )));
+            return Err(ControlError::State {
+                state: app.state.as_str(),
+                needed: "stopped",
+            }
+            .into());
         }
         app.state = RunState::Resuming;
         app.resume_to = Some(req.hosts);
@@ -479,4 +517,49 @@ pub struct AppSimArgs {
     pub checkpoint_dir: Option<PathBuf>,
     #[command(flatten)]
     pub endpoint: crate::args::EndpointArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gma_core::Refuse;
+    use tonic::Code;
+
+    #[test]
+    fn each_refusal_maps_to_its_code_and_keeps_its_message() {
+        let cases = [
+            (
+                ControlError::OtherApp("app1".into()),
+                Code::NotFound,
+                "this is application \"app1\"",
+            ),
+            (
+                ControlError::State {
+                    state: "stopping",
+                    needed: "running",
+                },
+                Code::FailedPrecondition,
+                "application is stopping, not running",
+            ),
+            (
+                ControlError::NoHosts,
+                Code::InvalidArgument,
+                "give the hosts to resume on",
+            ),
+            (
+                ControlError::Ended,
+                Code::Aborted,
+                "the application ended before it could stop",
+            ),
+            (
+                ControlError::from(Refusal::permission_denied("denied by rule 2")),
+                Code::PermissionDenied,
+                "denied by rule 2",
+            ),
+        ];
+        for (e, code, msg) in cases {
+            let s = Status::from(e);
+            assert_eq!((s.code(), s.message()), (code, msg));
+        }
+    }
 }

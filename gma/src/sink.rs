@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::anyhow;
 use clap::Args;
-use gma_consumer::sink::{Sink, SinkConfig, SinkHandler};
+use gma_consumer::sink::{HandlerError, Sink, SinkConfig, SinkHandler};
 use gma_core::codec::OwnedEvent;
 use gma_proto::v1 as pb;
 use std::sync::Mutex as StdMutex;
@@ -65,7 +65,12 @@ impl SinkHandler for Printer {
         );
     }
 
-    fn events(&self, producer_id: &str, events: Vec<OwnedEvent>, gaps: &[pb::Gap]) -> Result<(), String> {
+    fn events(
+        &self,
+        producer_id: &str,
+        events: Vec<OwnedEvent>,
+        gaps: &[pb::Gap],
+    ) -> Result<(), HandlerError> {
         for g in gaps {
             eprintln!(
                 "gap from {producer_id}: seqs {}..={} ({} events): {}",
@@ -79,7 +84,10 @@ impl SinkHandler for Printer {
         }
         out.flush().map_err(|e| format!("stdout: {e}"))?;
         if let Some(limit) = self.end_after {
-            let mut counts = self.counts.lock().map_err(|_| "poisoned".to_string())?;
+            let mut counts = self
+                .counts
+                .lock()
+                .map_err(|_| "the event counts are poisoned (a thread panicked)")?;
             let c = counts.entry(producer_id.to_string()).or_default();
             *c += n;
             if *c >= limit {

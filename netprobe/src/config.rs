@@ -1,5 +1,6 @@
 //! `gma netprobe --config FILE`: one TOML table, unknown keys rejected, validated once.
 
+use gma_core::Refuse;
 use serde::Deserialize;
 
 use crate::clique::Settings;
@@ -90,7 +91,7 @@ impl Default for NetprobeConfig {
 
 fn within<T: PartialOrd + std::fmt::Display>(name: &str, v: T, lo: T, hi: T) -> Result<(), Error> {
     if v < lo || v > hi {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{name} must be within {lo}..={hi} (got {v})"
         )));
     }
@@ -123,7 +124,7 @@ impl NetprobeConfig {
         within("buffer_events", self.buffer_events, 100, 10_000_000)?;
         let min = self.max_turn_ms();
         if self.token_timeout_ms <= min {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "token_timeout_ms ({}) must exceed the longest turn, {min} ms (rpc_timeout_ms + \
                  peers_per_turn × probe_timeout_ms + period_ms + 3 × rpc_timeout_ms), or a slow \
                  turn is taken for a lost token",
@@ -134,9 +135,11 @@ impl NetprobeConfig {
             validate_host(s)?;
         }
         if self.site.len() > 256 {
-            return Err(Error::InvalidArgument("site: at most 256 bytes".into()));
+            return Err(Error::invalid_argument("site: at most 256 bytes"));
         }
-        self.endpoint.validate().map_err(Error::InvalidArgument)?;
+        self.endpoint
+            .validate()
+            .map_err(|e| Error::invalid_argument(e.to_string()))?;
         Ok(())
     }
 
@@ -157,9 +160,9 @@ impl NetprobeConfig {
 
 /// A host name usable in `<src>/<dst>` series names.
 pub fn validate_host(h: &str) -> Result<(), Error> {
-    gma_core::pattern::validate_source(h).map_err(|e| Error::InvalidArgument(format!("source: {e}")))?;
+    gma_core::pattern::validate_source(h).map_err(|e| Error::invalid_argument(format!("source: {e}")))?;
     if h.contains('/') {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "source {h:?}: a netprobe's host name may not contain '/' (its links are named <src>/<dst>)"
         )));
     }

@@ -1,7 +1,9 @@
 //! The netprobe's one error type and its one mapping to gRPC status codes (model:
-//! `gma_directory::error`). The gate's own refusals (`PERMISSION_DENIED`, `RESOURCE_EXHAUSTED`
-//! from [`gma_core::guard::Gate`]) pass through unchanged as [`Error::Gate`].
+//! `gma_directory::error`). Refusals of a request — the gate's included — are a
+//! [`gma_core::Refusal`] (made with [`gma_core::Refuse`]: `Error::invalid_argument`); a failed
+//! probe of a peer is UNAVAILABLE, the netprobe's own failures INTERNAL.
 
+use gma_core::Refusal;
 use tonic::Status;
 
 /// Everything the netprobe's RPCs, probes and set-up can refuse or fail with. Messages are
@@ -9,19 +11,12 @@ use tonic::Status;
 /// (`impl From<Error> for Status`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The request is malformed: payload, member id, token, transfer. INVALID_ARGUMENT.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// The request does not fit this member's state: a transfer without a reservation, a
-    /// token of another site. FAILED_PRECONDITION.
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// This netprobe cannot answer now (shutting down). UNAVAILABLE.
-    #[error("{0}")]
-    Unavailable(String),
-    /// A refusal of the gate (rate limit, policy), passed through as is.
-    #[error("{}", .0.message())]
-    Gate(Box<Status>),
+    /// A request refused with its code: a bad payload, member id, token or transfer
+    /// (INVALID_ARGUMENT), a request that does not fit this member's state — a transfer without
+    /// a reservation, a token of another site (FAILED_PRECONDITION), shutting down
+    /// (UNAVAILABLE), and the gate's refusals.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// An echo to a peer failed (this side's probe; never reaches a client). UNAVAILABLE.
     #[error("echo to {0}: {1}")]
     Echo(String, String),
@@ -39,21 +34,12 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
-impl From<Status> for Error {
-    fn from(s: Status) -> Error {
-        Error::Gate(Box::new(s))
-    }
-}
-
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        let msg = e.to_string();
         match e {
-            Error::InvalidArgument(_) => Status::invalid_argument(msg),
-            Error::FailedPrecondition(_) => Status::failed_precondition(msg),
-            Error::Unavailable(_) | Error::Echo(..) | Error::Transfer(..) => Status::unavailable(msg),
-            Error::Gate(s) => *s,
-            Error::Config(_) | Error::Producer(_) | Error::Io(_) => Status::internal(msg),
+            Error::Refused(r) => r.into(),
+            Error::Echo(..) | Error::Transfer(..) => Status::unavailable(e.to_string()),
+            other => Status::internal(other.to_string()),
         }
     }
 }
@@ -61,30 +47,21 @@ impl From<Error> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gma_core::Refuse;
     use tonic::Code;
 
     #[test]
     fn each_variant_maps_to_its_code_and_keeps_its_message() {
         let cases = [
+            (Error::invalid_argument("token: missing"), Code::InvalidArgument),
             (
-                Error::InvalidArgument("token: missing".into()),
-                Code::InvalidArgument,
-            ),
-            (
-                Error::FailedPrecondition("without a reservation".into()),
+                Error::failed_precondition("without a reservation"),
                 Code::FailedPrecondition,
             ),
+            (Error::unavailable("netprobe shutting down"), Code::Unavailable),
             (
-                Error::Unavailable("netprobe shutting down".into()),
-                Code::Unavailable,
-            ),
-            (
-                Error::from(Status::resource_exhausted("rate limit")),
+                Error::from(Refusal::resource_exhausted("rate limit")),
                 Code::ResourceExhausted,
-            ),
-            (
-                Error::from(Status::permission_denied("policy")),
-                Code::PermissionDenied,
             ),
             (Error::Echo("b".into(), "refused".into()), Code::Unavailable),
             (Error::Transfer("b".into(), "reset".into()), Code::Unavailable),

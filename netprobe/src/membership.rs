@@ -5,6 +5,7 @@
 //! directory outage the watch starts over from a full listing; meanwhile the last membership
 //! stays in force (the clique keeps probing without the directory).
 
+use gma_core::Refuse;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ pub async fn follow(dir: String, site: String, tx: mpsc::Sender<Members>) {
 async fn watch_once(dir: &str, site: &str, tx: &mpsc::Sender<Members>) -> Result<(), Error> {
     let mut client = directory::client(dir)
         .await
-        .map_err(|e| Error::Unavailable(e.to_string()))?;
+        .map_err(|e| Error::unavailable(e.to_string()))?;
     let mut stream = client
         .watch(pb::WatchRequest {
             from_revision: 0,
@@ -47,15 +48,15 @@ async fn watch_once(dir: &str, site: &str, tx: &mpsc::Sender<Members>) -> Result
             event_pattern: RTT.into(),
         })
         .await
-        .map_err(|s| Error::Unavailable(s.message().to_string()))?
+        .map_err(|s| Error::unavailable(s.message().to_string()))?
         .into_inner();
     let mut members = Members::new();
     let mut synced = false;
     loop {
         let ev = match stream.message().await {
             Ok(Some(ev)) => ev,
-            Ok(None) => return Err(Error::Unavailable("directory watch ended".into())),
-            Err(s) => return Err(Error::Unavailable(s.message().to_string())),
+            Ok(None) => return Err(Error::unavailable("directory watch ended")),
+            Err(s) => return Err(Error::unavailable(s.message().to_string())),
         };
         let ty = pb::WatchEventType::try_from(ev.r#type).unwrap_or(pb::WatchEventType::Unspecified);
         let before = members.clone();

@@ -8,6 +8,7 @@
 //! bits over that time: goodput, below the line rate by the TCP/IP and HTTP/2 headers, about
 //! 5 % at an MTU of 1500).
 
+use gma_core::Refuse;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,7 +96,7 @@ pub struct ProbeService {
 
 fn check_id(what: &str, id: &str) -> Result<(), Error> {
     if id.is_empty() || id.len() > MAX_ID {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{what}: the prober's member id (1..={MAX_ID} bytes)"
         )));
     }
@@ -110,12 +111,12 @@ impl pb::probe_server::Probe for ProbeService {
         self.gate.check_raw(&req, Action::Ingest, &[RTT], INGEST_ONLY)?;
         let r = req.into_inner();
         if r.payload.len() > MAX_ECHO_BYTES {
-            return Err(Error::InvalidArgument(format!("payload: at most {MAX_ECHO_BYTES} bytes")).into());
+            return Err(Error::invalid_argument(format!("payload: at most {MAX_ECHO_BYTES} bytes")).into());
         }
         check_id("from", &r.from)?;
         if r.reserve_bytes > MAX_TRANSFER_BYTES {
             return Err(
-                Error::InvalidArgument(format!("reserve_bytes: at most {MAX_TRANSFER_BYTES}")).into(),
+                Error::invalid_argument(format!("reserve_bytes: at most {MAX_TRANSFER_BYTES}")).into(),
             );
         }
         let local = &self.local;
@@ -156,15 +157,14 @@ impl pb::probe_server::Probe for ProbeService {
         self.gate.check_raw(&req, Action::Ingest, &[RTT], INGEST_ONLY)?;
         let mut stream = req.into_inner();
         let Some(first) = stream.message().await? else {
-            return Err(Error::InvalidArgument(
-                "empty transfer: the first chunk names from and total".into(),
-            )
-            .into());
+            return Err(
+                Error::invalid_argument("empty transfer: the first chunk names from and total").into(),
+            );
         };
         check_id("from", &first.from)?;
         let reserved = self.local.reservations.lock().remove(&first.from).unwrap_or(0);
         if first.total == 0 || first.total > reserved {
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "transfer of {} bytes from {:?} without a reservation (reserved: {reserved}); \
                  call Echo with reserve_bytes first",
                 first.total, first.from
@@ -179,7 +179,7 @@ impl pb::probe_server::Probe for ProbeService {
             got += c.data.len() as u64;
             last = Instant::now();
             if got > first.total {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "transfer longer than its total of {} bytes",
                     first.total
                 ))

@@ -6,6 +6,7 @@
 //! the driver, so two members passing to each other cannot deadlock) all talk to it through
 //! one channel. On shutdown a holder hands the token on before its record is removed.
 
+use gma_core::Refuse;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -47,18 +48,16 @@ pub fn token_to_proto(t: &Token) -> pb::CliqueToken {
 
 /// A token from the wire; `INVALID_ARGUMENT` naming the field when it is malformed.
 pub fn token_from_proto(t: Option<pb::CliqueToken>) -> Result<Token, NetprobeError> {
-    let t = t.ok_or_else(|| NetprobeError::InvalidArgument("token: missing".into()))?;
+    let t = t.ok_or_else(|| NetprobeError::invalid_argument("token: missing"))?;
     for (name, v) in [("token.origin", &t.origin), ("token.holder", &t.holder)] {
         if v.is_empty() || v.len() > 256 {
-            return Err(NetprobeError::InvalidArgument(format!(
+            return Err(NetprobeError::invalid_argument(format!(
                 "{name}: a member id of 1..=256 bytes"
             )));
         }
     }
     if t.generation == 0 {
-        return Err(NetprobeError::InvalidArgument(
-            "token.generation: must be >= 1".into(),
-        ));
+        return Err(NetprobeError::invalid_argument("token.generation: must be >= 1"));
     }
     Ok(Token {
         generation: t.generation,
@@ -109,8 +108,8 @@ impl Channels {
         }
         let c = tokio::time::timeout(timeout, gma_consumer::connect(addr))
             .await
-            .map_err(|_| NetprobeError::Unavailable(format!("cannot connect to {addr}: timed out")))?
-            .map_err(|e| NetprobeError::Unavailable(e.to_string()))?;
+            .map_err(|_| NetprobeError::unavailable(format!("cannot connect to {addr}: timed out")))?
+            .map_err(|e| NetprobeError::unavailable(e.to_string()))?;
         self.0.lock().insert(addr.to_string(), c.clone());
         Ok(c)
     }
@@ -150,7 +149,7 @@ impl Ctx {
             let mut c = self.clique_client(addr).await?;
             c.notice(req)
                 .await
-                .map_err(|s| NetprobeError::Unavailable(s.message().to_string()))
+                .map_err(|s| NetprobeError::unavailable(s.message().to_string()))
         };
         match tokio::time::timeout(self.rpc_timeout(), call).await {
             Ok(Ok(r)) => r.into_inner().newest.and_then(|t| token_from_proto(Some(t)).ok()),
@@ -479,7 +478,7 @@ struct CliqueService {
 impl CliqueService {
     fn check_site(&self, site: &str) -> Result<(), NetprobeError> {
         if site != self.site {
-            return Err(NetprobeError::FailedPrecondition(format!(
+            return Err(NetprobeError::failed_precondition(format!(
                 "this netprobe is in clique {:?}, not {site:?}",
                 self.site
             )));
@@ -488,7 +487,7 @@ impl CliqueService {
     }
 
     async fn ask<T>(&self, cmd: Cmd, rx: oneshot::Receiver<T>) -> Result<T, NetprobeError> {
-        let down = || NetprobeError::Unavailable("netprobe shutting down".into());
+        let down = || NetprobeError::unavailable("netprobe shutting down");
         self.tx.send(cmd).await.map_err(|_| down())?;
         rx.await.map_err(|_| down())
     }

@@ -1,7 +1,9 @@
 //! The producer's one error type and its one mapping to gRPC status codes (model:
-//! `gma_directory::error`). The gate's own refusals (`PERMISSION_DENIED`, `RESOURCE_EXHAUSTED`
-//! from [`gma_core::guard::Gate`]) pass through unchanged as [`Error::Gate`].
+//! `gma_directory::error`). Refusals of a request — the gate's included — are a
+//! [`gma_core::Refusal`] (code and message, made with [`gma_core::Refuse`]: `Error::not_found`);
+//! the producer's own failures are INTERNAL, a refused registration FAILED_PRECONDITION.
 
+use gma_core::{Refusal, Refuse};
 use tonic::Status;
 
 use crate::hub::PublishError;
@@ -11,28 +13,13 @@ use crate::hub::PublishError;
 /// (`impl From<Error> for Status`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The request is malformed: bad pattern, policy, window, filter, event. INVALID_ARGUMENT.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// Nothing matched: no event, schema, subscription or simulated host. NOT_FOUND.
-    #[error("{0}")]
-    NotFound(String),
-    /// The caller may not do this (summary-only grant, another identity's subscription).
-    /// PERMISSION_DENIED.
-    #[error("{0}")]
-    PermissionDenied(String),
-    /// A bound was hit: too many events in a request, series, derived rules. RESOURCE_EXHAUSTED.
-    #[error("{0}")]
-    ResourceExhausted(String),
-    /// The producer is not set up for this (no simulated hosts). FAILED_PRECONDITION.
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// A peer (the directory) could not be reached or refused. UNAVAILABLE.
-    #[error("{0}")]
-    Unavailable(String),
-    /// A refusal of the gate (rate limit, policy, connection slots), passed through as is.
-    #[error("{}", .0.message())]
-    Gate(Box<Status>),
+    /// A request refused with its code: bad pattern, policy, window, filter or event
+    /// (INVALID_ARGUMENT), no such event, schema, subscription or simulated host (NOT_FOUND), a
+    /// summary-only grant or another identity's subscription (PERMISSION_DENIED), a bound hit
+    /// (RESOURCE_EXHAUSTED), no simulated hosts (FAILED_PRECONDITION), the directory out of
+    /// reach (UNAVAILABLE), and the gate's refusals.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// The configuration is invalid (never reaches a client). INTERNAL.
     #[error("invalid producer config: {0}")]
     Config(String),
@@ -55,42 +42,21 @@ pub enum Error {
     Registration(String),
 }
 
-impl Error {
-    pub(crate) fn invalid(msg: impl std::fmt::Display) -> Error {
-        Error::InvalidArgument(msg.to_string())
-    }
-}
-
-impl From<Status> for Error {
-    fn from(s: Status) -> Error {
-        Error::Gate(Box::new(s))
-    }
-}
-
 impl From<PublishError> for Error {
     fn from(e: PublishError) -> Error {
         match e {
-            PublishError::TooManySeries => Error::ResourceExhausted(e.to_string()),
-            _ => Error::InvalidArgument(e.to_string()),
+            PublishError::TooManySeries => Error::resource_exhausted(e.to_string()),
+            _ => Error::invalid_argument(e.to_string()),
         }
     }
 }
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        let msg = e.to_string();
         match e {
-            Error::InvalidArgument(_) => Status::invalid_argument(msg),
-            Error::NotFound(_) => Status::not_found(msg),
-            Error::PermissionDenied(_) => Status::permission_denied(msg),
-            Error::ResourceExhausted(_) => Status::resource_exhausted(msg),
-            Error::FailedPrecondition(_) => Status::failed_precondition(msg),
-            Error::Unavailable(_) => Status::unavailable(msg),
-            Error::Gate(s) => *s,
-            Error::Registration(_) => Status::failed_precondition(msg),
-            Error::Config(_) | Error::Sensor(_) | Error::Transport(_) | Error::Io(_) | Error::Tls(_) => {
-                Status::internal(msg)
-            }
+            Error::Refused(r) => r.into(),
+            Error::Registration(_) => Status::failed_precondition(e.to_string()),
+            other => Status::internal(other.to_string()),
         }
     }
 }
@@ -103,31 +69,18 @@ mod tests {
     #[test]
     fn each_variant_maps_to_its_code_and_keeps_its_message() {
         let cases = [
+            (Error::invalid_argument("bad pattern"), Code::InvalidArgument),
             (
-                Error::InvalidArgument("bad pattern".into()),
-                Code::InvalidArgument,
-            ),
-            (
-                Error::NotFound("no subscription 7 on this producer".into()),
+                Error::not_found("no subscription 7 on this producer"),
                 Code::NotFound,
             ),
-            (Error::PermissionDenied("may not".into()), Code::PermissionDenied),
+            (Error::permission_denied("may not"), Code::PermissionDenied),
+            (Error::resource_exhausted("too many"), Code::ResourceExhausted),
+            (Error::failed_precondition("no sim"), Code::FailedPrecondition),
+            (Error::unavailable("directory down"), Code::Unavailable),
             (
-                Error::ResourceExhausted("too many".into()),
+                Error::from(Refusal::from(Status::resource_exhausted("rate limit"))),
                 Code::ResourceExhausted,
-            ),
-            (
-                Error::FailedPrecondition("no sim".into()),
-                Code::FailedPrecondition,
-            ),
-            (Error::Unavailable("directory down".into()), Code::Unavailable),
-            (
-                Error::from(Status::resource_exhausted("rate limit")),
-                Code::ResourceExhausted,
-            ),
-            (
-                Error::from(Status::permission_denied("policy")),
-                Code::PermissionDenied,
             ),
             (Error::Registration("ttl".into()), Code::FailedPrecondition),
             (Error::Config("period_ms".into()), Code::Internal),
@@ -140,8 +93,12 @@ mod tests {
             assert_eq!(s.message(), msg);
         }
         assert_eq!(
-            Status::from(Error::NotFound("no subscription 7 on this producer".into())).message(),
+            Status::from(Error::not_found("no subscription 7 on this producer")).message(),
             "no subscription 7 on this producer"
+        );
+        assert_eq!(
+            Status::from(Error::Config("x".into())).message(),
+            "invalid producer config: x"
         );
         let series = Status::from(Error::from(PublishError::TooManySeries));
         assert_eq!(series.code(), Code::ResourceExhausted);

@@ -211,7 +211,10 @@ impl Producer {
         }
         let source = config.source.clone().unwrap_or_else(host_name);
         gma_core::pattern::validate_source(&source).map_err(|e| ProducerError::Config(e.to_string()))?;
-        config.endpoint.validate().map_err(ProducerError::Config)?;
+        config
+            .endpoint
+            .validate()
+            .map_err(|e| ProducerError::Config(e.to_string()))?;
         // The error names the file (cannot read / line and column of the mistake).
         let policy = gma_core::guard::load_policy(config.endpoint.access_policy.as_ref())
             .map_err(|e| ProducerError::Config(format!("policy: {e}")))?;

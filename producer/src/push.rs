@@ -12,6 +12,7 @@
 //! consumer that ends the stream (`end = true`) or refuses it is left alone until its record
 //! changes (a new revision); a removed record ends its session at once.
 
+use gma_core::Refuse;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,7 +124,7 @@ impl Pusher {
     ) -> Result<(), Error> {
         let mut client = registrar::connect(&self.config.directory)
             .await
-            .map_err(Error::Unavailable)?;
+            .map_err(|e| Error::unavailable(e.to_string()))?;
         let mut watch = client
             .watch(pb::WatchRequest {
                 from_revision: 0,
@@ -131,7 +132,7 @@ impl Pusher {
                 event_pattern: String::new(),
             })
             .await
-            .map_err(|s| Error::Unavailable(format!("watch: {}", s.message())))?
+            .map_err(|s| Error::unavailable(format!("watch: {}", s.message())))?
             .into_inner();
         let mut seen = Vec::new();
         let mut synced = false;
@@ -140,8 +141,8 @@ impl Pusher {
             tokio::select! {
                 ev = watch.message() => {
                     let ev = ev
-                        .map_err(|s| Error::Unavailable(format!("watch: {}", s.message())))?
-                        .ok_or_else(|| Error::Unavailable("watch ended".into()))?;
+                        .map_err(|s| Error::unavailable(format!("watch: {}", s.message())))?
+                        .ok_or_else(|| Error::unavailable("watch ended"))?;
                     let kind = pb::WatchEventType::try_from(ev.r#type).unwrap_or_default();
                     let consumer = ev.entry.as_ref().and_then(|e| e.record.as_ref()).and_then(|r| match &r.record {
                         Some(pb::record::Record::Consumer(c)) => Some(c.clone()),

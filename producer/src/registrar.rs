@@ -82,5 +82,5 @@ pub async fn run(reg: Registration, hub: Arc<Hub>, stop: watch::Receiver<bool>) 
     };
     registrar::run(r, Arc::new(ProducerCatalog { reg, hub }), stop)
         .await
-        .map_err(Error::Registration)
+        .map_err(|e| Error::Registration(e.to_string()))
 }

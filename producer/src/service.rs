@@ -11,6 +11,7 @@
 //! grant's rate class is a floor for the subscription's `min_interval_ms`, and every open
 //! stream holds one of its connection's subscription slots. See docs/security.md.
 
+use gma_core::Refuse;
 use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -88,7 +89,7 @@ pub struct ProducerService {
 }
 
 fn invalid(e: impl std::fmt::Display) -> Error {
-    Error::invalid(e)
+    Error::invalid_argument(e.to_string())
 }
 
 fn selector(patterns: &[String], sources: &[String]) -> Result<Selector, Error> {
@@ -123,7 +124,7 @@ fn summary_only(
             *fallback,
         ),
     };
-    Error::PermissionDenied(format!(
+    Error::permission_denied(format!(
         "{who} may receive only summaries of {pattern:?}: {} (decided by {})",
         how(pattern),
         gate.policy().describe(&grant)
@@ -174,7 +175,7 @@ pub(crate) fn granted_spec(
         && !spec.selector.patterns.iter().all(|p| is_summary_name(p.as_str()))
     {
         // authorize_subscribe let only summaries through; never serve anything else.
-        return Err(Error::PermissionDenied(format!(
+        return Err(Error::permission_denied(format!(
             "{who} may receive only summaries; this subscription selects other events"
         )));
     }
@@ -250,7 +251,7 @@ pub fn spec_of(hub: &Hub, deriver: &Deriver, req: &pb::SubscribeRequest) -> Resu
     } else {
         deriver
             .activate(hub, &base, &windows, req.forecast)
-            .map_err(|e| Error::ResourceExhausted(e.to_string()))?
+            .map_err(|e| Error::resource_exhausted(e.to_string()))?
     };
     let when = if req.when.trim().is_empty() {
         None
@@ -358,7 +359,7 @@ impl wire::producer_server::Producer for ProducerService {
             } else {
                 String::new()
             };
-            return Err(Error::NotFound(format!(
+            return Err(Error::not_found(format!(
                 "no event available for {}{}{age}",
                 gma_core::clip(&req.patterns.join(","), 200),
                 if req.sources.is_empty() {
@@ -471,7 +472,7 @@ fn authorize_ingest(gate: &Gate, who: &Identity, names: &[&str]) -> Result<(), E
             .find(|n| gate.policy().authorize(who, Action::Ingest, n).decision != Decision::Allow)
             .copied()
             .unwrap_or("*");
-        return Err(Error::PermissionDenied(format!(
+        return Err(Error::permission_denied(format!(
             "{who} may not ingest {name:?}: the policy grants only its summaries (decided by {})",
             gate.policy().describe(&grant)
         )));
@@ -496,12 +497,12 @@ impl pb::ingest_server::Ingest for IngestService {
                     schema: Some(s.clone()),
                 }))
             }
-            Some(s) => Err(Error::NotFound(format!(
+            Some(s) => Err(Error::not_found(format!(
                 "this producer holds {} version {}, not version {}",
                 req.name, s.version, req.version
             ))
             .into()),
-            None => Err(Error::NotFound(format!("this producer has no schema for {}", req.name)).into()),
+            None => Err(Error::not_found(format!("this producer has no schema for {}", req.name)).into()),
         }
     }
 
@@ -509,7 +510,7 @@ impl pb::ingest_server::Ingest for IngestService {
         let who = self.gate.admit(&req)?;
         let req = req.into_inner();
         if req.events.len() > MAX_INGEST_EVENTS {
-            return Err(Error::ResourceExhausted(format!(
+            return Err(Error::resource_exhausted(format!(
                 "{} events in one request; send at most {MAX_INGEST_EVENTS}",
                 req.events.len()
             ))
@@ -591,11 +592,11 @@ impl pb::simulator_server::Simulator for SimulatorService {
     async fn set(&self, req: Request<pb::SimSetRequest>) -> Result<Response<pb::SimSetResponse>, Status> {
         let (_, grant) = self.gate.check(&req, Action::Admin, &["sim.set"])?;
         if grant.decision != Decision::Allow {
-            return Err(Error::PermissionDenied("sim.set needs an \"allow\" admin grant".into()).into());
+            return Err(Error::permission_denied("sim.set needs an \"allow\" admin grant").into());
         }
         let Some(sim) = &self.sim else {
-            return Err(Error::FailedPrecondition(
-                "this producer runs no simulated hosts (start it with --simulate FILE)".into(),
+            return Err(Error::failed_precondition(
+                "this producer runs no simulated hosts (start it with --simulate FILE)",
             )
             .into());
         };
@@ -606,7 +607,7 @@ impl pb::simulator_server::Simulator for SimulatorService {
         let mut values: Vec<(String, f64)> = req.values.into_iter().collect();
         values.sort_by(|a, b| a.0.cmp(&b.0));
         if sim.get(&req.host).is_none() {
-            return Err(Error::NotFound(format!(
+            return Err(Error::not_found(format!(
                 "no simulated host {:?} on this producer",
                 gma_core::clip(&req.host, 80)
             ))

@@ -14,6 +14,7 @@
 //! fit the shared path (start from the latest values, resume, a gap, a filter, a policy jump)
 //! takes the private path: its own encoder, then back onto the group at the next chunk border.
 
+use gma_core::Refuse;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -602,11 +603,11 @@ impl Registry {
     ) -> Result<u32, Error> {
         let subs = self.subs.lock();
         match subs.get(&id) {
-            None => Err(Error::NotFound(format!("no subscription {id} on this producer"))),
+            None => Err(Error::not_found(format!("no subscription {id} on this producer"))),
             Some(e) if !e.consumer_id.is_empty() && e.consumer_id != consumer_id => Err(
-                Error::PermissionDenied(format!("subscription {id} belongs to another consumer")),
+                Error::permission_denied(format!("subscription {id} belongs to another consumer")),
             ),
-            Some(e) if e.owner != *who => Err(Error::PermissionDenied(format!(
+            Some(e) if e.owner != *who => Err(Error::permission_denied(format!(
                 "subscription {id} was opened by another identity; {who} may not end it"
             ))),
             Some(e) => {

@@ -146,7 +146,9 @@ impl RelayConfig {
             }
         }
         gma_core::pattern::source_patterns(&self.sources).map_err(|e| config_err!("sources: {e}"))?;
-        self.endpoint.validate().map_err(RelayError::Config)?;
+        self.endpoint
+            .validate()
+            .map_err(|e| RelayError::Config(e.to_string()))?;
         Ok(())
     }
 }

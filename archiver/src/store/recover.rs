@@ -479,7 +479,7 @@ mod tests {
     /// sometimes, the sled index thrown away), and a reopen. Every producer resumes at its
     /// stored resume point `N`; what is stored must be exactly its seqs `[a, N)`: every flushed
     /// batch (`N` past it), nothing twice, and `a` within the retention cutoffs asked for.
-    fn sim_run(seed: u64, ack_before_sync: bool) -> Result<u64, String> {
+    fn sim_run(seed: u64, ack_before_sync: bool) -> anyhow::Result<u64> {
         use gma_durable::sim::{Crash, SimFs};
         use rand_chacha::ChaCha8Rng;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -505,30 +505,31 @@ mod tests {
         let mut crashes = 0;
         for round in 0..8 {
             let store = Store::open_on(Arc::new(fs.handle()), tmp.path(), opts.clone())
-                .map_err(|e| format!("round {round}: recovery failed: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("round {round}: recovery failed: {e}"))?;
             let rps = store.resume_points();
             let mut next = [1u64; 2];
             for (i, p) in producers.iter().enumerate() {
                 let n = rps.get(*p).map_or(1, |r| r.next_seq);
-                let got = stored_seqs(&store, p).map_err(|e| format!("round {round}: {p}: {e}"))?;
+                let got = stored_seqs(&store, p).map_err(|e| anyhow::anyhow!("round {round}: {p}: {e}"))?;
                 let a = got.first().copied().unwrap_or(n);
                 if got != (a..n).collect::<Vec<_>>() {
-                    return Err(format!(
+                    return Err(anyhow::anyhow!(
                         "round {round}: {p} resumes at {n} but holds {} seqs from {a}: lost or doubled ({:?})",
                         got.len(),
                         &got[..got.len().min(40)]
                     ));
                 }
                 if n <= acked[i] {
-                    return Err(format!(
+                    return Err(anyhow::anyhow!(
                         "round {round}: {p} acknowledged up to {} but resumes at {n}",
                         acked[i]
                     ));
                 }
                 if a < cut_done[i].min(n) || a > cut_asked[i].max(cut_done[i]).max(1) {
-                    return Err(format!(
+                    return Err(anyhow::anyhow!(
                         "round {round}: {p} holds from {a}, retention asked {} (done {})",
-                        cut_asked[i], cut_done[i]
+                        cut_asked[i],
+                        cut_done[i]
                     ));
                 }
                 cut_done[i] = a.max(cut_done[i].min(n));
@@ -610,7 +611,7 @@ mod tests {
 
     #[test]
     fn archiver_ack_before_sync_is_caught() {
-        let caught = (0..150u64).find_map(|s| sim_run(0xbad0_a000 + s, true).err());
+        let caught = (0..150u64).find_map(|s| sim_run(0xbad0_a000 + s, true).err().map(|e| e.to_string()));
         println!("found: {caught:?}");
         assert!(
             // Lost or doubled seqs, or an index pointing at chunk bytes the disk never kept.

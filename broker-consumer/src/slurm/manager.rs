@@ -2,6 +2,7 @@
 //! started in them, the operations on them through Slurm's commands, and the loop that reads
 //! them back and publishes every change (`reservation.state`, `job.batch`).
 
+use gma_core::Refuse;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -100,16 +101,16 @@ pub struct SlurmManager {
 }
 
 fn invalid(m: impl Into<String>) -> Error {
-    Error::InvalidArgument(m.into())
+    Error::invalid_argument(m.into())
 }
 
 /// A command failure as a status: an unreachable controller is UNAVAILABLE, a refusal
 /// FAILED_PRECONDITION; both carry the command's standard error.
 fn cmd_error(what: &str, e: &CmdError) -> Error {
     if e.unreachable() {
-        Error::Unavailable(format!("slurm is unreachable ({what}): {e}"))
+        Error::unavailable(format!("slurm is unreachable ({what}): {e}"))
     } else {
-        Error::FailedPrecondition(format!("slurm refused to {what}: {}", e.stderr()))
+        Error::failed_precondition(format!("slurm refused to {what}: {}", e.stderr()))
     }
 }
 
@@ -305,9 +306,9 @@ impl SlurmManager {
         let h = st
             .held
             .get(id)
-            .ok_or_else(|| Error::NotFound(format!("reservation {:?} not found", clip(id))))?;
+            .ok_or_else(|| Error::not_found(format!("reservation {:?} not found", clip(id))))?;
         if h.res.owner != owner {
-            return Err(Error::PermissionDenied(format!(
+            return Err(Error::permission_denied(format!(
                 "reservation {:?} was made by {:?}, not {owner:?}: only its creator may {what} it",
                 clip(id),
                 h.res.owner
@@ -445,7 +446,7 @@ impl SlurmManager {
                         .find(|r| r.name == name);
                     return match got {
                         Some(r) => Ok(Ok((name, r))),
-                        None => Err(Error::Unavailable(format!(
+                        None => Err(Error::unavailable(format!(
                             "slurm accepted reservation {name} but does not list it"
                         ))),
                     };
@@ -499,7 +500,7 @@ impl SlurmManager {
             Err(a) => return Ok(answer_to_proto(&a, false)),
         };
         if self.state.lock().held.len() >= MAX_HELD {
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "this adapter holds {MAX_HELD} reservations already: release some"
             )));
         }
@@ -572,7 +573,7 @@ impl SlurmManager {
             .get(&req.id)
             .is_some_and(|h| h.job.is_some())
         {
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "reservation {:?} is claimed by a job: it can no longer be moved",
                 clip(&req.id)
             )));
@@ -675,7 +676,7 @@ impl SlurmManager {
     pub async fn claim(&self, id: &str, owner: &str, spec: &pb::BatchJobSpec) -> Result<pb::BatchJob, Error> {
         let held = self.holder_check(id, owner, "claim")?;
         if let Some(j) = self.state.lock().held.get(id).and_then(|h| h.job.clone()) {
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "reservation {:?} is already claimed by job {j}",
                 clip(id)
             )));
@@ -683,7 +684,7 @@ impl SlurmManager {
         let node = self
             .node(&held.resource)
             .cloned()
-            .ok_or_else(|| Error::Internal(format!("reservation {id} is on an unknown node")))?;
+            .ok_or_else(|| Error::internal(format!("reservation {id} is on an unknown node")))?;
         let now = now_s();
         let limit_s = validate_spec(spec, &held, &node, &self.software, now)?;
         let workdir = if spec.workdir.is_empty() {
@@ -700,7 +701,7 @@ impl SlurmManager {
         if spec.disk_mb > 0.0 {
             let free = free_disk_mb(&workdir);
             if free < spec.disk_mb {
-                return Err(Error::FailedPrecondition(format!(
+                return Err(Error::failed_precondition(format!(
                     "disk_mb: {} has {free:.0} MB free, the job needs {:.0}",
                     workdir.display(),
                     spec.disk_mb
@@ -708,14 +709,14 @@ impl SlurmManager {
             }
         }
         if self.state.lock().jobs.len() >= self.max_jobs {
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "this adapter follows {} jobs already: wait for some to end",
                 self.max_jobs
             )));
         }
         let script = self.job_dir.join(format!("{id}.sh"));
         write_script(&script, &spec.script)
-            .map_err(|e| Error::Internal(format!("cannot write the job script {}: {e}", script.display())))?;
+            .map_err(|e| Error::internal(format!("cannot write the job script {}: {e}", script.display())))?;
         let output = workdir.join(format!("{}-%j.out", safe_name(&spec.name)));
         let mut args = vec![
             "--parsable".to_string(),
@@ -739,7 +740,7 @@ impl SlurmManager {
             .map_err(|e| cmd_error("submit the job", &e))?;
         let job_id = out.trim().split(';').next().unwrap_or("").to_string();
         if job_id.is_empty() || !job_id.chars().all(|c| c.is_ascii_digit()) {
-            return Err(Error::Internal(format!(
+            return Err(Error::internal(format!(
                 "sbatch printed {:?}, not a job id",
                 clip(out.trim())
             )));
@@ -783,9 +784,9 @@ impl SlurmManager {
         let j = st
             .jobs
             .get(job_id)
-            .ok_or_else(|| Error::NotFound(format!("job {:?} not found", clip(job_id))))?;
+            .ok_or_else(|| Error::not_found(format!("job {:?} not found", clip(job_id))))?;
         if j.info.owner != owner {
-            return Err(Error::PermissionDenied(format!(
+            return Err(Error::permission_denied(format!(
                 "job {:?} belongs to {:?}, not {owner:?}",
                 clip(job_id),
                 j.info.owner
@@ -1028,7 +1029,7 @@ fn validate_spec(
         return Err(invalid("job.memory_mb: must be a finite number >= 0"));
     }
     if node.memory_mb > 0.0 && spec.memory_mb > node.memory_mb {
-        return Err(Error::FailedPrecondition(format!(
+        return Err(Error::failed_precondition(format!(
             "job.memory_mb: {} has {} MB, the job asks {}",
             node.name, node.memory_mb, spec.memory_mb
         )));
@@ -1037,7 +1038,7 @@ fn validate_spec(
         return Err(invalid("job.disk_mb: must be a finite number >= 0"));
     }
     if let Some(s) = spec.software.iter().find(|s| !software.contains(s)) {
-        return Err(Error::FailedPrecondition(format!(
+        return Err(Error::failed_precondition(format!(
             "job.software: {:?} is not installed here (software = {software:?})",
             clip(s)
         )));
@@ -1052,7 +1053,7 @@ fn validate_spec(
     }
     let left = held.end_s - held.start_s.max(now);
     if left < 60 {
-        return Err(Error::FailedPrecondition(format!(
+        return Err(Error::failed_precondition(format!(
             "reservation {} has {left} s left: a job needs at least a minute (Slurm's time limits are in minutes)",
             held.id
         )));

@@ -1,6 +1,7 @@
 //! The `Reservations` gRPC service of the Slurm adapter: the same interface as `gma simres`
 //! (and the same doors, [`crate::simres::DOORS`]), plus the job RPCs simres refuses.
 
+use gma_core::Refuse;
 use std::sync::Arc;
 
 use gma_core::authz::Action;
@@ -20,7 +21,7 @@ pub struct SlurmService {
 
 fn bounded(what: &str, s: &str) -> Result<(), Status> {
     if s.len() > 256 {
-        return Err(Error::InvalidArgument(format!("{what}: at most 256 bytes")).into());
+        return Err(Error::invalid_argument(format!("{what}: at most 256 bytes")).into());
     }
     Ok(())
 }
@@ -85,7 +86,7 @@ impl Reservations for SlurmService {
         let spec = r
             .job
             .as_ref()
-            .ok_or_else(|| Error::InvalidArgument("job: give the job to start".into()))?;
+            .ok_or_else(|| Error::invalid_argument("job: give the job to start"))?;
         Ok(Response::new(
             self.manager.claim(&r.reservation_id, &owner, spec).await?,
         ))

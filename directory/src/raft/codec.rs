@@ -21,6 +21,30 @@ use prost::Message;
 use super::types::{LogId, Node, NodeId, TypeConfig};
 use crate::state::{Command, Kind};
 
+/// Why a log record does not decode (the storage reports it with the record's position as a
+/// [`crate::error::DirError::Storage`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("empty record")]
+    Empty,
+    #[error("record cut short")]
+    CutShort,
+    #[error("{0} trailing bytes")]
+    Trailing(usize),
+    #[error("unknown record tag {0}")]
+    Tag(u8),
+    /// A flag byte outside its values (`what`: log id flag, vote flag, vote option).
+    #[error("bad {0} {1}")]
+    Flag(&'static str, u8),
+    /// A part the record must have is missing (`what` names it).
+    #[error("{0}")]
+    Missing(&'static str),
+    #[error("entry: {0}")]
+    Entry(#[from] prost::DecodeError),
+    #[error("remove of unknown record kind {0}")]
+    Kind(i32),
+}
+
 pub const T_ENTRY: u8 = 1;
 pub const T_VOTE: u8 = 2;
 pub const T_COMMITTED: u8 = 3;
@@ -70,50 +94,50 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
         if self.b.len() < n {
-            return Err("record cut short".into());
+            return Err(RecordError::CutShort);
         }
         let (h, t) = self.b.split_at(n);
         self.b = t;
         Ok(h)
     }
 
-    fn u8(&mut self) -> Result<u8, String> {
+    fn u8(&mut self) -> Result<u8, RecordError> {
         Ok(self.take(1)?[0])
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, RecordError> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
     }
 
-    fn log_id(&mut self) -> Result<Option<LogId>, String> {
+    fn log_id(&mut self) -> Result<Option<LogId>, RecordError> {
         match self.u8()? {
             0 => Ok(None),
             1 => {
                 let (term, node, index) = (self.u64()?, self.u64()?, self.u64()?);
                 Ok(Some(LogId::new(CommittedLeaderId::new(term, node), index)))
             }
-            t => Err(format!("bad log id flag {t}")),
+            t => Err(RecordError::Flag("log id flag", t)),
         }
     }
 
-    fn vote(&mut self) -> Result<Vote<NodeId>, String> {
+    fn vote(&mut self) -> Result<Vote<NodeId>, RecordError> {
         let (term, node) = (self.u64()?, self.u64()?);
         Ok(match self.u8()? {
             0 => Vote::new(term, node),
             1 => Vote::new_committed(term, node),
-            c => return Err(format!("bad vote flag {c}")),
+            c => return Err(RecordError::Flag("vote flag", c)),
         })
     }
 
-    fn end(&self) -> Result<(), String> {
+    fn end(&self) -> Result<(), RecordError> {
         if self.b.is_empty() {
             Ok(())
         } else {
-            Err(format!("{} trailing bytes", self.b.len()))
+            Err(RecordError::Trailing(self.b.len()))
         }
     }
 }
@@ -162,23 +186,26 @@ impl LogRecord {
         out
     }
 
-    pub fn decode(b: &[u8]) -> Result<LogRecord, String> {
-        let (&tag, body) = b.split_first().ok_or("empty record")?;
+    pub fn decode(b: &[u8]) -> Result<LogRecord, RecordError> {
+        let (&tag, body) = b.split_first().ok_or(RecordError::Empty)?;
         let mut r = Reader { b: body };
         let rec = match tag {
             T_ENTRY => {
-                let m = rpb::LogEntry::decode(body).map_err(|e| format!("entry: {e}"))?;
+                let m = rpb::LogEntry::decode(body)?;
                 return entry_from_pb(m).map(LogRecord::Entry);
             }
             T_VOTE => LogRecord::Vote(r.vote()?),
             T_COMMITTED => LogRecord::Committed(r.log_id()?),
             T_TRUNCATE => LogRecord::Truncate(r.u64()?),
-            T_PURGE => LogRecord::Purge(r.log_id()?.ok_or("purge without a log id")?),
+            T_PURGE => LogRecord::Purge(
+                r.log_id()?
+                    .ok_or(RecordError::Missing("purge without a log id"))?,
+            ),
             T_STATE => {
                 let vote = match r.u8()? {
                     0 => None,
                     1 => Some(r.vote()?),
-                    f => return Err(format!("bad vote option {f}")),
+                    f => return Err(RecordError::Flag("vote option", f)),
                 };
                 LogRecord::State {
                     vote,
@@ -186,7 +213,7 @@ impl LogRecord {
                     purged: r.log_id()?,
                 }
             }
-            t => return Err(format!("unknown record tag {t}")),
+            t => return Err(RecordError::Tag(t)),
         };
         r.end()?;
         Ok(rec)
@@ -224,10 +251,10 @@ fn entry_to_pb(e: &Entry<TypeConfig>) -> rpb::LogEntry {
     }
 }
 
-fn entry_from_pb(m: rpb::LogEntry) -> Result<Entry<TypeConfig>, String> {
+fn entry_from_pb(m: rpb::LogEntry) -> Result<Entry<TypeConfig>, RecordError> {
     use rpb::log_entry::Payload;
     let log_id = LogId::new(CommittedLeaderId::new(m.term, m.leader), m.index);
-    let payload = match m.payload.ok_or("entry without payload")? {
+    let payload = match m.payload.ok_or(RecordError::Missing("entry without payload"))? {
         Payload::Blank(_) => EntryPayload::Blank,
         Payload::Membership(mm) => {
             let configs: Vec<BTreeSet<NodeId>> = mm
@@ -304,43 +331,47 @@ fn command_to_pb(c: &Command) -> rpb::Command {
     rpb::Command { command: Some(c) }
 }
 
-fn command_from_pb(c: rpb::Command) -> Result<Command, String> {
+fn command_from_pb(c: rpb::Command) -> Result<Command, RecordError> {
     use rpb::command::Command as C;
-    Ok(match c.command.ok_or("command without a body")? {
-        C::Register(r) => Command::Register {
-            record: r.record.ok_or("register without a record")?,
-            schemas: r.schemas,
-            lease_id: r.lease_id,
-            ttl_ms: r.ttl_ms,
-            now_ms: r.now_ms,
-        },
-        C::Update(u) => Command::Update {
-            record: u.record.ok_or("update without a record")?,
-            schemas: u.schemas,
-            ttl_ms: u.ttl_ms,
-            now_ms: u.now_ms,
-        },
-        C::Remove(r) => Command::Remove {
-            kind: match Kind::from_pb(r.kind) {
-                Ok(Some(k)) => k,
-                _ => return Err(format!("remove of unknown record kind {}", r.kind)),
+    Ok(
+        match c.command.ok_or(RecordError::Missing("command without a body"))? {
+            C::Register(r) => Command::Register {
+                record: r
+                    .record
+                    .ok_or(RecordError::Missing("register without a record"))?,
+                schemas: r.schemas,
+                lease_id: r.lease_id,
+                ttl_ms: r.ttl_ms,
+                now_ms: r.now_ms,
             },
-            id: r.id,
+            C::Update(u) => Command::Update {
+                record: u.record.ok_or(RecordError::Missing("update without a record"))?,
+                schemas: u.schemas,
+                ttl_ms: u.ttl_ms,
+                now_ms: u.now_ms,
+            },
+            C::Remove(r) => Command::Remove {
+                kind: match Kind::from_pb(r.kind) {
+                    Ok(Some(k)) => k,
+                    _ => return Err(RecordError::Kind(r.kind)),
+                },
+                id: r.id,
+            },
+            C::KeepAlive(k) => Command::KeepAlive {
+                lease_id: k.lease_id,
+                now_ms: k.now_ms,
+                checked: k.checked.map(|c| c.ids),
+            },
+            C::Expire(e) => Command::Expire { now_ms: e.now_ms },
+            C::ExtendAll(e) => Command::ExtendAll { now_ms: e.now_ms },
+            C::Batch(b) => Command::Batch(
+                b.commands
+                    .into_iter()
+                    .map(command_from_pb)
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
         },
-        C::KeepAlive(k) => Command::KeepAlive {
-            lease_id: k.lease_id,
-            now_ms: k.now_ms,
-            checked: k.checked.map(|c| c.ids),
-        },
-        C::Expire(e) => Command::Expire { now_ms: e.now_ms },
-        C::ExtendAll(e) => Command::ExtendAll { now_ms: e.now_ms },
-        C::Batch(b) => Command::Batch(
-            b.commands
-                .into_iter()
-                .map(command_from_pb)
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-    })
+    )
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gma_core::Refuse;
 use gma_proto::raft as rpb;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -24,6 +25,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::types::{Node, NodeId, Raft, TypeConfig};
+use crate::error::DirError;
 use crate::state::Command;
 
 /// Creates per-target clients.
@@ -52,9 +54,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 #[error("{0}")]
 struct Msg(String);
 
-fn channel(addr: &str) -> Result<Channel, String> {
+fn channel(addr: &str) -> Result<Channel, DirError> {
     Ok(gma_core::tls::endpoint(addr)
-        .map_err(|e| format!("bad member address {addr}: {e}"))?
+        .map_err(|e| DirError::unavailable(format!("bad member address {addr}: {e}")))?
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
@@ -63,7 +65,7 @@ fn channel(addr: &str) -> Result<Channel, String> {
 }
 
 /// A raft client for `addr`, with the fabric's message limit.
-pub fn client(addr: &str) -> Result<RaftClient<Channel>, String> {
+pub fn client(addr: &str) -> Result<RaftClient<Channel>, DirError> {
     Ok(RaftClient::new(channel(addr)?)
         .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES * 16)
         .max_encoding_message_size(gma_core::MAX_MESSAGE_BYTES * 16))
@@ -83,8 +85,7 @@ impl Connection {
     {
         let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         if self.client.is_none() {
-            self.client =
-                Some(client(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e))))?);
+            self.client = Some(client(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?);
         }
         let Some(c) = self.client.as_mut() else {
             return Err(RPCError::Unreachable(Unreachable::new(&Msg("no client".into()))));
@@ -164,14 +165,15 @@ pub struct RaftService {
     pub(crate) access: std::sync::Arc<crate::access::Access>,
 }
 
-fn reply<T: Serialize>(v: &T) -> Result<Response<rpb::RaftReply>, Status> {
+fn reply<T: Serialize>(v: &T) -> Result<Response<rpb::RaftReply>, DirError> {
     let data =
-        serde_json::to_vec(v).map_err(|e| Status::internal(format!("cannot encode raft reply: {e}")))?;
+        serde_json::to_vec(v).map_err(|e| DirError::internal(format!("cannot encode raft reply: {e}")))?;
     Ok(Response::new(rpb::RaftReply { data }))
 }
 
-fn decode<T: DeserializeOwned>(data: &[u8]) -> Result<T, Status> {
-    serde_json::from_slice(data).map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
+fn decode<T: DeserializeOwned>(data: &[u8]) -> Result<T, DirError> {
+    serde_json::from_slice(data)
+        .map_err(|e| DirError::invalid_argument(format!("malformed raft message: {e}")))
 }
 
 #[tonic::async_trait]
@@ -183,14 +185,14 @@ impl rpb::raft_server::Raft for RaftService {
         let who = self.access.raft_peer(&req)?;
         let r: AppendEntriesRequest<TypeConfig> = decode(&req.into_inner().data)?;
         self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
-        reply(&self.raft.append_entries(r).await)
+        Ok(reply(&self.raft.append_entries(r).await)?)
     }
 
     async fn vote(&self, req: Request<rpb::RaftRequest>) -> Result<Response<rpb::RaftReply>, Status> {
         let who = self.access.raft_peer(&req)?;
         let r: VoteRequest<NodeId> = decode(&req.into_inner().data)?;
         self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
-        reply(&self.raft.vote(r).await)
+        Ok(reply(&self.raft.vote(r).await)?)
     }
 
     async fn install_snapshot(
@@ -200,7 +202,7 @@ impl rpb::raft_server::Raft for RaftService {
         let who = self.access.raft_peer(&req)?;
         let r: InstallSnapshotRequest<TypeConfig> = decode(&req.into_inner().data)?;
         self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
-        reply(&self.raft.install_snapshot(r).await)
+        Ok(reply(&self.raft.install_snapshot(r).await)?)
     }
 
     async fn forward(
@@ -214,7 +216,7 @@ impl rpb::raft_server::Raft for RaftService {
         let cmd: Command = decode(&req.command)?;
         let r = (self.propose)(cmd, caller).await;
         let reply =
-            serde_json::to_vec(&r).map_err(|e| Status::internal(format!("cannot encode reply: {e}")))?;
+            serde_json::to_vec(&r).map_err(|e| DirError::internal(format!("cannot encode reply: {e}")))?;
         Ok(Response::new(rpb::ForwardReply { reply }))
     }
 
@@ -225,14 +227,13 @@ impl rpb::raft_server::Raft for RaftService {
         self.access.admin(&req, "cluster.add-learner")?;
         let req = req.into_inner();
         if req.id == 0 {
-            return Err(Status::invalid_argument("node ids start at 1"));
+            return Err(DirError::invalid_argument("node ids start at 1").into());
         }
         let addr = req.address.trim_start_matches("http://").to_string();
         if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
-            return Err(Status::invalid_argument(format!(
-                "address {:?} is not host:port",
-                req.address
-            )));
+            return Err(
+                DirError::invalid_argument(format!("address {:?} is not host:port", req.address)).into(),
+            );
         }
         let node = Node {
             rpc_addr: addr.clone(),
@@ -243,7 +244,7 @@ impl rpb::raft_server::Raft for RaftService {
                 message: format!("node {} added as a learner and caught up", req.id),
                 log_index: r.log_id.index,
             })),
-            Err(e) => Err(admin_status(e)),
+            Err(e) => Err(admin_error(e).into()),
         }
     }
 
@@ -254,7 +255,7 @@ impl rpb::raft_server::Raft for RaftService {
         self.access.admin(&req, "cluster.change-membership")?;
         let req = req.into_inner();
         if req.voters.is_empty() {
-            return Err(Status::invalid_argument("the new voter set must not be empty"));
+            return Err(DirError::invalid_argument("the new voter set must not be empty").into());
         }
         let voters: BTreeSet<NodeId> = req.voters.iter().copied().collect();
         match self.raft.change_membership(voters.clone(), req.retain).await {
@@ -262,23 +263,23 @@ impl rpb::raft_server::Raft for RaftService {
                 message: format!("voters are now {voters:?}"),
                 log_index: r.log_id.index,
             })),
-            Err(e) => Err(admin_status(e)),
+            Err(e) => Err(admin_error(e).into()),
         }
     }
 }
 
-fn admin_status(e: RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Node>>) -> Status {
+fn admin_error(e: RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Node>>) -> DirError {
     use openraft::error::ClientWriteError;
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => Status::failed_precondition(format!(
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => DirError::failed_precondition(format!(
             "this node is not the leader; run the command against the leader{}",
             f.leader_node
                 .map(|n| format!(" at {}", n.api_addr))
                 .unwrap_or_default()
         )),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
-            Status::failed_precondition(c.to_string())
+            DirError::failed_precondition(c.to_string())
         }
-        RaftError::Fatal(f) => Status::unavailable(format!("raft stopped: {f}")),
+        RaftError::Fatal(f) => DirError::unavailable(format!("raft stopped: {f}")),
     }
 }

@@ -1,5 +1,6 @@
 use super::*;
 use gma_core::event::dbl;
+use gma_core::Refuse;
 
 const T0: u64 = 1_000_000;
 
@@ -147,7 +148,10 @@ fn duplicate_register_is_rejected_and_changes_nothing() {
     let e = s
         .apply(register(producer("p1", &["host.mem"]), vec![], 1000, T0))
         .unwrap_err();
-    assert!(matches!(e, DirError::AlreadyExists(_)), "{e:?}");
+    assert!(
+        matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::AlreadyExists),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("producer p1 is already registered"), "{e}");
     assert_eq!(fingerprint(&s), before);
 }
@@ -166,7 +170,7 @@ fn events_need_a_schema() {
         .unwrap_err();
     assert_eq!(
         e,
-        DirError::invalid("event host.disk has no schema: send it in schemas")
+        DirError::invalid_argument("event host.disk has no schema: send it in schemas")
     );
     assert_eq!(fingerprint(&s), before);
     // Stored schema (host.mem) or one sent along (host.disk) both do.
@@ -196,8 +200,8 @@ fn schema_versions_cannot_be_redefined() {
         .unwrap_err();
     assert_eq!(
         e,
-        DirError::AlreadyExists(
-            "schema host.cpu version 1 exists with different fields; register it as version 2".into()
+        DirError::already_exists(
+            "schema host.cpu version 1 exists with different fields; register it as version 2"
         )
     );
     assert_eq!(fingerprint(&s), before);
@@ -221,7 +225,10 @@ fn schema_versions_cannot_be_redefined() {
     let e = s
         .apply(register(producer("p3", &["host.net"]), vec![bad], 1000, T0))
         .unwrap_err();
-    assert!(matches!(e, DirError::InvalidArgument(_)), "{e:?}");
+    assert!(
+        matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::InvalidArgument),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -283,7 +290,10 @@ fn malformed_records_are_invalid_arguments() {
     ];
     for (f, want) in cases {
         let e = with(f);
-        assert!(matches!(e, DirError::InvalidArgument(_)), "{e:?}");
+        assert!(
+            matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::InvalidArgument),
+            "{e:?}"
+        );
         assert!(e.to_string().contains(want), "{e} should contain {want}");
     }
     for record in [
@@ -292,12 +302,18 @@ fn malformed_records_are_invalid_arguments() {
         consumer("c1", &["host..*"]),
     ] {
         let e = s.apply(register(record, vec![], 1000, T0)).unwrap_err();
-        assert!(matches!(e, DirError::InvalidArgument(_)), "{e:?}");
+        assert!(
+            matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::InvalidArgument),
+            "{e:?}"
+        );
     }
     let e = s
         .apply(register(producer("p9", &["host.cpu"]), vec![], 0, T0))
         .unwrap_err();
-    assert!(matches!(e, DirError::InvalidArgument(_)), "{e:?}");
+    assert!(
+        matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::InvalidArgument),
+        "{e:?}"
+    );
     assert_eq!(fingerprint(&s), before);
 }
 
@@ -317,7 +333,10 @@ fn capacity_is_bounded() {
     let e = s
         .apply(register(producer("p2", &["host.cpu"]), vec![], 1000, T0))
         .unwrap_err();
-    assert!(matches!(e, DirError::ResourceExhausted(_)), "{e:?}");
+    assert!(
+        matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::ResourceExhausted),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -352,7 +371,10 @@ fn register_onto_an_existing_lease() {
                 now_ms,
             })
             .unwrap_err();
-        assert!(matches!(e, DirError::NotFound(_)), "{e:?}");
+        assert!(
+            matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::NotFound),
+            "{e:?}"
+        );
     }
 }
 
@@ -361,9 +383,9 @@ fn update_needs_exactly_one_match() {
     let mut s = seeded();
     let before = fingerprint(&s);
     let e = s.apply(update(producer("p2", &["host.cpu"]), 0, T0)).unwrap_err();
-    assert_eq!(e, DirError::NotFound("no producer record with id p2".into()));
+    assert_eq!(e, DirError::not_found("no producer record with id p2"));
     let e = s.apply(update(consumer("p1", &["*"]), 0, T0)).unwrap_err();
-    assert_eq!(e, DirError::NotFound("no consumer record with id p1".into()));
+    assert_eq!(e, DirError::not_found("no consumer record with id p1"));
     assert_eq!(fingerprint(&s), before);
 
     // TTL 0 keeps the lease and replaces the values.
@@ -404,14 +426,14 @@ fn remove_needs_exactly_one_match() {
             id: "p1".into(),
         })
         .unwrap_err();
-    assert!(matches!(e, DirError::NotFound(_)));
+    assert!(matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::NotFound));
     let e = s
         .apply(Command::Remove {
             kind: Kind::Producer,
             id: String::new(),
         })
         .unwrap_err();
-    assert!(matches!(e, DirError::InvalidArgument(_)));
+    assert!(matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::InvalidArgument));
     assert_eq!(fingerprint(&s), before);
 
     let a = s
@@ -453,7 +475,10 @@ fn a_checked_keepalive_renews_only_when_every_held_record_was_authorized() {
             checked: Some(Vec::new()),
         })
         .unwrap_err();
-    assert!(matches!(e, DirError::Unavailable(_)), "{e:?}");
+    assert!(
+        matches!(e, DirError::Refused(ref r) if r.code() == tonic::Code::Unavailable),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("lease 1 holds"), "{e}");
     assert_eq!(s.lease(1).unwrap().expires_at_ms, T0 + 1000);
     let a = s
@@ -592,9 +617,7 @@ fn history_is_bounded_and_compaction_is_out_of_range() {
     let e = s.changes_since(2, &all).unwrap_err();
     assert_eq!(
         e,
-        DirError::OutOfRange(
-            "revision 2 was compacted; oldest available is 3; watch from 0 to re-list".into()
-        )
+        DirError::out_of_range("revision 2 was compacted; oldest available is 3; watch from 0 to re-list")
     );
     // One command making more changes than the limit compacts its own early ones.
     let a = s.apply(Command::Expire { now_ms: T0 + 1000 }).unwrap();
@@ -824,15 +847,19 @@ fn get_schema_versions() {
     let e = s.get_schema("host.cpu", 2).unwrap_err();
     assert_eq!(
         e,
-        DirError::NotFound("schema host.cpu has no version 2; the latest is 3".into())
+        DirError::not_found("schema host.cpu has no version 2; the latest is 3")
     );
-    assert!(matches!(s.get_schema("host.nope", 0), Err(DirError::NotFound(_))));
+    assert!(
+        matches!(s.get_schema("host.nope", 0), Err(DirError::Refused(ref r)) if r.code() == tonic::Code::NotFound)
+    );
     assert!(matches!(
         s.get_schema("bad name", 0),
-        Err(DirError::InvalidArgument(_))
+        Err(DirError::Refused(ref r)) if r.code() == tonic::Code::InvalidArgument
     ));
     // "host" is a prefix of "host.cpu" but a different name.
-    assert!(matches!(s.get_schema("host", 0), Err(DirError::NotFound(_))));
+    assert!(
+        matches!(s.get_schema("host", 0), Err(DirError::Refused(ref r)) if r.code() == tonic::Code::NotFound)
+    );
 }
 
 #[test]
