@@ -76,6 +76,9 @@ pub enum Command {
     Federation(crate::federation::FederationArgs),
     /// Jobs at a site's federation endpoint: submit, status, list, cancel.
     Job(crate::federation::JobArgs),
+    /// The grid of federation endpoints: `query` resources through the hierarchy, `reserve`,
+    /// `start`, `release` and `list` reservations at the endpoint that manages a host.
+    Grid(crate::grid::GridArgs),
     /// A simulated resource manager: per-resource reservation calendars behind the
     /// Reservations interface (create / modify / release with granted / never / retry-from).
     Simres(crate::broker::SimresArgs),
@@ -122,6 +125,7 @@ impl Command {
             | Archive(_)
             | Certs(_)
             | Job(_)
+            | Grid(_)
             | Net(_)
             | Doors(_) => None,
         }
