@@ -269,7 +269,13 @@ fn check(q: &pb::GridQuery, from: Option<&str>, me: &str) -> Result<Checked, Err
 
 /// The hosts of `snap` that match `job` now: they meet its requirements, their data is fresh,
 /// and they have its CPUs free. Best (earliest predicted delivery) first.
-pub fn local_matches(snap: &Snapshot, job: &Job, rank: &RankConfig, site: &str, addr: &str) -> Vec<pb::GridResource> {
+pub fn local_matches(
+    snap: &Snapshot,
+    job: &Job,
+    rank: &RankConfig,
+    site: &str,
+    addr: &str,
+) -> Vec<pb::GridResource> {
     let Ok(ranked) = rank_candidates(snap, job, Policy::Ttd, rank) else {
         return Vec::new();
     };
@@ -310,10 +316,11 @@ fn absorb(out: &mut pb::GridAnswer, a: pb::GridAnswer, cap: usize) {
     if a.resources.len() > room || a.truncated {
         out.truncated = true;
     }
-    out.resources.extend(a.resources.into_iter().take(room).map(|mut r| {
-        r.distance = r.distance.saturating_add(1);
-        r
-    }));
+    out.resources
+        .extend(a.resources.into_iter().take(room).map(|mut r| {
+            r.distance = r.distance.saturating_add(1);
+            r
+        }));
     for (to, from) in [
         (&mut out.answered, a.answered),
         (&mut out.unreached, a.unreached),
@@ -340,7 +347,8 @@ async fn ask_all<E: Endpoint>(
     let margin = Duration::from_millis(HOP_MARGIN_MS);
     if left <= margin * 2 {
         for s in sites {
-            out.unreached.push(format!("{s}: no time left within the deadline"));
+            out.unreached
+                .push(format!("{s}: no time left within the deadline"));
         }
         return;
     }
@@ -360,7 +368,11 @@ async fn ask_all<E: Endpoint>(
 }
 
 /// Answers a query here: the caller is `from` (a linked site) or an application (`None`).
-pub async fn answer<E: Endpoint>(ep: Arc<E>, q: pb::GridQuery, from: Option<String>) -> Result<pb::GridAnswer, Error> {
+pub async fn answer<E: Endpoint>(
+    ep: Arc<E>,
+    q: pb::GridQuery,
+    from: Option<String>,
+) -> Result<pb::GridAnswer, Error> {
     let me = ep.site().to_string();
     let c = check(&q, from.as_deref(), &me)?;
     metrics::counter!("gma_federation_grid_queries_total").increment(1);
@@ -447,7 +459,9 @@ fn refusal(r: Refusal) -> Error {
 fn reserve_ask<E: Endpoint>(ep: &E, r: &pb::GridReserveRequest, owner: String) -> Result<Ask, Error> {
     let bad = |m: String| Error::InvalidArgument(m);
     if r.host.is_empty() || r.host.len() > 256 {
-        return Err(bad("host: give the host to reserve (1..=256 bytes, from gma grid query)".into()));
+        return Err(bad(
+            "host: give the host to reserve (1..=256 bytes, from gma grid query)".into(),
+        ));
     }
     let spec = r
         .job
@@ -458,7 +472,9 @@ fn reserve_ask<E: Endpoint>(ep: &E, r: &pb::GridReserveRequest, owner: String) -
     let now_s = now_ns / 1_000_000_000;
     let start_s = if r.start_s == 0 { now_s } else { r.start_s };
     if start_s < now_s - 1 {
-        return Err(bad(format!("start_s {start_s} is in the past (now {now_s}): give 0 for now")));
+        return Err(bad(format!(
+            "start_s {start_s} is in the past (now {now_s}): give 0 for now"
+        )));
     }
     if start_s - now_s > MAX_RESERVE_S {
         return Err(bad(format!("start_s: at most {MAX_RESERVE_S} s ahead")));
@@ -523,7 +539,9 @@ pub struct GridService<E> {
 impl<E: Endpoint> pb::grid_server::Grid for GridService<E> {
     async fn query(&self, req: Request<pb::GridQuery>) -> Result<Response<pb::GridAnswer>, Status> {
         self.ep.gate().check(&req, Action::Job, &["grid.query"])?;
-        Ok(Response::new(answer(self.ep.clone(), req.into_inner(), None).await?))
+        Ok(Response::new(
+            answer(self.ep.clone(), req.into_inner(), None).await?,
+        ))
     }
 
     async fn reserve(
@@ -588,7 +606,11 @@ impl<E: Endpoint> pb::grid_server::Grid for GridService<E> {
         let now_s = ep.now() / 1_000_000_000;
         let mut book = ep.grid().book.lock();
         book.expire(now_s);
-        let reservations = book.list().iter().map(|r| ep.grid().reservation(ep.site(), r)).collect();
+        let reservations = book
+            .list()
+            .iter()
+            .map(|r| ep.grid().reservation(ep.site(), r))
+            .collect();
         Ok(Response::new(pb::GridListReply { reservations }))
     }
 }
@@ -647,18 +669,33 @@ mod tests {
 
     #[test]
     fn every_field_is_checked() {
-        let code = |q: &pb::GridQuery, from: Option<&str>| {
-            check(q, from, "B").err().map(|e| Status::from(e).code())
-        };
+        let code =
+            |q: &pb::GridQuery, from: Option<&str>| check(q, from, "B").err().map(|e| Status::from(e).code());
         use tonic::Code;
-        assert_eq!(code(&q("", &[]), None), None, "an application may leave the id to us");
+        assert_eq!(
+            code(&q("", &[]), None),
+            None,
+            "an application may leave the id to us"
+        );
         assert_eq!(code(&q("", &["A"]), Some("A")), Some(Code::InvalidArgument));
         assert_eq!(code(&q("x y", &[]), None), Some(Code::InvalidArgument));
         assert_eq!(code(&q(&"x".repeat(65), &[]), None), Some(Code::InvalidArgument));
-        assert_eq!(code(&q("a", &["A"]), None), Some(Code::InvalidArgument), "apps give no path");
-        assert_eq!(code(&q("a", &["A"]), Some("C")), Some(Code::InvalidArgument), "path ends with the caller");
+        assert_eq!(
+            code(&q("a", &["A"]), None),
+            Some(Code::InvalidArgument),
+            "apps give no path"
+        );
+        assert_eq!(
+            code(&q("a", &["A"]), Some("C")),
+            Some(Code::InvalidArgument),
+            "path ends with the caller"
+        );
         assert_eq!(code(&q("a", &["A", "A"]), Some("A")), Some(Code::InvalidArgument));
-        assert_eq!(code(&q("a", &["B", "A"]), Some("A")), Some(Code::FailedPrecondition), "a loop");
+        assert_eq!(
+            code(&q("a", &["B", "A"]), Some("A")),
+            Some(Code::FailedPrecondition),
+            "a loop"
+        );
         assert_eq!(code(&q("a", &["a/b"]), Some("a/b")), Some(Code::InvalidArgument));
         let long: Vec<String> = (0..=MAX_PATH).map(|i| format!("s{i}")).collect();
         let mut x = q("a", &[]);
@@ -671,7 +708,9 @@ mod tests {
         if let Some(r) = x.requirements.as_mut() {
             r.cpus = 0;
         }
-        assert!(check(&x, None, "B").err().is_some_and(|e| e.to_string().contains("requirements.cpus")));
+        assert!(check(&x, None, "B")
+            .err()
+            .is_some_and(|e| e.to_string().contains("requirements.cpus")));
         let mut x = q("a", &[]);
         x.deadline_ms = MAX_DEADLINE_MS + 1;
         assert_eq!(code(&x, None), Some(Code::InvalidArgument));
@@ -724,7 +763,10 @@ mod tests {
         let got = local_matches(&snap, &job, &RankConfig::default(), "S", "127.0.0.1:1");
         let names: Vec<&str> = got.iter().map(|r| r.host.as_str()).collect();
         assert_eq!(names, ["a"]);
-        assert_eq!((got[0].site.as_str(), got[0].endpoint.as_str(), got[0].cpus_free), ("S", "127.0.0.1:1", 8));
+        assert_eq!(
+            (got[0].site.as_str(), got[0].endpoint.as_str(), got[0].cpus_free),
+            ("S", "127.0.0.1:1", 8)
+        );
         // Reserved CPUs are taken off.
         let g = Grid::new("x".into(), 1);
         let mut j = job.clone();
@@ -748,6 +790,9 @@ mod tests {
         let w = g.withhold(snap.clone());
         assert!(local_matches(&w, &job, &RankConfig::default(), "S", "x").is_empty());
         let again = g.withhold(snap);
-        assert!(Arc::ptr_eq(&w.resources, &again.resources), "cached while nothing changes");
+        assert!(
+            Arc::ptr_eq(&w.resources, &again.resources),
+            "cached while nothing changes"
+        );
     }
 }

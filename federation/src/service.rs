@@ -921,7 +921,12 @@ impl crate::grid::Endpoint for Shared {
         &self.gate
     }
 
-    async fn query_site(&self, site: &str, q: pb::GridQuery, timeout: Duration) -> Result<pb::GridAnswer, String> {
+    async fn query_site(
+        &self,
+        site: &str,
+        q: pb::GridQuery,
+        timeout: Duration,
+    ) -> Result<pb::GridAnswer, String> {
         let mut c = self.client(site).map_err(|e| e.to_string())?;
         match tokio::time::timeout(timeout, c.query(with_site(self.site(), q))).await {
             Ok(Ok(a)) => Ok(a.into_inner()),

@@ -50,7 +50,11 @@ pub fn groups() -> Vec<Group> {
         grpc("simres", "gma simres", gma_broker::simres::DOORS),
         grpc("netprobe", "gma netprobe", gma_netprobe::service::DOORS),
         grpc("federation", "gma federation", gma_federation::service::DOORS),
-        grpc("grid", "gma federation (grid queries and reservations)", gma_federation::grid::DOORS),
+        grpc(
+            "grid",
+            "gma federation (grid queries and reservations)",
+            gma_federation::grid::DOORS,
+        ),
         grpc("app-sim", "gma app-sim (AppControl)", crate::appsim::DOORS),
         grpc(
             "every gRPC role",

@@ -156,7 +156,10 @@ impl Book {
             )));
         }
         if ask.duration_s <= 0 {
-            return Err(Refusal::Never(format!("duration {} s: give at least 1 s", ask.duration_s)));
+            return Err(Refusal::Never(format!(
+                "duration {} s: give at least 1 s",
+                ask.duration_s
+            )));
         }
         let start_s = ask.start_s.max(now_s);
         let end_s = start_s.saturating_add(ask.duration_s);
@@ -210,14 +213,16 @@ impl Book {
                 Ok(rec)
             }
             Answer::Never(why) => Err(Refusal::Never(why)),
-            Answer::Retry { from_s, .. } => Err(Refusal::Busy {
-                reason: format!(
+            Answer::Retry { from_s, .. } => {
+                Err(Refusal::Busy {
+                    reason: format!(
                     "host {:?} is reserved over [{start_s}, {end_s}){}: free for this request from {from_s}",
                     ask.host,
                     if ask.exclusive { " (an exclusive request needs all its CPUs)" } else { "" }
                 ),
-                free_from: Some(from_s),
-            }),
+                    free_from: Some(from_s),
+                })
+            }
         }
     }
 
@@ -321,10 +326,22 @@ mod tests {
         assert_eq!((r.number, r.cpus, r.start_s, r.end_s), (1, 4, 100, 150));
         // Same host, overlapping time: refused, with the time it would be free.
         let e = b.reserve(ask("h", 1, true, 120, 10, "bob"), 0).unwrap_err();
-        assert!(matches!(e, Refusal::Busy { free_from: Some(150), .. }), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                Refusal::Busy {
+                    free_from: Some(150),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         // A shared request over the exclusive one is refused too; another host or time is not.
         assert!(b.reserve(ask("h", 1, false, 149, 10, "bob"), 0).is_err());
-        assert_eq!(b.reserve(ask("h", 4, false, 150, 10, "bob"), 0).unwrap().number, 2);
+        assert_eq!(
+            b.reserve(ask("h", 4, false, 150, 10, "bob"), 0).unwrap().number,
+            2
+        );
         assert_eq!(b.reserve(ask("g", 1, true, 100, 50, "bob"), 0).unwrap().number, 3);
         // Only the holder releases; then the time is free.
         assert!(matches!(b.release(1, "bob", 0), Err(Refusal::NotOwner(_))));
@@ -338,7 +355,10 @@ mod tests {
         let mut b = Book::new();
         let mut a = ask("h", 2, false, 0, 60, "alice");
         a.free_now = Some(1);
-        assert!(matches!(b.reserve(a.clone(), 1000), Err(Refusal::Busy { free_from: None, .. })));
+        assert!(matches!(
+            b.reserve(a.clone(), 1000),
+            Err(Refusal::Busy { free_from: None, .. })
+        ));
         a.free_now = Some(4);
         let r = b.reserve(a.clone(), 1000).unwrap();
         assert_eq!((r.start_s, r.end_s), (1000, 1060));
@@ -359,8 +379,14 @@ mod tests {
         b.expire(3000);
         assert!(b.list().is_empty());
         // Bad shapes are never possible.
-        assert!(matches!(b.reserve(ask("h", 5, false, 0, 10, "a"), 0), Err(Refusal::Never(_))));
-        assert!(matches!(b.reserve(ask("h", 1, false, 0, 0, "a"), 0), Err(Refusal::Never(_))));
+        assert!(matches!(
+            b.reserve(ask("h", 5, false, 0, 10, "a"), 0),
+            Err(Refusal::Never(_))
+        ));
+        assert!(matches!(
+            b.reserve(ask("h", 1, false, 0, 0, "a"), 0),
+            Err(Refusal::Never(_))
+        ));
     }
 
     /// One request of a requester: host, CPUs, exclusive, start, duration.
