@@ -524,8 +524,12 @@ fn reserve_ask<E: Endpoint>(ep: &E, r: &pb::GridReserveRequest, owner: String) -
     })
 }
 
+/// What a summary-only grant is told.
+const RAW_ONLY: &str = "grid answers and reservations name hosts: ask for an allow grant";
+
+/// The identity that reserves (the holder of what it reserves): it needs an allow grant.
 fn owner<T>(gate: &Gate, req: &Request<T>, op: &str) -> Result<String, Error> {
-    let (who, _) = gate.check(req, Action::Reserve, &[op])?;
+    let who = gate.check_raw(req, Action::Reserve, &[op], RAW_ONLY)?;
     Ok(who.to_string())
 }
 
@@ -538,7 +542,9 @@ pub struct GridService<E> {
 #[tonic::async_trait]
 impl<E: Endpoint> pb::grid_server::Grid for GridService<E> {
     async fn query(&self, req: Request<pb::GridQuery>) -> Result<Response<pb::GridAnswer>, Status> {
-        self.ep.gate().check(&req, Action::Job, &["grid.query"])?;
+        self.ep
+            .gate()
+            .check_raw(&req, Action::Job, &["grid.query"], RAW_ONLY)?;
         Ok(Response::new(
             answer(self.ep.clone(), req.into_inner(), None).await?,
         ))
@@ -620,27 +626,27 @@ pub const DOORS: &[Door] = &[
     Door::policy(
         "/gma.v1.Grid/Query",
         &[Action::Job],
-        "PERMISSION_DENIED: a summary rule denies job (grid.query)",
+        "PERMISSION_DENIED naming the rule (job needs an allow grant on grid.query: the answer names hosts)",
     ),
     Door::policy(
         "/gma.v1.Grid/Reserve",
         &[Action::Reserve],
-        "PERMISSION_DENIED: a summary rule denies reserve (grid.reserve)",
+        "PERMISSION_DENIED naming the rule (reservation needs an allow grant on grid.reserve)",
     ),
     Door::policy(
         "/gma.v1.Grid/Start",
         &[Action::Reserve],
-        "PERMISSION_DENIED: a summary rule denies reserve (grid.start)",
+        "PERMISSION_DENIED naming the rule (reservation needs an allow grant on grid.start)",
     ),
     Door::policy(
         "/gma.v1.Grid/Release",
         &[Action::Reserve],
-        "PERMISSION_DENIED: a summary rule denies reserve (grid.release)",
+        "PERMISSION_DENIED naming the rule (reservation needs an allow grant on grid.release)",
     ),
     Door::policy(
         "/gma.v1.Grid/List",
         &[Action::Reserve],
-        "PERMISSION_DENIED: a summary rule denies reserve (grid.list)",
+        "PERMISSION_DENIED naming the rule (reservation needs an allow grant on grid.list)",
     ),
 ];
 
