@@ -9,6 +9,9 @@
 //!   reconciliation, split-horizon summaries, what is persisted.
 //! - [`service`]: the running federation endpoint: the `Federation` and `SiteScheduler`
 //!   services, sessions to linked sites, the effects of the manager.
+//! - [`grid`]: resource queries through the hierarchy of endpoints (down to children, up to
+//!   the parent only when the subtree has nothing, bounded by levels) and reservations
+//!   through the endpoint that manages a host.
 //! - [`links`]: peer links as directory records, kept alive by the endpoint.
 //! - [`config`]: `gma federation --config FILE`.
 //! - [`store`]: the endpoint's state file.
@@ -19,6 +22,7 @@
 
 pub mod config;
 pub mod error;
+pub mod grid;
 pub mod links;
 pub mod route;
 pub mod service;

@@ -227,6 +227,8 @@ pub struct Shared {
     /// Whether the endpoint authenticates its callers (mTLS).
     mtls: bool,
     stopping: std::sync::atomic::AtomicBool,
+    /// Grid queries and reservations (`crate::grid`).
+    grid: crate::grid::Grid,
 }
 
 impl Shared {
@@ -544,6 +546,12 @@ pub const DOORS: &[Door] = &[
         actions: &[Action::Federation],
         summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
     },
+    Door {
+        door: "/gma.v1.Federation/Query",
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site's query is answered with the matching hosts of this subtree (name, arch, os, CPUs, memory, load)",
+    },
     Door::policy(
         "/gma.v1.SiteScheduler/Submit",
         &[Action::Job],
@@ -777,6 +785,12 @@ impl pb::federation_server::Federation for FederationService {
         });
         Ok(Response::new(reply))
     }
+
+    async fn query(&self, req: Request<pb::GridQuery>) -> Result<Response<pb::GridAnswer>, Status> {
+        let from = self.shared.caller(&req, "grid.query", None)?;
+        let a = crate::grid::answer(self.shared.clone(), req.into_inner(), Some(from)).await?;
+        Ok(Response::new(a))
+    }
 }
 
 /// The `SiteScheduler` service (local users, operators).
@@ -869,6 +883,59 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
         _req: Request<pb::VersionRequest>,
     ) -> Result<Response<pb::VersionResponse>, Status> {
         gma_core::endpoint::version("federation")
+    }
+}
+
+/// What the grid (queries, reservations) uses of the running endpoint.
+impl crate::grid::Endpoint for Shared {
+    fn site(&self) -> &str {
+        &self.cfg.site
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now()
+    }
+
+    fn grid(&self) -> &crate::grid::Grid {
+        &self.grid
+    }
+
+    fn live(&self) -> gma_broker::Snapshot {
+        self.view.snapshot(self.clock.now())
+    }
+
+    fn links(&self) -> Vec<Link> {
+        self.state.lock().links()
+    }
+
+    fn rank(&self) -> &gma_broker::RankConfig {
+        &self.cfg.rank
+    }
+
+    fn time_scale(&self) -> f64 {
+        self.cfg.time_scale
+    }
+
+    fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    async fn query_site(
+        &self,
+        site: &str,
+        q: pb::GridQuery,
+        timeout: Duration,
+    ) -> Result<pb::GridAnswer, String> {
+        let mut c = self.client(site).map_err(|e| e.to_string())?;
+        match tokio::time::timeout(timeout, c.query(with_site(self.site(), q))).await {
+            Ok(Ok(a)) => Ok(a.into_inner()),
+            Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), gma_core::tls::explain(&s))),
+            Err(_) => Err(format!("no answer within {timeout:?}")),
+        }
+    }
+
+    fn submit(self: &Arc<Self>, job: Job) -> Result<String, FederationError> {
+        self.with(|s, now| s.submit(job, None, now))
     }
 }
 
@@ -1193,6 +1260,10 @@ pub async fn run(
         None => SiteState::new(cfg.params(), epoch),
     };
     let (sim_tx, sim_rx) = mpsc::unbounded_channel();
+    // What grid answers name as this endpoint: the address it listens on.
+    let grid_addr = listener
+        .local_addr()
+        .map_or_else(|_| cfg.listen.clone(), |a| a.to_string());
     let mtls = cfg.endpoint.tls.client_ca.is_some();
     let shared = Arc::new(Shared {
         state: Mutex::new(state),
@@ -1210,6 +1281,7 @@ pub async fn run(
         gate: producer.gate.clone(),
         mtls,
         stopping: std::sync::atomic::AtomicBool::new(false),
+        grid: crate::grid::Grid::new(grid_addr, epoch),
         cfg: cfg.clone(),
     });
     shared.with(|s, now| s.set_links(links.clone(), now));
@@ -1260,7 +1332,7 @@ pub async fn run(
                     _ = sh.wake.notified() => {}
                     _ = tokio::time::sleep(tick) => {}
                 }
-                let snap = sh.view.snapshot(sh.now());
+                let snap = sh.grid.withhold(sh.view.snapshot(sh.now()));
                 sh.with(|s, now| s.step(now, &snap));
             }
         }));
@@ -1271,6 +1343,7 @@ pub async fn run(
     let sched = SchedulerService {
         shared: shared.clone(),
     };
+    let grid = crate::grid::GridService { ep: shared.clone() };
     let max = gma_core::MAX_MESSAGE_BYTES;
     let r = producer
         .run_with(listener, shutdown, move |services| {
@@ -1279,6 +1352,7 @@ pub async fn run(
                 .add_service(
                     pb::site_scheduler_server::SiteSchedulerServer::new(sched).max_decoding_message_size(max),
                 )
+                .add_service(pb::grid_server::GridServer::new(grid).max_decoding_message_size(max))
         })
         .await;
     let _ = stop_tx.send(true);

@@ -77,6 +77,9 @@ pub enum Command {
     /// Jobs at a site's federation endpoint (submit, status, list, cancel), or run by a
     /// broker in a batch system's reservation (`submit --broker`).
     Job(crate::federation::JobArgs),
+    /// The grid of federation endpoints: `query` resources through the hierarchy, `reserve`,
+    /// `start`, `release` and `list` reservations at the endpoint that manages a host.
+    Grid(crate::grid::GridArgs),
     /// A simulated resource manager: per-resource reservation calendars behind the
     /// Reservations interface (create / modify / release with granted / never / retry-from).
     Simres(crate::broker::SimresArgs),
@@ -127,6 +130,7 @@ impl Command {
             | Archive(_)
             | Certs(_)
             | Job(_)
+            | Grid(_)
             | Net(_)
             | Doors(_) => None,
         }

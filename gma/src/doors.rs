@@ -54,6 +54,11 @@ pub fn groups() -> Vec<Group> {
         ),
         grpc("netprobe", "gma netprobe", gma_netprobe::service::DOORS),
         grpc("federation", "gma federation", gma_federation::service::DOORS),
+        grpc(
+            "grid",
+            "gma federation (grid queries and reservations)",
+            gma_federation::grid::DOORS,
+        ),
         grpc("app-sim", "gma app-sim (AppControl)", crate::appsim::DOORS),
         grpc(
             "every gRPC role",

@@ -223,7 +223,7 @@ async fn scheduler(addr: &str) -> anyhow::Result<SiteSchedulerClient<tonic::tran
     Ok(SiteSchedulerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
 }
 
-async fn call<T>(
+pub(crate) async fn call<T>(
     addr: &str,
     f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> anyhow::Result<T> {

@@ -13,6 +13,7 @@ mod dashboard;
 mod doors;
 mod emit;
 mod federation;
+mod grid;
 mod monitor;
 mod netprobe;
 mod relay;
@@ -106,6 +107,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Net(a) => netprobe::net(a).await,
         Federation(a) => federation::run(a).await,
         Job(a) => federation::job(a).await,
+        Grid(a) => grid::run(a).await,
         Doors(a) => doors::run(a),
     }
 }

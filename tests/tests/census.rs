@@ -512,6 +512,7 @@ fn knocks(lease: u64) -> Vec<Knock> {
     use pb::consumer_client::ConsumerClient;
     use pb::directory_client::DirectoryClient;
     use pb::federation_client::FederationClient;
+    use pb::grid_client::GridClient;
     use pb::probe_client::ProbeClient;
     use pb::reservations_client::ReservationsClient;
     use pb::site_scheduler_client::SiteSchedulerClient;
@@ -1390,6 +1391,84 @@ fn knocks(lease: u64) -> Vec<Knock> {
                 none
             ),
         ),
+        // The grid: a linked site's query (no requirements) ...
+        k(
+            "/gma.v1.Federation/Query",
+            "no requirements",
+            f,
+            false,
+            grpc!(
+                unary,
+                FederationClient<Channel>,
+                query,
+                as_site(pb::GridQuery {
+                    query_id: "census".into(),
+                    path: vec!["node1".into()],
+                    ..Default::default()
+                }),
+                none
+            ),
+        ),
+        // ... and applications' queries and reservations.
+        k(
+            "/gma.v1.Grid/Query",
+            "no requirements",
+            f,
+            false,
+            grpc!(unary, GridClient<Channel>, query, pb::GridQuery::default(), none),
+        ),
+        k(
+            "/gma.v1.Grid/Reserve",
+            "no host",
+            f,
+            false,
+            grpc!(
+                unary,
+                GridClient<Channel>,
+                reserve,
+                pb::GridReserveRequest::default(),
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Grid/Start",
+            "absent",
+            f,
+            false,
+            grpc!(
+                unary,
+                GridClient<Channel>,
+                start,
+                pb::GridReservationRef { number: 0 },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Grid/Release",
+            "absent",
+            f,
+            false,
+            grpc!(
+                unary,
+                GridClient<Channel>,
+                release,
+                pb::GridReservationRef { number: 0 },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Grid/List",
+            "",
+            f,
+            false,
+            grpc!(
+                unary,
+                GridClient<Channel>,
+                list,
+                pb::GridListRequest::default(),
+                none
+            ),
+        ),
     ]);
     // The application's control endpoint.
     let a = "app-sim";
@@ -1856,13 +1935,13 @@ fn fds_rpcs() -> Vec<String> {
 fn every_rpc_and_every_http_route_has_a_door() {
     let rpcs = fds_rpcs();
     let groups = binary_doors();
-    // The descriptor set holds every service: 14 of them, raft included; and the 3 standard
+    // The descriptor set holds every service: 15 of them, raft included; and the 3 standard
     // services of every gRPC listener (health, reflection v1 and v1alpha).
     let services: std::collections::BTreeSet<&str> = rpcs
         .iter()
         .filter_map(|r| r.rsplit_once('/').map(|(s, _)| s))
         .collect();
-    assert_eq!(services.len(), 17, "{services:?}");
+    assert_eq!(services.len(), 18, "{services:?}");
     let problems = static_problems(&rpcs, &groups);
     assert!(
         problems.is_empty(),

@@ -196,3 +196,103 @@ async fn bad_federation_calls_get_precise_statuses() {
     assert_eq!(st.peers[0].site, "A");
     assert!(!st.peers[0].eligible);
 }
+
+#[tokio::test]
+async fn bad_grid_calls_get_precise_statuses() {
+    let (addr, _stop) = endpoint().await;
+    let url = format!("http://{addr}");
+    let ch = gma_tests::wait_for("the endpoint to serve", Duration::from_secs(30), || {
+        let url = url.clone();
+        async move { tonic::transport::Endpoint::from_shared(url)?.connect().await }
+    })
+    .await;
+    let mut fed = pb::federation_client::FederationClient::new(ch.clone());
+    let mut grid = pb::grid_client::GridClient::new(ch);
+    let q = |id: &str, path: &[&str]| pb::GridQuery {
+        query_id: id.into(),
+        requirements: Some(job()),
+        levels: None,
+        path: path.iter().map(|s| s.to_string()).collect(),
+        deadline_ms: 0,
+        max_results: 0,
+    };
+    // Between sites: only linked ones, the path ending with the caller, never back to the
+    // receiver.
+    let e = fed.query(with_site("Z", q("q1", &["Z"]))).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let e = fed.query(with_site("A", q("q1", &["C"]))).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("must end with the calling site"),
+        "{}",
+        e.message()
+    );
+    let e = fed.query(with_site("A", q("q1", &["B", "A"]))).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = fed.query(with_site("A", q("", &["A"]))).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // From a linked site, well formed: B has no hosts (no directory), so nothing matches, and
+    // a peer link is not a parent: no escalation.
+    let a = fed
+        .query(with_site("A", q("q1", &["A"])))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(a.resources.is_empty() && a.escalations.is_empty(), "{a:?}");
+    assert_eq!(a.answered, ["B"]);
+    // The same id again is an echo: answered empty, counted.
+    let a = fed
+        .query(with_site("A", q("q1", &["A"])))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((a.duplicates, a.answered.len()), (1, 0), "{a:?}");
+    // Applications: requirements validated by field, bounds enforced, no path.
+    let mut bad = q("", &[]);
+    bad.requirements = None;
+    let e = grid.query(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let mut bad = q("", &[]);
+    bad.requirements.as_mut().unwrap().memory_mb = -1.0;
+    let e = grid.query(bad).await.unwrap_err();
+    assert!(e.message().contains("requirements.memory_mb"), "{}", e.message());
+    let mut bad = q("", &[]);
+    bad.deadline_ms = 600_000;
+    assert_eq!(grid.query(bad).await.unwrap_err().code(), Code::InvalidArgument);
+    let mut bad = q("", &[]);
+    bad.max_results = 1_000_000;
+    assert_eq!(grid.query(bad).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        grid.query(q("", &["A"])).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let a = grid.query(q("", &[])).await.unwrap().into_inner();
+    assert!(a.query_id.starts_with("B-"), "{a:?}");
+    // Reservations: the host and the job are required, and the host must be one of B's.
+    let res = |host: &str, job: Option<pb::JobSpec>| pb::GridReserveRequest {
+        host: host.into(),
+        job,
+        exclusive: true,
+        start_s: 0,
+        duration_s: 60,
+    };
+    let e = grid.reserve(res("", Some(job()))).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = grid.reserve(res("h", None)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = grid.reserve(res("h", Some(job()))).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let mut past = res("h", Some(job()));
+    past.start_s = 1_000;
+    assert_eq!(
+        grid.reserve(past).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    for n in [0, 7] {
+        let r = pb::GridReservationRef { number: n };
+        assert_eq!(grid.start(r).await.unwrap_err().code(), Code::NotFound);
+        assert_eq!(grid.release(r).await.unwrap_err().code(), Code::NotFound);
+    }
+    let l = grid.list(pb::GridListRequest {}).await.unwrap().into_inner();
+    assert!(l.reservations.is_empty());
+}

@@ -1,0 +1,477 @@
+//! The grid with real processes: a hierarchy of seven federation endpoints over three levels,
+//! each site its own process group (a directory, a producer of simulated hosts, an endpoint),
+//! linked parent/child with `gma federation add`:
+//!
+//! ```text
+//!              R (r-x, r-arm)
+//!          /                  \
+//!     A (a-x)                  B (b-x)
+//!    /        \               /        \
+//! A1 (a1-x,   A2 (a2-x,    B1 (b1-x)   B2 (b2-x,
+//!     a1-busy)    a2-arm)                  b2-sparc)
+//! ```
+//!
+//! Every `*-x` host is x86_64 with 4 CPUs free; `a1-busy` has none free; `*-arm` are aarch64,
+//! `b2-sparc` sparc64. Queries (`gma grid query`) check the level semantics of
+//! docs/federation.md exactly: what each level returns, that a query goes up only from a
+//! subtree without a match, that each resource comes once with its managing endpoint, and that
+//! an echo through a second parent link is answered empty. Then a host is reserved through the
+//! endpoint that manages it (`gma grid reserve`): the reservation number comes back, a second
+//! exclusive request for the same host and time is refused with RESOURCE_EXHAUSTED, the host no
+//! longer matches queries, and the reservation starts its job there and is released.
+
+#![allow(clippy::unwrap_used)]
+
+use gma_tests as common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+struct Site {
+    name: String,
+    dir: Proc,
+    _sim: Proc,
+    fed: Proc,
+}
+
+fn start_site(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)]) -> Site {
+    let d = tmp.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    let dir = Proc::directory(&d.join("dir"), "127.0.0.1:0");
+    let mut sim = String::from("period_ms = 100\n");
+    for (host, arch, free) in hosts {
+        sim.push_str(&format!(
+            "[[host]]\nname = \"{host}\"\narch = \"{arch}\"\ncpus = 4\nmemory_mb = 8192\nfree_cpus = {free}\n"
+        ));
+    }
+    let sim_file = d.join("sim.toml");
+    std::fs::write(&sim_file, sim).unwrap();
+    let sim = Proc::producer(&[
+        "--directory",
+        &dir.addr,
+        "--no-host-sensors",
+        "--simulate",
+        sim_file.to_str().unwrap(),
+        "--lease-ttl-ms",
+        "2000",
+    ]);
+    let cfg = d.join("fed.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "site = \"{name}\"\ntime_scale = {}\nheartbeat_ms = 200\nsummary_interval_ms = 500\n\
+             push_debounce_ms = 20\nvalid_for_ms = 3000\nstatus_interval_ms = 500\ntick_ms = 50\n\
+             lease_ttl_ms = 2000\n",
+            1.0 / 600.0
+        ),
+    )
+    .unwrap();
+    let fed = Proc::start(
+        &[
+            "federation",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--directory",
+            &dir.addr,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        "gma federation listening on",
+    );
+    Site {
+        name: name.into(),
+        dir,
+        _sim: sim,
+        fed,
+    }
+}
+
+fn add(at: &Site, other: &Site, role: &str) {
+    let r = gma(
+        &[
+            "federation",
+            "add",
+            "--directory",
+            &at.dir.addr,
+            "--site",
+            &other.name,
+            "--endpoint",
+            &other.fed.addr,
+            "--role",
+            role,
+        ],
+        T,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+/// `child` under `parent`, both ways.
+fn link(parent: &Site, child: &Site) {
+    add(parent, child, "child");
+    add(child, parent, "parent");
+}
+
+/// Until `s` has a live session with each of `peers`.
+fn wait_live(s: &Site, peers: &[&str]) {
+    let live = || {
+        let r = gma(
+            &[
+                "federation",
+                "status",
+                "--federation",
+                &s.fed.addr,
+                "--output",
+                "json",
+            ],
+            T,
+        );
+        if r.code != 0 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&r.stdout).ok()?;
+        let up: BTreeSet<String> = v["peers"]
+            .as_array()?
+            .iter()
+            .filter(|p| p["live"] == true)
+            .map(|p| p["site"].as_str().unwrap_or_default().to_string())
+            .collect();
+        Some(up)
+    };
+    assert!(
+        wait_until(T, || live()
+            .is_some_and(|up| peers.iter().all(|p| up.contains(*p)))),
+        "{} never had live sessions with {peers:?}: {:?}",
+        s.name,
+        live()
+    );
+}
+
+fn write_req(tmp: &Path, name: &str, cpus: u32, arch: &str) -> String {
+    let p = tmp.join(format!("{name}.toml"));
+    std::fs::write(
+        &p,
+        format!(
+            "name = \"{name}\"\ncpus = {cpus}\narch = \"{arch}\"\nmemory_mb = 1024\nreference_time_s = 600\n"
+        ),
+    )
+    .unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn query(s: &Site, req: &str, levels: Option<u32>) -> Value {
+    let mut args = vec![
+        "grid",
+        "query",
+        "--requirements",
+        req,
+        "--federation",
+        &s.fed.addr,
+        "--output",
+        "json",
+    ];
+    let l = levels.map(|l| l.to_string());
+    if let Some(l) = &l {
+        args.extend(["--levels", l]);
+    }
+    let r = gma(&args, T);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    serde_json::from_str(&r.stdout).unwrap()
+}
+
+/// The hosts of an answer, in its order (duplicates kept: the test looks for them).
+fn hosts(a: &Value) -> Vec<String> {
+    a["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["host"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn strings(a: &Value, key: &str) -> Vec<String> {
+    a[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn set(xs: &[&str]) -> BTreeSet<String> {
+    xs.iter().map(|s| s.to_string()).collect()
+}
+
+/// Asserts an answer holds exactly `want` (each once), reached no further than it should,
+/// escalated exactly `up`, and every manager answered.
+fn expect(a: &Value, want: &[&str], up: &[&str], what: &str) {
+    let got = hosts(a);
+    let unique: BTreeSet<String> = got.iter().cloned().collect();
+    assert_eq!(got.len(), unique.len(), "{what}: a host answered twice: {a:#}");
+    assert_eq!(unique, set(want), "{what}: {a:#}");
+    assert_eq!(strings(a, "escalations"), up, "{what}: {a:#}");
+    assert!(strings(a, "unreached").is_empty(), "{what}: {a:#}");
+    let answered = strings(a, "answered");
+    let distinct: BTreeSet<&String> = answered.iter().collect();
+    assert_eq!(
+        answered.len(),
+        distinct.len(),
+        "{what}: a manager answered twice: {a:#}"
+    );
+}
+
+#[test]
+fn a_tree_of_seven_endpoints_answers_by_levels_and_reserves_through_the_owner() {
+    let tmp = tempdir();
+    let t = tmp.path();
+    let r = start_site(t, "R", &[("r-x", "x86_64", 4), ("r-arm", "aarch64", 4)]);
+    let a = start_site(t, "A", &[("a-x", "x86_64", 4)]);
+    let b = start_site(t, "B", &[("b-x", "x86_64", 4)]);
+    let a1 = start_site(t, "A1", &[("a1-x", "x86_64", 4), ("a1-busy", "x86_64", 0)]);
+    let a2 = start_site(t, "A2", &[("a2-x", "x86_64", 4), ("a2-arm", "aarch64", 4)]);
+    let b1 = start_site(t, "B1", &[("b1-x", "x86_64", 4)]);
+    let b2 = start_site(t, "B2", &[("b2-x", "x86_64", 4), ("b2-sparc", "sparc64", 4)]);
+    link(&r, &a);
+    link(&r, &b);
+    link(&a, &a1);
+    link(&a, &a2);
+    link(&b, &b1);
+    link(&b, &b2);
+    wait_live(&r, &["A", "B"]);
+    wait_live(&a, &["R", "A1", "A2"]);
+    wait_live(&b, &["R", "B1", "B2"]);
+    for s in [&a1, &a2] {
+        wait_live(s, &["A"]);
+    }
+    for s in [&b1, &b2] {
+        wait_live(s, &["B"]);
+    }
+    let x86 = write_req(t, "x86", 2, "x86_64");
+    let arm = write_req(t, "arm", 2, "aarch64");
+    let sparc = write_req(t, "sparc", 2, "sparc64");
+    // Every endpoint sees its own hosts (the simulated producers are up).
+    let all = [&r, &a, &b, &a1, &a2, &b1, &b2];
+    for s in all {
+        let own = format!("{}-x", s.name.to_lowercase());
+        assert!(
+            wait_until(T, || hosts(&query(s, &x86, Some(0))) == [own.clone()]),
+            "{} never matched its own host: {:#}",
+            s.name,
+            query(s, &x86, Some(0))
+        );
+    }
+
+    // Levels 0: the manager asked, alone; the busy host never matches.
+    let q = query(&a1, &x86, Some(0));
+    expect(&q, &["a1-x"], &[], "A1 levels 0");
+    assert_eq!(strings(&q, "answered"), ["A1"]);
+    let res = &q["resources"][0];
+    assert_eq!(
+        (res["site"].as_str(), res["endpoint"].as_str()),
+        (Some("A1"), Some(a1.fed.addr.as_str()))
+    );
+    // Levels 1: it and its children; a match below means no escalation.
+    let q = query(&a, &x86, Some(1));
+    expect(&q, &["a-x", "a1-x", "a2-x"], &[], "A levels 1");
+    assert_eq!(
+        strings(&q, "answered").into_iter().collect::<BTreeSet<_>>(),
+        set(&["A", "A1", "A2"])
+    );
+    let q = query(&r, &x86, Some(1));
+    expect(&q, &["r-x", "a-x", "b-x"], &[], "R levels 1");
+    // Unlimited from the root: every site's x86 host, each once, with its own endpoint.
+    let q = query(&r, &x86, None);
+    expect(
+        &q,
+        &["r-x", "a-x", "b-x", "a1-x", "a2-x", "b1-x", "b2-x"],
+        &[],
+        "R unlimited",
+    );
+    for res in q["resources"].as_array().unwrap() {
+        let site = res["site"].as_str().unwrap();
+        let owner = all.iter().find(|s| s.name == site).unwrap();
+        assert_eq!(res["endpoint"].as_str(), Some(owner.fed.addr.as_str()), "{res}");
+        assert_eq!(
+            res["host"].as_str().unwrap(),
+            format!("{}-x", site.to_lowercase())
+        );
+    }
+    assert_eq!(q["resources"][6]["distance"], 2, "{q:#}");
+
+    // Escalation only from a subtree without a match: A1 has no arm host and no children, so
+    // the query goes up to A, whose other child A2 has one: it stops there (R's r-arm is not
+    // asked for).
+    expect(&query(&a1, &arm, None), &["a2-arm"], &["A1>A"], "arm from A1");
+    // Asked at A, the subtree matches: no escalation at all.
+    expect(&query(&a, &arm, None), &["a2-arm"], &[], "arm from A");
+    // From B the subtree has none: up to R, which has one and also searches A's subtree.
+    let q = query(&b, &arm, None);
+    expect(&q, &["r-arm", "a2-arm"], &["B>R"], "arm from B");
+    assert_eq!(
+        (
+            q["resources"][0]["distance"].as_u64(),
+            q["resources"][1]["distance"].as_u64()
+        ),
+        (Some(1), Some(3))
+    );
+    // Levels bound the travel up and down: b2-sparc is 4 links from A1.
+    expect(
+        &query(&a1, &sparc, Some(1)),
+        &[],
+        &["A1>A"],
+        "sparc from A1 levels 1",
+    );
+    expect(
+        &query(&a1, &sparc, Some(3)),
+        &[],
+        &["A1>A", "A>R"],
+        "sparc from A1 levels 3",
+    );
+    expect(
+        &query(&a1, &sparc, Some(4)),
+        &["b2-sparc"],
+        &["A1>A", "A>R"],
+        "sparc from A1 levels 4",
+    );
+    let q = query(&a1, &sparc, None);
+    expect(&q, &["b2-sparc"], &["A1>A", "A>R"], "sparc from A1 unlimited");
+    assert_eq!(q["resources"][0]["endpoint"].as_str(), Some(b2.fed.addr.as_str()));
+    expect(&query(&a1, &sparc, Some(0)), &[], &[], "sparc from A1 levels 0");
+
+    // Reserve through the owner: A2 manages a2-x.
+    let job = write_req(t, "job", 2, "x86_64");
+    let reserve = |host: &str, start: &str| {
+        gma(
+            &[
+                "grid",
+                "reserve",
+                "--federation",
+                &a2.fed.addr,
+                "--host",
+                host,
+                "--job",
+                &job,
+                "--exclusive",
+                "--start-s",
+                start,
+                "--duration-s",
+                "600",
+                "--output",
+                "json",
+            ],
+            T,
+        )
+    };
+    let first = reserve("a2-x", "0");
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let res: Value = serde_json::from_str(&first.stdout).unwrap();
+    let number = res["number"].as_u64().unwrap();
+    assert!(number >= 1, "{res}");
+    assert_eq!(
+        (res["site"].as_str(), res["host"].as_str(), res["cpus"].as_u64()),
+        (Some("A2"), Some("a2-x"), Some(4))
+    );
+    assert_eq!(res["state"], "reserved");
+    // The same host and time, exclusively, again: refused, precisely.
+    let second = reserve("a2-x", "0");
+    assert_ne!(second.code, 0, "{}", second.stdout);
+    assert!(second.stderr.contains("ResourceExhausted"), "{}", second.stderr);
+    // The reserved host no longer matches a query (its CPUs are promised) ...
+    let q = query(&a, &x86, Some(1));
+    expect(&q, &["a-x", "a1-x"], &[], "A levels 1 with a2-x reserved");
+    // ... and a future time is decided by the calendar: once granted, then refused.
+    let later = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3_600)
+        .to_string();
+    let f1 = reserve("a2-x", &later);
+    assert_eq!(f1.code, 0, "{}", f1.stderr);
+    let f2 = reserve("a2-x", &later);
+    assert!(
+        f2.code != 0 && f2.stderr.contains("ResourceExhausted") && f2.stderr.contains("is reserved over"),
+        "{}",
+        f2.stderr
+    );
+    // An unknown host and a host of another site are not this endpoint's to reserve.
+    let other = reserve("a1-x", "0");
+    assert!(
+        other.code != 0 && other.stderr.contains("NotFound"),
+        "{}",
+        other.stderr
+    );
+
+    // Start: the job runs on the reserved host, at the owner.
+    let n = number.to_string();
+    let s = gma(
+        &[
+            "grid",
+            "start",
+            &n,
+            "--federation",
+            &a2.fed.addr,
+            "--output",
+            "json",
+        ],
+        T,
+    );
+    assert_eq!(s.code, 0, "{}", s.stderr);
+    let started: Value = serde_json::from_str(&s.stdout).unwrap();
+    let job_id = started["job_id"].as_str().unwrap().to_string();
+    assert!(job_id.starts_with("A2/"), "{started}");
+    let again = gma(&["grid", "start", &n, "--federation", &a2.fed.addr], T);
+    assert!(
+        again.code != 0 && again.stderr.contains("FailedPrecondition"),
+        "{}",
+        again.stderr
+    );
+    let ran_on = || {
+        let r = gma(
+            &[
+                "job",
+                "status",
+                &job_id,
+                "--federation",
+                &a2.fed.addr,
+                "--output",
+                "json",
+            ],
+            T,
+        );
+        serde_json::from_str::<Value>(&r.stdout).ok()
+    };
+    assert!(
+        wait_until(T, || ran_on()
+            .is_some_and(|j| j["state"] == "finished" && j["host"] == "a2-x")),
+        "the reserved job did not run on a2-x: {:?}",
+        ran_on()
+    );
+    // Release: once.
+    let rel = gma(&["grid", "release", &n, "--federation", &a2.fed.addr], T);
+    assert_eq!(rel.code, 0, "{}", rel.stderr);
+    let rel = gma(&["grid", "release", &n, "--federation", &a2.fed.addr], T);
+    assert!(rel.code != 0 && rel.stderr.contains("NotFound"), "{}", rel.stderr);
+
+    // An echo: B1 also under A. From R, B1 is reached through A and through B; it answers
+    // the second arrival empty, so its host comes once.
+    link(&a, &b1);
+    wait_live(&a, &["B1"]);
+    wait_live(&b1, &["A", "B"]);
+    let q = query(&r, &x86, None);
+    let got = hosts(&q);
+    let unique: BTreeSet<String> = got.iter().cloned().collect();
+    assert_eq!(got.len(), unique.len(), "{q:#}");
+    assert_eq!(
+        unique,
+        set(&["r-x", "a-x", "b-x", "a1-x", "a2-x", "b1-x", "b2-x"]),
+        "{q:#}"
+    );
+    assert_eq!(q["duplicates"], 1, "{q:#}");
+    assert!(strings(&q, "unreached").is_empty(), "{q:#}");
+}
