@@ -288,8 +288,14 @@ fn every_grpc_role_lists_its_services_by_reflection_and_is_serving() {
     let sim = sim_file(tmp.path(), "w", 2, 200);
     let arch = tmp.path().join("archive");
     let any = "127.0.0.1:0";
+    // The Slurm adapter needs a (throw-away) Slurm cluster; without one it is left out here
+    // (under CI=true that fails) and tests/tests/slurm.rs says why.
+    let slurm = common::slurm::cluster_or_skip("wire: the slurm role");
+    let slurm_cfg = slurm
+        .as_ref()
+        .map(|c| c.adapter_config("").to_str().unwrap().to_string());
     // (role, args, the role's own services)
-    let roles: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
+    let mut roles: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
         (
             "producer",
             vec![
@@ -351,7 +357,11 @@ fn every_grpc_role_lists_its_services_by_reflection_and_is_serving() {
                 "--listen",
                 any,
             ],
-            [&PRODUCER[..], &["gma.v1.Federation", "gma.v1.SiteScheduler"]].concat(),
+            [
+                &PRODUCER[..],
+                &["gma.v1.Federation", "gma.v1.SiteScheduler", "gma.v1.Grid"],
+            ]
+            .concat(),
         ),
         (
             "sink",
@@ -390,6 +400,13 @@ fn every_grpc_role_lists_its_services_by_reflection_and_is_serving() {
             PRODUCER.to_vec(),
         ),
     ];
+    if let Some(cfg) = &slurm_cfg {
+        roles.push((
+            "slurm",
+            vec!["slurm", "--listen", any, "--directory", &d, "--config", cfg],
+            [&PRODUCER[..], &["gma.v1.Reservations"]].concat(),
+        ));
+    }
     let started: Vec<(String, Proc)> = std::thread::scope(|s| {
         let hs: Vec<_> = roles
             .iter()
@@ -437,7 +454,7 @@ fn every_grpc_role_lists_its_services_by_reflection_and_is_serving() {
         started.iter().map(|(r, p)| (r.clone(), p.addr.clone())).collect();
     addrs.insert("directory".into(), d.clone());
     addrs.insert("app-sim".into(), app.addr.clone());
-    assert_eq!(addrs.len(), 12);
+    assert_eq!(addrs.len(), 12 + usize::from(slurm.is_some()));
 
     let r = run_py(
         &py,
