@@ -51,6 +51,9 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1
     fi
 fi
 
+# One clean build, not an incremental cache beside it (it doubles the target dir's size).
+export CARGO_INCREMENTAL=0
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
