@@ -54,8 +54,8 @@ use crate::service::RESERVATION_EVENT;
 
 /// Owner of the reservations a simulation starts with.
 pub const BACKGROUND_OWNER: &str = "background";
-/// Longest reservation accepted, and farthest start.
-const MAX_SPAN_S: i64 = 366 * 86_400;
+/// Longest reservation accepted, and farthest start (`gma simres` and `gma slurm` alike).
+pub(crate) const MAX_SPAN_S: i64 = 366 * 86_400;
 /// Reservations that ended this long ago are dropped (and published as `expired`).
 const EXPIRE_AFTER_S: i64 = 60;
 
@@ -218,6 +218,31 @@ pub(crate) fn publish_reservation(hub: Option<&Hub>, source: &str, r: &Reservati
     }
 }
 
+/// Checks the numbers of a window request (`gma simres` and `gma slurm` alike): at least one
+/// CPU, a duration of at most [`MAX_SPAN_S`], a window that is not reversed and does not start
+/// more than that ahead of `now_s`. INVALID_ARGUMENT naming the field.
+pub(crate) fn check_window(
+    cpus: u32,
+    duration_s: i64,
+    earliest: i64,
+    latest: i64,
+    now_s: i64,
+) -> Result<(), Error> {
+    if cpus == 0 {
+        return Err(invalid("cpus: must be at least 1"));
+    }
+    if !(1..=MAX_SPAN_S).contains(&duration_s) {
+        return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
+    }
+    if earliest > latest {
+        return Err(invalid("earliest_start_s: must not be after latest_start_s"));
+    }
+    if latest > now_s + MAX_SPAN_S {
+        return Err(invalid("latest_start_s: at most a year ahead"));
+    }
+    Ok(())
+}
+
 /// The manager's state behind the gRPC service.
 pub struct Manager {
     calendars: Mutex<Calendars>,
@@ -334,18 +359,7 @@ impl Manager {
         latest: i64,
         now_s: i64,
     ) -> Result<Result<(i64, i64), Answer>, Error> {
-        if cpus == 0 {
-            return Err(invalid("cpus: must be at least 1"));
-        }
-        if !(1..=MAX_SPAN_S).contains(&duration_s) {
-            return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
-        }
-        if earliest > latest {
-            return Err(invalid("earliest_start_s: must not be after latest_start_s"));
-        }
-        if latest > now_s + MAX_SPAN_S {
-            return Err(invalid("latest_start_s: at most a year ahead"));
-        }
+        check_window(cpus, duration_s, earliest, latest, now_s)?;
         if !self.resources.iter().any(|r| r.name == resource) {
             return Ok(Err(Answer::Never(format!(
                 "unknown resource {:?}",

@@ -23,12 +23,10 @@ use super::config::SlurmConfig;
 use crate::error::Error;
 use crate::remote::{answer_to_proto, reservation_to_proto};
 use crate::reserve::{Answer, Reservation};
-use crate::simres::owned_by;
+use crate::simres::{check_window, owned_by};
 
 /// The job lifecycle events of a batch system.
 pub const JOB_EVENT: &str = "job.batch";
-/// Longest reservation accepted, and farthest start.
-const MAX_SPAN_S: i64 = 366 * 86_400;
 /// Start times tried for one request (each after the end of what was in the way).
 const MAX_ATTEMPTS: usize = 16;
 /// Largest batch script accepted.
@@ -349,18 +347,7 @@ impl SlurmManager {
         if resource.is_empty() || resource.len() > 256 {
             return Err(invalid("resource: give a node name (1..=256 bytes)"));
         }
-        if cpus == 0 {
-            return Err(invalid("cpus: must be at least 1"));
-        }
-        if !(1..=MAX_SPAN_S).contains(&duration_s) {
-            return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
-        }
-        if earliest > latest {
-            return Err(invalid("earliest_start_s: must not be after latest_start_s"));
-        }
-        if latest > now + MAX_SPAN_S {
-            return Err(invalid("latest_start_s: at most a year ahead"));
-        }
+        check_window(cpus, duration_s, earliest, latest, now)?;
         let Some(node) = self.node(resource) else {
             return Ok(Err(Answer::Never(format!(
                 "unknown resource {:?}: this Slurm adapter offers {:?}",
