@@ -34,16 +34,10 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
-impl From<Error> for Status {
-    fn from(e: Error) -> Status {
-        match e {
-            Error::Refused(r) => r.into(),
-            Error::Store(StoreError::Invalid(m)) => Status::invalid_argument(m),
-            Error::Store(s) => Status::internal(s.to_string()),
-            other => Status::internal(other.to_string()),
-        }
-    }
-}
+gma_core::status_from!(Error,
+    Error::Store(StoreError::Invalid(m)) => Status::invalid_argument(m),
+    Error::Store(s) => Status::internal(s.to_string()),
+);
 
 #[cfg(test)]
 mod tests {
@@ -53,22 +47,25 @@ mod tests {
 
     #[test]
     fn each_variant_maps_to_its_code_and_keeps_its_message() {
-        let cases = [
+        gma_core::assert_statuses([
             (
                 Error::invalid_argument("aggregate 42 is unknown"),
                 Code::InvalidArgument,
-                "aggregate 42 is unknown",
             ),
-            (
-                Error::not_found("no series stored for x"),
-                Code::NotFound,
-                "no series stored for x",
-            ),
+            (Error::not_found("no series stored for x"), Code::NotFound),
             (
                 Error::from(Refusal::resource_exhausted("rate limit")),
                 Code::ResourceExhausted,
-                "rate limit",
             ),
+            (Error::Config("data_dir".into()), Code::Internal),
+            (Error::Io(std::io::Error::other("disk")), Code::Internal),
+        ]);
+        assert_eq!(
+            Status::from(Error::Config("data_dir".into())).message(),
+            "invalid archiver config: data_dir"
+        );
+        // A store error says what the store said, without the variant's prefix.
+        let cases = [
             (
                 Error::Store(StoreError::Invalid("step: too small".into())),
                 Code::InvalidArgument,
@@ -78,16 +75,6 @@ mod tests {
                 Error::Store(StoreError::Storage("disk".into())),
                 Code::Internal,
                 "storage: disk",
-            ),
-            (
-                Error::Config("data_dir".into()),
-                Code::Internal,
-                "invalid archiver config: data_dir",
-            ),
-            (
-                Error::Io(std::io::Error::other("disk")),
-                Code::Internal,
-                "io error: disk",
             ),
         ];
         for (e, code, msg) in cases {

@@ -4,7 +4,6 @@
 //! the broker's own failures are INTERNAL.
 
 use gma_core::{Refusal, Refuse};
-use tonic::Status;
 
 use crate::reserve::ReserveError;
 
@@ -63,19 +62,12 @@ impl From<ReserveError> for Error {
     }
 }
 
-impl From<Error> for Status {
-    fn from(e: Error) -> Status {
-        match e {
-            Error::Refused(r) => r.into(),
-            other => Status::internal(other.to_string()),
-        }
-    }
-}
+gma_core::status_from!(Error);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Code;
+    use tonic::{Code, Status};
 
     #[test]
     fn each_variant_maps_to_its_code_and_keeps_its_message() {
@@ -105,12 +97,7 @@ mod tests {
             ),
             (Error::Producer("bind".into()), Code::Internal),
         ];
-        for (e, code) in cases {
-            let msg = e.to_string();
-            let s = Status::from(e);
-            assert_eq!(s.code(), code, "{msg}");
-            assert_eq!(s.message(), msg);
-        }
+        gma_core::assert_statuses(cases);
         assert_eq!(
             Status::from(Error::Config("rank: x".into())).message(),
             "invalid broker config: rank: x"

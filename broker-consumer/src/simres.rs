@@ -54,8 +54,8 @@ use crate::service::RESERVATION_EVENT;
 
 /// Owner of the reservations a simulation starts with.
 pub const BACKGROUND_OWNER: &str = "background";
-/// Longest reservation accepted, and farthest start.
-const MAX_SPAN_S: i64 = 366 * 86_400;
+/// Longest reservation accepted, and farthest start (`gma simres` and `gma slurm` alike).
+pub(crate) const MAX_SPAN_S: i64 = 366 * 86_400;
 /// Reservations that ended this long ago are dropped (and published as `expired`).
 const EXPIRE_AFTER_S: i64 = 60;
 
@@ -202,6 +202,47 @@ pub fn reservation_schema() -> pb::EventSchema {
     )
 }
 
+/// Publishes a `reservation.state` event (`gma simres` and `gma slurm` alike); nothing without
+/// a hub, a warning when the hub refuses it.
+pub(crate) fn publish_reservation(hub: Option<&Hub>, source: &str, r: &Reservation, state: &str) {
+    let Some(hub) = hub else { return };
+    let e = EventData {
+        name: RESERVATION_EVENT.into(),
+        source: source.to_string(),
+        timestamp_ns: now_ns(),
+        numbers: vec![r.start_s as f64, r.end_s as f64, f64::from(r.cpus)],
+        strings: vec![r.id.clone(), r.resource.clone(), r.owner.clone(), state.into()],
+    };
+    if let (_, Err(err)) = hub.publish(&[e]) {
+        tracing::warn!(error = %err, "cannot publish reservation.state");
+    }
+}
+
+/// Checks the numbers of a window request (`gma simres` and `gma slurm` alike): at least one
+/// CPU, a duration of at most [`MAX_SPAN_S`], a window that is not reversed and does not start
+/// more than that ahead of `now_s`. INVALID_ARGUMENT naming the field.
+pub(crate) fn check_window(
+    cpus: u32,
+    duration_s: i64,
+    earliest: i64,
+    latest: i64,
+    now_s: i64,
+) -> Result<(), Error> {
+    if cpus == 0 {
+        return Err(invalid("cpus: must be at least 1"));
+    }
+    if !(1..=MAX_SPAN_S).contains(&duration_s) {
+        return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
+    }
+    if earliest > latest {
+        return Err(invalid("earliest_start_s: must not be after latest_start_s"));
+    }
+    if latest > now_s + MAX_SPAN_S {
+        return Err(invalid("latest_start_s: at most a year ahead"));
+    }
+    Ok(())
+}
+
 /// The manager's state behind the gRPC service.
 pub struct Manager {
     calendars: Mutex<Calendars>,
@@ -305,17 +346,7 @@ impl Manager {
     }
 
     fn publish(&self, r: &Reservation, state: &str) {
-        let Some(hub) = &self.hub else { return };
-        let e = EventData {
-            name: RESERVATION_EVENT.into(),
-            source: self.source.clone(),
-            timestamp_ns: now_ns(),
-            numbers: vec![r.start_s as f64, r.end_s as f64, f64::from(r.cpus)],
-            strings: vec![r.id.clone(), r.resource.clone(), r.owner.clone(), state.into()],
-        };
-        if let (_, Err(err)) = hub.publish(&[e]) {
-            tracing::warn!(error = %err, "cannot publish reservation.state");
-        }
+        publish_reservation(self.hub.as_deref(), &self.source, r, state);
     }
 
     /// Checks a window request and applies the clock (no start in the past) and the horizon.
@@ -328,18 +359,7 @@ impl Manager {
         latest: i64,
         now_s: i64,
     ) -> Result<Result<(i64, i64), Answer>, Error> {
-        if cpus == 0 {
-            return Err(invalid("cpus: must be at least 1"));
-        }
-        if !(1..=MAX_SPAN_S).contains(&duration_s) {
-            return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
-        }
-        if earliest > latest {
-            return Err(invalid("earliest_start_s: must not be after latest_start_s"));
-        }
-        if latest > now_s + MAX_SPAN_S {
-            return Err(invalid("latest_start_s: at most a year ahead"));
-        }
+        check_window(cpus, duration_s, earliest, latest, now_s)?;
         if !self.resources.iter().any(|r| r.name == resource) {
             return Ok(Err(Answer::Never(format!(
                 "unknown resource {:?}",
@@ -613,16 +633,60 @@ pub const DOORS: &[Door] = &[
     ),
 ];
 
-/// The `Reservations` gRPC service.
-pub struct ReservationService {
-    pub manager: Arc<Manager>,
+/// A resource manager behind the `Reservations` service: [`Manager`] (`gma simres`) and
+/// [`crate::slurm::SlurmManager`] (`gma slurm`). The service checks the caller (the doors,
+/// [`caller_owner`]); the manager checks the rest of the request and answers.
+#[tonic::async_trait]
+pub trait ResourceManager: Send + Sync + 'static {
+    /// What `Resources` answers.
+    fn resources(&self) -> Vec<pb::ReservableResource>;
+    async fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Error>;
+    async fn modify(
+        &self,
+        req: &pb::ModifyReservationRequest,
+        owner: &str,
+    ) -> Result<pb::ReserveResponse, Error>;
+    async fn release(&self, req: &pb::ReleaseReservationRequest, owner: &str) -> Result<(), Error>;
+    /// The reservations `req` selects (its `resource` and `owner` are at most 256 bytes).
+    fn list(&self, req: &pb::ListReservationsRequest) -> Vec<pb::Reservation>;
+    async fn claim(&self, req: &pb::ClaimRequest, owner: &str) -> Result<pb::BatchJob, Error>;
+    async fn job_status(&self, req: &pb::BatchJobRequest, owner: &str) -> Result<pb::BatchJob, Error>;
+    async fn cancel_job(&self, req: &pb::BatchJobRequest, owner: &str) -> Result<pb::BatchJob, Error>;
+}
+
+/// The `Reservations` gRPC service of a [`ResourceManager`].
+pub struct ReservationService<M> {
+    pub manager: Arc<M>,
     pub gate: Arc<Gate>,
 }
 
-impl ReservationService {
-    fn owner<T>(&self, req: &Request<T>, claimed: &str) -> Result<String, Error> {
-        caller_owner(&self.gate, req, claimed)
+/// `found` (the `kind` named `id`) when `owner` holds it (`holder`): NOT_FOUND when there is
+/// none, PERMISSION_DENIED naming its holder (then `rule`) when it is another's.
+pub(crate) fn owned_by<T>(
+    found: Option<T>,
+    holder: impl Fn(&T) -> &str,
+    kind: &str,
+    id: &str,
+    owner: &str,
+    rule: &str,
+) -> Result<T, Error> {
+    let id = gma_core::clip(id, 64);
+    let item = found.ok_or_else(|| Error::not_found(format!("{kind} {id:?} not found")))?;
+    let held_by = holder(&item);
+    if held_by != owner {
+        return Err(Error::permission_denied(format!(
+            "{kind} {id:?} belongs to {held_by:?}, not {owner:?}{rule}"
+        )));
     }
+    Ok(item)
+}
+
+/// INVALID_ARGUMENT when `s` is longer than 256 bytes.
+pub(crate) fn bounded(what: &str, s: &str) -> Result<(), Error> {
+    if s.len() > 256 {
+        return Err(invalid(format!("{what}: at most 256 bytes")));
+    }
+    Ok(())
 }
 
 /// The owner of a reservation request (`gma simres` and `gma slurm` alike): the certificate's
@@ -654,7 +718,7 @@ pub fn caller_owner<T>(gate: &Gate, req: &Request<T>, claimed: &str) -> Result<S
 }
 
 #[tonic::async_trait]
-impl Reservations for ReservationService {
+impl<M: ResourceManager> Reservations for ReservationService<M> {
     async fn resources(
         &self,
         req: Request<pb::ResourcesRequest>,
@@ -662,7 +726,7 @@ impl Reservations for ReservationService {
         self.gate
             .check_raw(&req, Action::Reserve, &[RESERVATION_EVENT], RAW_ONLY)?;
         Ok(Response::new(pb::ResourcesResponse {
-            resources: self.manager.resources.clone(),
+            resources: self.manager.resources(),
         }))
     }
 
@@ -670,30 +734,24 @@ impl Reservations for ReservationService {
         &self,
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
-        let owner = self.owner(&req, &req.get_ref().owner)?;
-        self.manager
-            .reserve(req.get_ref(), &owner)
-            .map(Response::new)
-            .map_err(Status::from)
+        let owner = caller_owner(&self.gate, &req, &req.get_ref().owner)?;
+        Ok(Response::new(self.manager.reserve(req.get_ref(), &owner).await?))
     }
 
     async fn modify(
         &self,
         req: Request<pb::ModifyReservationRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
-        let owner = self.owner(&req, &req.get_ref().owner)?;
-        self.manager
-            .modify(req.get_ref(), &owner)
-            .map(Response::new)
-            .map_err(Status::from)
+        let owner = caller_owner(&self.gate, &req, &req.get_ref().owner)?;
+        Ok(Response::new(self.manager.modify(req.get_ref(), &owner).await?))
     }
 
     async fn release(
         &self,
         req: Request<pb::ReleaseReservationRequest>,
     ) -> Result<Response<pb::ReleaseReservationResponse>, Status> {
-        let owner = self.owner(&req, &req.get_ref().owner)?;
-        self.manager.release(&req.get_ref().id, &owner)?;
+        let owner = caller_owner(&self.gate, &req, &req.get_ref().owner)?;
+        self.manager.release(req.get_ref(), &owner).await?;
         Ok(Response::new(pb::ReleaseReservationResponse { released: true }))
     }
 
@@ -703,48 +761,86 @@ impl Reservations for ReservationService {
     ) -> Result<Response<pb::ListReservationsResponse>, Status> {
         self.gate
             .check_raw(&req, Action::Reserve, &[RESERVATION_EVENT], RAW_ONLY)?;
-        if req.get_ref().resource.len() > 256 || req.get_ref().owner.len() > 256 {
-            return Err(invalid("resource and owner: at most 256 bytes").into());
-        }
+        bounded("resource", &req.get_ref().resource)?;
+        bounded("owner", &req.get_ref().owner)?;
         Ok(Response::new(pb::ListReservationsResponse {
             reservations: self.manager.list(req.get_ref()),
         }))
     }
 
-    /// Only the creator may claim; then the simulator says it runs no jobs.
     async fn claim(&self, req: Request<pb::ClaimRequest>) -> Result<Response<pb::BatchJob>, Status> {
-        let owner = self.owner(&req, &req.get_ref().owner)?;
-        let id = &req.get_ref().reservation_id;
-        let local = self.manager.local_id(id)?;
+        let owner = caller_owner(&self.gate, &req, &req.get_ref().owner)?;
+        Ok(Response::new(self.manager.claim(req.get_ref(), &owner).await?))
+    }
+
+    async fn job_status(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
+        let owner = caller_owner(&self.gate, &req, &req.get_ref().owner)?;
+        Ok(Response::new(
+            self.manager.job_status(req.get_ref(), &owner).await?,
+        ))
+    }
+
+    async fn cancel_job(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
+        let owner = caller_owner(&self.gate, &req, &req.get_ref().owner)?;
+        Ok(Response::new(
+            self.manager.cancel_job(req.get_ref(), &owner).await?,
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl ResourceManager for Manager {
+    fn resources(&self) -> Vec<pb::ReservableResource> {
+        self.resources.clone()
+    }
+
+    async fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Error> {
+        Manager::reserve(self, req, owner)
+    }
+
+    async fn modify(
+        &self,
+        req: &pb::ModifyReservationRequest,
+        owner: &str,
+    ) -> Result<pb::ReserveResponse, Error> {
+        Manager::modify(self, req, owner)
+    }
+
+    async fn release(&self, req: &pb::ReleaseReservationRequest, owner: &str) -> Result<(), Error> {
+        Manager::release(self, &req.id, owner)
+    }
+
+    fn list(&self, req: &pb::ListReservationsRequest) -> Vec<pb::Reservation> {
+        Manager::list(self, req)
+    }
+
+    /// Only the creator may claim; then the simulator says it runs no jobs.
+    async fn claim(&self, req: &pb::ClaimRequest, owner: &str) -> Result<pb::BatchJob, Error> {
+        let id = &req.reservation_id;
+        let local = self.local_id(id)?;
         let held = self
-            .manager
             .calendars
             .lock()
             .list("", "")
             .into_iter()
             .find(|r| r.id == local);
-        match held {
-            None => {
-                Err(Error::not_found(format!("reservation {:?} not found", gma_core::clip(id, 64))).into())
-            }
-            Some(r) if r.owner != owner => Err(Error::permission_denied(format!(
-                "reservation {:?} belongs to {:?}, not {owner:?}: only its creator may claim it",
-                gma_core::clip(id, 64),
-                r.owner
-            ))
-            .into()),
-            Some(_) => Err(Error::failed_precondition(NO_JOBS).into()),
-        }
+        owned_by(
+            held,
+            |r| r.owner.as_str(),
+            "reservation",
+            id,
+            owner,
+            ": only its creator may claim it",
+        )?;
+        Err(Error::failed_precondition(NO_JOBS))
     }
 
-    async fn job_status(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
-        self.owner(&req, &req.get_ref().owner)?;
-        Err(Error::failed_precondition(NO_JOBS).into())
+    async fn job_status(&self, _req: &pb::BatchJobRequest, _owner: &str) -> Result<pb::BatchJob, Error> {
+        Err(Error::failed_precondition(NO_JOBS))
     }
 
-    async fn cancel_job(&self, req: Request<pb::BatchJobRequest>) -> Result<Response<pb::BatchJob>, Status> {
-        self.owner(&req, &req.get_ref().owner)?;
-        Err(Error::failed_precondition(NO_JOBS).into())
+    async fn cancel_job(&self, _req: &pb::BatchJobRequest, _owner: &str) -> Result<pb::BatchJob, Error> {
+        Err(Error::failed_precondition(NO_JOBS))
     }
 }
 
@@ -752,19 +848,49 @@ impl Reservations for ReservationService {
 const NO_JOBS: &str =
     "gma simres simulates reservations and runs no jobs: run jobs at a resource manager that does (gma slurm)";
 
+/// The producer a resource manager (`role`: simres, slurm) runs in: a producer of `schemas`
+/// and nobody's archive (`who.push` is turned off: its events are pulled by who wants them).
+pub(crate) fn manager_producer(
+    role: &str,
+    endpoint: &gma_core::endpoint::Endpoint,
+    who: Identity,
+    schemas: &[pb::EventSchema],
+) -> Result<Producer, gma_producer::ProducerError> {
+    Producer::embedded(role, endpoint, Identity { push: false, ..who }, schemas)
+}
+
+/// Serves `manager`'s `Reservations` service, beside the producer's own, until `shutdown`.
+pub(crate) async fn serve<M: ResourceManager>(
+    producer: Producer,
+    manager: Arc<M>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), gma_producer::ProducerError> {
+    let service = ReservationService {
+        manager,
+        gate: producer.gate.clone(),
+    };
+    producer
+        .run_with(listener, shutdown, move |services| {
+            services.add_service(
+                pb::reservations_server::ReservationsServer::new(service)
+                    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
+            )
+        })
+        .await
+}
+
 /// Runs the simulated resource manager until `shutdown`.
 pub async fn run(
     config: SimresConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let producer = Producer::embedded(
+    let producer = manager_producer(
         "simres",
         &config.endpoint,
         Identity {
             lease_ttl_ms: config.lease_ttl_ms,
-            // Nobody's archive: reservation events are pulled by who wants them.
-            push: false,
             ..Identity::new(&config.source, config.directory.clone())
         },
         &[reservation_schema()],
@@ -789,18 +915,7 @@ pub async fn run(
             }
         })
     };
-    let service = ReservationService {
-        manager,
-        gate: producer.gate.clone(),
-    };
-    let r = producer
-        .run_with(listener, shutdown, move |services| {
-            services.add_service(
-                pb::reservations_server::ReservationsServer::new(service)
-                    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
-            )
-        })
-        .await;
+    let r = serve(producer, manager, listener, shutdown).await;
     expirer.abort();
     r.map_err(|e| Error::Simres(e.to_string()))
 }

@@ -167,12 +167,7 @@ mod tests {
             ),
             (ConsumerError::Registration("ttl".into()), Code::Internal),
         ];
-        for (e, code) in cases {
-            let msg = e.to_string();
-            let s = Status::from(e);
-            assert_eq!(s.code(), code, "{msg}");
-            assert_eq!(s.message(), msg);
-        }
+        gma_core::assert_statuses(cases);
         assert_eq!(
             Status::from(ConsumerError::Rpc(
                 "search".into(),

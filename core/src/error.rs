@@ -131,6 +131,47 @@ constructors! {
 
 impl<E: From<Refusal>> Refuse for E {}
 
+/// The one `From<Error> for tonic::Status` of a service crate whose error enum holds a
+/// [`Refusal`] as `Error::Refused`: a refusal keeps its code and message, the arms given say
+/// what the crate's own variants are on the wire, and every other variant is INTERNAL with the
+/// error's message.
+///
+/// ```ignore
+/// gma_core::status_from!(Error,
+///     e @ (Error::Echo(..) | Error::Transfer(..)) => Status::unavailable(e.to_string()),
+/// );
+/// ```
+#[macro_export]
+macro_rules! status_from {
+    ($error:ident $(, $pat:pat => $status:expr)* $(,)?) => {
+        impl ::std::convert::From<$error> for ::tonic::Status {
+            fn from(e: $error) -> ::tonic::Status {
+                match e {
+                    $error::Refused(r) => r.into(),
+                    $($pat => $status,)*
+                    other => ::tonic::Status::internal(other.to_string()),
+                }
+            }
+        }
+    };
+}
+
+/// The check of a service crate's mapping to statuses (for its unit test): each error becomes
+/// a status with the code given and the error's own message. Panics naming the first error
+/// that does not.
+pub fn assert_statuses<E>(cases: impl IntoIterator<Item = (E, Code)>)
+where
+    E: std::fmt::Display,
+    Status: From<E>,
+{
+    for (e, code) in cases {
+        let msg = e.to_string();
+        let s = Status::from(e);
+        assert_eq!(s.code(), code, "{msg}");
+        assert_eq!(s.message(), msg, "the status keeps the message of {msg:?}");
+    }
+}
+
 /// What gma-core's own functions fail with; see the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -225,6 +266,20 @@ mod tests {
         }
         assert!(toml::from_str::<Refusal>("Sideways = \"m\"").is_err());
         assert!(toml::from_str::<Refusal>("NotFound = \"a\"\nInternal = \"b\"").is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "down")]
+    fn assert_statuses_fails_on_a_wrong_code() {
+        assert_statuses([(Refusal::unavailable("down"), Code::Internal)]);
+    }
+
+    #[test]
+    fn assert_statuses_passes_on_the_right_codes() {
+        assert_statuses([
+            (Refusal::unavailable("down"), Code::Unavailable),
+            (Refusal::not_found("gone"), Code::NotFound),
+        ]);
     }
 
     #[test]

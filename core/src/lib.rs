@@ -44,7 +44,7 @@ pub mod telemetry;
 pub mod time;
 pub mod tls;
 
-pub use error::{Error, Refusal, Refuse};
+pub use error::{assert_statuses, Error, Refusal, Refuse};
 
 /// Largest gRPC message any role decodes (requests and stream items): 4 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

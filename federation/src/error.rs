@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 
 use gma_core::{Refusal, Refuse};
-use tonic::Status;
 
 /// A refused forward, as the receiver says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,19 +70,12 @@ impl From<Reject> for Error {
     }
 }
 
-impl From<Error> for Status {
-    fn from(e: Error) -> Status {
-        match e {
-            Error::Refused(r) => r.into(),
-            other => Status::internal(other.to_string()),
-        }
-    }
-}
+gma_core::status_from!(Error);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Code;
+    use tonic::{Code, Status};
 
     #[test]
     fn each_variant_maps_to_its_code_and_keeps_its_message() {
@@ -129,12 +121,7 @@ mod tests {
             (Error::from(Reject::Busy("a".into())), Code::ResourceExhausted),
             (Error::from(Reject::Exists("a".into())), Code::AlreadyExists),
         ];
-        for (e, code) in cases {
-            let msg = e.to_string();
-            let s = Status::from(e);
-            assert_eq!(s.code(), code, "{msg}");
-            assert_eq!(s.message(), msg);
-        }
+        gma_core::assert_statuses(cases);
         assert_eq!(
             Status::from(Error::Config("site".into())).message(),
             "invalid federation config: site"

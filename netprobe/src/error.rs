@@ -34,15 +34,9 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
-impl From<Error> for Status {
-    fn from(e: Error) -> Status {
-        match e {
-            Error::Refused(r) => r.into(),
-            Error::Echo(..) | Error::Transfer(..) => Status::unavailable(e.to_string()),
-            other => Status::internal(other.to_string()),
-        }
-    }
-}
+gma_core::status_from!(Error,
+    e @ (Error::Echo(..) | Error::Transfer(..)) => Status::unavailable(e.to_string()),
+);
 
 #[cfg(test)]
 mod tests {
@@ -69,12 +63,7 @@ mod tests {
             (Error::Producer("bind".into()), Code::Internal),
             (Error::Io(std::io::Error::other("disk")), Code::Internal),
         ];
-        for (e, code) in cases {
-            let msg = e.to_string();
-            let s = Status::from(e);
-            assert_eq!(s.code(), code, "{msg}");
-            assert_eq!(s.message(), msg);
-        }
+        gma_core::assert_statuses(cases);
         assert_eq!(
             Status::from(Error::Echo("b".into(), "refused".into())).message(),
             "echo to b: refused"

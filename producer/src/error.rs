@@ -51,15 +51,9 @@ impl From<PublishError> for Error {
     }
 }
 
-impl From<Error> for Status {
-    fn from(e: Error) -> Status {
-        match e {
-            Error::Refused(r) => r.into(),
-            Error::Registration(_) => Status::failed_precondition(e.to_string()),
-            other => Status::internal(other.to_string()),
-        }
-    }
-}
+gma_core::status_from!(Error,
+    e @ Error::Registration(_) => Status::failed_precondition(e.to_string()),
+);
 
 #[cfg(test)]
 mod tests {
@@ -86,12 +80,7 @@ mod tests {
             (Error::Config("period_ms".into()), Code::Internal),
             (Error::Io(std::io::Error::other("disk")), Code::Internal),
         ];
-        for (e, code) in cases {
-            let msg = e.to_string();
-            let s = Status::from(e);
-            assert_eq!(s.code(), code, "{msg}");
-            assert_eq!(s.message(), msg);
-        }
+        gma_core::assert_statuses(cases);
         assert_eq!(
             Status::from(Error::not_found("no subscription 7 on this producer")).message(),
             "no subscription 7 on this producer"

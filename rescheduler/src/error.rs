@@ -50,12 +50,7 @@ mod tests {
             (Error::Config("directory".into()), Code::Internal),
             (Error::Producer("bind".into()), Code::Internal),
         ];
-        for (e, code) in cases {
-            let msg = e.to_string();
-            let s = Status::from(e);
-            assert_eq!(s.code(), code, "{msg}");
-            assert_eq!(s.message(), msg);
-        }
+        gma_core::assert_statuses(cases);
         assert_eq!(
             Status::from(Error::Config("x".into())).message(),
             "invalid rescheduler config: x"

@@ -68,6 +68,17 @@ where
     }
 }
 
+/// A plaintext gRPC channel to `addr` (`host:port`), once it accepts connections: an endpoint
+/// serves once its listener task runs, so this polls, within 30 s.
+pub async fn connected(addr: impl std::fmt::Display) -> tonic::transport::Channel {
+    let url = format!("http://{addr}");
+    wait_for("the endpoint to serve", Duration::from_secs(30), || {
+        let url = url.clone();
+        async move { tonic::transport::Endpoint::from_shared(url)?.connect().await }
+    })
+    .await
+}
+
 /// [`wait_for`] without the panic: the value, or the last `Err` once `timeout` passed.
 pub async fn poll_for<T, E, F, Fut>(timeout: Duration, mut attempt: F) -> Result<T, E>
 where
@@ -158,6 +169,37 @@ impl Proc {
         let mut args = vec!["producer", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         Proc::start(&args, "gma producer listening on")
+    }
+
+    /// A producer of the simulated hosts in `sim` (no host sensors), registered in
+    /// `directory`; `extra` are more flags.
+    pub fn simulated(directory: &str, sim: &Path, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "--directory",
+            directory,
+            "--no-host-sensors",
+            "--simulate",
+            sim.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        Proc::producer(&args)
+    }
+
+    /// `gma ROLE --listen 127.0.0.1:0 --directory DIRECTORY --config CONFIG`, waiting for
+    /// `gma ROLE listening on` (broker, federation, rescheduler, slurm).
+    pub fn role(role: &str, directory: &str, config: &Path) -> Proc {
+        Proc::start(
+            &[
+                role,
+                "--listen",
+                "127.0.0.1:0",
+                "--directory",
+                directory,
+                "--config",
+                config.to_str().unwrap(),
+            ],
+            &format!("gma {role} listening on"),
+        )
     }
 
     pub fn stdout_lines(&self) -> Vec<String> {
@@ -269,6 +311,60 @@ pub fn search_ids(dir: &str, pattern: &str) -> Option<Vec<(String, String)>> {
             })
             .collect(),
     )
+}
+
+/// A gRPC channel to `addr` over mTLS, trusting `certs`' CA and presenting `who`'s
+/// certificate (the layout [`make_certs`] writes: `ca/ca.pem`, `certs/WHO.pem`, `certs/WHO.key`).
+pub async fn mtls_channel(certs: &Path, addr: &str, who: &str) -> tonic::transport::Channel {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let pem = |p: &str| std::fs::read(certs.join(p)).unwrap();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(pem("ca/ca.pem")))
+        .domain_name("127.0.0.1")
+        .identity(Identity::from_pem(
+            pem(&format!("certs/{who}.pem")),
+            pem(&format!("certs/{who}.key")),
+        ));
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// `gma federation add` in the directory at `directory`: the site `site` at `endpoint`, with
+/// `--role ROLE` when given (parent, child). Panics with its stderr when it fails.
+pub fn federation_add(directory: &str, site: &str, endpoint: &str, role: Option<&str>) {
+    let mut args = vec![
+        "federation",
+        "add",
+        "--directory",
+        directory,
+        "--site",
+        site,
+        "--endpoint",
+        endpoint,
+    ];
+    if let Some(role) = role {
+        args.extend_from_slice(&["--role", role]);
+    }
+    let r = gma(&args, Duration::from_secs(30));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+/// `gma federation status --output json` of the federation endpoint at `fed`; the error is
+/// the command's stderr, or why its output is not JSON.
+pub fn federation_status(fed: &str) -> Result<serde_json::Value, String> {
+    let r = gma(
+        &["federation", "status", "--federation", fed, "--output", "json"],
+        Duration::from_secs(30),
+    );
+    if r.code != 0 {
+        return Err(r.stderr);
+    }
+    serde_json::from_str(&r.stdout).map_err(|e| format!("{e}: {}", r.stdout))
 }
 
 pub fn tempdir() -> tempfile::TempDir {

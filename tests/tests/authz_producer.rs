@@ -14,7 +14,7 @@ use common::*;
 use gma_core::codec::BatchDecoder;
 use gma_proto::v1 as pb;
 use pb::producer_client::ProducerClient;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 use tonic::Code;
 
 /// Bob's rate class: at most one event per series every 2 s.
@@ -74,21 +74,7 @@ impl Site {
 
     /// A gRPC channel presenting `who`'s certificate.
     async fn channel(&self, who: &str) -> Channel {
-        let pem = |p: &str| std::fs::read(self.dir.join(p)).unwrap();
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(pem("ca/ca.pem")))
-            .domain_name("127.0.0.1")
-            .identity(Identity::from_pem(
-                pem(&format!("certs/{who}.pem")),
-                pem(&format!("certs/{who}.key")),
-            ));
-        Endpoint::from_shared(format!("https://{}", self.prod.addr))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
+        mtls_channel(&self.dir, &self.prod.addr, who).await
     }
 }
 

@@ -33,15 +33,7 @@ fn start(hosts: &str, extra_broker: &[&str]) -> Grid {
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let sim_file = tmp.path().join("sim.toml");
     std::fs::write(&sim_file, hosts).unwrap();
-    let sim = Proc::producer(&[
-        "--directory",
-        &dir.addr,
-        "--no-host-sensors",
-        "--simulate",
-        sim_file.to_str().unwrap(),
-        "--lease-ttl-ms",
-        "1000",
-    ]);
+    let sim = Proc::simulated(&dir.addr, &sim_file, &["--lease-ttl-ms", "1000"]);
     let mut args = vec!["broker", "--listen", "127.0.0.1:0", "--directory", &dir.addr];
     args.extend_from_slice(extra_broker);
     let broker = Proc::start(&args, "gma broker listening on");
@@ -207,27 +199,10 @@ fn stale_hosts_are_excluded_by_default() {
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let sim_file = tmp.path().join("sim.toml");
     std::fs::write(&sim_file, HOSTS).unwrap();
-    let sim = Proc::producer(&[
-        "--directory",
-        &dir.addr,
-        "--no-host-sensors",
-        "--simulate",
-        sim_file.to_str().unwrap(),
-    ]);
+    let sim = Proc::simulated(&dir.addr, &sim_file, &[]);
     let cfg = tmp.path().join("broker.toml");
     std::fs::write(&cfg, "[rank]\nmax_age_ms = 500\n").unwrap();
-    let broker = Proc::start(
-        &[
-            "broker",
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            &dir.addr,
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-        "gma broker listening on",
-    );
+    let broker = Proc::role("broker", &dir.addr, &cfg);
     let g = Grid {
         tmp,
         dir,

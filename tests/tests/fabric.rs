@@ -407,13 +407,7 @@ fn a_thousand_simulated_hosts_in_one_producer() {
         "period_ms = 200\n[[generate]]\ncount = 1000\nprefix = \"sim\"\nseed = 7\n",
     )
     .unwrap();
-    let prod = Proc::producer(&[
-        "--directory",
-        &dir.addr,
-        "--no-host-sensors",
-        "--simulate",
-        sim.to_str().unwrap(),
-    ]);
+    let prod = Proc::simulated(&dir.addr, &sim, &[]);
     // Every host's latest host.load is in the cache, and the record lists all 1,000 sources.
     let mut n = 0;
     assert!(

@@ -63,29 +63,10 @@ fn start_site(tmp: &Path, name: &str, hosts: &[(&str, u32, u32)], extra: &str) -
     let dir = Proc::directory(&d.join("dir"), "127.0.0.1:0");
     let sim_file = d.join("sim.toml");
     std::fs::write(&sim_file, hosts_toml(hosts)).unwrap();
-    let sim = Proc::producer(&[
-        "--directory",
-        &dir.addr,
-        "--no-host-sensors",
-        "--simulate",
-        sim_file.to_str().unwrap(),
-        "--lease-ttl-ms",
-        "2000",
-    ]);
+    let sim = Proc::simulated(&dir.addr, &sim_file, &["--lease-ttl-ms", "2000"]);
     let cfg = d.join("fed.toml");
     std::fs::write(&cfg, fed_toml(name, extra)).unwrap();
-    let fed = Proc::start(
-        &[
-            "federation",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--directory",
-            &dir.addr,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        "gma federation listening on",
-    );
+    let fed = Proc::role("federation", &dir.addr, &cfg);
     let events = Proc::start(
         &["subscribe", "*", "--producer", &fed.addr, "--output", "json"],
         "",
@@ -112,38 +93,13 @@ fn link(sites: &[&Site]) {
             if a.name == b.name {
                 continue;
             }
-            let r = gma(
-                &[
-                    "federation",
-                    "add",
-                    "--directory",
-                    &a.dir.addr,
-                    "--site",
-                    &b.name,
-                    "--endpoint",
-                    &b.fed.addr,
-                ],
-                T,
-            );
-            assert_eq!(r.code, 0, "{}", r.stderr);
+            federation_add(&a.dir.addr, &b.name, &b.fed.addr, None);
         }
     }
 }
 
 fn status(s: &Site) -> Value {
-    let r = gma(
-        &[
-            "federation",
-            "status",
-            "--federation",
-            &s.fed.addr,
-            "--output",
-            "json",
-        ],
-        T,
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    serde_json::from_str(&r.stdout).unwrap()
+    federation_status(&s.fed.addr).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn peer(s: &Site, site: &str) -> Option<Value> {

@@ -3,8 +3,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
-
 use gma_broker::job::Job;
 use gma_federation::config::FederationConfig;
 use gma_federation::service::with_site;
@@ -45,13 +43,7 @@ fn job() -> pb::JobSpec {
 #[tokio::test]
 async fn bad_federation_calls_get_precise_statuses() {
     let (addr, _stop) = endpoint().await;
-    // The endpoint serves once its listener task runs: poll, within a deadline.
-    let url = format!("http://{addr}");
-    let ch = gma_tests::wait_for("the endpoint to serve", Duration::from_secs(30), || {
-        let url = url.clone();
-        async move { tonic::transport::Endpoint::from_shared(url)?.connect().await }
-    })
-    .await;
+    let ch = gma_tests::connected(addr).await;
     let mut fed = pb::federation_client::FederationClient::new(ch.clone());
     let fwd = |visited: &[&str]| pb::ForwardRequest {
         global_job_id: "A/1".into(),
@@ -200,12 +192,7 @@ async fn bad_federation_calls_get_precise_statuses() {
 #[tokio::test]
 async fn bad_grid_calls_get_precise_statuses() {
     let (addr, _stop) = endpoint().await;
-    let url = format!("http://{addr}");
-    let ch = gma_tests::wait_for("the endpoint to serve", Duration::from_secs(30), || {
-        let url = url.clone();
-        async move { tonic::transport::Endpoint::from_shared(url)?.connect().await }
-    })
-    .await;
+    let ch = gma_tests::connected(addr).await;
     let mut fed = pb::federation_client::FederationClient::new(ch.clone());
     let mut grid = pb::grid_client::GridClient::new(ch);
     let q = |id: &str, path: &[&str]| pb::GridQuery {

@@ -52,15 +52,7 @@ fn start_site(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)]) -> Site {
     }
     let sim_file = d.join("sim.toml");
     std::fs::write(&sim_file, sim).unwrap();
-    let sim = Proc::producer(&[
-        "--directory",
-        &dir.addr,
-        "--no-host-sensors",
-        "--simulate",
-        sim_file.to_str().unwrap(),
-        "--lease-ttl-ms",
-        "2000",
-    ]);
+    let sim = Proc::simulated(&dir.addr, &sim_file, &["--lease-ttl-ms", "2000"]);
     let cfg = d.join("fed.toml");
     std::fs::write(
         &cfg,
@@ -72,18 +64,7 @@ fn start_site(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)]) -> Site {
         ),
     )
     .unwrap();
-    let fed = Proc::start(
-        &[
-            "federation",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--directory",
-            &dir.addr,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        "gma federation listening on",
-    );
+    let fed = Proc::role("federation", &dir.addr, &cfg);
     Site {
         name: name.into(),
         dir,
@@ -93,22 +74,7 @@ fn start_site(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)]) -> Site {
 }
 
 fn add(at: &Site, other: &Site, role: &str) {
-    let r = gma(
-        &[
-            "federation",
-            "add",
-            "--directory",
-            &at.dir.addr,
-            "--site",
-            &other.name,
-            "--endpoint",
-            &other.fed.addr,
-            "--role",
-            role,
-        ],
-        T,
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
+    federation_add(&at.dir.addr, &other.name, &other.fed.addr, Some(role));
 }
 
 /// `child` under `parent`, both ways.
@@ -120,21 +86,7 @@ fn link(parent: &Site, child: &Site) {
 /// Until `s` has a live session with each of `peers`.
 fn wait_live(s: &Site, peers: &[&str]) {
     let live = || {
-        let r = gma(
-            &[
-                "federation",
-                "status",
-                "--federation",
-                &s.fed.addr,
-                "--output",
-                "json",
-            ],
-            T,
-        );
-        if r.code != 0 {
-            return None;
-        }
-        let v: Value = serde_json::from_str(&r.stdout).ok()?;
+        let v = federation_status(&s.fed.addr).ok()?;
         let up: BTreeSet<String> = v["peers"]
             .as_array()?
             .iter()

@@ -27,31 +27,14 @@ fn start(cost_s: f64) -> Loop {
          [[host]]\nname = \"hostB\"\ncpus = 8\nmemory_mb = 1024\nload = 0.5\n",
     )
     .unwrap();
-    let prod = Proc::producer(&[
-        "--directory",
-        &dir.addr,
-        "--no-host-sensors",
-        "--simulate",
-        sim.to_str().unwrap(),
-    ]);
+    let prod = Proc::simulated(&dir.addr, &sim, &[]);
     let cfg = tmp.path().join("r.toml");
     std::fs::write(
         &cfg,
         format!("cost_s = {cost_s}\nthreshold = 0.3\nmax_age_ms = 2000\n"),
     )
     .unwrap();
-    let resched = Proc::start(
-        &[
-            "rescheduler",
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            &dir.addr,
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-        "gma rescheduler listening on",
-    );
+    let resched = Proc::role("rescheduler", &dir.addr, &cfg);
     // The rescheduler follows the simulated hosts before the application starts.
     let dir_addr = dir.addr.clone();
     assert!(wait_until(Duration::from_secs(20), || search_ids(

@@ -35,18 +35,7 @@ fn fabric(cluster: &Cluster) -> Fabric {
     let tmp = tempdir();
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let cfg = cluster.adapter_config("software = [\"sh\"]\n");
-    let adapter = Proc::start(
-        &[
-            "slurm",
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            &dir.addr,
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-        "gma slurm listening on",
-    );
+    let adapter = Proc::role("slurm", &dir.addr, &cfg);
     let bcfg = tmp.path().join("broker.toml");
     std::fs::write(
         &bcfg,
@@ -408,22 +397,7 @@ async fn a_controller_that_is_down_is_an_explicit_failure() {
 
 /// A gRPC channel to `addr` with `who`'s certificate of `site`.
 async fn channel(site: &secure::Secure, addr: &str, who: &str) -> tonic::transport::Channel {
-    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-    let pem = |p: String| std::fs::read(site.dir.join(p)).unwrap();
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(pem("ca/ca.pem".into())))
-        .domain_name("127.0.0.1")
-        .identity(Identity::from_pem(
-            pem(format!("certs/{who}.pem")),
-            pem(format!("certs/{who}.key")),
-        ));
-    Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .tls_config(tls)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
+    mtls_channel(&site.dir, addr, who).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -171,15 +171,7 @@ fn a_python_client_generated_from_every_proto_file_together_subscribes_to_a_prod
 
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let sim = sim_file(tmp.path(), "py", 2, 100);
-    let _prod = Proc::producer(&[
-        "--directory",
-        &dir.addr,
-        "--no-host-sensors",
-        "--simulate",
-        sim.to_str().unwrap(),
-        "--id",
-        "py-producer",
-    ]);
+    let _prod = Proc::simulated(&dir.addr, &sim, &["--id", "py-producer"]);
     assert!(
         wait_until(Duration::from_secs(30), || search_ids(&dir.addr, "host.*")
             .is_some_and(|v| v.iter().any(|(id, _)| id == "py-producer"))),

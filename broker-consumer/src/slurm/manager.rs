@@ -23,12 +23,10 @@ use super::config::SlurmConfig;
 use crate::error::Error;
 use crate::remote::{answer_to_proto, reservation_to_proto};
 use crate::reserve::{Answer, Reservation};
-use crate::service::RESERVATION_EVENT;
+use crate::simres::{check_window, owned_by};
 
 /// The job lifecycle events of a batch system.
 pub const JOB_EVENT: &str = "job.batch";
-/// Longest reservation accepted, and farthest start.
-const MAX_SPAN_S: i64 = 366 * 86_400;
 /// Start times tried for one request (each after the end of what was in the way).
 const MAX_ATTEMPTS: usize = 16;
 /// Largest batch script accepted.
@@ -248,17 +246,7 @@ impl SlurmManager {
     }
 
     fn publish_res(&self, r: &Reservation, state: &str) {
-        let Some(hub) = &self.hub else { return };
-        let e = EventData {
-            name: RESERVATION_EVENT.into(),
-            source: self.source.clone(),
-            timestamp_ns: now_ns(),
-            numbers: vec![r.start_s as f64, r.end_s as f64, f64::from(r.cpus)],
-            strings: vec![r.id.clone(), r.resource.clone(), r.owner.clone(), state.into()],
-        };
-        if let (_, Err(err)) = hub.publish(&[e]) {
-            tracing::warn!(error = %err, "cannot publish reservation.state");
-        }
+        crate::simres::publish_reservation(self.hub.as_deref(), &self.source, r, state);
     }
 
     fn publish_job(&self, j: &pb::BatchJob, cpus: u32) {
@@ -303,18 +291,16 @@ impl SlurmManager {
     /// creator, when it is not.
     fn holder_check(&self, id: &str, owner: &str, what: &str) -> Result<Reservation, Error> {
         let st = self.state.lock();
-        let h = st
-            .held
-            .get(id)
-            .ok_or_else(|| Error::not_found(format!("reservation {:?} not found", clip(id))))?;
-        if h.res.owner != owner {
-            return Err(Error::permission_denied(format!(
-                "reservation {:?} was made by {:?}, not {owner:?}: only its creator may {what} it",
-                clip(id),
-                h.res.owner
-            )));
-        }
-        Ok(h.res.clone())
+        let rule = format!(": only its creator may {what} it");
+        owned_by(
+            st.held.get(id),
+            |h| h.res.owner.as_str(),
+            "reservation",
+            id,
+            owner,
+            &rule,
+        )
+        .map(|h| h.res.clone())
     }
 
     /// The earliest time after `start` at which what overlaps `[start, start + dur)` on
@@ -361,18 +347,7 @@ impl SlurmManager {
         if resource.is_empty() || resource.len() > 256 {
             return Err(invalid("resource: give a node name (1..=256 bytes)"));
         }
-        if cpus == 0 {
-            return Err(invalid("cpus: must be at least 1"));
-        }
-        if !(1..=MAX_SPAN_S).contains(&duration_s) {
-            return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
-        }
-        if earliest > latest {
-            return Err(invalid("earliest_start_s: must not be after latest_start_s"));
-        }
-        if latest > now + MAX_SPAN_S {
-            return Err(invalid("latest_start_s: at most a year ahead"));
-        }
+        check_window(cpus, duration_s, earliest, latest, now)?;
         let Some(node) = self.node(resource) else {
             return Ok(Err(Answer::Never(format!(
                 "unknown resource {:?}: this Slurm adapter offers {:?}",
@@ -781,18 +756,15 @@ impl SlurmManager {
 
     fn owned_job(&self, job_id: &str, owner: &str) -> Result<pb::BatchJob, Error> {
         let st = self.state.lock();
-        let j = st
-            .jobs
-            .get(job_id)
-            .ok_or_else(|| Error::not_found(format!("job {:?} not found", clip(job_id))))?;
-        if j.info.owner != owner {
-            return Err(Error::permission_denied(format!(
-                "job {:?} belongs to {:?}, not {owner:?}",
-                clip(job_id),
-                j.info.owner
-            )));
-        }
-        Ok(j.info.clone())
+        owned_by(
+            st.jobs.get(job_id),
+            |j| j.info.owner.as_str(),
+            "job",
+            job_id,
+            owner,
+            "",
+        )
+        .map(|j| j.info.clone())
     }
 
     pub fn job(&self, job_id: &str, owner: &str) -> Result<pb::BatchJob, Error> {

@@ -8,7 +8,7 @@
 //!   job states (`squeue --json`), and the read-back loop that publishes `reservation.state`
 //!   (requested, granted, confirmed, modified, claimed, released, expired) and `job.batch`
 //!   (pending, running, completed, failed, cancelled, with the exit code).
-//! - [`service`]: the gRPC service.
+//! - [`service`]: its side of the `Reservations` service ([`crate::simres::ResourceManager`]).
 //!
 //! Only the creator of a reservation (its owner: the caller's certificate CN, as in simres)
 //! may modify, claim or release it; a reservation ends with its job.
@@ -22,8 +22,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gma_producer::{Identity, Producer};
-use gma_proto::v1 as pb;
+use gma_producer::Identity;
 use tokio::net::TcpListener;
 
 pub use config::SlurmConfig;
@@ -49,13 +48,11 @@ pub async fn run_notify(
     ready: tokio::sync::oneshot::Sender<()>,
 ) -> Result<(), Error> {
     config.validate()?;
-    let producer = Producer::embedded(
+    let producer = crate::simres::manager_producer(
         "slurm",
         &config.endpoint,
         Identity {
             lease_ttl_ms: config.lease_ttl_ms,
-            // Nobody's archive by default: the events are pulled by who wants them.
-            push: false,
             ..Identity::new(&config.source, config.directory.clone())
         },
         &[crate::simres::reservation_schema(), job_schema()],
@@ -75,18 +72,7 @@ pub async fn run_notify(
         })
     };
     let _ = ready.send(());
-    let service = service::SlurmService {
-        manager: manager.clone(),
-        gate: producer.gate.clone(),
-    };
-    let r = producer
-        .run_with(listener, shutdown, move |services| {
-            services.add_service(
-                pb::reservations_server::ReservationsServer::new(service)
-                    .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES),
-            )
-        })
-        .await;
+    let r = crate::simres::serve(producer, manager.clone(), listener, shutdown).await;
     poller.abort();
     manager.release_all().await;
     r.map_err(|e| Error::Producer(e.to_string()))
