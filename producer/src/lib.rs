@@ -79,6 +79,11 @@ pub struct ProducerConfig {
     pub buffer_events: usize,
     /// Run the real host sensors (/proc, /sys).
     pub host_sensors: bool,
+    /// Packages whose versions `host.info` reports in `software` (at most 64 Debian package
+    /// names); none = `gma_sensors::info::DEFAULT_PACKAGES`, `[]` = none.
+    pub packages: Option<Vec<String>>,
+    /// Every host command a sensor runs (`df`, `dpkg-query`) is killed after this.
+    pub command_timeout_ms: u64,
     /// Simulated hosts (TOML file, see docs/simulation.md).
     pub simulate: Option<PathBuf>,
     pub site: String,
@@ -117,6 +122,8 @@ impl Default for ProducerConfig {
             lease_ttl_ms: 10_000,
             buffer_events: 100_000,
             host_sensors: true,
+            packages: None,
+            command_timeout_ms: 5000,
             simulate: None,
             site: String::new(),
             org: String::new(),
@@ -225,12 +232,17 @@ impl Producer {
         let mut sensors: Vec<Box<dyn Sensor>> = Vec::new();
         let period = Duration::from_millis(config.period_ms);
         if config.host_sensors {
-            let hc = HostSensorConfig {
+            let mut hc = HostSensorConfig {
                 source: source.clone(),
                 period,
                 info_period: Duration::from_millis(config.info_period_ms.max(config.period_ms)),
+                command_timeout: Duration::from_millis(config.command_timeout_ms.max(1)),
                 ..HostSensorConfig::default()
             };
+            if let Some(p) = &config.packages {
+                gma_sensors::info::validate_packages(p).map_err(|e| ProducerError::Config(e.to_string()))?;
+                hc.packages.clone_from(p);
+            }
             sensors.extend(gma_sensors::host_sensors(&hc));
             sensors.push(gma_sensors::agent_sensor(&source, period, counters.clone()));
         }
@@ -584,7 +596,28 @@ async fn sensor_loop(
             _ = stop.changed() => return,
         }
         buf.clear();
-        match sensor.sample(now_ns(), &mut buf) {
+        let sampled = if sensor.blocking() {
+            // It runs host commands (each bounded by its timeout): off the async workers.
+            let now = now_ns();
+            let name = sensor.name().to_string();
+            let job = move || {
+                let r = sensor.sample(now, &mut buf);
+                (sensor, buf, r)
+            };
+            match tokio::task::spawn_blocking(job).await {
+                Ok((s, b, r)) => {
+                    (sensor, buf) = (s, b);
+                    r
+                }
+                Err(e) => {
+                    tracing::error!(sensor = %name, error = %e, "sensor sample panicked; the sensor stops");
+                    return;
+                }
+            }
+        } else {
+            sensor.sample(now_ns(), &mut buf)
+        };
+        match sampled {
             Ok(()) => {
                 let values: usize = buf.iter().map(|e| e.numbers.len() + e.strings.len()).sum();
                 counters.values.fetch_add(values as u64, Ordering::Relaxed);

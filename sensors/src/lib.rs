@@ -9,7 +9,8 @@
 //! - [`net`]: `host.net`, one event per interface, from `/proc/net/dev` deltas.
 //! - [`disk`]: `host.disk`, one event per whole block device, from `/proc/diskstats` deltas.
 //! - [`tcp`]: `net.tcp` from the `Tcp:` lines of `/proc/net/snmp`.
-//! - [`info`]: `host.info` (OS, kernel, size), sent at start and every info period.
+//! - [`info`]: `host.info` (OS, kernel, size, free disk per mount, selected package versions),
+//!   sent at start and every info period.
 //! - [`load`]: `host.load`, the capacity summary a broker ranks hosts by.
 //! - [`agent`]: `gma.agent`, the agent's own cost, with the [`AgentCounters`] the producer bumps.
 //! - [`schemas`]: the schema of every event above, the contract of field order and units.
@@ -22,6 +23,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod agent;
+mod command;
 pub mod contract;
 pub mod cpu;
 pub mod disk;
@@ -53,6 +55,11 @@ pub trait Sensor: Send {
     fn schemas(&self) -> Vec<gma_proto::v1::EventSchema>;
     /// Sampling period.
     fn period(&self) -> Duration;
+    /// Whether a sample may block for a while (it runs host commands, each bounded by a
+    /// timeout): the producer then samples it off its async workers.
+    fn blocking(&self) -> bool {
+        false
+    }
     /// Takes one sample at `now_ns` (UTC ns), pushing events into `out`. A delta-based sensor
     /// may push nothing on its first call (baseline). Rates divide by the time between the
     /// `now_ns` of consecutive calls; a call whose `now_ns` is not later than the previous one
@@ -75,6 +82,13 @@ pub struct HostSensorConfig {
     pub period: Duration,
     /// Period of `host.info`. Default 60 s.
     pub info_period: Duration,
+    /// Where the host commands are (`df`, `dpkg-query`); `None` (the default) = `PATH`.
+    pub bin_dir: Option<PathBuf>,
+    /// Every host command is killed after this. Default 5 s.
+    pub command_timeout: Duration,
+    /// The packages whose versions `host.info` reports in `software` (checked by
+    /// [`info::validate_packages`]). Default [`info::DEFAULT_PACKAGES`].
+    pub packages: Vec<String>,
 }
 
 impl HostSensorConfig {
@@ -87,6 +101,9 @@ impl HostSensorConfig {
             os_release: PathBuf::from("/etc/os-release"),
             period: Duration::from_secs(1),
             info_period: Duration::from_secs(60),
+            bin_dir: None,
+            command_timeout: Duration::from_secs(5),
+            packages: info::DEFAULT_PACKAGES.iter().map(|p| p.to_string()).collect(),
         }
     }
 }
@@ -112,7 +129,14 @@ pub fn local_hostname() -> String {
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     use procfs::ProcSensor;
-    let info = info::Info::new(&cfg.os_release);
+    let info = info::Info::new(
+        &cfg.os_release,
+        info::InfoCommands {
+            bin_dir: cfg.bin_dir.clone(),
+            timeout: cfg.command_timeout,
+            packages: cfg.packages.clone(),
+        },
+    );
     vec![
         Box::new(ProcSensor::host(cfg, schemas::host_cpu(), cpu::Cpu::default())),
         Box::new(ProcSensor::host(cfg, schemas::host_mem(), mem::Mem)),

@@ -115,6 +115,17 @@ fn host_sensors_on_this_machine() {
     let info = first.iter().find(|e| e.name == "host.info").unwrap();
     assert_eq!(info.strings[2], std::env::consts::ARCH);
     assert!(info.numbers[0] >= 1.0 && info.numbers[2] > 1e9, "{info:?}");
+    // df is coreutils, on every ordinary Linux host: the root filesystem's free space is known.
+    if ["/bin/df", "/usr/bin/df"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+    {
+        assert!(info.numbers[3] > 0.0, "{info:?}");
+        assert!(
+            info.strings[6].split(',').any(|m| m.starts_with("/=")),
+            "{info:?}"
+        );
+    }
 
     let load = first.iter().find(|e| e.name == "host.load").unwrap();
     assert_eq!(load.numbers[2], info.numbers[0], "total_cpus = cores");

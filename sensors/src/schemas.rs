@@ -16,7 +16,7 @@ pub const HOST_INFO: &str = "host.info";
 pub const HOST_LOAD: &str = "host.load";
 pub const GMA_AGENT: &str = "gma.agent";
 
-/// The version of every built-in schema.
+/// The version of every built-in schema but `host.info` ([`HOST_INFO_VERSION`]).
 pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
 
 /// `host.cpu` (source = host): CPU time split over the last period, and the load averages.
@@ -181,12 +181,19 @@ pub fn net_tcp() -> EventSchema {
     )
 }
 
+/// The version of `host.info`: 2 is version 1 with `os_id`, `os_version`, `disk_free_mb`,
+/// `mounts` and `software` appended (a reader of version 1's fields, by name or by position
+/// among the numbers and among the strings, reads them unchanged). A new version because the
+/// directory refuses a changed definition under an existing one.
+pub const HOST_INFO_VERSION: u32 = 2;
+
 /// `host.info` (source = host): slowly changing facts, sent at start and every info period.
 pub fn host_info() -> EventSchema {
-    schema(
-        HOST_INFO,
-        "host description: operating system, kernel, architecture, size",
-        vec![
+    let mut s =
+        schema(
+            HOST_INFO,
+            "host description: operating system, kernel, architecture, size, free disk, installed software",
+            vec![
             text("os", "operating system (PRETTY_NAME of os-release)"),
             text("kernel", "kernel release"),
             text("arch", "CPU architecture"),
@@ -198,8 +205,26 @@ pub fn host_info() -> EventSchema {
                 "s",
                 "boot time, seconds since the Unix epoch (UTC)",
             ),
+            // Appended fields (older consumers read the ones above unchanged).
+            text("os_id", "operating system id (ID of os-release: debian, ubuntu, rhel...)"),
+            text("os_version", "operating system version (VERSION_ID of os-release; empty when none)"),
+            dbl(
+                "disk_free_mb",
+                "MiB",
+                "space available to unprivileged users on the root filesystem (NaN when unknown)",
+            ),
+            text(
+                "mounts",
+                "storage mounts as <mount>=<available MiB>/<size MiB> joined by ',' (df -P -k; at most 32)",
+            ),
+            text(
+                "software",
+                "installed packages of the configured list as name=version joined by ',' (dpkg-query)",
+            ),
         ],
-    )
+        );
+    s.version = HOST_INFO_VERSION;
+    s
 }
 
 /// `host.load` (source = host): what a broker needs to place work.
@@ -319,7 +344,7 @@ mod tests {
         );
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[5]),
-            "host.info v1: os string, kernel string, arch string, hostname string, cores double cpus, memory_mb double MiB, boot_time_s double s"
+            "host.info v2: os string, kernel string, arch string, hostname string, cores double cpus, memory_mb double MiB, boot_time_s double s, os_id string, os_version string, disk_free_mb double MiB, mounts string, software string"
         );
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[6]),
