@@ -82,8 +82,15 @@ pub struct ProducerConfig {
     /// Packages whose versions `host.info` reports in `software` (at most 64 Debian package
     /// names); none = `gma_sensors::info::DEFAULT_PACKAGES`, `[]` = none.
     pub packages: Option<Vec<String>>,
-    /// Every host command a sensor runs (`df`, `dpkg-query`) is killed after this.
+    /// Every host command a sensor runs (`df`, `dpkg-query`, `sinfo`, `squeue`) is killed
+    /// after this.
     pub command_timeout_ms: u64,
+    /// Run the batch-queue sensor (`batch.queue`; off by itself without a batch system).
+    pub batch: bool,
+    /// `batch.queue` period.
+    pub batch_period_ms: u64,
+    /// The slurm.conf the batch sensor uses; none = `$SLURM_CONF`, else `/etc/slurm`.
+    pub slurm_conf: Option<PathBuf>,
     /// Simulated hosts (TOML file, see docs/simulation.md).
     pub simulate: Option<PathBuf>,
     pub site: String,
@@ -124,6 +131,9 @@ impl Default for ProducerConfig {
             host_sensors: true,
             packages: None,
             command_timeout_ms: 5000,
+            batch: true,
+            batch_period_ms: 10_000,
+            slurm_conf: None,
             simulate: None,
             site: String::new(),
             org: String::new(),
@@ -237,6 +247,9 @@ impl Producer {
                 period,
                 info_period: Duration::from_millis(config.info_period_ms.max(config.period_ms)),
                 command_timeout: Duration::from_millis(config.command_timeout_ms.max(1)),
+                batch: config.batch,
+                batch_period: Duration::from_millis(config.batch_period_ms.max(1)),
+                slurm_conf: config.slurm_conf.clone(),
                 ..HostSensorConfig::default()
             };
             if let Some(p) = &config.packages {

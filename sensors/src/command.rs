@@ -9,6 +9,7 @@
 //! A program that is not installed is [`Ran::Missing`], not an error: a sensor whose command
 //! is absent is off on that host, and says so once.
 
+use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -68,9 +69,21 @@ pub(crate) fn run(
     timeout: Duration,
     max_out: usize,
 ) -> Result<Ran, SensorError> {
+    run_env(program, args, &[], timeout, max_out)
+}
+
+/// [`run`] with these variables added to its environment.
+pub(crate) fn run_env(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &OsStr)],
+    timeout: Duration,
+    max_out: usize,
+) -> Result<Ran, SensorError> {
     let started = Instant::now();
     let mut cmd = Command::new(program);
     cmd.args(args)
+        .envs(env.iter().copied())
         .env("LC_ALL", "C")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

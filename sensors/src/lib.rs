@@ -12,6 +12,8 @@
 //! - [`info`]: `host.info` (OS, kernel, size, free disk per mount, selected package versions),
 //!   sent at start and every info period.
 //! - [`load`]: `host.load`, the capacity summary a broker ranks hosts by.
+//! - [`batch`]: `batch.queue`, one event per Slurm partition (jobs pending and running, node
+//!   states); its pending jobs are `host.load`'s `queue_waiting`. Off without a batch system.
 //! - [`agent`]: `gma.agent`, the agent's own cost, with the [`AgentCounters`] the producer bumps.
 //! - [`schemas`]: the schema of every event above, the contract of field order and units.
 //! - [`sim`]: simulated hosts from a TOML file (demos, brokering, scale tests), changeable at
@@ -23,6 +25,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod agent;
+pub mod batch;
 mod command;
 pub mod contract;
 pub mod cpu;
@@ -89,6 +92,13 @@ pub struct HostSensorConfig {
     /// The packages whose versions `host.info` reports in `software` (checked by
     /// [`info::validate_packages`]). Default [`info::DEFAULT_PACKAGES`].
     pub packages: Vec<String>,
+    /// Run the batch-queue sensor (`batch.queue`; it turns itself off without a batch
+    /// system). Default true.
+    pub batch: bool,
+    /// Period of `batch.queue`. Default 10 s.
+    pub batch_period: Duration,
+    /// The slurm.conf of the batch sensor; `None` = `$SLURM_CONF`, else `/etc/slurm`.
+    pub slurm_conf: Option<PathBuf>,
 }
 
 impl HostSensorConfig {
@@ -104,6 +114,9 @@ impl HostSensorConfig {
             bin_dir: None,
             command_timeout: Duration::from_secs(5),
             packages: info::DEFAULT_PACKAGES.iter().map(|p| p.to_string()).collect(),
+            batch: true,
+            batch_period: Duration::from_secs(10),
+            slurm_conf: None,
         }
     }
 }
@@ -125,7 +138,7 @@ pub fn local_hostname() -> String {
 }
 
 /// All host sensors: `host.cpu`, `host.mem`, `host.net`, `host.disk`, `net.tcp`, `host.info`,
-/// `host.load`. Nothing is read until the first sample, so a missing file shows up as that
+/// `batch.queue` (unless `cfg.batch` is off), `host.load`. Nothing is read until the first sample, so a missing file shows up as that
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     use procfs::ProcSensor;
@@ -137,7 +150,7 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
             packages: cfg.packages.clone(),
         },
     );
-    vec![
+    let mut sensors: Vec<Box<dyn Sensor>> = vec![
         Box::new(ProcSensor::host(cfg, schemas::host_cpu(), cpu::Cpu::default())),
         Box::new(ProcSensor::host(cfg, schemas::host_mem(), mem::Mem)),
         Box::new(ProcSensor::host(cfg, schemas::host_net(), net::Net::default())),
@@ -155,8 +168,25 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
             schemas::host_info(),
             info,
         )),
-        Box::new(ProcSensor::host(cfg, schemas::host_load(), load::Load)),
-    ]
+    ];
+    let queue = batch::QueueShare::default();
+    if cfg.batch {
+        let commands = batch::BatchCommands {
+            bin_dir: cfg.bin_dir.clone(),
+            timeout: cfg.command_timeout,
+            slurm_conf: cfg.slurm_conf.clone(),
+        };
+        sensors.push(Box::new(ProcSensor::new(
+            &cfg.source,
+            cfg.batch_period,
+            &cfg.proc_root,
+            schemas::batch_queue(),
+            batch::Batch::new(commands, queue.clone()),
+        )));
+    }
+    let load = load::Load { queue };
+    sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_load(), load)));
+    sensors
 }
 
 /// The agent's own cost as `gma.agent` events from `source`; see [`agent`] for how each field

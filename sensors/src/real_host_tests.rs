@@ -161,7 +161,11 @@ fn a_missing_proc_fails_each_sensor_alone() {
         ..HostSensorConfig::new("h")
     };
     let mut out = Vec::new();
-    for mut s in host_sensors(&cfg) {
+    // batch.queue reads no /proc file (and is off without a batch system).
+    for mut s in host_sensors(&cfg)
+        .into_iter()
+        .filter(|s| s.name() != "batch.queue")
+    {
         let e = s.sample(0, &mut out).unwrap_err();
         assert!(matches!(e, SensorError::Io { .. }), "{}: {e}", s.name());
         assert!(e.to_string().contains("/nonexistent/proc"), "{e}");
@@ -182,6 +186,7 @@ fn sensor_names_and_schemas() {
             "host.disk",
             "net.tcp",
             "host.info",
+            "batch.queue",
             "host.load"
         ]
     );
@@ -189,8 +194,12 @@ fn sensor_names_and_schemas() {
         let sch = s.schemas();
         assert_eq!(sch.len(), 1);
         assert_eq!(sch[0].name, s.name());
-        let want = if s.name() == "host.info" { 60 } else { 1 };
+        let want = match s.name() {
+            "host.info" => 60,
+            "batch.queue" => 10,
+            _ => 1,
+        };
         assert_eq!(s.period(), Duration::from_secs(want));
     }
-    assert_eq!(builtin_schemas().len(), 8);
+    assert_eq!(builtin_schemas().len(), 9);
 }

@@ -15,6 +15,7 @@ pub const NET_TCP: &str = "net.tcp";
 pub const HOST_INFO: &str = "host.info";
 pub const HOST_LOAD: &str = "host.load";
 pub const GMA_AGENT: &str = "gma.agent";
+pub const BATCH_QUEUE: &str = "batch.queue";
 
 /// The version of every built-in schema but `host.info` ([`HOST_INFO_VERSION`]).
 pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
@@ -243,6 +244,9 @@ pub fn host_load() -> EventSchema {
             dbl(
                 "queue_waiting",
                 "jobs",
+                // Worded as registered in version 1 (a changed description is a changed
+                // definition to the directory). On a real host it is the batch system's
+                // pending jobs (`batch.queue`), 0 without one.
                 "jobs waiting in the local queue (0 on a real host)",
             ),
             dbl("memory_mb", "MiB", "usable physical memory"),
@@ -256,6 +260,27 @@ pub fn host_load() -> EventSchema {
                 "score",
                 "SPECfp-style floating-point benchmark score (NaN when unknown)",
             ),
+        ],
+    )
+}
+
+/// `batch.queue` (source = `<host>/<partition>`): one event per batch partition or queue.
+pub fn batch_queue() -> EventSchema {
+    schema(
+        BATCH_QUEUE,
+        "the local batch system's queue, per partition (Slurm: squeue and sinfo)",
+        vec![
+            dbl("jobs_pending", "jobs", "jobs waiting to start in the partition"),
+            dbl("jobs_running", "jobs", "jobs running in the partition"),
+            dbl("nodes_total", "nodes", "nodes of the partition"),
+            dbl("nodes_idle", "nodes", "nodes with nothing allocated"),
+            dbl("nodes_busy", "nodes", "nodes allocated, mixed or completing"),
+            dbl("nodes_down", "nodes", "nodes down, drained, draining or failing"),
+            dbl("cpus_total", "cpus", "CPUs of the partition's nodes"),
+            dbl("cpus_idle", "cpus", "CPUs idle (not allocated, not down)"),
+            text("partition", "partition (queue) name"),
+            text("system", "batch system: slurm"),
+            text("state", "partition availability: up, down, drain, inact"),
         ],
     )
 }
@@ -290,6 +315,7 @@ pub fn builtin_schemas() -> Vec<EventSchema> {
         host_info(),
         host_load(),
         gma_agent(),
+        batch_queue(),
     ]
 }
 
@@ -353,6 +379,10 @@ mod tests {
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[7]),
             "gma.agent v1: cpu_pct double %, rss_mb double MiB, values_per_s double values/s, events_per_s double events/s, threads double threads"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[8]),
+            "batch.queue v1: jobs_pending double jobs, jobs_running double jobs, nodes_total double nodes, nodes_idle double nodes, nodes_busy double nodes, nodes_down double nodes, cpus_total double cpus, cpus_idle double cpus, partition string, system string, state string"
         );
     }
 }
