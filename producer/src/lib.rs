@@ -91,6 +91,12 @@ pub struct ProducerConfig {
     pub batch_period_ms: u64,
     /// The slurm.conf the batch sensor uses; none = `$SLURM_CONF`, else `/etc/slurm`.
     pub slurm_conf: Option<PathBuf>,
+    /// Run the benchmark sensor (`host.bench`, its scores in `host.load`).
+    pub bench: bool,
+    /// Run time of each of the three benchmark kernels.
+    pub bench_ms: u64,
+    /// A later benchmark run waits this long after the last, and for an idle host.
+    pub bench_every_s: u64,
     /// Simulated hosts (TOML file, see docs/simulation.md).
     pub simulate: Option<PathBuf>,
     pub site: String,
@@ -134,6 +140,9 @@ impl Default for ProducerConfig {
             batch: true,
             batch_period_ms: 10_000,
             slurm_conf: None,
+            bench: true,
+            bench_ms: 100,
+            bench_every_s: 3600,
             simulate: None,
             site: String::new(),
             org: String::new(),
@@ -250,6 +259,9 @@ impl Producer {
                 batch: config.batch,
                 batch_period: Duration::from_millis(config.batch_period_ms.max(1)),
                 slurm_conf: config.slurm_conf.clone(),
+                bench: config.bench,
+                bench_budget: Duration::from_millis(config.bench_ms.clamp(1, 10_000)),
+                bench_every: Duration::from_secs(config.bench_every_s.max(1)),
                 ..HostSensorConfig::default()
             };
             if let Some(p) = &config.packages {

@@ -14,6 +14,8 @@
 //! - [`load`]: `host.load`, the capacity summary a broker ranks hosts by.
 //! - [`batch`]: `batch.queue`, one event per Slurm partition (jobs pending and running, node
 //!   states); its pending jobs are `host.load`'s `queue_waiting`. Off without a batch system.
+//! - [`bench`]: `host.bench`, a short CPU and memory benchmark at start and when idle; its
+//!   scores are `host.load`'s `bench_specint` / `bench_specfp`.
 //! - [`agent`]: `gma.agent`, the agent's own cost, with the [`AgentCounters`] the producer bumps.
 //! - [`schemas`]: the schema of every event above, the contract of field order and units.
 //! - [`sim`]: simulated hosts from a TOML file (demos, brokering, scale tests), changeable at
@@ -26,6 +28,7 @@
 
 pub mod agent;
 pub mod batch;
+pub mod bench;
 mod command;
 pub mod contract;
 pub mod cpu;
@@ -99,6 +102,12 @@ pub struct HostSensorConfig {
     pub batch_period: Duration,
     /// The slurm.conf of the batch sensor; `None` = `$SLURM_CONF`, else `/etc/slurm`.
     pub slurm_conf: Option<PathBuf>,
+    /// Run the benchmark sensor (`host.bench`). Default true.
+    pub bench: bool,
+    /// Run time of each benchmark kernel (three of them). Default 100 ms.
+    pub bench_budget: Duration,
+    /// A later benchmark run waits this long after the last, and for an idle host. Default 1 h.
+    pub bench_every: Duration,
 }
 
 impl HostSensorConfig {
@@ -117,6 +126,9 @@ impl HostSensorConfig {
             batch: true,
             batch_period: Duration::from_secs(10),
             slurm_conf: None,
+            bench: true,
+            bench_budget: Duration::from_millis(100),
+            bench_every: Duration::from_secs(3600),
         }
     }
 }
@@ -138,7 +150,8 @@ pub fn local_hostname() -> String {
 }
 
 /// All host sensors: `host.cpu`, `host.mem`, `host.net`, `host.disk`, `net.tcp`, `host.info`,
-/// `batch.queue` (unless `cfg.batch` is off), `host.load`. Nothing is read until the first sample, so a missing file shows up as that
+/// `batch.queue` (unless `cfg.batch` is off), `host.bench` (unless `cfg.bench` is off),
+/// `host.load`. Nothing is read until the first sample, so a missing file shows up as that
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     use procfs::ProcSensor;
@@ -184,7 +197,12 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
             batch::Batch::new(commands, queue.clone()),
         )));
     }
-    let load = load::Load { queue };
+    let scores = bench::BenchShare::default();
+    if cfg.bench {
+        let b = bench::Bench::new(cfg.bench_budget, cfg.bench_every, scores.clone());
+        sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_bench(), b)));
+    }
+    let load = load::Load { queue, bench: scores };
     sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_load(), load)));
     sensors
 }

@@ -16,6 +16,7 @@ pub const HOST_INFO: &str = "host.info";
 pub const HOST_LOAD: &str = "host.load";
 pub const GMA_AGENT: &str = "gma.agent";
 pub const BATCH_QUEUE: &str = "batch.queue";
+pub const HOST_BENCH: &str = "host.bench";
 
 /// The version of every built-in schema but `host.info` ([`HOST_INFO_VERSION`]).
 pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
@@ -285,6 +286,20 @@ pub fn batch_queue() -> EventSchema {
     )
 }
 
+/// `host.bench` (source = host): the agent's benchmark run (sensors/src/bench.rs).
+pub fn host_bench() -> EventSchema {
+    schema(
+        HOST_BENCH,
+        "a short CPU and memory benchmark of one thread, on the broker's reference scale (1000 = the reference machine)",
+        vec![
+            dbl("specint", "score", "integer throughput, 1000 = the reference machine"),
+            dbl("specfp", "score", "floating-point throughput, 1000 = the reference machine"),
+            dbl("mem_mbps", "MB/s", "memory copy bandwidth, bytes read plus written"),
+            dbl("duration_s", "s", "how long the run took"),
+        ],
+    )
+}
+
 /// `gma.agent` (source = the agent's host): what running the producer costs.
 pub fn gma_agent() -> EventSchema {
     schema(
@@ -316,6 +331,7 @@ pub fn builtin_schemas() -> Vec<EventSchema> {
         host_load(),
         gma_agent(),
         batch_queue(),
+        host_bench(),
     ]
 }
 
@@ -383,6 +399,10 @@ mod tests {
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[8]),
             "batch.queue v1: jobs_pending double jobs, jobs_running double jobs, nodes_total double nodes, nodes_idle double nodes, nodes_busy double nodes, nodes_down double nodes, cpus_total double cpus, cpus_idle double cpus, partition string, system string, state string"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[9]),
+            "host.bench v1: specint double score, specfp double score, mem_mbps double MB/s, duration_s double s"
         );
     }
 }

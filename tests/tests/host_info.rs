@@ -1,5 +1,7 @@
 //! `host.info` of a real host agent (free disk per mount, installed package versions) and the
-//! broker matching a job's `software` on it: a real directory, producer and broker.
+//! broker matching a job's `software` on it; the agent's benchmark (`host.bench`) in
+//! `host.load` and the broker's execution-time prediction by it: a real directory, producer
+//! and broker.
 
 #![allow(clippy::unwrap_used)]
 
@@ -147,4 +149,84 @@ fn host_info_reports_disk_and_packages_and_the_broker_matches_them() {
     );
     assert!(select("\"gma-no-such-package\"").is_empty());
     assert!(select("\"dpkg=0.0-not-this-version\"").is_empty());
+}
+
+#[test]
+fn the_benchmark_fills_host_load_and_the_broker_predicts_by_it() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let cfg = tmp.path().join("producer.toml");
+    std::fs::write(&cfg, "packages = []\nbench_ms = 50\n").unwrap();
+    let prod = Proc::producer(&[
+        "--directory",
+        &dir.addr,
+        "--source",
+        "benchhost",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    let latest = |name: &str| {
+        let r = gma(&["query", name, "--producer", &prod.addr, "--output", "json"], T);
+        json_lines(&r.stdout).pop()
+    };
+    // The run at start: host.bench, and its scores in every host.load after it.
+    let mut seen = (None, None);
+    assert!(
+        wait_until(T, || {
+            seen = (latest("host.bench"), latest("host.load"));
+            match &seen {
+                (Some(b), Some(l)) => l["values"]["bench_specint"] == b["values"]["specint"],
+                _ => false,
+            }
+        }),
+        "{seen:?}; stderr: {}",
+        prod.stderr_text()
+    );
+    let (Some(b), Some(l)) = seen else { unreachable!() };
+    let v = &b["values"];
+    for f in ["specint", "specfp", "mem_mbps", "duration_s"] {
+        assert!(v[f].as_f64().is_some_and(|x| x > 0.0), "{b}");
+    }
+    assert_eq!(l["values"]["bench_specfp"], v["specfp"], "{l}");
+    let specint = v["specint"].as_f64().unwrap();
+
+    // The broker predicts the execution time by it: T_ref × P_ref / P_r.
+    let broker = Proc::start(
+        &["broker", "--listen", "127.0.0.1:0", "--directory", &dir.addr],
+        "gma broker listening on",
+    );
+    let job = tmp.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "name = \"j\"\ncpus = 1\nreference_time_s = 1000\nreference = { specint = 1000 }\n",
+    )
+    .unwrap();
+    let mut ranked = Vec::new();
+    assert!(
+        wait_until(T, || {
+            let r = gma(
+                &[
+                    "broker",
+                    "select",
+                    "--job",
+                    job.to_str().unwrap(),
+                    "--broker",
+                    &broker.addr,
+                    "--output",
+                    "json",
+                ],
+                T,
+            );
+            ranked = serde_json::from_str::<Vec<serde_json::Value>>(&r.stdout).unwrap_or_default();
+            ranked.iter().any(|r| r["resource"] == "benchhost")
+        }),
+        "{ranked:?}; broker stderr: {}",
+        broker.stderr_text()
+    );
+    let exec = ranked[0]["exec_s"].as_f64().unwrap();
+    let want = 1000.0 * 1000.0 / specint;
+    assert!(
+        (exec - want).abs() <= want * 1e-9,
+        "exec_s {exec}, want {want}: {ranked:?}"
+    );
 }
