@@ -20,9 +20,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::command::{self, command_error, Ran};
+use crate::command::{command_error, Commands, Ran};
 use crate::procfs::{Emit, Files, Probe};
 use crate::SensorError;
 
@@ -180,19 +179,11 @@ pub fn find_slurm_conf(configured: Option<&Path>) -> Option<PathBuf> {
     SLURM_CONF_PATHS.iter().map(PathBuf::from).find(|p| p.is_file())
 }
 
-/// How the batch sensor runs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BatchCommands {
-    /// Where `sinfo` and `squeue` are; `None` = `PATH`.
-    pub bin_dir: Option<PathBuf>,
-    pub timeout: Duration,
-    /// slurm.conf; `None` = found by [`find_slurm_conf`].
-    pub slurm_conf: Option<PathBuf>,
-}
-
 /// Emits `batch.queue`; see the module doc.
 pub(crate) struct Batch {
-    commands: BatchCommands,
+    commands: Commands,
+    /// slurm.conf; `None` = found by [`find_slurm_conf`].
+    slurm_conf: Option<PathBuf>,
     queue: QueueShare,
     /// Off: the batch system is not there (said once).
     off: bool,
@@ -201,9 +192,12 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
-    pub(crate) fn new(commands: BatchCommands, queue: QueueShare) -> Batch {
+    /// `sinfo` and `squeue` run as `commands` says, with `slurm_conf` (`None`: found by
+    /// [`find_slurm_conf`]).
+    pub(crate) fn new(commands: Commands, slurm_conf: Option<PathBuf>, queue: QueueShare) -> Batch {
         Batch {
             commands,
+            slurm_conf,
             queue,
             off: false,
             conf: None,
@@ -218,16 +212,11 @@ impl Batch {
         args: &[&str],
         max: usize,
     ) -> Result<Option<String>, SensorError> {
-        let program = command::program(self.commands.bin_dir.as_deref(), name);
         let mut all = vec!["-h"];
         all.extend_from_slice(args);
-        let o = match command::run_env(
-            &program,
-            &all,
-            &[("SLURM_CONF", conf.as_os_str())],
-            self.commands.timeout,
-            max,
-        )? {
+        let env = [("SLURM_CONF", conf.as_os_str())];
+        let (program, ran) = self.commands.run(name, &all, &env, max);
+        let o = match ran? {
             Ran::Missing => return Ok(None),
             Ran::Done(o) => o,
         };
@@ -259,7 +248,7 @@ impl Probe for Batch {
         }
         let conf = match &self.conf {
             Some(c) => c.clone(),
-            None => match find_slurm_conf(self.commands.slurm_conf.as_deref()) {
+            None => match find_slurm_conf(self.slurm_conf.as_deref()) {
                 Some(c) => {
                     self.conf = Some(c.clone());
                     c
@@ -313,6 +302,7 @@ impl Probe for Batch {
 mod tests {
     use super::*;
     use crate::Sensor;
+    use std::time::Duration;
 
     const SINFO: &str = "\
 debug|up|idle|1|0/2/0/2
@@ -385,11 +375,11 @@ gpu|down|reserved|1|0/4/0/4
             dir,
             crate::schemas::batch_queue(),
             Batch::new(
-                BatchCommands {
+                Commands {
                     bin_dir: Some(dir.to_path_buf()),
                     timeout: Duration::from_secs(10),
-                    slurm_conf: conf,
                 },
+                conf,
                 queue,
             ),
         )

@@ -62,18 +62,32 @@ pub(crate) fn command_error(program: &Path, kind: std::io::ErrorKind, message: S
     }
 }
 
-/// Runs `program args` (see the module doc).
-pub(crate) fn run(
-    program: &Path,
-    args: &[&str],
-    timeout: Duration,
-    max_out: usize,
-) -> Result<Ran, SensorError> {
-    run_env(program, args, &[], timeout, max_out)
+/// Where the host commands are and how long each may run (from the host sensor config).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Commands {
+    /// `None` = `PATH`.
+    pub(crate) bin_dir: Option<PathBuf>,
+    /// Each is killed after this.
+    pub(crate) timeout: Duration,
 }
 
-/// [`run`] with these variables added to its environment.
-pub(crate) fn run_env(
+impl Commands {
+    /// Runs command `name` with `args` and `env` added ([`run`]): its path, and how it went.
+    pub(crate) fn run(
+        &self,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &OsStr)],
+        max_out: usize,
+    ) -> (PathBuf, Result<Ran, SensorError>) {
+        let program = program(self.bin_dir.as_deref(), name);
+        let ran = run(&program, args, env, self.timeout, max_out);
+        (program, ran)
+    }
+}
+
+/// Runs `program args` with these variables added to its environment (see the module doc).
+pub(crate) fn run(
     program: &Path,
     args: &[&str],
     env: &[(&str, &OsStr)],
@@ -182,7 +196,7 @@ fn reader(mut from: impl Read + Send + 'static, max: usize) -> mpsc::Receiver<(V
 
 /// Where a command is: `bin_dir/name` when a directory is configured, else `name` (found on
 /// `PATH`).
-pub(crate) fn program(bin_dir: Option<&Path>, name: &str) -> PathBuf {
+fn program(bin_dir: Option<&Path>, name: &str) -> PathBuf {
     bin_dir.map_or_else(|| PathBuf::from(name), |d| d.join(name))
 }
 
@@ -193,7 +207,7 @@ mod tests {
     const SEC: Duration = Duration::from_secs(10);
 
     fn sh(script: &str, timeout: Duration, max: usize) -> Result<Ran, SensorError> {
-        run(Path::new("/bin/sh"), &["-c", script], timeout, max)
+        run(Path::new("/bin/sh"), &["-c", script], &[], timeout, max)
     }
 
     #[test]
@@ -220,7 +234,7 @@ mod tests {
 
     #[test]
     fn a_missing_program_is_missing() {
-        let r = run(Path::new("/nonexistent/gma-no-such-command"), &[], SEC, 10).unwrap();
+        let r = run(Path::new("/nonexistent/gma-no-such-command"), &[], &[], SEC, 10).unwrap();
         assert_eq!(r, Ran::Missing);
         assert_eq!(program(None, "df"), PathBuf::from("df"));
         assert_eq!(

@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::command::{self, Ran};
+use crate::command::{self, Commands, Ran};
 use crate::mem::parse_meminfo;
 use crate::procfs::{kib_to_mib, parse_num, Emit, Files, Probe};
 use crate::SensorError;
@@ -289,22 +289,13 @@ pub fn software_entries(field: &str) -> impl Iterator<Item = &str> {
         .flatten()
 }
 
-/// The host commands `host.info` runs, and how.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InfoCommands {
-    /// Where `df` and `dpkg-query` are; `None` = `PATH`.
-    pub bin_dir: Option<PathBuf>,
-    /// Killed after this.
-    pub timeout: Duration,
-    /// Packages reported in `software` (validated by [`validate_packages`]).
-    pub packages: Vec<String>,
-}
-
 /// Emits `host.info`; see the module doc for when. Its sensor's period is the info period:
 /// the producer need not wake it more often.
 pub(crate) struct Info {
     os_release: PathBuf,
-    commands: InfoCommands,
+    commands: Commands,
+    /// Packages reported in `software` (validated by [`validate_packages`]).
+    packages: Vec<String>,
     last_ns: Option<i64>,
     /// Why `df` / `dpkg-query` gave nothing was logged (see [`tell_once`]).
     told_df: bool,
@@ -312,11 +303,12 @@ pub(crate) struct Info {
 }
 
 impl Info {
-    /// `os_release` is normally `/etc/os-release`.
-    pub(crate) fn new(os_release: &Path, commands: InfoCommands) -> Info {
+    /// `os_release` is normally `/etc/os-release`; `df` and `dpkg-query` run as `commands` says.
+    pub(crate) fn new(os_release: &Path, commands: Commands, packages: Vec<String>) -> Info {
         Info {
             os_release: os_release.to_path_buf(),
             commands,
+            packages,
             last_ns: None,
             told_df: false,
             told_dpkg: false,
@@ -336,8 +328,8 @@ impl Info {
 
     /// Runs `name args`: its output, or why not (not installed, timed out).
     fn output(&self, name: &str, args: &[&str]) -> Result<command::Output, String> {
-        let program = command::program(self.commands.bin_dir.as_deref(), name);
-        match command::run(&program, args, self.commands.timeout, MAX_COMMAND_OUTPUT) {
+        let (program, ran) = self.commands.run(name, args, &[], MAX_COMMAND_OUTPUT);
+        match ran {
             Ok(Ran::Done(o)) => {
                 if o.truncated {
                     tracing::debug!(command = %program.display(), "host.info: output over {MAX_COMMAND_OUTPUT} bytes; the rest is left out");
@@ -371,11 +363,11 @@ impl Info {
 
     /// `software`.
     fn software(&mut self) -> String {
-        if self.commands.packages.is_empty() {
+        if self.packages.is_empty() {
             return String::new();
         }
         let mut args = vec!["-W", "-f", "${Package}\\t${Version}\\t${db:Status-Abbrev}\\n"];
-        args.extend(self.commands.packages.iter().map(String::as_str));
+        args.extend(self.packages.iter().map(String::as_str));
         let found = self.output("dpkg-query", &args).and_then(|o| match o.code {
             // 1: some of the packages are not installed (or none is).
             Some(0 | 1) => Ok(parse_dpkg(&o.stdout)),
@@ -548,11 +540,11 @@ cpufreq_whatever 1
             crate::schemas::host_info(),
             Info::new(
                 os_release,
-                InfoCommands {
+                Commands {
                     bin_dir: Some(p.join("bin")),
                     timeout: Duration::from_secs(10),
-                    packages: packages.iter().map(|s| s.to_string()).collect(),
                 },
+                packages.iter().map(|s| s.to_string()).collect(),
             ),
         )
     }

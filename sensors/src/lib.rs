@@ -155,14 +155,11 @@ pub fn local_hostname() -> String {
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     use procfs::ProcSensor;
-    let info = info::Info::new(
-        &cfg.os_release,
-        info::InfoCommands {
-            bin_dir: cfg.bin_dir.clone(),
-            timeout: cfg.command_timeout,
-            packages: cfg.packages.clone(),
-        },
-    );
+    let commands = command::Commands {
+        bin_dir: cfg.bin_dir.clone(),
+        timeout: cfg.command_timeout,
+    };
+    let info = info::Info::new(&cfg.os_release, commands.clone(), cfg.packages.clone());
     let mut sensors: Vec<Box<dyn Sensor>> = vec![
         Box::new(ProcSensor::host(cfg, schemas::host_cpu(), cpu::Cpu::default())),
         Box::new(ProcSensor::host(cfg, schemas::host_mem(), mem::Mem)),
@@ -184,17 +181,13 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     ];
     let queue = batch::QueueShare::default();
     if cfg.batch {
-        let commands = batch::BatchCommands {
-            bin_dir: cfg.bin_dir.clone(),
-            timeout: cfg.command_timeout,
-            slurm_conf: cfg.slurm_conf.clone(),
-        };
+        let b = batch::Batch::new(commands, cfg.slurm_conf.clone(), queue.clone());
         sensors.push(Box::new(ProcSensor::new(
             &cfg.source,
             cfg.batch_period,
             &cfg.proc_root,
             schemas::batch_queue(),
-            batch::Batch::new(commands, queue.clone()),
+            b,
         )));
     }
     let scores = bench::BenchShare::default();
