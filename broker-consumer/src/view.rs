@@ -2,7 +2,8 @@
 //!
 //! One row per host (event source): `host.load` sets capacity, load, queue and benchmarks and
 //! stamps the row's freshness with the sample's own timestamp; `host.info` sets architecture,
-//! OS and memory; `host.cpu` refreshes `load1`; `net.bw.forecast` (from `gma netprobe`, series
+//! OS and memory, and adds each package of its `software` (`name=version,...`) as the software
+//! entries `name` and `name=version`; `host.cpu` refreshes `load1`; `net.bw.forecast` (from `gma netprobe`, series
 //! `<src>/<dst>`) sets the bandwidth of host `dst`: the largest forecast among the measured
 //! paths into it, since a pair's throughput is bounded by both of its ends and the best path
 //! in shows what the host's own link carries (the broker does not know where a job's input
@@ -239,6 +240,17 @@ impl LiveView {
                 if let Some(os) = ev.text("os") {
                     r.os = os.to_string();
                 }
+                if let Some(sw) = ev.text("software") {
+                    // What the host publishes now, on top of what the config declares: a
+                    // package removed from the host stops matching.
+                    let mut software = self.fresh_row(name, "").software;
+                    for entry in gma_sensors::info::software_entries(sw) {
+                        if !software.iter().any(|s| s == entry) {
+                            software.push(entry.to_string());
+                        }
+                    }
+                    r.software = software;
+                }
                 let mem = num("memory_mb");
                 if r.memory_mb.is_nan() && mem.is_finite() {
                     r.memory_mb = mem;
@@ -460,6 +472,20 @@ mod tests {
         assert!(!r.benchmarks.contains_key("specfp"), "NaN scores are not scores");
         assert_eq!(r.cost_per_cpu_hour, 0.5);
         assert_eq!(r.software, ["mpi"]);
+
+        // A host publishing its packages: each name and name=version, next to the config's.
+        let sw = |software: &str, t: i64| {
+            event("host.info", "h1", t, &[("cores", 8.0)], &[("software", software)])
+        };
+        assert!(v.apply("p1", &sw("mpi=4.1,python3=3.11.2-1", 400)));
+        let s = v.snapshot(500);
+        assert_eq!(
+            s.resources[0].software,
+            ["mpi", "mpi=4.1", "python3", "python3=3.11.2-1"]
+        );
+        // Removed from the host: no longer offered; the declared entry stays.
+        assert!(v.apply("p1", &sw("", 600)));
+        assert_eq!(v.snapshot(700).resources[0].software, ["mpi"]);
     }
 
     #[test]

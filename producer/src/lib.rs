@@ -79,6 +79,24 @@ pub struct ProducerConfig {
     pub buffer_events: usize,
     /// Run the real host sensors (/proc, /sys).
     pub host_sensors: bool,
+    /// Packages whose versions `host.info` reports in `software` (at most 64 Debian package
+    /// names); none = `gma_sensors::info::DEFAULT_PACKAGES`, `[]` = none.
+    pub packages: Option<Vec<String>>,
+    /// Every host command a sensor runs (`df`, `dpkg-query`, `sinfo`, `squeue`) is killed
+    /// after this.
+    pub command_timeout_ms: u64,
+    /// Run the batch-queue sensor (`batch.queue`; off by itself without a batch system).
+    pub batch: bool,
+    /// `batch.queue` period.
+    pub batch_period_ms: u64,
+    /// The slurm.conf the batch sensor uses; none = `$SLURM_CONF`, else `/etc/slurm`.
+    pub slurm_conf: Option<PathBuf>,
+    /// Run the benchmark sensor (`host.bench`, its scores in `host.load`).
+    pub bench: bool,
+    /// Run time of each of the three benchmark kernels.
+    pub bench_ms: u64,
+    /// A later benchmark run waits this long after the last, and for an idle host.
+    pub bench_every_s: u64,
     /// Simulated hosts (TOML file, see docs/simulation.md).
     pub simulate: Option<PathBuf>,
     pub site: String,
@@ -117,6 +135,14 @@ impl Default for ProducerConfig {
             lease_ttl_ms: 10_000,
             buffer_events: 100_000,
             host_sensors: true,
+            packages: None,
+            command_timeout_ms: 5000,
+            batch: true,
+            batch_period_ms: 10_000,
+            slurm_conf: None,
+            bench: true,
+            bench_ms: 100,
+            bench_every_s: 3600,
             simulate: None,
             site: String::new(),
             org: String::new(),
@@ -225,12 +251,23 @@ impl Producer {
         let mut sensors: Vec<Box<dyn Sensor>> = Vec::new();
         let period = Duration::from_millis(config.period_ms);
         if config.host_sensors {
-            let hc = HostSensorConfig {
+            let mut hc = HostSensorConfig {
                 source: source.clone(),
                 period,
                 info_period: Duration::from_millis(config.info_period_ms.max(config.period_ms)),
+                command_timeout: Duration::from_millis(config.command_timeout_ms.max(1)),
+                batch: config.batch,
+                batch_period: Duration::from_millis(config.batch_period_ms.max(1)),
+                slurm_conf: config.slurm_conf.clone(),
+                bench: config.bench,
+                bench_budget: Duration::from_millis(config.bench_ms.clamp(1, 10_000)),
+                bench_every: Duration::from_secs(config.bench_every_s.max(1)),
                 ..HostSensorConfig::default()
             };
+            if let Some(p) = &config.packages {
+                gma_sensors::info::validate_packages(p).map_err(|e| ProducerError::Config(e.to_string()))?;
+                hc.packages.clone_from(p);
+            }
             sensors.extend(gma_sensors::host_sensors(&hc));
             sensors.push(gma_sensors::agent_sensor(&source, period, counters.clone()));
         }
@@ -584,7 +621,28 @@ async fn sensor_loop(
             _ = stop.changed() => return,
         }
         buf.clear();
-        match sensor.sample(now_ns(), &mut buf) {
+        let sampled = if sensor.blocking() {
+            // It runs host commands (each bounded by its timeout): off the async workers.
+            let now = now_ns();
+            let name = sensor.name().to_string();
+            let job = move || {
+                let r = sensor.sample(now, &mut buf);
+                (sensor, buf, r)
+            };
+            match tokio::task::spawn_blocking(job).await {
+                Ok((s, b, r)) => {
+                    (sensor, buf) = (s, b);
+                    r
+                }
+                Err(e) => {
+                    tracing::error!(sensor = %name, error = %e, "sensor sample panicked; the sensor stops");
+                    return;
+                }
+            }
+        } else {
+            sensor.sample(now_ns(), &mut buf)
+        };
+        match sampled {
             Ok(()) => {
                 let values: usize = buf.iter().map(|e| e.numbers.len() + e.strings.len()).sum();
                 counters.values.fetch_add(values as u64, Ordering::Relaxed);

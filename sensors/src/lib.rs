@@ -9,8 +9,13 @@
 //! - [`net`]: `host.net`, one event per interface, from `/proc/net/dev` deltas.
 //! - [`disk`]: `host.disk`, one event per whole block device, from `/proc/diskstats` deltas.
 //! - [`tcp`]: `net.tcp` from the `Tcp:` lines of `/proc/net/snmp`.
-//! - [`info`]: `host.info` (OS, kernel, size), sent at start and every info period.
+//! - [`info`]: `host.info` (OS, kernel, size, free disk per mount, selected package versions),
+//!   sent at start and every info period.
 //! - [`load`]: `host.load`, the capacity summary a broker ranks hosts by.
+//! - [`batch`]: `batch.queue`, one event per Slurm partition (jobs pending and running, node
+//!   states); its pending jobs are `host.load`'s `queue_waiting`. Off without a batch system.
+//! - [`bench`]: `host.bench`, a short CPU and memory benchmark at start and when idle; its
+//!   scores are `host.load`'s `bench_specint` / `bench_specfp`.
 //! - [`agent`]: `gma.agent`, the agent's own cost, with the [`AgentCounters`] the producer bumps.
 //! - [`schemas`]: the schema of every event above, the contract of field order and units.
 //! - [`sim`]: simulated hosts from a TOML file (demos, brokering, scale tests), changeable at
@@ -22,6 +27,9 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod agent;
+pub mod batch;
+pub mod bench;
+mod command;
 pub mod contract;
 pub mod cpu;
 pub mod disk;
@@ -53,6 +61,11 @@ pub trait Sensor: Send {
     fn schemas(&self) -> Vec<gma_proto::v1::EventSchema>;
     /// Sampling period.
     fn period(&self) -> Duration;
+    /// Whether a sample may block for a while (it runs host commands, each bounded by a
+    /// timeout): the producer then samples it off its async workers.
+    fn blocking(&self) -> bool {
+        false
+    }
     /// Takes one sample at `now_ns` (UTC ns), pushing events into `out`. A delta-based sensor
     /// may push nothing on its first call (baseline). Rates divide by the time between the
     /// `now_ns` of consecutive calls; a call whose `now_ns` is not later than the previous one
@@ -75,6 +88,26 @@ pub struct HostSensorConfig {
     pub period: Duration,
     /// Period of `host.info`. Default 60 s.
     pub info_period: Duration,
+    /// Where the host commands are (`df`, `dpkg-query`); `None` (the default) = `PATH`.
+    pub bin_dir: Option<PathBuf>,
+    /// Every host command is killed after this. Default 5 s.
+    pub command_timeout: Duration,
+    /// The packages whose versions `host.info` reports in `software` (checked by
+    /// [`info::validate_packages`]). Default [`info::DEFAULT_PACKAGES`].
+    pub packages: Vec<String>,
+    /// Run the batch-queue sensor (`batch.queue`; it turns itself off without a batch
+    /// system). Default true.
+    pub batch: bool,
+    /// Period of `batch.queue`. Default 10 s.
+    pub batch_period: Duration,
+    /// The slurm.conf of the batch sensor; `None` = `$SLURM_CONF`, else `/etc/slurm`.
+    pub slurm_conf: Option<PathBuf>,
+    /// Run the benchmark sensor (`host.bench`). Default true.
+    pub bench: bool,
+    /// Run time of each benchmark kernel (three of them). Default 100 ms.
+    pub bench_budget: Duration,
+    /// A later benchmark run waits this long after the last, and for an idle host. Default 1 h.
+    pub bench_every: Duration,
 }
 
 impl HostSensorConfig {
@@ -87,6 +120,15 @@ impl HostSensorConfig {
             os_release: PathBuf::from("/etc/os-release"),
             period: Duration::from_secs(1),
             info_period: Duration::from_secs(60),
+            bin_dir: None,
+            command_timeout: Duration::from_secs(5),
+            packages: info::DEFAULT_PACKAGES.iter().map(|p| p.to_string()).collect(),
+            batch: true,
+            batch_period: Duration::from_secs(10),
+            slurm_conf: None,
+            bench: true,
+            bench_budget: Duration::from_millis(100),
+            bench_every: Duration::from_secs(3600),
         }
     }
 }
@@ -108,12 +150,17 @@ pub fn local_hostname() -> String {
 }
 
 /// All host sensors: `host.cpu`, `host.mem`, `host.net`, `host.disk`, `net.tcp`, `host.info`,
+/// `batch.queue` (unless `cfg.batch` is off), `host.bench` (unless `cfg.bench` is off),
 /// `host.load`. Nothing is read until the first sample, so a missing file shows up as that
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     use procfs::ProcSensor;
-    let info = info::Info::new(&cfg.os_release);
-    vec![
+    let commands = command::Commands {
+        bin_dir: cfg.bin_dir.clone(),
+        timeout: cfg.command_timeout,
+    };
+    let info = info::Info::new(&cfg.os_release, commands.clone(), cfg.packages.clone());
+    let mut sensors: Vec<Box<dyn Sensor>> = vec![
         Box::new(ProcSensor::host(cfg, schemas::host_cpu(), cpu::Cpu::default())),
         Box::new(ProcSensor::host(cfg, schemas::host_mem(), mem::Mem)),
         Box::new(ProcSensor::host(cfg, schemas::host_net(), net::Net::default())),
@@ -131,8 +178,26 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
             schemas::host_info(),
             info,
         )),
-        Box::new(ProcSensor::host(cfg, schemas::host_load(), load::Load)),
-    ]
+    ];
+    let queue = batch::QueueShare::default();
+    if cfg.batch {
+        let b = batch::Batch::new(commands, cfg.slurm_conf.clone(), queue.clone());
+        sensors.push(Box::new(ProcSensor::new(
+            &cfg.source,
+            cfg.batch_period,
+            &cfg.proc_root,
+            schemas::batch_queue(),
+            b,
+        )));
+    }
+    let scores = bench::BenchShare::default();
+    if cfg.bench {
+        let b = bench::Bench::new(cfg.bench_budget, cfg.bench_every, scores.clone());
+        sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_bench(), b)));
+    }
+    let load = load::Load { queue, bench: scores };
+    sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_load(), load)));
+    sensors
 }
 
 /// The agent's own cost as `gma.agent` events from `source`; see [`agent`] for how each field

@@ -1,6 +1,11 @@
-//! `host.load`: the capacity summary a broker ranks hosts by. On a real host the queue is 0 and
-//! no benchmark scores are known (NaN); the simulator fills them in for its virtual hosts.
+//! `host.load`: the capacity summary a broker ranks hosts by. On a real host `queue_waiting` is
+//! the jobs pending in the local batch system as the batch sensor last read them
+//! ([`crate::batch`]; 0 without one) and the benchmark scores are the agent's last
+//! `host.bench` run ([`crate::bench`]; NaN before one, or with the benchmark off); the
+//! simulator fills them in for its virtual hosts.
 
+use crate::batch::QueueShare;
+use crate::bench::BenchShare;
 use crate::cpu::parse_loadavg;
 use crate::info::count_cpus;
 use crate::mem::parse_meminfo;
@@ -14,7 +19,12 @@ pub fn free_cpus(cpus: f64, load1: f64) -> f64 {
 }
 
 /// Emits `host.load` every sample.
-pub(crate) struct Load;
+pub(crate) struct Load {
+    /// Jobs waiting in the batch system (written by the batch sensor).
+    pub(crate) queue: QueueShare,
+    /// The benchmark scores (written by the benchmark sensor).
+    pub(crate) bench: BenchShare,
+}
 
 impl Probe for Load {
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
@@ -25,14 +35,15 @@ impl Probe for Load {
             n => Ok(n as f64),
         })?;
         let mem = files.read("meminfo", parse_meminfo)?;
+        let bench = self.bench.get();
         let numbers = vec![
             load.load1,
             free_cpus(cores, load.load1),
             cores,
-            0.0,
+            self.queue.get(),
             kib_to_mib(mem.total_kb),
-            f64::NAN,
-            f64::NAN,
+            bench.map_or(f64::NAN, |b| b.specint),
+            bench.map_or(f64::NAN, |b| b.specfp),
         ];
         out.push(numbers, Vec::new());
         Ok(())
@@ -67,13 +78,33 @@ mod tests {
             proc_root: p.to_path_buf(),
             ..crate::HostSensorConfig::new("h")
         };
-        let mut s = crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_load(), Load);
+        let queue = QueueShare::default();
+        let bench = BenchShare::default();
+        let load = Load {
+            queue: queue.clone(),
+            bench: bench.clone(),
+        };
+        let mut s = crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_load(), load);
         let mut out = Vec::new();
         s.sample(7, &mut out).unwrap();
         let n = &out[0].numbers;
         assert_eq!(&n[..5], &[2.5, 1.0, 4.0, 0.0, 1024.0]);
         assert!(n[5].is_nan() && n[6].is_nan());
+        // What the batch sensor read is the queue.
+        queue.set(3.0);
+        s.sample(8, &mut out).unwrap();
+        assert_eq!(out[1].numbers[3], 3.0);
+        // And the benchmark's last scores are the bench fields.
+        let scores = crate::bench::Scores {
+            specint: 1500.0,
+            specfp: 1200.0,
+            mem_mbps: 9000.0,
+            seconds: 0.3,
+        };
+        bench.set(scores);
+        s.sample(9, &mut out).unwrap();
+        assert_eq!(out[2].numbers[5..], [1500.0, 1200.0]);
         std::fs::write(p.join("stat"), "cpu  1 1 1 1\n").unwrap();
-        assert!(s.sample(8, &mut out).is_err());
+        assert!(s.sample(10, &mut out).is_err());
     }
 }

@@ -17,6 +17,8 @@ use crate::{HostSensorConfig, Sensor, SensorError};
 pub(crate) trait Probe: Send {
     /// Starting capacity of the read buffer (the largest file read, roughly).
     const BUF_CAPACITY: usize = 4096;
+    /// The probe runs host commands and may wait up to their timeouts ([`Sensor::blocking`]).
+    const BLOCKING: bool = false;
     /// One sample (see [`Sensor::sample`]): read through `files`, push events through `out`.
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError>;
 }
@@ -128,6 +130,10 @@ impl<P: Probe> Sensor for ProcSensor<P> {
 
     fn period(&self) -> Duration {
         self.period
+    }
+
+    fn blocking(&self) -> bool {
+        P::BLOCKING
     }
 
     fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {

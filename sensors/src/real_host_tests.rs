@@ -57,7 +57,10 @@ fn host_sensors_on_this_machine() {
         n
     };
     // Gauges and host.info come at once; the delta-based ones only from the second sample.
-    assert_eq!(names(&first), ["host.info", "host.load", "host.mem"]);
+    assert_eq!(
+        names(&first),
+        ["host.bench", "host.info", "host.load", "host.mem"]
+    );
     let second_names = names(&second);
     for want in [
         "gma.agent",
@@ -115,11 +118,28 @@ fn host_sensors_on_this_machine() {
     let info = first.iter().find(|e| e.name == "host.info").unwrap();
     assert_eq!(info.strings[2], std::env::consts::ARCH);
     assert!(info.numbers[0] >= 1.0 && info.numbers[2] > 1e9, "{info:?}");
+    // df is coreutils, on every ordinary Linux host: the root filesystem's free space is known.
+    if ["/bin/df", "/usr/bin/df"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+    {
+        assert!(info.numbers[3] > 0.0, "{info:?}");
+        assert!(
+            info.strings[6].split(',').any(|m| m.starts_with("/=")),
+            "{info:?}"
+        );
+    }
 
     let load = first.iter().find(|e| e.name == "host.load").unwrap();
     assert_eq!(load.numbers[2], info.numbers[0], "total_cpus = cores");
     assert!(load.numbers[1] <= load.numbers[2] && load.numbers[1] == load.numbers[1].floor());
-    assert!(load.numbers[5].is_nan() && load.numbers[6].is_nan());
+    // The benchmark ran at the first sample, before host.load: its scores are the bench fields.
+    let bench = first.iter().find(|e| e.name == "host.bench").unwrap();
+    assert_eq!(load.numbers[5..], bench.numbers[..2]);
+    assert!(
+        bench.numbers.iter().all(|v| v.is_finite() && *v > 0.0),
+        "{bench:?}"
+    );
 
     let net: Vec<&EventData> = second.iter().filter(|e| e.name == "host.net").collect();
     assert!(
@@ -150,7 +170,11 @@ fn a_missing_proc_fails_each_sensor_alone() {
         ..HostSensorConfig::new("h")
     };
     let mut out = Vec::new();
-    for mut s in host_sensors(&cfg) {
+    // batch.queue reads no /proc file (and is off without a batch system).
+    for mut s in host_sensors(&cfg)
+        .into_iter()
+        .filter(|s| s.name() != "batch.queue")
+    {
         let e = s.sample(0, &mut out).unwrap_err();
         assert!(matches!(e, SensorError::Io { .. }), "{}: {e}", s.name());
         assert!(e.to_string().contains("/nonexistent/proc"), "{e}");
@@ -171,6 +195,8 @@ fn sensor_names_and_schemas() {
             "host.disk",
             "net.tcp",
             "host.info",
+            "batch.queue",
+            "host.bench",
             "host.load"
         ]
     );
@@ -178,8 +204,12 @@ fn sensor_names_and_schemas() {
         let sch = s.schemas();
         assert_eq!(sch.len(), 1);
         assert_eq!(sch[0].name, s.name());
-        let want = if s.name() == "host.info" { 60 } else { 1 };
+        let want = match s.name() {
+            "host.info" => 60,
+            "batch.queue" => 10,
+            _ => 1,
+        };
         assert_eq!(s.period(), Duration::from_secs(want));
     }
-    assert_eq!(builtin_schemas().len(), 8);
+    assert_eq!(builtin_schemas().len(), 10);
 }

@@ -15,8 +15,10 @@ pub const NET_TCP: &str = "net.tcp";
 pub const HOST_INFO: &str = "host.info";
 pub const HOST_LOAD: &str = "host.load";
 pub const GMA_AGENT: &str = "gma.agent";
+pub const BATCH_QUEUE: &str = "batch.queue";
+pub const HOST_BENCH: &str = "host.bench";
 
-/// The version of every built-in schema.
+/// The version of every built-in schema but `host.info` ([`HOST_INFO_VERSION`]).
 pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
 
 /// `host.cpu` (source = host): CPU time split over the last period, and the load averages.
@@ -181,12 +183,19 @@ pub fn net_tcp() -> EventSchema {
     )
 }
 
+/// The version of `host.info`: 2 is version 1 with `os_id`, `os_version`, `disk_free_mb`,
+/// `mounts` and `software` appended (a reader of version 1's fields, by name or by position
+/// among the numbers and among the strings, reads them unchanged). A new version because the
+/// directory refuses a changed definition under an existing one.
+pub const HOST_INFO_VERSION: u32 = 2;
+
 /// `host.info` (source = host): slowly changing facts, sent at start and every info period.
 pub fn host_info() -> EventSchema {
-    schema(
-        HOST_INFO,
-        "host description: operating system, kernel, architecture, size",
-        vec![
+    let mut s =
+        schema(
+            HOST_INFO,
+            "host description: operating system, kernel, architecture, size, free disk, installed software",
+            vec![
             text("os", "operating system (PRETTY_NAME of os-release)"),
             text("kernel", "kernel release"),
             text("arch", "CPU architecture"),
@@ -198,8 +207,26 @@ pub fn host_info() -> EventSchema {
                 "s",
                 "boot time, seconds since the Unix epoch (UTC)",
             ),
+            // Appended fields (older consumers read the ones above unchanged).
+            text("os_id", "operating system id (ID of os-release: debian, ubuntu, rhel...)"),
+            text("os_version", "operating system version (VERSION_ID of os-release; empty when none)"),
+            dbl(
+                "disk_free_mb",
+                "MiB",
+                "space available to unprivileged users on the root filesystem (NaN when unknown)",
+            ),
+            text(
+                "mounts",
+                "storage mounts as <mount>=<available MiB>/<size MiB> joined by ',' (df -P -k; at most 32)",
+            ),
+            text(
+                "software",
+                "installed packages of the configured list as name=version joined by ',' (dpkg-query)",
+            ),
         ],
-    )
+        );
+    s.version = HOST_INFO_VERSION;
+    s
 }
 
 /// `host.load` (source = host): what a broker needs to place work.
@@ -218,6 +245,9 @@ pub fn host_load() -> EventSchema {
             dbl(
                 "queue_waiting",
                 "jobs",
+                // Worded as registered in version 1 (a changed description is a changed
+                // definition to the directory). On a real host it is the batch system's
+                // pending jobs (`batch.queue`), 0 without one.
                 "jobs waiting in the local queue (0 on a real host)",
             ),
             dbl("memory_mb", "MiB", "usable physical memory"),
@@ -231,6 +261,41 @@ pub fn host_load() -> EventSchema {
                 "score",
                 "SPECfp-style floating-point benchmark score (NaN when unknown)",
             ),
+        ],
+    )
+}
+
+/// `batch.queue` (source = `<host>/<partition>`): one event per batch partition or queue.
+pub fn batch_queue() -> EventSchema {
+    schema(
+        BATCH_QUEUE,
+        "the local batch system's queue, per partition (Slurm: squeue and sinfo)",
+        vec![
+            dbl("jobs_pending", "jobs", "jobs waiting to start in the partition"),
+            dbl("jobs_running", "jobs", "jobs running in the partition"),
+            dbl("nodes_total", "nodes", "nodes of the partition"),
+            dbl("nodes_idle", "nodes", "nodes with nothing allocated"),
+            dbl("nodes_busy", "nodes", "nodes allocated, mixed or completing"),
+            dbl("nodes_down", "nodes", "nodes down, drained, draining or failing"),
+            dbl("cpus_total", "cpus", "CPUs of the partition's nodes"),
+            dbl("cpus_idle", "cpus", "CPUs idle (not allocated, not down)"),
+            text("partition", "partition (queue) name"),
+            text("system", "batch system: slurm"),
+            text("state", "partition availability: up, down, drain, inact"),
+        ],
+    )
+}
+
+/// `host.bench` (source = host): the agent's benchmark run (sensors/src/bench.rs).
+pub fn host_bench() -> EventSchema {
+    schema(
+        HOST_BENCH,
+        "a short CPU and memory benchmark of one thread, on the broker's reference scale (1000 = the reference machine)",
+        vec![
+            dbl("specint", "score", "integer throughput, 1000 = the reference machine"),
+            dbl("specfp", "score", "floating-point throughput, 1000 = the reference machine"),
+            dbl("mem_mbps", "MB/s", "memory copy bandwidth, bytes read plus written"),
+            dbl("duration_s", "s", "how long the run took"),
         ],
     )
 }
@@ -265,6 +330,8 @@ pub fn builtin_schemas() -> Vec<EventSchema> {
         host_info(),
         host_load(),
         gma_agent(),
+        batch_queue(),
+        host_bench(),
     ]
 }
 
@@ -319,7 +386,7 @@ mod tests {
         );
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[5]),
-            "host.info v1: os string, kernel string, arch string, hostname string, cores double cpus, memory_mb double MiB, boot_time_s double s"
+            "host.info v2: os string, kernel string, arch string, hostname string, cores double cpus, memory_mb double MiB, boot_time_s double s, os_id string, os_version string, disk_free_mb double MiB, mounts string, software string"
         );
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[6]),
@@ -328,6 +395,14 @@ mod tests {
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[7]),
             "gma.agent v1: cpu_pct double %, rss_mb double MiB, values_per_s double values/s, events_per_s double events/s, threads double threads"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[8]),
+            "batch.queue v1: jobs_pending double jobs, jobs_running double jobs, nodes_total double nodes, nodes_idle double nodes, nodes_busy double nodes, nodes_down double nodes, cpus_total double cpus, cpus_idle double cpus, partition string, system string, state string"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[9]),
+            "host.bench v1: specint double score, specfp double score, mem_mbps double MB/s, duration_s double s"
         );
     }
 }

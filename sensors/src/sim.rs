@@ -49,7 +49,7 @@
 //! - `host.mem`: used = 15 % + 70 % * min(1, load / cpus) of memory; of the rest, 40 % is
 //!   cached and 5 % buffers; no swap.
 //! - `host.info`: os, kernel `"simulated"`, arch, hostname = the name; boot time = the time of
-//!   the first tick.
+//!   the first tick; `os_id`, `os_version`, `mounts` and `software` empty, `disk_free_mb` NaN.
 //!
 //! Values change at run time through [`SimHandle::set`] (the producer's `Simulator` service).
 
@@ -743,13 +743,18 @@ impl Sensor for SimSensor {
                 Vec::new(),
             ));
             if info {
+                // No os id, mounts or packages are simulated: empty, and NaN free disk.
                 let strings = vec![
                     h.os.clone(),
                     SIM_KERNEL.to_string(),
                     h.arch.clone(),
                     h.source.clone(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
                 ];
-                let numbers = vec![h.cpus, h.memory_mb, boot_time_s];
+                let numbers = vec![h.cpus, h.memory_mb, boot_time_s, f64::NAN];
                 out.push(event(schemas::HOST_INFO, &h.source, now_ns, numbers, strings));
             }
         }

@@ -188,6 +188,23 @@ async fn the_request_rate_is_limited_and_the_producer_serves_again_after_refill(
 }
 
 #[test]
+fn a_bad_package_list_is_a_config_error() {
+    let cfg = |packages: &[&str]| ProducerConfig {
+        source: Some("t".into()),
+        packages: Some(packages.iter().map(|p| p.to_string()).collect()),
+        ..ProducerConfig::default()
+    };
+    for bad in [&["--admindir=/tmp"][..], &["Python3"], &["ok", "a b"]] {
+        match Producer::new(cfg(bad)) {
+            Err(ProducerError::Config(m)) => assert!(m.contains("not a Debian package name"), "{m}"),
+            Err(e) => panic!("not a config error: {e}"),
+            Ok(_) => panic!("{bad:?} accepted"),
+        }
+    }
+    assert!(Producer::new(cfg(&["python3", "g++", "libc6"])).is_ok());
+}
+
+#[test]
 fn invalid_limits_and_policy_files_are_config_errors() {
     let cfg = |limits: Limits, policy: Option<std::path::PathBuf>| ProducerConfig {
         host_sensors: false,

@@ -539,3 +539,102 @@ async fn only_the_creator_may_claim_or_release_a_reservation() {
     no_reservation_left(&cluster);
     drop(adapter);
 }
+
+/// The latest `batch.queue` of `source` and `host.load` of the host, from the producer's cache.
+fn batch_figures(producer: &str, source: &str, host: &str) -> Option<(serde_json::Value, f64)> {
+    let q = gma(
+        &["query", "batch.queue", "--producer", producer, "--output", "json"],
+        Duration::from_secs(30),
+    );
+    let l = gma(
+        &["query", "host.load", "--producer", producer, "--output", "json"],
+        Duration::from_secs(30),
+    );
+    let part = json_lines(&q.stdout)
+        .into_iter()
+        .find(|e| e["source"] == source)?;
+    let load = json_lines(&l.stdout).into_iter().find(|e| e["source"] == host)?;
+    Some((part["values"].clone(), load["values"]["queue_waiting"].as_f64()?))
+}
+
+#[test]
+fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting() {
+    let Some(cluster) =
+        cluster_or_skip("the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting")
+    else {
+        return;
+    };
+    let tmp = tempdir();
+    let cfg = tmp.path().join("producer.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "slurm_conf = \"{}\"\nbatch_period_ms = 200\npackages = []\n",
+            cluster.conf.display()
+        ),
+    )
+    .unwrap();
+    let prod = Proc::producer(&["--source", "batchhost", "--config", cfg.to_str().unwrap()]);
+    let part = "batchhost/debug";
+    // An empty queue first: the idle node, nothing waiting.
+    let mut seen = None;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            seen = batch_figures(&prod.addr, part, "batchhost");
+            seen.as_ref().is_some_and(|(v, q)| {
+                v["jobs_pending"] == 0.0 && v["jobs_running"] == 0.0 && v["nodes_total"] == 1.0 && *q == 0.0
+            })
+        }),
+        "{seen:?}; producer stderr: {}",
+        prod.stderr_text()
+    );
+    // One job running (sleeping) on one of the node's two CPUs, one held: pending.
+    let jobs = cluster.job_dir();
+    let out = jobs.join("batch-%j.out");
+    let common = [
+        "--parsable",
+        "--chdir",
+        jobs.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--cpus-per-task",
+        "1",
+        "--time",
+        "5",
+    ];
+    let sbatch = |extra: &[&str]| {
+        let mut args: Vec<&str> = common.to_vec();
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--wrap", "sleep 600"]);
+        cluster.cmd("sbatch", &args).unwrap().trim().to_string()
+    };
+    let _running = sbatch(&[]);
+    let held = sbatch(&["--hold"]);
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            seen = batch_figures(&prod.addr, part, "batchhost");
+            seen.as_ref().is_some_and(|(v, q)| {
+                v["jobs_pending"] == 1.0
+                    && v["jobs_running"] == 1.0
+                    && v["nodes_busy"] == 1.0
+                    && v["cpus_idle"] == 1.0
+                    && v["cpus_total"] == 2.0
+                    && v["system"] == "slurm"
+                    && v["state"] == "up"
+                    && *q == 1.0
+            })
+        }),
+        "{seen:?}; squeue: {:?}",
+        cluster.cmd("squeue", &["-a"])
+    );
+    // The held job cancelled: nothing waits any more.
+    cluster.cmd("scancel", &[&held]).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            seen = batch_figures(&prod.addr, part, "batchhost");
+            seen.as_ref()
+                .is_some_and(|(v, q)| v["jobs_pending"] == 0.0 && v["jobs_running"] == 1.0 && *q == 0.0)
+        }),
+        "{seen:?}"
+    );
+}

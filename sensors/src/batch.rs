@@ -1,0 +1,439 @@
+//! `batch.queue`: the local batch system's queues, one event per Slurm partition (source
+//! `<host>/<partition>`): jobs pending and running, node states and CPUs. The pending jobs of
+//! every partition (each job once) are `queue_waiting` of `host.load`, through [`QueueShare`].
+//!
+//! Slurm is read with `squeue -h -r -a -t PENDING,RUNNING -o %P|%T` (one line per job, array
+//! elements expanded) and `sinfo -h -a -o %R|%a|%T|%D|%C` (per partition and node state: the
+//! partition's availability, the state, the node count and CPUs as
+//! allocated/idle/other/total), each with the command timeout and bounded output (see
+//! [`crate::command`]), `SLURM_CONF` set to the slurm.conf found.
+//!
+//! The sensor is on when the batch system is there: a `slurm.conf` (the configured one, else
+//! `$SLURM_CONF`, else `/etc/slurm/slurm.conf` or `/etc/slurm-llnl/slurm.conf`; without one,
+//! Slurm's clients would go looking for a controller in DNS) and the `sinfo` and `squeue`
+//! commands. Otherwise it is off: it says so once in the log and never runs a command again,
+//! and `queue_waiting` stays 0. A controller that does not answer is a sample error (the
+//! producer counts it and logs the first and every hundredth); `queue_waiting` then keeps its
+//! last value.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::command::{command_error, Commands, Ran};
+use crate::procfs::{Emit, Files, Probe};
+use crate::SensorError;
+
+/// Most partitions reported.
+pub const MAX_PARTITIONS: usize = 256;
+/// Output kept of `squeue` (about 800,000 jobs; beyond, the counts are of the jobs read).
+const MAX_SQUEUE_OUTPUT: usize = 16 << 20;
+/// Output kept of `sinfo`.
+const MAX_SINFO_OUTPUT: usize = 1 << 20;
+
+/// slurm.conf paths tried when none is configured and `SLURM_CONF` is not set.
+pub const SLURM_CONF_PATHS: [&str; 2] = ["/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"];
+
+/// The jobs waiting in the local batch system, as the batch sensor last read them, for
+/// `host.load`: 0 until it has read any (or without a batch system).
+#[derive(Debug, Default, Clone)]
+pub struct QueueShare(Arc<AtomicU64>);
+
+impl QueueShare {
+    pub fn set(&self, waiting: f64) {
+        self.0.store(waiting.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// One partition's figures, in `batch.queue` order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Partition {
+    pub jobs_pending: f64,
+    pub jobs_running: f64,
+    pub nodes_total: f64,
+    pub nodes_idle: f64,
+    pub nodes_busy: f64,
+    pub nodes_down: f64,
+    pub cpus_total: f64,
+    pub cpus_idle: f64,
+    /// `up`, `down`, `drain`, `inact`; empty when sinfo does not list it.
+    pub state: String,
+}
+
+/// Counts `squeue -o %P|%T` lines into `parts` (a job pending in several partitions, `p1,p2`,
+/// counts in each); returns the pending jobs, each once.
+pub fn count_squeue(text: &str, parts: &mut BTreeMap<String, Partition>) -> f64 {
+    let mut pending = 0.0;
+    for line in text.lines() {
+        let Some((partitions, state)) = line.trim().split_once('|') else {
+            continue;
+        };
+        let is_pending = match state {
+            "PENDING" => true,
+            "RUNNING" => false,
+            _ => continue,
+        };
+        if is_pending {
+            pending += 1.0;
+        }
+        for p in partitions.split(',').filter(|p| !p.is_empty()) {
+            let Some(part) = partition(parts, p) else {
+                continue;
+            };
+            if is_pending {
+                part.jobs_pending += 1.0;
+            } else {
+                part.jobs_running += 1.0;
+            }
+        }
+    }
+    pending
+}
+
+/// The entry of partition `name`, or `None` past [`MAX_PARTITIONS`].
+fn partition<'a>(parts: &'a mut BTreeMap<String, Partition>, name: &str) -> Option<&'a mut Partition> {
+    if !parts.contains_key(name) && parts.len() >= MAX_PARTITIONS {
+        return None;
+    }
+    Some(parts.entry(name.to_string()).or_default())
+}
+
+/// Whether a node state (sinfo `%T`, its flag suffixes `*~#!%$@^-` removed) is idle, busy or
+/// down; `None` for the others (reserved, planned, maint, unknown, ...).
+pub fn node_class(state: &str) -> Option<NodeClass> {
+    let s = state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-', '+']);
+    match s {
+        "idle" => Some(NodeClass::Idle),
+        "allocated" | "mixed" | "completing" => Some(NodeClass::Busy),
+        "down" | "drained" | "draining" | "fail" | "failing" | "not_responding" => Some(NodeClass::Down),
+        _ => None,
+    }
+}
+
+/// See [`node_class`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeClass {
+    Idle,
+    Busy,
+    Down,
+}
+
+/// Adds `sinfo -o %R|%a|%T|%D|%C` lines to `parts`.
+pub fn parse_sinfo(text: &str, parts: &mut BTreeMap<String, Partition>) -> Result<(), SensorError> {
+    const SINFO: &str = "sinfo";
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split('|').collect();
+        let [name, avail, state, nodes, cpus] = f[..] else {
+            return Err(SensorError::parse(
+                SINFO,
+                i + 1,
+                "expected partition|avail|state|nodes|cpus",
+            ));
+        };
+        let nodes: f64 = crate::procfs::parse_num(Some(nodes), SINFO, i + 1, "node count")?;
+        let c: Vec<&str> = cpus.split('/').collect();
+        let [_, idle, _, total] = c[..] else {
+            return Err(SensorError::parse(
+                SINFO,
+                i + 1,
+                "CPUs not as allocated/idle/other/total",
+            ));
+        };
+        let idle: f64 = crate::procfs::parse_num(Some(idle), SINFO, i + 1, "idle CPUs")?;
+        let total: f64 = crate::procfs::parse_num(Some(total), SINFO, i + 1, "total CPUs")?;
+        let Some(p) = partition(parts, name) else {
+            continue;
+        };
+        p.state = avail.to_string();
+        p.nodes_total += nodes;
+        p.cpus_total += total;
+        p.cpus_idle += idle;
+        match node_class(state) {
+            Some(NodeClass::Idle) => p.nodes_idle += nodes,
+            Some(NodeClass::Busy) => p.nodes_busy += nodes,
+            Some(NodeClass::Down) => p.nodes_down += nodes,
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// The slurm.conf the sensor uses: `configured`, else `$SLURM_CONF`, else the first of
+/// [`SLURM_CONF_PATHS`] that exists; `None` when there is none.
+pub fn find_slurm_conf(configured: Option<&Path>) -> Option<PathBuf> {
+    if let Some(c) = configured {
+        return Some(c.to_path_buf());
+    }
+    if let Some(c) = std::env::var_os("SLURM_CONF").filter(|c| !c.is_empty()) {
+        return Some(PathBuf::from(c));
+    }
+    SLURM_CONF_PATHS.iter().map(PathBuf::from).find(|p| p.is_file())
+}
+
+/// Emits `batch.queue`; see the module doc.
+pub(crate) struct Batch {
+    commands: Commands,
+    /// slurm.conf; `None` = found by [`find_slurm_conf`].
+    slurm_conf: Option<PathBuf>,
+    queue: QueueShare,
+    /// Off: the batch system is not there (said once).
+    off: bool,
+    /// The slurm.conf in use, found on the first sample.
+    conf: Option<PathBuf>,
+}
+
+impl Batch {
+    /// `sinfo` and `squeue` run as `commands` says, with `slurm_conf` (`None`: found by
+    /// [`find_slurm_conf`]).
+    pub(crate) fn new(commands: Commands, slurm_conf: Option<PathBuf>, queue: QueueShare) -> Batch {
+        Batch {
+            commands,
+            slurm_conf,
+            queue,
+            off: false,
+            conf: None,
+        }
+    }
+
+    /// Runs a Slurm client; `Ok(None)` when it is not installed.
+    fn slurm(
+        &self,
+        conf: &Path,
+        name: &str,
+        args: &[&str],
+        max: usize,
+    ) -> Result<Option<String>, SensorError> {
+        let mut all = vec!["-h"];
+        all.extend_from_slice(args);
+        let env = [("SLURM_CONF", conf.as_os_str())];
+        let (program, ran) = self.commands.run(name, &all, &env, max);
+        let o = match ran? {
+            Ran::Missing => return Ok(None),
+            Ran::Done(o) => o,
+        };
+        if !o.success() {
+            return Err(command_error(
+                &program,
+                std::io::ErrorKind::Other,
+                format!("exit code {:?}: {}", o.code, o.stderr),
+            ));
+        }
+        if o.truncated {
+            tracing::warn!(command = %program.display(), "batch.queue: output over {max} bytes; the counts are of what was read");
+        }
+        Ok(Some(o.stdout))
+    }
+
+    fn turn_off(&mut self, why: &str) {
+        self.off = true;
+        tracing::info!("batch.queue sensor off: {why}");
+    }
+}
+
+impl Probe for Batch {
+    const BLOCKING: bool = true;
+
+    fn sample(&mut self, _files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
+        if self.off {
+            return Ok(());
+        }
+        let conf = match &self.conf {
+            Some(c) => c.clone(),
+            None => match find_slurm_conf(self.slurm_conf.as_deref()) {
+                Some(c) => {
+                    self.conf = Some(c.clone());
+                    c
+                }
+                None => {
+                    self.turn_off(
+                        "no batch system here (no slurm.conf: SLURM_CONF unset and none in /etc/slurm)",
+                    );
+                    return Ok(());
+                }
+            },
+        };
+        let mut parts = BTreeMap::new();
+        let Some(sinfo) = self.slurm(&conf, "sinfo", &["-a", "-o", "%R|%a|%T|%D|%C"], MAX_SINFO_OUTPUT)?
+        else {
+            self.turn_off("Slurm's sinfo is not installed");
+            return Ok(());
+        };
+        parse_sinfo(&sinfo, &mut parts)?;
+        let Some(squeue) = self.slurm(
+            &conf,
+            "squeue",
+            &["-r", "-a", "-t", "PENDING,RUNNING", "-o", "%P|%T"],
+            MAX_SQUEUE_OUTPUT,
+        )?
+        else {
+            self.turn_off("Slurm's squeue is not installed");
+            return Ok(());
+        };
+        let pending = count_squeue(&squeue, &mut parts);
+        self.queue.set(pending);
+        for (name, p) in parts {
+            let source = format!("{}/{}", out.source, name);
+            let numbers = vec![
+                p.jobs_pending,
+                p.jobs_running,
+                p.nodes_total,
+                p.nodes_idle,
+                p.nodes_busy,
+                p.nodes_down,
+                p.cpus_total,
+                p.cpus_idle,
+            ];
+            out.push_from(&source, numbers, vec![name, "slurm".to_string(), p.state]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Sensor;
+    use std::time::Duration;
+
+    const SINFO: &str = "\
+debug|up|idle|1|0/2/0/2
+debug|up|mixed|2|3/1/0/4
+debug|up|down*|1|0/0/2/2
+long|up|allocated|3|12/0/0/12
+long|up|drained|1|0/0/4/4
+gpu|down|reserved|1|0/4/0/4
+";
+
+    #[test]
+    fn parses_sinfo_and_squeue() {
+        let mut parts = BTreeMap::new();
+        parse_sinfo(SINFO, &mut parts).unwrap();
+        let squeue =
+            "debug|PENDING\ndebug|RUNNING\ndebug,long|PENDING\nlong|RUNNING\nlong|COMPLETING\njunk\n";
+        assert_eq!(count_squeue(squeue, &mut parts), 2.0, "each pending job once");
+        let d = &parts["debug"];
+        assert_eq!(
+            (
+                d.jobs_pending,
+                d.jobs_running,
+                d.nodes_total,
+                d.nodes_idle,
+                d.nodes_busy,
+                d.nodes_down
+            ),
+            (2.0, 1.0, 4.0, 1.0, 2.0, 1.0)
+        );
+        assert_eq!((d.cpus_total, d.cpus_idle, d.state.as_str()), (8.0, 3.0, "up"));
+        let l = &parts["long"];
+        assert_eq!(
+            (l.jobs_pending, l.jobs_running, l.nodes_busy, l.nodes_down),
+            (1.0, 1.0, 3.0, 1.0)
+        );
+        let g = &parts["gpu"];
+        assert_eq!(
+            (g.nodes_total, g.nodes_idle, g.nodes_busy, g.state.as_str()),
+            (1.0, 0.0, 0.0, "down")
+        );
+        for bad in [
+            "debug|up|idle|1\n",
+            "debug|up|idle|x|0/1/0/1\n",
+            "debug|up|idle|1|0/1/0\n",
+        ] {
+            assert!(parse_sinfo(bad, &mut BTreeMap::new()).is_err(), "{bad:?}");
+        }
+        assert_eq!(node_class("idle~"), Some(NodeClass::Idle));
+        assert_eq!(node_class("planned"), None);
+    }
+
+    #[test]
+    fn partitions_are_bounded() {
+        let mut parts = BTreeMap::new();
+        let text: String = (0..300).map(|i| format!("p{i}|RUNNING\n")).collect();
+        count_squeue(&text, &mut parts);
+        assert_eq!(parts.len(), MAX_PARTITIONS);
+    }
+
+    fn script(path: &Path, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn sensor(dir: &Path, conf: Option<PathBuf>, queue: QueueShare) -> impl Sensor {
+        crate::procfs::ProcSensor::new(
+            "h",
+            Duration::from_secs(10),
+            dir,
+            crate::schemas::batch_queue(),
+            Batch::new(
+                Commands {
+                    bin_dir: Some(dir.to_path_buf()),
+                    timeout: Duration::from_secs(10),
+                },
+                conf,
+                queue,
+            ),
+        )
+    }
+
+    #[test]
+    fn events_from_the_commands_and_the_queue_for_host_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("sinfo.out"), SINFO).unwrap();
+        // The fake clients check they were given the slurm.conf.
+        let conf = p.join("slurm.conf");
+        script(
+            &p.join("sinfo"),
+            &format!(
+                "[ \"$SLURM_CONF\" = '{}' ] || exit 9\ncat '{}'",
+                conf.display(),
+                p.join("sinfo.out").display()
+            ),
+        );
+        script(&p.join("squeue"), "printf 'debug|PENDING\\nlong|RUNNING\\n'");
+        let queue = QueueShare::default();
+        let mut s = sensor(p, Some(conf), queue.clone());
+        assert!(s.blocking());
+        let mut out = Vec::new();
+        s.sample(1, &mut out).unwrap();
+        let sources: Vec<&str> = out.iter().map(|e| e.source.as_str()).collect();
+        assert_eq!(sources, ["h/debug", "h/gpu", "h/long"]);
+        assert_eq!(out[0].numbers, [1.0, 0.0, 4.0, 1.0, 2.0, 1.0, 8.0, 3.0]);
+        assert_eq!(out[0].strings, ["debug", "slurm", "up"]);
+        assert_eq!(queue.get(), 1.0);
+
+        // A controller that does not answer: an error naming the command; the queue stays.
+        script(
+            &p.join("squeue"),
+            "echo 'squeue: error: Unable to contact slurm controller' >&2; exit 1",
+        );
+        let e = s.sample(2, &mut out).unwrap_err().to_string();
+        assert!(e.contains("squeue") && e.contains("Unable to contact"), "{e}");
+        assert_eq!(queue.get(), 1.0);
+    }
+
+    #[test]
+    fn off_without_slurm() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        // A slurm.conf but no commands: off, quietly, for good.
+        let queue = QueueShare::default();
+        let mut s = sensor(p, Some(p.join("slurm.conf")), queue.clone());
+        let mut out = Vec::new();
+        s.sample(1, &mut out).unwrap();
+        script(&p.join("sinfo"), "exit 1");
+        s.sample(2, &mut out).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(queue.get(), 0.0);
+    }
+}
