@@ -105,7 +105,13 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
             source: app_id.clone(),
             timestamp_ns: now,
             numbers: vec![10.0, 100.0, 0.1, 20_000.0, 3.0],
-            strings: vec![app_id.clone(), "running".into(), "sim-0000".into(), String::new()],
+            strings: vec![
+                app_id.clone(),
+                "running".into(),
+                "sim-0000".into(),
+                String::new(),
+                String::new(),
+            ],
         };
         ingest
             .push(pb::IngestRequest {

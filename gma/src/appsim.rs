@@ -8,6 +8,13 @@
 //! new hosts from the checkpoint), Declined (raise the contract limits), Status. With
 //! `--access-policy` each is the `job` action on its operation (`app.stop`, `app.resume`,
 //! `app.declined`, `app.status`), allowed outright ([`DOORS`]); a summary rule denies.
+//!
+//! As a batch job (under Slurm: `SLURM_JOB_ID` and `SLURMD_NODENAME` set) it publishes its job
+//! id in `app.state` (`batch_job`) and runs on its node by default; on SIGTERM (what Slurm
+//! sends a job it requeues or cancels) it writes its checkpoint at once (the phase in progress
+//! is redone) and exits; started again with `--resume` and a checkpoint of its `--app-id` in
+//! `--checkpoint-dir`, it resumes from it — so the rescheduler's `slurm` action moves it by
+//! requeueing the job onto another node. The checkpoint is removed when it completes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,6 +90,8 @@ struct App {
     stop_waiter: Option<oneshot::Sender<pb::AppStopResponse>>,
     resume_to: Option<Vec<String>>,
     checkpoint_dir: std::path::PathBuf,
+    /// The batch system's job id it runs as ("" outside one).
+    batch_job: String,
     /// Contract events produced outside the run loop (LimitsAdjusted), published next phase.
     pending: Vec<EventData>,
 }
@@ -266,6 +275,75 @@ async fn slowdown(
     }
 }
 
+/// SIGTERM: checkpoint now (the phase in progress is redone), say so, and end the run.
+async fn checkpoint_and_exit(
+    app: &Mutex<App>,
+    ingest: &mut pb::ingest_client::IngestClient<tonic::transport::Channel>,
+    publish_state: &impl Fn(&App) -> pb::Event,
+) -> anyhow::Result<()> {
+    let ev = {
+        let mut app = app.lock().await;
+        let (path, _) = write_checkpoint(&app)?;
+        app.state = RunState::Stopped;
+        app.monitor.stopped();
+        eprintln!(
+            "app-sim {}: SIGTERM: checkpointed at phase {} ({}); exiting",
+            app.app_id,
+            app.phase,
+            path.display()
+        );
+        publish_state(&app)
+    };
+    ingest
+        .push(pb::IngestRequest {
+            events: vec![ev],
+            schemas: vec![],
+        })
+        .await
+        .map_err(|s| anyhow!("publish: {}", s.message()))?;
+    Ok(())
+}
+
+/// Where the checkpoint of `app_id` lives in `dir`.
+fn checkpoint_path(dir: &std::path::Path, app_id: &str) -> PathBuf {
+    dir.join(format!("{app_id}.checkpoint.json"))
+}
+
+/// Writes the checkpoint of `app`: the phase to start from. Its path and size.
+fn write_checkpoint(app: &App) -> anyhow::Result<(PathBuf, usize)> {
+    let path = checkpoint_path(&app.checkpoint_dir, &app.app_id);
+    let body = serde_json::json!({"app_id": app.app_id, "next_phase": app.phase}).to_string();
+    // Written aside and renamed, so a kill mid-write never leaves half a checkpoint.
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, &body).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("cannot rename {}", tmp.display()))?;
+    Ok((path, body.len()))
+}
+
+/// The phase to start from: the checkpoint's, or 0 without one. A checkpoint of another
+/// application, or with no phase left to run, is an error.
+fn read_checkpoint(dir: &std::path::Path, app_id: &str, phases: u32) -> anyhow::Result<u32> {
+    let path = checkpoint_path(dir, app_id);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => bail!("cannot read checkpoint {}: {e}", path.display()),
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("checkpoint {} is not JSON", path.display()))?;
+    if v["app_id"].as_str() != Some(app_id) {
+        bail!("checkpoint {} is not of application {app_id:?}", path.display());
+    }
+    match v["next_phase"].as_u64() {
+        Some(n) if n < u64::from(phases) => Ok(n as u32),
+        _ => bail!(
+            "checkpoint {} has next_phase {}, not a phase of 0..{phases}: remove it to start over",
+            path.display(),
+            v["next_phase"]
+        ),
+    }
+}
+
 pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
     if a.phases == 0 || !a.predicted_s.is_finite() || a.predicted_s <= 0.0 {
         bail!("--phases and --predicted-s must be positive");
@@ -276,7 +354,27 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         lower: a.lower,
         predicted_s: vec![a.predicted_s; a.phases as usize],
     };
-    let monitor = ContractMonitor::new(cfg, &a.app_id).map_err(|e| anyhow!("{e}"))?;
+    let checkpoint_dir = a.checkpoint_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let first_phase = if a.resume {
+        read_checkpoint(&checkpoint_dir, &a.app_id, a.phases)?
+    } else {
+        0
+    };
+    let monitor = if first_phase > 0 {
+        ContractMonitor::from_checkpoint(cfg, &a.app_id, first_phase)
+    } else {
+        ContractMonitor::new(cfg, &a.app_id)
+    }
+    .map_err(|e| anyhow!("{e}"))?;
+    // Under a batch system: its job id, and its node as the host by default.
+    let batch_job = std::env::var("SLURM_JOB_ID").unwrap_or_default();
+    let host = match (&a.host, std::env::var("SLURMD_NODENAME")) {
+        (Some(h), _) => h.clone(),
+        (None, Ok(node)) if !node.is_empty() => node,
+        _ => bail!("give --host (under Slurm it defaults to the job's node, SLURMD_NODENAME)"),
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot catch SIGTERM")?;
     // The flags are its endpoint's settings (it has no config file).
     a.endpoint.refuse_rpc_events("app-sim")?;
     let mut endpoint = gma_core::endpoint::Endpoint::default();
@@ -314,12 +412,13 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         phases: a.phases,
         predicted_s: a.predicted_s,
         state: RunState::Running,
-        hosts: vec![a.host.clone()],
-        phase: 0,
+        hosts: vec![host],
+        phase: first_phase,
         monitor,
         stop_waiter: None,
         resume_to: None,
-        checkpoint_dir: a.checkpoint_dir.clone().unwrap_or_else(std::env::temp_dir),
+        checkpoint_dir,
+        batch_job,
         pending: Vec::new(),
     }));
     let wake = Arc::new(tokio::sync::Notify::new());
@@ -356,10 +455,20 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
                 app.state.as_str().into(),
                 app.hosts.join(","),
                 format!("{scheme}://{control_addr}"),
+                app.batch_job.clone(),
             ],
         };
         e.to_wire(0, &sschema.fields)
     };
+    if first_phase > 0 {
+        let app = app.lock().await;
+        eprintln!(
+            "app-sim {}: resumed from checkpoint at phase {} on {}",
+            app.app_id,
+            first_phase,
+            app.hosts.join(",")
+        );
+    }
     let first = publish_state(&*app.lock().await);
     ingest
         .push(pb::IngestRequest {
@@ -379,7 +488,10 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         };
         let factor = slowdown(&mut producer, &host).await;
         let started = Instant::now();
-        tokio::time::sleep(Duration::from_secs_f64(predicted * factor)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs_f64(predicted * factor)) => {}
+            _ = term.recv() => return checkpoint_and_exit(&app, &mut ingest, &publish_state).await,
+        }
         let actual = started.elapsed().as_secs_f64();
         let mut events = Vec::new();
         {
@@ -399,15 +511,13 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
             app.phase = phase + 1;
             // Check_Stop at the phase boundary.
             if app.state == RunState::Stopping {
-                let path = app.checkpoint_dir.join(format!("{}.checkpoint.json", app.app_id));
-                let body = format!("{{\"app_id\":{:?},\"next_phase\":{}}}", app.app_id, app.phase);
-                std::fs::write(&path, &body).with_context(|| format!("cannot write {}", path.display()))?;
+                let (path, bytes) = write_checkpoint(&app)?;
                 app.state = RunState::Stopped;
                 if let Some(w) = app.stop_waiter.take() {
                     let _ = w.send(pb::AppStopResponse {
                         next_phase: app.phase,
                         checkpoint: path.display().to_string(),
-                        checkpoint_bytes: body.len() as u64,
+                        checkpoint_bytes: bytes as u64,
                     });
                 }
                 eprintln!(
@@ -432,7 +542,10 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
             match guard.state {
                 RunState::Stopped => {
                     drop(guard);
-                    wake.notified().await;
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = term.recv() => return checkpoint_and_exit(&app, &mut ingest, &publish_state).await,
+                    }
                 }
                 RunState::Resuming => {
                     let hosts = guard.resume_to.take().unwrap_or_else(|| guard.hosts.clone());
@@ -480,6 +593,12 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         .await
         .map_err(|s| anyhow!("publish: {}", s.message()))?;
     let app = app.lock().await;
+    match std::fs::remove_file(checkpoint_path(&app.checkpoint_dir, &app.app_id)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            eprintln!("app-sim {}: cannot remove its checkpoint: {e}", app.app_id)
+        }
+        _ => {}
+    }
     println!(
         "app-sim {} completed {} phases on {}",
         app.app_id,
@@ -499,9 +618,9 @@ pub struct AppSimArgs {
     /// Predicted time of each phase on an unloaded host, in seconds.
     #[arg(long, default_value_t = 1.0)]
     pub predicted_s: f64,
-    /// The (simulated) host it starts on.
+    /// The host it starts on (a simulated host's name; under Slurm, default: the job's node).
     #[arg(long)]
-    pub host: String,
+    pub host: Option<String>,
     /// Producer to publish through (Ingest) and to read host load from.
     #[arg(long)]
     pub producer: String,
@@ -513,8 +632,14 @@ pub struct AppSimArgs {
     pub upper: f64,
     #[arg(long, default_value_t = 0.5)]
     pub lower: f64,
+    /// Where its checkpoint `<app-id>.checkpoint.json` is written, and read at start to resume
+    /// (default: the temp dir).
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Start from the checkpoint of --app-id in --checkpoint-dir when there is one (a batch
+    /// job's script passes it, so a job requeued by the rescheduler resumes where it stopped).
+    #[arg(long)]
+    pub resume: bool,
     #[command(flatten)]
     pub endpoint: crate::args::EndpointArgs,
 }
@@ -524,6 +649,26 @@ mod tests {
     use super::*;
     use gma_core::Refuse;
     use tonic::Code;
+
+    #[test]
+    fn a_checkpoint_is_read_only_when_it_is_this_applications_and_leaves_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert_eq!(read_checkpoint(d, "a", 10).unwrap(), 0, "none: from the start");
+        let write = |body: &str| std::fs::write(checkpoint_path(d, "a"), body).unwrap();
+        write(r#"{"app_id":"a","next_phase":4}"#);
+        assert_eq!(read_checkpoint(d, "a", 10).unwrap(), 4);
+        for (body, says) in [
+            (r#"{"app_id":"b","next_phase":4}"#, "not of application"),
+            (r#"{"app_id":"a","next_phase":10}"#, "not a phase of 0..10"),
+            (r#"{"app_id":"a","next_phase":-1}"#, "not a phase of 0..10"),
+            ("{half", "is not JSON"),
+        ] {
+            write(body);
+            let e = format!("{:#}", read_checkpoint(d, "a", 10).unwrap_err());
+            assert!(e.contains(says), "{body}: {e}");
+        }
+    }
 
     #[test]
     fn each_refusal_maps_to_its_code_and_keeps_its_message() {

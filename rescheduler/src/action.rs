@@ -2,8 +2,13 @@
 //!
 //! `Grpc` calls the application's own `AppControl` service (its address comes from its
 //! `app.state` events); `Commands` runs configured shell commands with `{app_id}`, `{hosts}`
-//! (comma-separated) and `{control}` substituted. Stop must return once the application has
-//! checkpointed and stopped; resume starts it on the new hosts.
+//! (comma-separated) and `{control}` substituted; `Slurm` moves a batch job (its id comes from
+//! the `batch_job` of its `app.state`): stop is `scontrol requeuehold` (Slurm sends the job
+//! SIGTERM, on which the application checkpoints and exits) and returns once the job is back
+//! in the queue, held; resume points the job at the target nodes (`scontrol update
+//! NodeList=… StartTime=now`) and releases it, and the application resumes from its checkpoint
+//! there. Stop must return once the application has checkpointed and stopped; resume starts it
+//! on the new hosts.
 
 use std::time::Duration;
 
@@ -26,6 +31,21 @@ pub enum ActionConfig {
         #[serde(default)]
         declined: Option<String>,
     },
+    /// Requeue the application's Slurm job onto the target nodes (host names are Slurm node
+    /// names). Declined goes to its `AppControl` service, as with `Grpc`.
+    Slurm {
+        /// `SLURM_CONF` of the `scontrol`/`squeue` it runs (the environment's when unset).
+        #[serde(default)]
+        slurm_conf: Option<std::path::PathBuf>,
+        /// How long a requeued job may take to leave its node (its KillWait and the
+        /// application's checkpoint), in seconds.
+        #[serde(default = "default_requeue_timeout_s")]
+        requeue_timeout_s: u64,
+    },
+}
+
+fn default_requeue_timeout_s() -> u64 {
+    120
 }
 
 /// What an action needs to know of an application.
@@ -34,6 +54,8 @@ pub struct Target {
     pub app_id: String,
     /// `http(s)://host:port` of its AppControl service ("" when it has none).
     pub control: String,
+    /// The batch system's job id it runs as ("" when it runs outside one).
+    pub batch_job: String,
 }
 
 fn fill(template: &str, t: &Target, hosts: &[String]) -> String {
@@ -89,6 +111,89 @@ async fn control(
     Ok(pb::app_control_client::AppControlClient::new(ch))
 }
 
+/// Runs a Slurm client command; its stdout, or what it said on failure.
+async fn slurm(conf: Option<&std::path::Path>, prog: &str, args: &[&str]) -> Result<String, Error> {
+    let mut cmd = tokio::process::Command::new(prog);
+    cmd.args(args).kill_on_drop(true);
+    if let Some(c) = conf {
+        cmd.env("SLURM_CONF", c);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .map_err(|_| Error::Action(format!("{prog} {} timed out after 30 s", args.join(" "))))?
+        .map_err(|e| Error::Action(format!("cannot run {prog}: {e} (is the Slurm client installed?)")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(Error::Action(format!(
+            "{prog} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// The job id of a target that runs under Slurm: digits only, as Slurm writes it.
+fn batch_job(t: &Target) -> Result<&str, Error> {
+    let j = t.batch_job.as_str();
+    if j.is_empty() {
+        return Err(Error::Action(format!(
+            "application {} runs as no batch job (its app.state has no batch_job): the slurm \
+             action moves Slurm jobs only",
+            t.app_id
+        )));
+    }
+    if !j.bytes().all(|b| b.is_ascii_digit()) || j.len() > 20 {
+        return Err(Error::Action(format!(
+            "application {} published batch_job {j:?}, not a Slurm job id",
+            t.app_id
+        )));
+    }
+    Ok(j)
+}
+
+/// A Slurm node list: names of letters, digits, `-`, `_` and `.`, comma-separated.
+fn node_list(hosts: &[String]) -> Result<String, Error> {
+    let ok = |h: &String| {
+        !h.is_empty()
+            && h.len() <= 64
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    match hosts.iter().find(|h| !ok(h)) {
+        _ if hosts.is_empty() => Err(Error::Action("no target nodes to resume on".into())),
+        Some(h) => Err(Error::Action(format!("{h:?} is not a Slurm node name"))),
+        None => Ok(hosts.join(",")),
+    }
+}
+
+/// Requeues `job` held and waits until it has left its node (pending again), so the
+/// application has checkpointed and exited.
+async fn requeue_held(conf: Option<&std::path::Path>, job: &str, timeout: Duration) -> Result<(), Error> {
+    slurm(conf, "scontrol", &["requeuehold", job]).await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let state = slurm(conf, "squeue", &["-h", "-j", job, "-o", "%T"]).await?;
+        let state = state.trim();
+        if state == "PENDING" {
+            return Ok(());
+        }
+        if state.is_empty() {
+            return Err(Error::Action(format!(
+                "slurm job {job} left the queue instead of being requeued (it ended?)"
+            )));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Action(format!(
+                "slurm job {job} still {state} {} s after requeuehold",
+                timeout.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 impl ActionConfig {
     /// Stops the application at its next phase boundary, with a checkpoint.
     pub async fn stop(&self, t: &Target) -> Result<(), Error> {
@@ -105,6 +210,14 @@ impl ActionConfig {
                 })
             }
             ActionConfig::Commands { stop, .. } => run_command(&fill(stop, t, &[])).await,
+            ActionConfig::Slurm {
+                slurm_conf,
+                requeue_timeout_s,
+            } => {
+                let job = batch_job(t)?;
+                let timeout = Duration::from_secs(*requeue_timeout_s);
+                requeue_held(slurm_conf.as_deref(), job, timeout).await
+            }
         }
     }
 
@@ -124,13 +237,22 @@ impl ActionConfig {
                 })
             }
             ActionConfig::Commands { resume, .. } => run_command(&fill(resume, t, hosts)).await,
+            ActionConfig::Slurm { slurm_conf, .. } => {
+                let job = batch_job(t)?;
+                let conf = slurm_conf.as_deref();
+                let nodes = format!("NodeList={}", node_list(hosts)?);
+                let id = format!("JobId={job}");
+                // A requeued job waits ~2 minutes before it is eligible again: now.
+                slurm(conf, "scontrol", &["update", &id, &nodes, "StartTime=now"]).await?;
+                slurm(conf, "scontrol", &["release", job]).await.map(|_| ())
+            }
         }
     }
 
     /// Tells the application's contract monitor the request was declined.
     pub async fn declined(&self, t: &Target, gain: f64) -> Result<(), Error> {
         match self {
-            ActionConfig::Grpc => {
+            ActionConfig::Grpc | ActionConfig::Slurm { .. } => {
                 let mut c = control(t).await?;
                 c.declined(pb::AppDeclinedRequest {
                     app_id: t.app_id.clone(),
@@ -158,6 +280,7 @@ mod tests {
         Target {
             app_id: "app1".into(),
             control: "http://127.0.0.1:9".into(),
+            batch_job: String::new(),
         }
     }
 
@@ -197,5 +320,33 @@ mod tests {
         let e = ActionConfig::Grpc.stop(&t).await.unwrap_err().to_string();
         assert!(e.contains("cannot reach"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn the_slurm_action_refuses_what_is_not_a_slurm_job_or_node() {
+        let slurm = ActionConfig::Slurm {
+            slurm_conf: None,
+            requeue_timeout_s: 1,
+        };
+        let mut t = target();
+        let e = slurm.stop(&t).await.unwrap_err().to_string();
+        assert!(e.contains("runs as no batch job"), "{e}");
+        t.batch_job = "12; rm -rf /".into();
+        let e = slurm.stop(&t).await.unwrap_err().to_string();
+        assert!(e.contains("not a Slurm job id"), "{e}");
+        t.batch_job = "12".into();
+        let e = slurm.resume(&t, &["a b".into()]).await.unwrap_err().to_string();
+        assert!(e.contains("not a Slurm node name"), "{e}");
+        let e = slurm.resume(&t, &[]).await.unwrap_err().to_string();
+        assert!(e.contains("no target nodes"), "{e}");
+        let cfg: ActionConfig =
+            serde_json::from_str(r#"{"kind": "slurm", "slurm_conf": "/etc/slurm/slurm.conf"}"#).unwrap();
+        assert_eq!(
+            cfg,
+            ActionConfig::Slurm {
+                slurm_conf: Some("/etc/slurm/slurm.conf".into()),
+                requeue_timeout_s: 120
+            }
+        );
     }
 }

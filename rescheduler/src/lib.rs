@@ -31,10 +31,15 @@ pub use plan::{
     decide, gain, plan, slowdown, AppState, Decision, Force, HostLoad, Mode, Plan, PlanError, Policy,
 };
 
+/// The version of `app.state`: 2 is version 1 with `batch_job` appended (a reader of version
+/// 1's fields, by name or by position, reads them unchanged). A new version because the
+/// directory refuses a different definition under an existing one.
+pub const APP_STATE_VERSION: u32 = 2;
+
 /// `app.state`: where an application runs and how far it is (the rescheduler's input; published
 /// by applications such as `gma app-sim`).
 pub fn app_state_schema() -> gma_proto::v1::EventSchema {
-    gma_core::event::schema(
+    let mut s = gma_core::event::schema(
         "app.state",
         "an application's placement and progress",
         vec![
@@ -59,8 +64,14 @@ pub fn app_state_schema() -> gma_proto::v1::EventSchema {
             gma_core::event::text("state", "running, stopping, stopped, resuming, completed"),
             gma_core::event::text("hosts", "comma-separated hosts the application runs on"),
             gma_core::event::text("control", "address of the application's AppControl service"),
+            gma_core::event::text(
+                "batch_job",
+                "the batch system's job id it runs as (\"\" when it runs outside one)",
+            ),
         ],
-    )
+    );
+    s.version = APP_STATE_VERSION;
+    s
 }
 
 #[cfg(test)]
@@ -72,7 +83,7 @@ mod tests {
     fn app_state_schema_is_pinned() {
         assert_eq!(
             gma_core::event::signature(&app_state_schema()),
-            "app.state v1: phase double, phases double, fraction_completed double, total_predicted_s double s, avg_ratio double, app_id string, state string, hosts string, control string"
+            "app.state v2: phase double, phases double, fraction_completed double, total_predicted_s double s, avg_ratio double, app_id string, state string, hosts string, control string, batch_job string"
         );
     }
 }

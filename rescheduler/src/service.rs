@@ -110,7 +110,8 @@ struct HostSample {
 struct AppInfo {
     state: AppState,
     run_state: String,
-    control: String,
+    /// How an action reaches it.
+    target: Target,
 }
 
 #[derive(Default)]
@@ -247,7 +248,11 @@ async fn on_event(ctx: &Arc<Ctx>, e: &OwnedEvent, opportunistic: bool) {
                     observed_avg_ratio: num("avg_ratio"),
                 },
                 run_state: run_state.clone(),
-                control: r.text("control").unwrap_or("").to_string(),
+                target: Target {
+                    app_id: app_id.clone(),
+                    control: r.text("control").unwrap_or("").to_string(),
+                    batch_job: r.text("batch_job").unwrap_or("").to_string(),
+                },
             };
             let completed = run_state == "completed";
             let others: Vec<String> = {
@@ -289,7 +294,7 @@ fn spawn_evaluation(ctx: Arc<Ctx>, app_id: String, mode: Mode, trigger_ns: i64) 
 }
 
 /// The view with ages as of now; `None` if the application is unknown.
-async fn snapshot(ctx: &Ctx, app_id: &str) -> Option<(AppState, String, Vec<HostLoad>)> {
+async fn snapshot(ctx: &Ctx, app_id: &str) -> Option<(AppState, Target, Vec<HostLoad>)> {
     let v = ctx.view.lock().await;
     let app = v.apps.get(app_id)?;
     let now = now_ns();
@@ -301,14 +306,14 @@ async fn snapshot(ctx: &Ctx, app_id: &str) -> Option<(AppState, String, Vec<Host
             ..s.load.clone()
         })
         .collect();
-    Some((app.state.clone(), app.control.clone(), view))
+    Some((app.state.clone(), app.target.clone(), view))
 }
 
 async fn evaluate(ctx: &Ctx, app_id: &str, mode: Mode, trigger_ns: i64) {
     // Fresh data first: wait (at most max_age_ms) until every known host has a sample newer
     // than the bound; hosts still stale are then excluded by the plan.
     let deadline = Instant::now() + Duration::from_millis(ctx.policy.max_age_ms);
-    let (app, control, view) = loop {
+    let (app, target, view) = loop {
         let Some(s) = snapshot(ctx, app_id).await else {
             tracing::warn!(app_id, "evaluation for an application with no app.state; ignored");
             return;
@@ -325,10 +330,6 @@ async fn evaluate(ctx: &Ctx, app_id: &str, mode: Mode, trigger_ns: i64) {
     metrics::counter!(crate::telemetry::DECISIONS, "decision" => decision_str(p.decision)).increment(1);
     metrics::histogram!(crate::telemetry::DECIDE_SECONDS).record(decide_ms / 1000.0);
     tracing::info!(app_id, decision = ?p.decision, gain = p.gain, targets = ?p.target_hosts, "rescheduler decision");
-    let target = Target {
-        app_id: app_id.to_string(),
-        control,
-    };
     match p.decision {
         Decision::Migrate => migrate(ctx, &target, &p).await,
         Decision::Stay if p.adjust_tolerance() => {

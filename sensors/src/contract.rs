@@ -287,6 +287,30 @@ impl ContractMonitor {
         })
     }
 
+    /// A monitor for an application that restarts from a checkpoint: the phases before
+    /// `next_phase` were done by an earlier run (their work counts as done), and reports start
+    /// at `next_phase`. A `next_phase` that leaves no phase to run is an error.
+    pub fn from_checkpoint(
+        cfg: ContractConfig,
+        source: &str,
+        next_phase: u32,
+    ) -> Result<ContractMonitor, ContractError> {
+        let mut m = ContractMonitor::new(cfg, source)?;
+        let k = next_phase as usize;
+        if k >= m.predicted.len() {
+            return Err(ContractError::PhaseOutOfRange {
+                phase: next_phase,
+                phases: m.predicted.len() as u64,
+            });
+        }
+        let done: f64 = m.predicted[..k].iter().sum();
+        m.base_fraction = done / m.total_pred_s;
+        m.predicted.drain(..k);
+        m.total_pred_s = m.predicted.iter().sum();
+        m.first_phase = next_phase;
+        Ok(m)
+    }
+
     /// An application's report that phase `phase` (0-based) took `actual_s` seconds.
     ///
     /// Returns, in order: the `kind = "phase"` event; then, if a rule fired, either a
@@ -506,6 +530,27 @@ mod tests {
             "launcher/qr",
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_monitor_from_a_checkpoint_counts_the_earlier_phases_as_done() {
+        let cfg = ContractConfig {
+            app_id: "qr-8000".into(),
+            upper: UP,
+            lower: LO,
+            predicted_s: vec![100.0; 4],
+        };
+        let mut m = ContractMonitor::from_checkpoint(cfg.clone(), "launcher/qr", 2).unwrap();
+        assert_eq!(m.fraction_completed(), 0.5);
+        // Phases before the checkpoint are out of its schedule; the next one is taken.
+        assert!(m.report(1, 100.0, 1).is_err());
+        feed(&mut m, 2, &[1.0]);
+        assert_eq!(m.fraction_completed(), 0.75);
+        feed(&mut m, 3, &[1.0]);
+        assert_eq!(m.fraction_completed(), 1.0);
+        assert!(m.report(4, 100.0, 2).is_err());
+        // A checkpoint with nothing left to run is refused.
+        assert!(ContractMonitor::from_checkpoint(cfg, "launcher/qr", 4).is_err());
     }
 
     /// Feeds ratios (predicted 100 s each) from phase `first`, returning every output.

@@ -1,6 +1,7 @@
 //! A throw-away single-machine Slurm cluster for the tests (docs/slurm.md; the recipe of
 //! the project's notes on real parts): a generated munge key and its own `munged`, a generated
-//! `slurm.conf`, `slurmctld` and one `slurmd` — all under a temp dir, on ports chosen free,
+//! `slurm.conf`, `slurmctld` and one `slurmd` per node (one node by default; several with
+//! [`Cluster::start_nodes`], each on its own port) — all under a temp dir, on ports chosen free,
 //! bound to 127.0.0.1 (`CommunicationParameters=NoCtldInAddrAny,NoInAddrAny`), with
 //! `batch_sched_delay=0`. Dropping the [`Cluster`] cancels its jobs, stops the daemons, kills
 //! any `slurmstepd` they left behind and stops `munged`.
@@ -22,11 +23,14 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     /// `SLURM_CONF` of its clients.
     pub conf: PathBuf,
-    /// Its one node (also the resource name the adapter offers).
+    /// Its first node (also the resource name the adapter offers).
     pub node: String,
+    /// All its nodes, in one partition (`debug`).
+    pub nodes: Vec<String>,
+    /// CPUs of each node.
     pub cpus: u32,
     ctld: Option<Child>,
-    slurmd: Option<Child>,
+    slurmd: Vec<Child>,
     munge_sock: PathBuf,
 }
 
@@ -79,6 +83,11 @@ impl Cluster {
     /// Starts a cluster; the error says why it cannot (not installed, not root, a daemon that
     /// would not start, with its log).
     pub fn start() -> Result<Cluster, String> {
+        Cluster::start_nodes(1)
+    }
+
+    /// Starts a cluster of `n` nodes (one `slurmd` each, on 127.0.0.1 and ports of their own).
+    pub fn start_nodes(n: usize) -> Result<Cluster, String> {
         if let Some(p) = PROGRAMS.iter().find(|p| !which(p)) {
             return Err(format!(
                 "{p} is not installed (scripts/test.sh installs slurmctld slurmd slurm-client munge with apt-get)"
@@ -97,12 +106,19 @@ impl Cluster {
             .map_err(|e| format!("temp dir: {e}"))?;
         let d = dir.path().to_path_buf();
         let (ctld_port, slurmd_port) = (free_port()?, free_port()?);
-        // A node name of its own, so several clusters (tests in parallel) never meet.
+        // Node names of its own, so several clusters (tests in parallel) never meet; the first
+        // node listens on SlurmdPort, the others on a Port of their own.
         let node = format!("n{ctld_port}");
+        let mut nodes = vec![(node.clone(), slurmd_port)];
+        for i in 1..n.max(1) {
+            nodes.push((format!("n{ctld_port}x{i}"), free_port()?));
+        }
         for sub in ["munge", "run", "state", "log", "jobs"] {
             std::fs::create_dir_all(d.join(sub)).map_err(|e| format!("mkdir {sub}: {e}"))?;
         }
-        std::fs::create_dir_all(d.join("spool").join(&node)).map_err(|e| format!("mkdir spool: {e}"))?;
+        for (name, _) in &nodes {
+            std::fs::create_dir_all(d.join("spool").join(name)).map_err(|e| format!("mkdir spool: {e}"))?;
+        }
         // munged: every directory above its socket must be o+x; the key directory stays private.
         chmod(&d, 0o711)?;
         chmod(&d.join("munge"), 0o700)?;
@@ -135,11 +151,17 @@ impl Cluster {
              SchedulerType=sched/backfill\nSchedulerParameters=batch_sched_delay=0\n\
              MpiDefault=none\nMailProg=/bin/true\nReturnToService=2\n\
              AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none\n\
-             JobCompType=jobcomp/none\n\
-             NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN\n\
-             PartitionName=debug Nodes={node} Default=YES MaxTime=60 DefaultTime=5 State=UP\n",
+             JobCompType=jobcomp/none\n{node_lines}\
+             PartitionName=debug Nodes={all} Default=YES MaxTime=60 DefaultTime=5 State=UP\n",
             sock = munge_sock.display(),
             d = d.display(),
+            node_lines = nodes
+                .iter()
+                .map(|(name, port)| format!(
+                    "NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN\n"
+                ))
+                .collect::<String>(),
+            all = nodes.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(","),
         );
         std::fs::write(&conf, text).map_err(|e| format!("write slurm.conf: {e}"))?;
         let log = |name: &str| -> Result<Stdio, String> {
@@ -151,9 +173,10 @@ impl Cluster {
             dir,
             conf: conf.clone(),
             node: node.clone(),
+            nodes: nodes.iter().map(|(name, _)| name.clone()).collect(),
             cpus: 2,
             ctld: None,
-            slurmd: None,
+            slurmd: Vec::new(),
             munge_sock,
         };
         c.ctld = Some(
@@ -166,20 +189,22 @@ impl Cluster {
                 .spawn()
                 .map_err(|e| format!("slurmctld: {e}"))?,
         );
-        c.slurmd = Some(
-            Command::new("slurmd")
-                .args(["-D", "-N", &node, "-f"])
-                .arg(&conf)
-                .env("SLURM_CONF", &conf)
-                .stdout(log("slurmd.out")?)
-                .stderr(log("slurmd.err")?)
-                .spawn()
-                .map_err(|e| format!("slurmd: {e}"))?,
-        );
+        for (name, _) in &nodes {
+            c.slurmd.push(
+                Command::new("slurmd")
+                    .args(["-D", "-N", name, "-f"])
+                    .arg(&conf)
+                    .env("SLURM_CONF", &conf)
+                    .stdout(log(&format!("slurmd-{name}.out"))?)
+                    .stderr(log(&format!("slurmd-{name}.err"))?)
+                    .spawn()
+                    .map_err(|e| format!("slurmd {name}: {e}"))?,
+            );
+        }
         let mut last = String::new();
         let up = wait_until(Duration::from_secs(30), || {
-            match c.cmd("sinfo", &["-h", "-o", "%T"]) {
-                Ok(s) if s.trim() == "idle" => true,
+            match c.cmd("sinfo", &["-h", "-N", "-o", "%T"]) {
+                Ok(s) if s.lines().filter(|l| l.trim() == "idle").count() == nodes.len() => true,
                 Ok(s) => {
                     last = format!("sinfo says {:?}", s.trim());
                     false
@@ -265,7 +290,7 @@ impl Cluster {
                 });
             }
         }
-        for child in [self.slurmd.take(), self.ctld.take()].into_iter().flatten() {
+        for child in self.slurmd.drain(..).chain(self.ctld.take()) {
             stop_child(child);
         }
         // A slurmstepd left behind (a job that ran while the daemons died) ignores SIGTERM:
@@ -314,7 +339,12 @@ impl Drop for Cluster {
 /// A cluster for `test`, or None with a skip message; under `CI=true` a cluster that cannot
 /// start fails the test with its reason.
 pub fn cluster_or_skip(test: &str) -> Option<Cluster> {
-    match Cluster::start() {
+    nodes_or_skip(test, 1)
+}
+
+/// A cluster of `n` nodes for `test`, as [`cluster_or_skip`].
+pub fn nodes_or_skip(test: &str, n: usize) -> Option<Cluster> {
+    match Cluster::start_nodes(n) {
         Ok(c) => Some(c),
         Err(e) if in_ci() => panic!("CI=true and {test} needs a Slurm cluster, which cannot start here: {e}"),
         Err(e) => {
