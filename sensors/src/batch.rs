@@ -1,12 +1,20 @@
 //! `batch.queue`: the local batch system's queues, one event per Slurm partition (source
-//! `<host>/<partition>`): jobs pending and running, node states and CPUs. The pending jobs of
-//! every partition (each job once) are `queue_waiting` of `host.load`, through [`QueueShare`].
+//! `<host>/<partition>`): jobs pending and running, node states and CPUs, and the backfill
+//! window. The pending jobs of every partition (each job once) are `queue_waiting` of
+//! `host.load`, through [`QueueShare`].
 //!
-//! Slurm is read with `squeue -h -r -a -t PENDING,RUNNING -o %P|%T` (one line per job, array
-//! elements expanded) and `sinfo -h -a -o %R|%a|%T|%D|%C` (per partition and node state: the
-//! partition's availability, the state, the node count and CPUs as
-//! allocated/idle/other/total), each with the command timeout and bounded output (see
-//! [`crate::command`]), `SLURM_CONF` set to the slurm.conf found.
+//! Slurm is read with `squeue -h -r -a -t PENDING,RUNNING -o %P|%T|%S` (one line per job, array
+//! elements expanded; `%S` is a pending job's expected start, Slurm's backfill estimate) and
+//! `sinfo -h -a -o %R|%a|%T|%D|%C|%l` (per partition and node state: the partition's
+//! availability, the state, the node count, CPUs as allocated/idle/other/total, and the
+//! partition's time limit), each with the command timeout and bounded output (see
+//! [`crate::command`]), `SLURM_CONF` set to the slurm.conf found and `TZ=UTC`.
+//!
+//! The backfill window (`backfill_window_s`) is how long the partition's idle CPUs stay free
+//! for a job that starts now: 0 without an idle CPU; else until the earliest expected start of
+//! a job pending in the partition (a lower bound: that job may be bound for other nodes, and a
+//! reservation that starts on the idle nodes is not counted); else the partition's time limit;
+//! NaN when nothing bounds it (no pending job with an expected start, time limit `infinite`).
 //!
 //! The sensor is on when the batch system is there: a `slurm.conf` (the configured one, else
 //! `$SLURM_CONF`, else `/etc/slurm/slurm.conf` or `/etc/slurm-llnl/slurm.conf`; without one,
@@ -63,16 +71,67 @@ pub struct Partition {
     pub cpus_idle: f64,
     /// `up`, `down`, `drain`, `inact`; empty when sinfo does not list it.
     pub state: String,
+    /// The partition's time limit in seconds; `None` when `infinite` (or not listed).
+    pub time_limit_s: Option<f64>,
+    /// The earliest expected start of a job pending here, Unix seconds.
+    pub next_start_s: Option<f64>,
 }
 
-/// Counts `squeue -o %P|%T` lines into `parts` (a job pending in several partitions, `p1,p2`,
-/// counts in each); returns the pending jobs, each once.
+impl Partition {
+    /// See the module doc; `now_s` in Unix seconds.
+    pub fn backfill_window_s(&self, now_s: f64) -> f64 {
+        if self.cpus_idle <= 0.0 {
+            return 0.0;
+        }
+        match (self.next_start_s, self.time_limit_s) {
+            (Some(start), _) => (start - now_s).max(0.0),
+            (None, Some(limit)) => limit,
+            (None, None) => f64::NAN,
+        }
+    }
+}
+
+/// A Slurm time (`%S` with `TZ=UTC`: `2026-11-26T22:03:06`) in Unix seconds; `None` for `N/A`,
+/// `Unknown` and anything else.
+pub fn parse_slurm_time(s: &str) -> Option<f64> {
+    let ns = gma_core::time::parse_rfc3339(&format!("{}Z", s.trim()))??;
+    Some(ns as f64 / 1e9)
+}
+
+/// A Slurm duration (`%l`: `infinite`, `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`,
+/// `D-HH:MM:SS`) in seconds; `None` for `infinite`, `UNLIMITED` and anything unreadable.
+pub fn parse_slurm_duration(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().ok()?, Some(r)),
+        None => (0, Some(s)),
+    };
+    let parts: Vec<u64> = rest?
+        .split(':')
+        .map(|p| p.parse::<u64>().ok())
+        .collect::<Option<_>>()?;
+    let (h, m, sec) = match (s.contains('-'), parts.as_slice()) {
+        (false, &[m]) => (0, m, 0),
+        (false, &[m, sec]) => (0, m, sec),
+        (_, &[h, m, sec]) => (h, m, sec),
+        (true, &[h]) => (h, 0, 0),
+        (true, &[h, m]) => (h, m, 0),
+        _ => return None,
+    };
+    Some((((days * 24 + h) * 60 + m) * 60 + sec) as f64)
+}
+
+/// Counts `squeue -o %P|%T|%S` lines into `parts` (a job pending in several partitions,
+/// `p1,p2`, counts in each, and its expected start bounds each one's backfill window); returns
+/// the pending jobs, each once.
 pub fn count_squeue(text: &str, parts: &mut BTreeMap<String, Partition>) -> f64 {
     let mut pending = 0.0;
     for line in text.lines() {
-        let Some((partitions, state)) = line.trim().split_once('|') else {
+        let mut f = line.trim().split('|');
+        let (Some(partitions), Some(state)) = (f.next(), f.next()) else {
             continue;
         };
+        let start = f.next().and_then(parse_slurm_time);
         let is_pending = match state {
             "PENDING" => true,
             "RUNNING" => false,
@@ -87,6 +146,9 @@ pub fn count_squeue(text: &str, parts: &mut BTreeMap<String, Partition>) -> f64 
             };
             if is_pending {
                 part.jobs_pending += 1.0;
+                if let Some(t) = start {
+                    part.next_start_s = Some(part.next_start_s.map_or(t, |n| n.min(t)));
+                }
             } else {
                 part.jobs_running += 1.0;
             }
@@ -123,7 +185,7 @@ pub enum NodeClass {
     Down,
 }
 
-/// Adds `sinfo -o %R|%a|%T|%D|%C` lines to `parts`.
+/// Adds `sinfo -o %R|%a|%T|%D|%C|%l` lines to `parts`.
 pub fn parse_sinfo(text: &str, parts: &mut BTreeMap<String, Partition>) -> Result<(), SensorError> {
     const SINFO: &str = "sinfo";
     for (i, line) in text.lines().enumerate() {
@@ -132,11 +194,11 @@ pub fn parse_sinfo(text: &str, parts: &mut BTreeMap<String, Partition>) -> Resul
             continue;
         }
         let f: Vec<&str> = line.split('|').collect();
-        let [name, avail, state, nodes, cpus] = f[..] else {
+        let [name, avail, state, nodes, cpus, limit] = f[..] else {
             return Err(SensorError::parse(
                 SINFO,
                 i + 1,
-                "expected partition|avail|state|nodes|cpus",
+                "expected partition|avail|state|nodes|cpus|timelimit",
             ));
         };
         let nodes: f64 = crate::procfs::parse_num(Some(nodes), SINFO, i + 1, "node count")?;
@@ -154,6 +216,7 @@ pub fn parse_sinfo(text: &str, parts: &mut BTreeMap<String, Partition>) -> Resul
             continue;
         };
         p.state = avail.to_string();
+        p.time_limit_s = parse_slurm_duration(limit);
         p.nodes_total += nodes;
         p.cpus_total += total;
         p.cpus_idle += idle;
@@ -214,7 +277,10 @@ impl Batch {
     ) -> Result<Option<String>, SensorError> {
         let mut all = vec!["-h"];
         all.extend_from_slice(args);
-        let env = [("SLURM_CONF", conf.as_os_str())];
+        let env = [
+            ("SLURM_CONF", conf.as_os_str()),
+            ("TZ", std::ffi::OsStr::new("UTC")),
+        ];
         let (program, ran) = self.commands.run(name, &all, &env, max);
         let o = match ran? {
             Ran::Missing => return Ok(None),
@@ -262,7 +328,12 @@ impl Probe for Batch {
             },
         };
         let mut parts = BTreeMap::new();
-        let Some(sinfo) = self.slurm(&conf, "sinfo", &["-a", "-o", "%R|%a|%T|%D|%C"], MAX_SINFO_OUTPUT)?
+        let Some(sinfo) = self.slurm(
+            &conf,
+            "sinfo",
+            &["-a", "-o", "%R|%a|%T|%D|%C|%l"],
+            MAX_SINFO_OUTPUT,
+        )?
         else {
             self.turn_off("Slurm's sinfo is not installed");
             return Ok(());
@@ -271,7 +342,7 @@ impl Probe for Batch {
         let Some(squeue) = self.slurm(
             &conf,
             "squeue",
-            &["-r", "-a", "-t", "PENDING,RUNNING", "-o", "%P|%T"],
+            &["-r", "-a", "-t", "PENDING,RUNNING", "-o", "%P|%T|%S"],
             MAX_SQUEUE_OUTPUT,
         )?
         else {
@@ -280,8 +351,10 @@ impl Probe for Batch {
         };
         let pending = count_squeue(&squeue, &mut parts);
         self.queue.set(pending);
+        let now_s = out.now_ns as f64 / 1e9;
         for (name, p) in parts {
             let source = format!("{}/{}", out.source, name);
+            let window = p.backfill_window_s(now_s);
             let numbers = vec![
                 p.jobs_pending,
                 p.jobs_running,
@@ -291,6 +364,7 @@ impl Probe for Batch {
                 p.nodes_down,
                 p.cpus_total,
                 p.cpus_idle,
+                window,
             ];
             out.push_from(&source, numbers, vec![name, "slurm".to_string(), p.state]);
         }
@@ -305,12 +379,12 @@ mod tests {
     use std::time::Duration;
 
     const SINFO: &str = "\
-debug|up|idle|1|0/2/0/2
-debug|up|mixed|2|3/1/0/4
-debug|up|down*|1|0/0/2/2
-long|up|allocated|3|12/0/0/12
-long|up|drained|1|0/0/4/4
-gpu|down|reserved|1|0/4/0/4
+debug|up|idle|1|0/2/0/2|1:00:00
+debug|up|mixed|2|3/1/0/4|1:00:00
+debug|up|down*|1|0/0/2/2|1:00:00
+long|up|allocated|3|12/0/0/12|2-00:00:00
+long|up|drained|1|0/0/4/4|2-00:00:00
+gpu|down|reserved|1|0/4/0/4|infinite
 ";
 
     #[test]
@@ -318,7 +392,7 @@ gpu|down|reserved|1|0/4/0/4
         let mut parts = BTreeMap::new();
         parse_sinfo(SINFO, &mut parts).unwrap();
         let squeue =
-            "debug|PENDING\ndebug|RUNNING\ndebug,long|PENDING\nlong|RUNNING\nlong|COMPLETING\njunk\n";
+            "debug|PENDING|2026-11-26T22:10:00\ndebug|RUNNING|2026-11-26T21:00:00\ndebug,long|PENDING|N/A\nlong|RUNNING|N/A\nlong|COMPLETING|N/A\njunk\n";
         assert_eq!(count_squeue(squeue, &mut parts), 2.0, "each pending job once");
         let d = &parts["debug"];
         assert_eq!(
@@ -343,10 +417,22 @@ gpu|down|reserved|1|0/4/0/4
             (g.nodes_total, g.nodes_idle, g.nodes_busy, g.state.as_str()),
             (1.0, 0.0, 0.0, "down")
         );
+        // The backfill window: until the pending job's expected start (22:10:00 UTC), the
+        // partition's limit without one, 0 without an idle CPU, NaN when nothing bounds it.
+        let now = parse_slurm_time("2026-11-26T22:00:00").unwrap();
+        assert_eq!(d.backfill_window_s(now), 600.0);
+        assert_eq!(d.backfill_window_s(now + 3600.0), 0.0, "expected start passed");
+        assert_eq!(l.backfill_window_s(now), 0.0, "no idle CPU");
+        assert!(g.backfill_window_s(now).is_nan());
+        let idle_long = Partition {
+            cpus_idle: 4.0,
+            ..l.clone()
+        };
+        assert_eq!(idle_long.backfill_window_s(now), 2.0 * 86_400.0);
         for bad in [
-            "debug|up|idle|1\n",
-            "debug|up|idle|x|0/1/0/1\n",
-            "debug|up|idle|1|0/1/0\n",
+            "debug|up|idle|1|0/1/0/1\n",
+            "debug|up|idle|x|0/1/0/1|1:00\n",
+            "debug|up|idle|1|0/1/0|1:00\n",
         ] {
             assert!(parse_sinfo(bad, &mut BTreeMap::new()).is_err(), "{bad:?}");
         }
@@ -355,9 +441,30 @@ gpu|down|reserved|1|0/4/0/4
     }
 
     #[test]
+    fn slurm_times_and_durations() {
+        assert_eq!(parse_slurm_time("1970-01-01T00:01:00"), Some(60.0));
+        for na in ["N/A", "Unknown", "", "2026-13-01T00:00:00"] {
+            assert_eq!(parse_slurm_time(na), None, "{na:?}");
+        }
+        for (text, secs) in [
+            ("5", 300.0),
+            ("5:30", 330.0),
+            ("1:00:00", 3600.0),
+            ("2-00:00:00", 172_800.0),
+            ("1-2", 93_600.0),
+            ("1-2:03", 93_780.0),
+        ] {
+            assert_eq!(parse_slurm_duration(text), Some(secs), "{text}");
+        }
+        for bad in ["infinite", "UNLIMITED", "", "1:2:3:4", "x-1", "-"] {
+            assert_eq!(parse_slurm_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn partitions_are_bounded() {
         let mut parts = BTreeMap::new();
-        let text: String = (0..300).map(|i| format!("p{i}|RUNNING\n")).collect();
+        let text: String = (0..300).map(|i| format!("p{i}|RUNNING|N/A\n")).collect();
         count_squeue(&text, &mut parts);
         assert_eq!(parts.len(), MAX_PARTITIONS);
     }
@@ -400,7 +507,10 @@ gpu|down|reserved|1|0/4/0/4
                 p.join("sinfo.out").display()
             ),
         );
-        script(&p.join("squeue"), "printf 'debug|PENDING\\nlong|RUNNING\\n'");
+        script(
+            &p.join("squeue"),
+            "printf 'debug|PENDING|N/A\\nlong|RUNNING|N/A\\n'",
+        );
         let queue = QueueShare::default();
         let mut s = sensor(p, Some(conf), queue.clone());
         assert!(s.blocking());
@@ -408,7 +518,7 @@ gpu|down|reserved|1|0/4/0/4
         s.sample(1, &mut out).unwrap();
         let sources: Vec<&str> = out.iter().map(|e| e.source.as_str()).collect();
         assert_eq!(sources, ["h/debug", "h/gpu", "h/long"]);
-        assert_eq!(out[0].numbers, [1.0, 0.0, 4.0, 1.0, 2.0, 1.0, 8.0, 3.0]);
+        assert_eq!(out[0].numbers, [1.0, 0.0, 4.0, 1.0, 2.0, 1.0, 8.0, 3.0, 3600.0]);
         assert_eq!(out[0].strings, ["debug", "slurm", "up"]);
         assert_eq!(queue.get(), 1.0);
 

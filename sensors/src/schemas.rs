@@ -279,6 +279,12 @@ pub fn batch_queue() -> EventSchema {
             dbl("nodes_down", "nodes", "nodes down, drained, draining or failing"),
             dbl("cpus_total", "cpus", "CPUs of the partition's nodes"),
             dbl("cpus_idle", "cpus", "CPUs idle (not allocated, not down)"),
+            dbl(
+                "backfill_window_s",
+                "s",
+                "how long the idle CPUs stay free for a job starting now: until the earliest \
+                 expected start of a pending job, else the time limit (0 = no idle CPU, NaN = unbounded)",
+            ),
             text("partition", "partition (queue) name"),
             text("system", "batch system: slurm"),
             text("state", "partition availability: up, down, drain, inact"),
@@ -398,7 +404,7 @@ mod tests {
         );
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[8]),
-            "batch.queue v1: jobs_pending double jobs, jobs_running double jobs, nodes_total double nodes, nodes_idle double nodes, nodes_busy double nodes, nodes_down double nodes, cpus_total double cpus, cpus_idle double cpus, partition string, system string, state string"
+            "batch.queue v1: jobs_pending double jobs, jobs_running double jobs, nodes_total double nodes, nodes_idle double nodes, nodes_busy double nodes, nodes_down double nodes, cpus_total double cpus, cpus_idle double cpus, backfill_window_s double s, partition string, system string, state string"
         );
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[9]),

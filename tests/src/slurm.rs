@@ -3,7 +3,8 @@
 //! `slurm.conf`, `slurmctld` and one `slurmd` per node (one node by default; several with
 //! [`Cluster::start_nodes`], each on its own port) — all under a temp dir, on ports chosen free,
 //! bound to 127.0.0.1 (`CommunicationParameters=NoCtldInAddrAny,NoInAddrAny`), with
-//! `batch_sched_delay=0`. Dropping the [`Cluster`] cancels its jobs, stops the daemons, kills
+//! `batch_sched_delay=0` and a backfill pass every second (`bf_interval=1`, so pending jobs get
+//! their expected start at once). Dropping the [`Cluster`] cancels its jobs, stops the daemons, kills
 //! any `slurmstepd` they left behind and stops `munged`.
 //!
 //! [`Cluster::start`] says why a cluster cannot be started; [`cluster_or_skip`] turns that
@@ -148,7 +149,7 @@ impl Cluster {
              SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n\
              ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
              SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
-             SchedulerType=sched/backfill\nSchedulerParameters=batch_sched_delay=0\n\
+             SchedulerType=sched/backfill\nSchedulerParameters=batch_sched_delay=0,bf_interval=1\n\
              MpiDefault=none\nMailProg=/bin/true\nReturnToService=2\n\
              AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none\n\
              JobCompType=jobcomp/none\n{node_lines}\

@@ -582,7 +582,12 @@ fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting
         wait_until(Duration::from_secs(60), || {
             seen = batch_figures(&prod.addr, part, "batchhost");
             seen.as_ref().is_some_and(|(v, q)| {
-                v["jobs_pending"] == 0.0 && v["jobs_running"] == 0.0 && v["nodes_total"] == 1.0 && *q == 0.0
+                v["jobs_pending"] == 0.0
+                    && v["jobs_running"] == 0.0
+                    && v["nodes_total"] == 1.0
+                    && *q == 0.0
+                    // Idle CPUs and nothing pending: free for the partition's MaxTime (60 min).
+                    && v["backfill_window_s"] == 3600.0
             })
         }),
         "{seen:?}; producer stderr: {}",
@@ -636,5 +641,36 @@ fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting
                 .is_some_and(|(v, q)| v["jobs_pending"] == 0.0 && v["jobs_running"] == 1.0 && *q == 0.0)
         }),
         "{seen:?}"
+    );
+    // A job that needs both CPUs waits for the running one (5 min limit): Slurm's backfill
+    // expects it to start when that ends, so the idle CPU is free until then, not for 60 min.
+    let _wide = cluster
+        .cmd(
+            "sbatch",
+            &[
+                "--parsable",
+                "--chdir",
+                jobs.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+                "--cpus-per-task",
+                "2",
+                "--time",
+                "5",
+                "--wrap",
+                "sleep 600",
+            ],
+        )
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            seen = batch_figures(&prod.addr, part, "batchhost");
+            seen.as_ref().is_some_and(|(v, _)| {
+                let w = v["backfill_window_s"].as_f64().unwrap_or(f64::NAN);
+                v["jobs_pending"] == 1.0 && v["cpus_idle"] == 1.0 && w > 0.0 && w <= 300.0
+            })
+        }),
+        "{seen:?}; squeue --start: {:?}",
+        cluster.cmd("squeue", &["--start", "-a"])
     );
 }
