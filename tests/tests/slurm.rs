@@ -574,7 +574,15 @@ fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting
         ),
     )
     .unwrap();
-    let prod = Proc::producer(&["--source", "batchhost", "--config", cfg.to_str().unwrap()]);
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let prod = Proc::producer(&[
+        "--source",
+        "batchhost",
+        "--directory",
+        &dir.addr,
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
     let part = "batchhost/debug";
     // An empty queue first: the idle node, nothing waiting.
     let mut seen = None;
@@ -672,5 +680,55 @@ fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting
         }),
         "{seen:?}; squeue --start: {:?}",
         cluster.cmd("squeue", &["--start", "-a"])
+    );
+
+    // The broker ranks the real host by its queue: with two jobs waiting, a job that needs all
+    // of its CPUs waits at least two typical jobs (600 s each; without the queue it would wait
+    // at most one: typical × (queue + deficit) / slots, deficit ≤ 1, one slot).
+    let _held2 = sbatch(&["--hold"]);
+    let total = {
+        let l = gma(
+            &["query", "host.load", "--producer", &prod.addr, "--output", "json"],
+            Duration::from_secs(30),
+        );
+        let load = json_lines(&l.stdout)
+            .into_iter()
+            .find(|e| e["source"] == "batchhost");
+        load.and_then(|e| e["values"]["total_cpus"].as_f64()).unwrap()
+    };
+    let broker = Proc::start(
+        &["broker", "--listen", "127.0.0.1:0", "--directory", &dir.addr],
+        "gma broker listening on",
+    );
+    let job = tmp.path().join("job.toml");
+    std::fs::write(
+        &job,
+        format!("name = \"all\"\ncpus = {total}\nreference_time_s = 10\n"),
+    )
+    .unwrap();
+    let mut ranked = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let r = gma(
+                &[
+                    "broker",
+                    "select",
+                    "--job",
+                    job.to_str().unwrap(),
+                    "--broker",
+                    &broker.addr,
+                    "--output",
+                    "json",
+                ],
+                Duration::from_secs(30),
+            );
+            ranked = serde_json::from_str::<Vec<serde_json::Value>>(&r.stdout).unwrap_or_default();
+            ranked
+                .iter()
+                .any(|r| r["resource"] == "batchhost" && r["wait_s"].as_f64().is_some_and(|w| w >= 1200.0))
+        }),
+        "{ranked:?}; batch.queue {:?}; broker stderr: {}",
+        batch_figures(&prod.addr, part, "batchhost"),
+        broker.stderr_text()
     );
 }
