@@ -18,7 +18,7 @@ use serde::Deserialize;
 pub const MAX_RPC_EVENTS_MS: u64 = 86_400_000;
 
 /// The shared settings of a served endpoint (see the module documentation).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default)]
 pub struct Endpoint {
     /// TLS (`[tls]`: cert, key, client_ca, allow_plaintext for the endpoint; ca for the
@@ -30,30 +30,25 @@ pub struct Endpoint {
     pub limits: crate::guard::Limits,
     /// Where the binary serves Prometheus `/metrics` (`--metrics-listen`); none = not served.
     pub metrics_listen: Option<String>,
-    /// Period of the `gma.rpc` events the role publishes about its own RPCs (0 = none).
-    pub rpc_events_ms: u64,
-}
-
-impl Default for Endpoint {
-    fn default() -> Self {
-        Endpoint {
-            tls: Default::default(),
-            access_policy: None,
-            limits: Default::default(),
-            metrics_listen: None,
-            rpc_events_ms: crate::rpc::DEFAULT_PERIOD_MS,
-        }
-    }
+    /// Period of the `gma.rpc` events the role publishes about its own RPCs (0 = none; unset =
+    /// [`crate::rpc::DEFAULT_PERIOD_MS`], see [`Endpoint::rpc_events_ms`]). Unset and set to the
+    /// default are told apart, so a role that publishes none can refuse the key itself.
+    pub rpc_events_ms: Option<u64>,
 }
 
 impl Endpoint {
+    /// The `gma.rpc` period in effect: the one set, else [`crate::rpc::DEFAULT_PERIOD_MS`].
+    pub fn rpc_events_ms(&self) -> u64 {
+        self.rpc_events_ms.unwrap_or(crate::rpc::DEFAULT_PERIOD_MS)
+    }
+
     /// The one check of the shared keys; the message names the key and what to write.
     pub fn validate(&self) -> Result<(), crate::Error> {
         self.limits.validate()?;
-        if self.rpc_events_ms > MAX_RPC_EVENTS_MS {
+        if self.rpc_events_ms() > MAX_RPC_EVENTS_MS {
             return Err(crate::Error::Config(format!(
                 "rpc_events_ms must be within 0..={MAX_RPC_EVENTS_MS} (0 = no gma.rpc events), not {}",
-                self.rpc_events_ms
+                self.rpc_events_ms()
             )));
         }
         Ok(())
@@ -100,7 +95,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.listen, "127.0.0.1:2");
         assert_eq!(r.endpoint.access_policy, Some(PathBuf::from("p.toml")));
-        assert_eq!(r.endpoint.rpc_events_ms, 500);
+        assert_eq!(r.endpoint.rpc_events_ms(), 500);
         assert_eq!(r.endpoint.metrics_listen.as_deref(), Some("127.0.0.1:9"));
         assert!(r.endpoint.tls.allow_plaintext);
         assert_eq!(r.endpoint.limits.burst, 7.0);
@@ -124,7 +119,7 @@ mod tests {
     #[test]
     fn validation_names_the_key() {
         let e = Endpoint {
-            rpc_events_ms: MAX_RPC_EVENTS_MS + 1,
+            rpc_events_ms: Some(MAX_RPC_EVENTS_MS + 1),
             ..Endpoint::default()
         };
         assert!(e

@@ -190,7 +190,7 @@ impl DashboardConfig {
         self.endpoint
             .validate()
             .map_err(|e| DashboardError::Config(e.to_string()))?;
-        if self.endpoint.rpc_events_ms != gma_core::endpoint::Endpoint::default().rpc_events_ms {
+        if self.endpoint.rpc_events_ms.is_some() {
             return bad("the dashboard publishes no gma.rpc events: leave out rpc_events_ms");
         }
         let tls = &self.endpoint.tls;
@@ -417,6 +417,17 @@ mod tests {
         .to_string();
         assert!(err.contains("unknown field `metrics_listn`"), "{err}");
         assert!(err.contains("line 3"), "{err}");
+        // It publishes no gma.rpc events: the key is refused whatever its value, the
+        // default's included.
+        for ms in [0, gma_core::rpc::DEFAULT_PERIOD_MS, 5] {
+            let c: DashboardConfig = gma_core::config::parse_toml(
+                &format!("directory = \"a:1\"\nrpc_events_ms = {ms}\n"),
+                "d.toml",
+            )
+            .unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("leave out rpc_events_ms"), "{ms}: {err}");
+        }
     }
 
     #[test]

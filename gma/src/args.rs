@@ -105,7 +105,7 @@ impl EndpointArgs {
             endpoint.metrics_listen = Some(m.clone());
         }
         if let Some(ms) = self.rpc_events_ms {
-            endpoint.rpc_events_ms = ms;
+            endpoint.rpc_events_ms = Some(ms);
         }
         crate::serve::apply_security(&mut endpoint.tls, &mut endpoint.access_policy)
     }

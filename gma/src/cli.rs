@@ -397,14 +397,14 @@ mod tests {
             directory: Some("file:1".into()),
             ..Default::default()
         };
-        cfg.endpoint.rpc_events_ms = 5;
+        cfg.endpoint.rpc_events_ms = Some(5);
         a.role
             .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)
             .expect("apply");
         assert_eq!(cfg.listen, "127.0.0.1:9");
         assert_eq!(cfg.directory.as_deref(), Some("127.0.0.1:8"));
         assert_eq!(cfg.endpoint.metrics_listen.as_deref(), Some("127.0.0.1:7"));
-        assert_eq!(cfg.endpoint.rpc_events_ms, 250);
+        assert_eq!(cfg.endpoint.rpc_events_ms, Some(250));
 
         // Without the flags the file's values stay.
         let cli = Cli::try_parse_from(["gma", "monitor", "--config", "m.toml"]).expect("monitor");
@@ -413,7 +413,7 @@ mod tests {
         };
         let (mut listen, mut directory) = (Some("127.0.0.1:3".to_string()), Some("d:4".to_string()));
         let mut endpoint = gma_core::endpoint::Endpoint {
-            rpc_events_ms: 6,
+            rpc_events_ms: Some(6),
             ..Default::default()
         };
         a.role
@@ -421,7 +421,7 @@ mod tests {
             .expect("apply");
         assert_eq!(listen.as_deref(), Some("127.0.0.1:3"));
         assert_eq!(directory.as_deref(), Some("d:4"));
-        assert_eq!(endpoint.rpc_events_ms, 6);
+        assert_eq!(endpoint.rpc_events_ms, Some(6));
     }
 
     #[test]

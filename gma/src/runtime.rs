@@ -41,7 +41,7 @@ pub async fn with_companion(
 ) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let companion = match directory {
-        Some(directory) if endpoint.rpc_events_ms > 0 => {
+        Some(directory) if endpoint.rpc_events_ms() > 0 => {
             let c = crate::telemetry::Companion {
                 role,
                 rpc,

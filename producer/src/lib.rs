@@ -300,7 +300,7 @@ impl Producer {
                 )));
             }
         }
-        if config.endpoint.rpc_events_ms > 0 {
+        if config.endpoint.rpc_events_ms() > 0 {
             hub.add_schemas(&[gma_core::rpc::rpc_schema()])
                 .map_err(|e| ProducerError::Config(format!("gma.rpc: {e}")))?;
         }
@@ -453,12 +453,12 @@ impl Producer {
             )));
         }
         tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
-        if config.endpoint.rpc_events_ms > 0 {
+        if config.endpoint.rpc_events_ms() > 0 {
             tokio::spawn(publish_rpc(
                 rpc.clone(),
                 hub.clone(),
                 config.source.clone().unwrap_or_default(),
-                Duration::from_millis(config.endpoint.rpc_events_ms),
+                Duration::from_millis(config.endpoint.rpc_events_ms()),
                 stop_rx.clone(),
             ));
         }
