@@ -885,12 +885,14 @@ impl SiteState {
                 "global_job_id: must be <origin_site>/<uuid>, with origin_site its origin".into(),
             ));
         }
+        // The sites it has been at or was refused by for good, the caller among them (not
+        // necessarily last: a site that refused it for good stays listed after the caller).
         if req.visited_sites.is_empty()
             || req.visited_sites.len() > 64
-            || req.visited_sites.last().map(String::as_str) != Some(from)
+            || !req.visited_sites.iter().any(|v| v == from)
         {
             return Err(Reject::Invalid(format!(
-                "visited_sites: 1 to 64 sites, the last one the caller ({from})"
+                "visited_sites: 1 to 64 sites, the caller ({from}) among them"
             )));
         }
         if !self.p.accepts_foreign {

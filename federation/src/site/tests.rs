@@ -205,3 +205,38 @@ fn saved_state_restores_jobs() {
     r.step(NOW + 3_600_000_000_000, &snap(6.0));
     assert_eq!(r.job(&id).unwrap().state, JobState::Finished);
 }
+
+#[test]
+fn a_job_refused_for_good_by_one_site_is_accepted_by_the_next() {
+    let mut a = site("a", &[("b", Role::Peer), ("c", Role::Peer)]);
+    let id = a
+        .submit(
+            Job {
+                name: "j".into(),
+                cpus: 2,
+                reference_time_s: 60.0,
+                ..Job::default()
+            },
+            Some("b".into()),
+            NOW,
+        )
+        .unwrap();
+    a.heard("b", NOW);
+    a.step(NOW, &snap(0.0));
+    assert_eq!(a.job(&id).unwrap().at, "b");
+    // b refuses it for good: b stays in its visited list, so it never goes back there.
+    a.refused(&id, "b", "full", None, NOW);
+    assert_eq!(a.job(&id).unwrap().visited, ["a", "b"]);
+    // Then it is forwarded to c (as step does when it routes there).
+    if let Some(j) = a.jobs.get_mut(&id) {
+        j.state = JobState::Forwarding;
+        j.at = "c".into();
+        j.visited.push("c".into());
+    }
+    let fwd = a.forward_request(&id).unwrap();
+    let mut c = site("c", &[("a", Role::Peer), ("b", Role::Peer)]);
+    let r = c.accept_forward("a", &fwd, &snap(8.0), NOW);
+    assert!(r.is_ok(), "{fwd:?}: {r:?}");
+    // b is still never visited again: c refuses to send it there (a loop to b is refused).
+    assert!(c.job(&id).unwrap().visited.contains(&"b".to_string()));
+}
