@@ -96,6 +96,22 @@ struct App {
     pending: Vec<EventData>,
 }
 
+impl App {
+    /// A request for `app_id` that needs the application in `state`: refused otherwise.
+    fn expect(&self, app_id: &str, state: RunState) -> Result<(), ControlError> {
+        if app_id != self.app_id {
+            return Err(ControlError::OtherApp(self.app_id.clone()));
+        }
+        if self.state != state {
+            return Err(ControlError::State {
+                state: self.state.as_str(),
+                needed: state.as_str(),
+            });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone)]
 /// What `AppControl` refuses; `impl From<ControlError> for Status` picks the code.
 #[derive(Debug, thiserror::Error)]
@@ -160,16 +176,7 @@ impl pb::app_control_server::AppControl for Control {
         let req = req.into_inner();
         let rx = {
             let mut app = self.app.lock().await;
-            if req.app_id != app.app_id {
-                return Err(ControlError::OtherApp(app.app_id.clone()).into());
-            }
-            if app.state != RunState::Running {
-                return Err(ControlError::State {
-                    state: app.state.as_str(),
-                    needed: "running",
-                }
-                .into());
-            }
+            app.expect(&req.app_id, RunState::Running)?;
             app.state = RunState::Stopping;
             app.monitor.stopped();
             let (tx, rx) = oneshot::channel();
@@ -192,16 +199,7 @@ impl pb::app_control_server::AppControl for Control {
             return Err(ControlError::NoHosts.into());
         }
         let mut app = self.app.lock().await;
-        if req.app_id != app.app_id {
-            return Err(ControlError::OtherApp(app.app_id.clone()).into());
-        }
-        if app.state != RunState::Stopped {
-            return Err(ControlError::State {
-                state: app.state.as_str(),
-                needed: "stopped",
-            }
-            .into());
-        }
+        app.expect(&req.app_id, RunState::Stopped)?;
         app.state = RunState::Resuming;
         app.resume_to = Some(req.hosts);
         self.wake.notify_one();
