@@ -97,6 +97,12 @@ pub struct ProducerConfig {
     pub bench_ms: u64,
     /// A later benchmark run waits this long after the last, and for an idle host.
     pub bench_every_s: u64,
+    /// Run the security-event sensor (`host.auth`; off by itself without a journal or an
+    /// auth log).
+    pub auth: bool,
+    /// The auth log `host.auth` follows; none = the journal when the host runs one, else
+    /// `/var/log/auth.log` or `/var/log/secure`.
+    pub auth_log: Option<PathBuf>,
     /// Simulated hosts (TOML file, see docs/simulation.md).
     pub simulate: Option<PathBuf>,
     pub site: String,
@@ -143,6 +149,8 @@ impl Default for ProducerConfig {
             bench: true,
             bench_ms: 100,
             bench_every_s: 3600,
+            auth: true,
+            auth_log: None,
             simulate: None,
             site: String::new(),
             org: String::new(),
@@ -262,6 +270,8 @@ impl Producer {
                 bench: config.bench,
                 bench_budget: Duration::from_millis(config.bench_ms.clamp(1, 10_000)),
                 bench_every: Duration::from_secs(config.bench_every_s.max(1)),
+                auth: config.auth,
+                auth_log: config.auth_log.clone(),
                 ..HostSensorConfig::default()
             };
             if let Some(p) = &config.packages {

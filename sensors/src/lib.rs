@@ -16,6 +16,8 @@
 //!   states); its pending jobs are `host.load`'s `queue_waiting`. Off without a batch system.
 //! - [`bench`]: `host.bench`, a short CPU and memory benchmark at start and when idle; its
 //!   scores are `host.load`'s `bench_specint` / `bench_specfp`.
+//! - [`auth`]: `host.auth`, logins, logouts, authentications, sudo and password changes from
+//!   the auth log or the journal (nothing secret). Off without either.
 //! - [`agent`]: `gma.agent`, the agent's own cost, with the [`AgentCounters`] the producer bumps.
 //! - [`schemas`]: the schema of every event above, the contract of field order and units.
 //! - [`sim`]: simulated hosts from a TOML file (demos, brokering, scale tests), changeable at
@@ -27,6 +29,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod agent;
+pub mod auth;
 pub mod batch;
 pub mod bench;
 mod command;
@@ -108,6 +111,12 @@ pub struct HostSensorConfig {
     pub bench_budget: Duration,
     /// A later benchmark run waits this long after the last, and for an idle host. Default 1 h.
     pub bench_every: Duration,
+    /// Run the security-event sensor (`host.auth`; off by itself without a journal or an
+    /// auth log). Default true.
+    pub auth: bool,
+    /// The auth log it reads; `None` = the journal when the host runs one, else
+    /// `/var/log/auth.log` or `/var/log/secure`.
+    pub auth_log: Option<PathBuf>,
 }
 
 impl HostSensorConfig {
@@ -129,6 +138,8 @@ impl HostSensorConfig {
             bench: true,
             bench_budget: Duration::from_millis(100),
             bench_every: Duration::from_secs(3600),
+            auth: true,
+            auth_log: None,
         }
     }
 }
@@ -150,8 +161,8 @@ pub fn local_hostname() -> String {
 }
 
 /// All host sensors: `host.cpu`, `host.mem`, `host.net`, `host.disk`, `net.tcp`, `host.info`,
-/// `batch.queue` (unless `cfg.batch` is off), `host.bench` (unless `cfg.bench` is off),
-/// `host.load`. Nothing is read until the first sample, so a missing file shows up as that
+/// `batch.queue` (unless `cfg.batch` is off), `host.auth` (unless `cfg.auth` is off),
+/// `host.bench` (unless `cfg.bench` is off), `host.load`. Nothing is read until the first sample, so a missing file shows up as that
 /// sensor's sample error, never as a failure here.
 pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     use procfs::ProcSensor;
@@ -181,7 +192,7 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
     ];
     let queue = batch::QueueShare::default();
     if cfg.batch {
-        let b = batch::Batch::new(commands, cfg.slurm_conf.clone(), queue.clone());
+        let b = batch::Batch::new(commands.clone(), cfg.slurm_conf.clone(), queue.clone());
         sensors.push(Box::new(ProcSensor::new(
             &cfg.source,
             cfg.batch_period,
@@ -189,6 +200,10 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
             schemas::batch_queue(),
             b,
         )));
+    }
+    if cfg.auth {
+        let a = auth::Auth::new(commands, cfg.auth_log.clone());
+        sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_auth(), a)));
     }
     let scores = bench::BenchShare::default();
     if cfg.bench {

@@ -170,10 +170,11 @@ fn a_missing_proc_fails_each_sensor_alone() {
         ..HostSensorConfig::new("h")
     };
     let mut out = Vec::new();
-    // batch.queue reads no /proc file (and is off without a batch system).
+    // batch.queue and host.auth read no /proc file (and are off without a batch system, a
+    // journal or an auth log).
     for mut s in host_sensors(&cfg)
         .into_iter()
-        .filter(|s| s.name() != "batch.queue")
+        .filter(|s| s.name() != "batch.queue" && s.name() != "host.auth")
     {
         let e = s.sample(0, &mut out).unwrap_err();
         assert!(matches!(e, SensorError::Io { .. }), "{}: {e}", s.name());
@@ -196,6 +197,7 @@ fn sensor_names_and_schemas() {
             "net.tcp",
             "host.info",
             "batch.queue",
+            "host.auth",
             "host.bench",
             "host.load"
         ]
@@ -211,5 +213,5 @@ fn sensor_names_and_schemas() {
         };
         assert_eq!(s.period(), Duration::from_secs(want));
     }
-    assert_eq!(builtin_schemas().len(), 10);
+    assert_eq!(builtin_schemas().len(), 11);
 }

@@ -17,6 +17,7 @@ pub const HOST_LOAD: &str = "host.load";
 pub const GMA_AGENT: &str = "gma.agent";
 pub const BATCH_QUEUE: &str = "batch.queue";
 pub const HOST_BENCH: &str = "host.bench";
+pub const HOST_AUTH: &str = "host.auth";
 
 /// The version of every built-in schema but `host.info` ([`HOST_INFO_VERSION`]).
 pub const VERSION: u32 = gma_core::event::SCHEMA_VERSION;
@@ -265,6 +266,31 @@ pub fn host_load() -> EventSchema {
     )
 }
 
+/// `host.auth` (source = host): one authentication, session or privilege record of the host's
+/// auth log or journal (see [`crate::auth`]); nothing secret.
+pub fn host_auth() -> EventSchema {
+    schema(
+        HOST_AUTH,
+        "a login, logout, authentication, sudo or password change on the host (auth log or journal)",
+        vec![
+            text(
+                "kind",
+                "auth_success, auth_failure, login, logout, sudo or password_change",
+            ),
+            text("user", "the user it concerns (for sudo: who ran it)"),
+            text(
+                "service",
+                "sshd, sudo, su, login, passwd, ... (PAM service or program)",
+            ),
+            text("remote", "the remote address (\"\" when local)"),
+            text(
+                "detail",
+                "the auth method (sshd), or the target user and program of sudo (never its arguments)",
+            ),
+        ],
+    )
+}
+
 /// `batch.queue` (source = `<host>/<partition>`): one event per batch partition or queue.
 pub fn batch_queue() -> EventSchema {
     schema(
@@ -338,6 +364,7 @@ pub fn builtin_schemas() -> Vec<EventSchema> {
         gma_agent(),
         batch_queue(),
         host_bench(),
+        host_auth(),
     ]
 }
 
@@ -409,6 +436,10 @@ mod tests {
         assert_eq!(
             gma_core::event::signature(&builtin_schemas()[9]),
             "host.bench v1: specint double score, specfp double score, mem_mbps double MB/s, duration_s double s"
+        );
+        assert_eq!(
+            gma_core::event::signature(&builtin_schemas()[10]),
+            "host.auth v1: kind string, user string, service string, remote string, detail string"
         );
     }
 }
