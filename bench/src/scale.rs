@@ -531,6 +531,7 @@ async fn producer_head(addr: &str) -> anyhow::Result<(u64, u64)> {
             patterns: vec!["*".into()],
             sources: Vec::new(),
             max_age_ms: 0,
+            ..Default::default()
         }),
     )
     .await

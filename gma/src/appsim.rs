@@ -250,6 +250,7 @@ async fn slowdown(
         patterns: vec!["host.load".into()],
         sources: vec![host.to_string()],
         max_age_ms: 0,
+        ..Default::default()
     };
     let Ok(r) = producer.query(req).await else {
         return 1.0;

@@ -121,6 +121,7 @@ async fn matrix_cmd(dir: &str, site: Option<&str>, output: Output) -> anyhow::Re
         patterns: [RTT, BW, RTT_FORECAST, BW_FORECAST].map(String::from).to_vec(),
         sources: Vec::new(),
         max_age_ms: 0,
+        ..Default::default()
     };
     let mut events = Vec::new();
     let mut schemas = BTreeMap::new();

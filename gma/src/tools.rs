@@ -498,6 +498,8 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
         patterns: vec![a.target.pattern.clone()],
         sources: a.target.source.iter().cloned().collect(),
         max_age_ms: a.max_age_ms.unwrap_or(0),
+        since_ms: a.since.unwrap_or(0),
+        limit: a.limit.unwrap_or(0),
     };
     let mut events = Vec::new();
     let mut schemas: HashMap<String, pb::EventSchema> = HashMap::new();
@@ -514,6 +516,21 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
         match client.query(req.clone()).await {
             Ok(r) => {
                 let r = r.into_inner();
+                if r.omitted > 0 {
+                    eprintln!(
+                        "warning: {id}: {} older events of the window left out (raise --limit)",
+                        r.omitted
+                    );
+                }
+                if let Some(ms) = a.since {
+                    let from = gma_core::time::now_ns().saturating_sub((ms as i64).saturating_mul(1_000_000));
+                    if r.held_since_ns > from {
+                        eprintln!(
+                            "warning: {id}: its buffer holds events since {} only: the window's start is gone",
+                            gma_core::time::format_rfc3339(r.held_since_ns)
+                        );
+                    }
+                }
                 events.extend(r.events);
                 schemas.extend(r.schemas.into_iter().map(|s| (s.name.clone(), s)));
             }
@@ -528,10 +545,11 @@ pub async fn query(a: QueryArgs) -> anyhow::Result<()> {
         if !errors.is_empty() && errors.len() == targets.len() {
             bail!("no producer answered: {}", errors.join("; "));
         }
-        let age = a
-            .max_age_ms
-            .map(|m| format!(" within {m} ms"))
-            .unwrap_or_default();
+        let age = match (a.since, a.max_age_ms) {
+            (Some(ms), _) => format!(" in the last {ms} ms still held by the producer"),
+            (None, Some(m)) => format!(" within {m} ms"),
+            (None, None) => String::new(),
+        };
         bail!("no event available for {:?}{age}", a.target.pattern);
     }
     let mut out = std::io::stdout().lock();
@@ -726,8 +744,24 @@ pub struct QueryArgs {
     /// Only events at most this old.
     #[arg(long)]
     pub max_age_ms: Option<u64>,
+    /// Every event of this last window still held in the producer's resume buffer (e.g. 5m,
+    /// 90s, 1h), not only the latest per series; authorized like a subscription.
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<u64>,
+    /// With --since: at most this many events per producer, the most recent (default 10000).
+    #[arg(long, requires = "since")]
+    pub limit: Option<u32>,
     #[arg(long, value_enum, default_value = "table")]
     pub output: Output,
+}
+
+/// `--since`: a duration (`5m`, `90s`) in milliseconds, at least 1 ms.
+fn parse_since(s: &str) -> Result<u64, String> {
+    let ns = gma_core::time::parse_duration(s).map_err(|e| e.to_string())?;
+    match u64::try_from(ns / 1_000_000) {
+        Ok(ms) if ms >= 1 => Ok(ms),
+        _ => Err(format!("{s:?}: give a window of at least 1ms, e.g. 5m")),
+    }
 }
 
 #[derive(Subcommand, Debug)]

@@ -99,6 +99,84 @@ fn selector(patterns: &[String], sources: &[String]) -> Result<Selector, Error> 
     })
 }
 
+/// The longest window a history query may ask for.
+const MAX_SINCE_MS: u64 = 7 * 86_400_000;
+/// Events a history query returns by default, and at most.
+const DEFAULT_QUERY_LIMIT: u32 = 10_000;
+const MAX_QUERY_LIMIT: u32 = 100_000;
+
+impl ProducerService {
+    /// `Query` with `since_ms`: the window's events still held in the resume buffer, authorized
+    /// like a subscription (the subscribe action; its rate class thins each series; a
+    /// summary-only grant gets summaries only).
+    fn query_window(
+        &self,
+        who: &Identity,
+        req: &pb::QueryRequest,
+        sel: &Selector,
+    ) -> Result<Response<pb::QueryResponse>, Status> {
+        if req.since_ms > MAX_SINCE_MS {
+            return Err(invalid(format!(
+                "since_ms: at most {MAX_SINCE_MS} (7 days), not {}",
+                req.since_ms
+            ))
+            .into());
+        }
+        if req.limit > MAX_QUERY_LIMIT {
+            return Err(invalid(format!(
+                "limit: at most {MAX_QUERY_LIMIT}, not {} (0 = {DEFAULT_QUERY_LIMIT})",
+                req.limit
+            ))
+            .into());
+        }
+        let action = Action::ProducerSubscribe;
+        let resources: Vec<&str> = req.patterns.iter().map(String::as_str).collect();
+        let grant = self.gate.authorize(who, action, &resources)?;
+        if grant.decision != Decision::Allow && !req.patterns.iter().all(|p| is_summary_name(p)) {
+            return Err(summary_only(&self.gate, who, action, &req.patterns, &grant, |p| {
+                format!("query {p}.avg1m --since (or subscribe with --summary 1m)")
+            })
+            .into());
+        }
+        let limit = if req.limit == 0 {
+            DEFAULT_QUERY_LIMIT
+        } else {
+            req.limit
+        } as usize;
+        let window_ns = (req.since_ms * 1_000_000) as i64;
+        let min_interval_ns = (grant.min_interval_ms.min(MAX_SINCE_MS) * 1_000_000) as i64;
+        let now = now_ns();
+        let inner = self.hub.lock();
+        let w = subscription::query_window(&inner, sel, window_ns, now, limit, min_interval_ns);
+        let epoch = inner.epoch;
+        let mut names: Vec<&str> = w.events.iter().map(|e| e.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let schemas = names.iter().filter_map(|n| inner.schema(n).cloned()).collect();
+        drop(inner);
+        if w.events.is_empty() {
+            return Err(Error::not_found(format!(
+                "no event of {} in the last {} ms is held here (the buffer holds events since {})",
+                gma_core::clip(&req.patterns.join(","), 200),
+                req.since_ms,
+                if w.held_since_ns > 0 {
+                    gma_core::time::format_rfc3339(w.held_since_ns)
+                } else {
+                    "nothing".to_string()
+                }
+            ))
+            .into());
+        }
+        Ok(Response::new(pb::QueryResponse {
+            events: w.events,
+            epoch,
+            schemas,
+            omitted: w.omitted,
+            held_since_ns: w.held_since_ns,
+        }))
+    }
+}
+
 /// `PERMISSION_DENIED` for a summary-only identity that asked for raw events: names the first
 /// pattern the policy grants only summaries of, how to ask for its summaries instead (`how`
 /// gets the pattern), and the rule that decided.
@@ -331,6 +409,14 @@ impl wire::producer_server::Producer for ProducerService {
         let who = self.gate.admit(&req)?;
         let req = req.into_inner();
         let sel = selector(&req.patterns, &req.sources)?;
+        if req.since_ms > 0 {
+            return self.query_window(&who, &req, &sel);
+        }
+        if req.limit > 0 {
+            return Err(
+                invalid("limit: give it with since_ms (the latest events are one per series)").into(),
+            );
+        }
         let action = Action::ProducerQuery;
         let resources: Vec<&str> = req.patterns.iter().map(String::as_str).collect();
         let grant = self.gate.authorize(&who, action, &resources)?;
@@ -374,6 +460,7 @@ impl wire::producer_server::Producer for ProducerService {
             events,
             epoch,
             schemas,
+            ..Default::default()
         }))
     }
 

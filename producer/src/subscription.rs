@@ -837,6 +837,82 @@ pub fn query(inner: &HubInner, selector: &Selector, max_age_ns: Option<i64>, now
     out
 }
 
+/// What [`query_window`] found.
+#[derive(Debug, Default)]
+pub struct Window {
+    /// In seq order, the most recent `limit`.
+    pub events: Vec<pb::Event>,
+    /// Older events of the window left out by the limit.
+    pub omitted: u64,
+    /// The oldest event time the ring still holds (0 = it holds none).
+    pub held_since_ns: i64,
+}
+
+/// Every event held in the ring with a timestamp in the last `window_ns` before `now_ns` that
+/// `selector` matches — at most one per series per `min_interval_ns` when that is > 0 (a
+/// grant's rate class, as a subscription gets) — keeping the most recent `limit`.
+pub fn query_window(
+    inner: &HubInner,
+    selector: &Selector,
+    window_ns: i64,
+    now_ns: i64,
+    limit: usize,
+    min_interval_ns: i64,
+) -> Window {
+    let from_ns = now_ns.saturating_sub(window_ns);
+    let mut kept: VecDeque<&Stored> = VecDeque::with_capacity(limit.min(4096));
+    let mut last_per_series: HashMap<u32, i64> = HashMap::new();
+    let mut omitted = 0u64;
+    let mut held_since_ns = 0;
+    for e in inner.since(inner.oldest()) {
+        if held_since_ns == 0 {
+            held_since_ns = e.timestamp_ns;
+        }
+        if e.timestamp_ns < from_ns {
+            continue;
+        }
+        let s = &inner.series[e.series as usize];
+        if !selector.matches(&s.name, &s.source) {
+            continue;
+        }
+        if min_interval_ns > 0 {
+            match last_per_series.get(&e.series) {
+                Some(&t) if e.timestamp_ns.saturating_sub(t) < min_interval_ns => continue,
+                _ => {
+                    last_per_series.insert(e.series, e.timestamp_ns);
+                }
+            }
+        }
+        if kept.len() == limit {
+            kept.pop_front();
+            omitted += 1;
+        }
+        if limit > 0 {
+            kept.push_back(e);
+        }
+    }
+    let events = kept
+        .into_iter()
+        .map(|e| {
+            let s = &inner.series[e.series as usize];
+            to_wire(
+                &s.name,
+                &s.source,
+                e.timestamp_ns,
+                e.seq,
+                &s.fields,
+                &e.numbers,
+                &e.strings,
+            )
+        })
+        .collect();
+    Window {
+        events,
+        omitted,
+        held_since_ns,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -917,6 +993,61 @@ mod tests {
                 return out;
             }
         }
+    }
+
+    #[test]
+    fn a_window_holds_every_event_in_it_the_most_recent_first_kept() {
+        // Timestamps 1000.. (publish): 5 events of "a", 3 of "b"; the ring keeps 6.
+        let hub = hub(6);
+        publish(&hub, "a", &[1.0, 2.0, 3.0, 4.0, 5.0]);
+        publish(&hub, "b", &[10.0, 11.0, 12.0]);
+        let inner = hub.lock();
+        let sel = spec().selector;
+        let vals = |w: &Window| -> Vec<(String, f64)> {
+            w.events
+                .iter()
+                .map(|e| match e.values[0].kind {
+                    Some(pb::value::Kind::Number(n)) => (e.source.clone(), n),
+                    _ => (e.source.clone(), f64::NAN),
+                })
+                .collect()
+        };
+        // The ring lost a1 and a2; everything since t=1000 still held, in seq order.
+        let w = query_window(&inner, &sel, 1_000, 1_010, 100, 0);
+        assert_eq!(
+            vals(&w),
+            [
+                ("a", 3.0),
+                ("a", 4.0),
+                ("a", 5.0),
+                ("b", 10.0),
+                ("b", 11.0),
+                ("b", 12.0)
+            ]
+            .map(|(s, v)| (s.to_string(), v))
+        );
+        assert_eq!((w.omitted, w.held_since_ns), (0, 1_002));
+        // A window's start: only t >= 1010 - 9 = 1001 (b's 10 at t=1000 is out).
+        let w = query_window(&inner, &sel, 9, 1_010, 100, 0);
+        assert_eq!(w.events.len(), 5);
+        // The limit keeps the most recent and counts the rest.
+        let w = query_window(&inner, &sel, 1_000, 1_010, 2, 0);
+        assert_eq!(vals(&w), [("b".to_string(), 11.0), ("b".to_string(), 12.0)]);
+        assert_eq!(w.omitted, 4);
+        // A rate class thins each series: at most one event per 2 ns.
+        let w = query_window(&inner, &sel, 1_000, 1_010, 100, 2);
+        assert_eq!(
+            vals(&w),
+            [("a", 3.0), ("a", 5.0), ("b", 10.0), ("b", 12.0)].map(|(s, v)| (s.to_string(), v))
+        );
+        // A selector that matches nothing: nothing, and what the ring holds.
+        let none = Selector {
+            patterns: vec![Pattern::event("u.*").unwrap()],
+            sources: vec![],
+        };
+        let w = query_window(&inner, &none, 1_000, 1_010, 100, 0);
+        assert!(w.events.is_empty());
+        assert_eq!(w.held_since_ns, 1_002);
     }
 
     #[test]

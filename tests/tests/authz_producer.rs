@@ -330,6 +330,20 @@ fn the_producer_enforces_its_policy_per_identity() {
             "{}",
             e.message()
         );
+        // Recent history is a subscription's: raw events refused, summaries served.
+        let hist = |p: &str| pb::QueryRequest {
+            patterns: vec![p.into()],
+            since_ms: 600_000,
+            ..Default::default()
+        };
+        let e = bob.query(hist("host.load")).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("--since"), "{}", e.message());
+        let r = bob.query(hist("host.load.avg1m")).await.unwrap().into_inner();
+        assert!(
+            !r.events.is_empty() && r.events.iter().all(|e| e.name == "host.load.avg1m"),
+            "{r:?}"
+        );
 
         // Several patterns and windows with summaries: every series delivered is a summary.
         let mut stream = bob

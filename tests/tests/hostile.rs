@@ -470,6 +470,7 @@ async fn malformed_protobufs(dir: &str, prod: &str, f: &mut Findings) {
         patterns: vec!["host.load".into()],
         sources: vec!["hostA".into()],
         max_age_ms: 0,
+        ..Default::default()
     };
     let sub = pb::SubscribeRequest {
         patterns: vec!["host.load".into()],
@@ -682,6 +683,7 @@ async fn malformed_protobufs(dir: &str, prod: &str, f: &mut Findings) {
             patterns: vec!["host.load".into()],
             sources: vec!["hostA\u{1b}[2J".into()],
             max_age_ms: 0,
+            ..Default::default()
         })
         .await;
     f.status(
@@ -1011,6 +1013,7 @@ async fn huge_patterns(dir: &str, prod: &str, f: &mut Findings) {
             patterns: vec!["host.load".into()],
             sources: vec![huge()],
             max_age_ms: 0,
+            ..Default::default()
         })
         .await;
     f.status("1 MiB Query source", r, Code::InvalidArgument, TOO_LONG);

@@ -362,3 +362,73 @@ fn a_producer_stops_while_a_consumer_is_frozen() {
         p.stderr_text()
     );
 }
+
+/// Recent history from the producer (issue 24, item 5): `gma query --since` returns every event
+/// of the window still in the resume buffer, in seq order, not only the latest; `--limit`
+/// keeps the most recent and says what it left out; bad windows and limits are refused.
+#[test]
+fn query_since_returns_the_windows_events_from_the_resume_buffer() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let sim = sim_file(tmp.path(), 50, &[("h1", 1.0), ("h2", 2.0)]);
+    let prod = sim_producer(&dir, &sim, &[]);
+    let query = |extra: &[&str]| {
+        let mut args = vec![
+            "query",
+            "host.load",
+            "--producer",
+            prod.addr.as_str(),
+            "--output",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        gma(&args, Duration::from_secs(15))
+    };
+    // The latest query: one event per host.
+    let mut latest = Vec::new();
+    assert!(wait_until(Duration::from_secs(20), || {
+        latest = json_lines(&query(&[]).stdout);
+        latest.len() == 2
+    }));
+    // A window of a minute: several events of each host, in seq order, none older.
+    let mut hist = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            hist = json_lines(&query(&["--since", "1m"]).stdout);
+            ["h1", "h2"]
+                .iter()
+                .all(|h| hist.iter().filter(|e| e["source"] == *h).count() >= 5)
+        }),
+        "{hist:?}"
+    );
+    let seqs: Vec<u64> = hist.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    // The three most recent of that window; a later query's three are as new or newer.
+    let third_newest = seqs[seqs.len() - 3];
+    // The limit keeps the most recent and warns about the rest.
+    let r = query(&["--since", "1m", "--limit", "3"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let last3 = json_lines(&r.stdout);
+    assert_eq!(last3.len(), 3, "{}", r.stdout);
+    let seq3: Vec<u64> = last3.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seq3[0] >= third_newest && seq3.windows(2).all(|w| w[0] < w[1]), "{seq3:?}");
+    assert!(
+        r.stderr.contains("older events of the window left out"),
+        "{}",
+        r.stderr
+    );
+    // Refused: a limit without a window, a window of nothing, a window too long (INVALID_ARGUMENT).
+    for (extra, want) in [
+        (&["--limit", "3"][..], "--since"),
+        (&["--since", "0s"][..], "at least 1ms"),
+        (&["--since", "8d"][..], "since_ms: at most"),
+        (
+            &["--since", "1m", "--limit", "100001"][..],
+            "limit: at most 100000",
+        ),
+    ] {
+        let r = query(extra);
+        assert_ne!(r.code, 0, "{extra:?}");
+        assert!(r.stderr.contains(want), "{extra:?}: {}", r.stderr);
+    }
+}
