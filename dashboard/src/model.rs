@@ -695,29 +695,14 @@ mod tests {
         assert_eq!(rows[0]["values"]["live"], 0.0);
     }
 
+    /// A `job.batch` event as the Slurm adapter publishes it (its own schema).
     fn job_event(source: &str, job: &str, state: &str, exit_code: f64) -> OwnedEvent {
-        let schema_fields = vec![
-            dbl("exit_code", "", ""),
-            dbl("signal", "", ""),
-            dbl("cpus", "cpus", ""),
-            dbl("submit_s", "s", ""),
-            dbl("start_s", "s", ""),
-            dbl("end_s", "s", ""),
-            text("job", ""),
-            text("name", ""),
-            text("reservation", ""),
-            text("resource", ""),
-            text("owner", ""),
-            text("state", ""),
-            text("reason", ""),
-            text("output", ""),
-        ];
         let started = if state == "pending" { 0.0 } else { 100.0 };
         let ended = if job_finished(state) { 160.0 } else { 0.0 };
         ev(
             JOB_EVENT,
             source,
-            schema_fields,
+            gma_broker::slurm::job_schema().fields,
             vec![exit_code, 0.0, 2.0, 90.0, started, ended],
             vec![job, "hello", "gma-r1", "node1", "alice", state, "R", "/tmp/out"],
         )
@@ -725,6 +710,7 @@ mod tests {
 
     #[test]
     fn batch_jobs_are_shown_through_their_states_and_finished_ones_are_bounded() {
+        assert_eq!(JOB_EVENT, gma_broker::slurm::JOB_EVENT);
         let mut m = Model::new(10, false);
         let msgs = m.events(
             "slurm",

@@ -1,6 +1,6 @@
 //! A batch job's lifecycle seen by the fabric's consumers (issue 21, must-show: "the job's
 //! lifecycle events arrive in `gma subscribe job.*`; the archiver has them; the dashboard shows
-//! running jobs"). Real processes throughout: a throw-away Slurm cluster (`common::slurm`), the
+//! running jobs"). Real processes throughout: a throw-away Slurm cluster (`common::slurm`, `common::slurm_fabric`), the
 //! Slurm adapter, a directory and a broker; `gma subscribe 'job.*'`, an archiver of `job.*` and
 //! the dashboard with headless Chromium on its page. A script submitted with
 //! `gma job submit --broker` runs until the test lets it finish, so "running" is seen for sure.
@@ -15,7 +15,8 @@ use gma_tests as common;
 use std::time::Duration;
 
 use common::cdp::Chrome;
-use common::slurm::{cluster_or_skip, job_waiting_for, wait_exit, SlurmFabric};
+use common::slurm::cluster_or_skip;
+use common::slurm_fabric::{job_waiting_for, wait_exit, SlurmFabric};
 use common::*;
 use serde_json::Value;
 
