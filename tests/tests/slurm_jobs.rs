@@ -213,6 +213,39 @@ fn a_slurm_jobs_lifecycle_reaches_subscribe_the_archiver_and_the_dashboard() {
     );
     assert_eq!((cells[8], cells[9]), ("", source.as_str()), "{row}");
     c.eval("window.__sameDocument = 42").unwrap();
+    // A browser that connects now gets it in the snapshot.
+    let (code, body) = http_get(&dash.addr, "/api/snapshot").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let snap: Value = serde_json::from_str(&body).unwrap();
+    let in_snapshot = snap["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == job_id.as_str() && j["source"] == source.as_str())
+        .cloned();
+    let in_snapshot = in_snapshot.unwrap_or_else(|| panic!("job {job_id} not in the snapshot: {snap}"));
+    assert_eq!(
+        (
+            &in_snapshot["state"],
+            &in_snapshot["reservation"],
+            &in_snapshot["exit_code"]
+        ),
+        (
+            &Value::from("running"),
+            &Value::from(reservation.as_str()),
+            &Value::Null
+        ),
+        "{in_snapshot}"
+    );
+    // A picture of the panel with the job running (target/test-artifacts/).
+    let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .join("test-artifacts")
+        .join("dashboard-jobs.png");
+    c.eval("document.querySelector('#jobs-section').scrollIntoView()");
+    c.screenshot(&shot);
+    eprintln!("screenshot: {}", shot.display());
 
     // 3. Released: completed with exit code 0 everywhere.
     std::fs::write(&go, "").unwrap();
