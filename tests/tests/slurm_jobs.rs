@@ -283,4 +283,29 @@ fn a_slurm_jobs_lifecycle_reaches_subscribe_the_archiver_and_the_dashboard() {
         Some(0.0),
         "the archived exit code: {exits:?}"
     );
+
+    // 5. A failing job: the panel shows it failed with its exit code, the completed one stays.
+    let bad = jobs.join("failing.toml");
+    std::fs::write(
+        &bad,
+        "name = \"failing\"\ncpus = 1\nwalltime_s = 60\ncommand = \"exit 3\"\n",
+    )
+    .unwrap();
+    let mut run = f.submit(&bad);
+    assert_eq!(wait_exit(&mut run), 1, "{}", run.stderr_text());
+    let mut failed = Vec::new();
+    let ended = wait_until(Duration::from_secs(60), || {
+        failed = subscribed(&sub, "failing");
+        states_of(&failed).contains(&"failed")
+    });
+    assert!(ended, "gma subscribe: {failed:#?}");
+    let bad_id = failed[0]["values"]["job"].as_str().unwrap().to_string();
+    let row = wait_row(&mut c, &format!("{source} {bad_id}"), "failed", &dash);
+    assert_eq!(row["cells"][8], "3", "the exit code: {row}");
+    let rows = job_rows(&mut c);
+    assert!(
+        rows.iter()
+            .any(|r| r["id"] == row_id.as_str() && r["state"] == "completed"),
+        "the finished job is kept: {rows:#?}"
+    );
 }
