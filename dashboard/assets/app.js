@@ -13,6 +13,7 @@ const state = {
   hosts: new Map(),     // host -> { el, series: [{ points, canvas, valueEl, el, dirty, live }] }
   rpc: new Map(),       // source -> row element
   federation: new Map(), // "site peer" -> row element
+  jobs: new Map(),      // "source job" -> { row, job }
   history: 120,
   archiver: false,
 };
@@ -109,6 +110,7 @@ function handle(m) {
     case 'decision': addDecision(m.decision, true); break;
     case 'rpc': for (const r of m.rows) putRpc(r); break;
     case 'federation': for (const r of m.rows) putFederation(r); break;
+    case 'job': putJob(m.job); break;
     case 'status': renderStatus(m.status); break;
   }
 }
@@ -138,6 +140,7 @@ function applySnapshot(s) {
   state.federation.clear();
   $('#federation tbody').replaceChildren();
   for (const r of (s.federation || [])) putFederation(r);
+  resetJobs(s.jobs || []);
   renderStatus(s.status || {});
   $('#history-section').hidden = !state.archiver;
   if (state.archiver) loadArchiveSeries();
@@ -384,6 +387,77 @@ function putFederation(r) {
   state.federation.set(key, row);
 }
 
+// ---- batch jobs (job.batch) -------------------------------------------------------------
+
+// Finished jobs kept on the page (the dashboard keeps MAX_FINISHED_JOBS for new browsers).
+const MAX_FINISHED_JOBS = 100;
+const JOB_DONE = ['completed', 'failed', 'cancelled'];
+
+function resetJobs(jobs) {
+  state.jobs.clear();
+  $('#jobs tbody').replaceChildren();
+  for (const j of jobs) putJob(j);
+}
+
+function jobRuntime(j) {
+  if (!(j.start_s > 0)) return '–';
+  const end = j.end_s > 0 ? j.end_s * 1000 : Date.now();
+  return fmtAge(Math.max(0, end - j.start_s * 1000));
+}
+
+function jobRow(j) {
+  const done = JOB_DONE.includes(j.state);
+  const exit = done ? fmtNum(j.exit_code) + (j.signal > 0 ? ' (signal ' + j.signal + ')' : '') : '';
+  return el('tr', { 'data-id': j.source + ' ' + j.job, 'data-state': j.state, class: j.state + (done ? ' finished' : ''), title: j.reason || '' },
+    el('td', {}, j.job), el('td', {}, j.name), el('td', { class: 'state' }, j.state),
+    el('td', {}, j.resource), el('td', {}, j.reservation), el('td', {}, j.owner),
+    el('td', {}, j.start_s > 0 ? fmtTime(j.start_s * 1000) : '–'),
+    el('td', { class: 'num runtime' }, jobRuntime(j)),
+    el('td', { class: 'num' + (done && j.exit_code !== 0 ? ' err' : '') }, exit),
+    el('td', {}, j.source));
+}
+
+// Active jobs first (pending, running), then finished ones, newest first.
+function jobKey(j) {
+  const done = JOB_DONE.includes(j.state);
+  return (done ? '1' : '0') + String(1e12 - Math.floor(j.t_ms || 0)).padStart(14, '0') + j.source + ' ' + j.job;
+}
+
+function putJob(j) {
+  const key = j.source + ' ' + j.job;
+  const old = state.jobs.get(key);
+  if (old) old.row.remove();
+  const row = jobRow(j);
+  row.dataset.key = jobKey(j);
+  const body = $('#jobs tbody');
+  const next = [...body.children].find((c) => c.dataset.key > row.dataset.key);
+  if (next) body.insertBefore(row, next); else body.append(row);
+  state.jobs.set(key, { row, job: j });
+  const finished = [...state.jobs.entries()].filter(([, v]) => JOB_DONE.includes(v.job.state));
+  finished.sort((a, b) => a[1].job.t_ms - b[1].job.t_ms);
+  for (const [k, v] of finished.slice(0, Math.max(0, finished.length - MAX_FINISHED_JOBS))) {
+    v.row.remove();
+    state.jobs.delete(k);
+  }
+  updateJobCount();
+}
+
+function updateJobCount() {
+  let running = 0, pending = 0;
+  for (const v of state.jobs.values()) {
+    if (v.job.state === 'running') running++;
+    else if (v.job.state === 'pending') pending++;
+  }
+  $('#job-count').textContent = running + ' running, ' + pending + ' pending';
+}
+
+// Running jobs' runtimes move on between events.
+function tickJobs() {
+  for (const v of state.jobs.values()) {
+    if (v.job.state === 'running') v.row.querySelector('.runtime').textContent = jobRuntime(v.job);
+  }
+}
+
 function removeRpc(source) {
   const row = state.rpc.get(source);
   if (row) row.remove();
@@ -465,4 +539,5 @@ function drawHistory(j) {
 
 $('#history-form').addEventListener('submit', showHistory);
 setInterval(tickAges, 1000);
+setInterval(tickJobs, 1000);
 connect();

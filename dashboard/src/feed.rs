@@ -6,7 +6,7 @@
 //! - [`cluster`]: `ClusterStatus` polled from the directory, and from every member it lists (each
 //!   member's own state and applied index; unreachable members are shown as such);
 //! - [`events`]: one [`Subscriber`] for every event the page shows (host load, CPU, memory,
-//!   network, decisions, `gma.rpc`), however many browsers watch.
+//!   network, decisions, `gma.rpc`, federation status, batch jobs), however many browsers watch.
 //!
 //! [`Model`]: crate::model::Model
 

@@ -3,8 +3,8 @@
 //! The dashboard is one consumer of the fabric however many browsers watch: it follows the
 //! directory (Watch: producers and consumers appearing and leaving; ClusterStatus: members and
 //! leader), subscribes once to the events it shows (host load, CPU, memory and network,
-//! `*.decision`, `gma.rpc`), reduces them to small JSON messages ([`model`]), and fans each
-//! message out to every browser over server-sent events. Each message is framed once and
+//! `*.decision`, `gma.rpc`, `federation.status`, `job.batch`), reduces them to small JSON
+//! messages ([`model`]), and fans each message out to every browser over server-sent events. Each message is framed once and
 //! shared (`Bytes` through a bounded `tokio::sync::broadcast`); a browser that falls
 //! behind the channel is sent a fresh snapshot instead of the messages it missed, so a slow
 //! browser never grows the dashboard's memory.
@@ -57,6 +57,7 @@ pub const DEFAULT_PATTERNS: &[&str] = &[
     "resched.decision",
     "gma.rpc",
     "federation.status",
+    "job.batch",
 ];
 
 /// `gma dashboard --config FILE` (flags override).

@@ -12,7 +12,8 @@
 //! - `points`: chart points `[host, metric, t_ms, value]`, metric in cpu | mem | net | load;
 //! - `hosts_gone`: hosts whose only producer left the directory;
 //! - `decision`: a broker or rescheduler decision event;
-//! - `rpc`: `gma.rpc` rows (one per role instance and method).
+//! - `rpc`: `gma.rpc` rows (one per role instance and method);
+//! - `job`: a batch job's row (`job.batch` of the Slurm adapter) after a state change.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -28,6 +29,11 @@ pub const MAX_DECISIONS: usize = 100;
 pub const MAX_RPC_ROWS: usize = 2000;
 /// Hosts charted (more are dropped, and counted).
 pub const MAX_HOSTS: usize = 5000;
+/// Finished batch jobs (completed, failed, cancelled) kept for new browsers: the oldest
+/// finished one leaves when one more finishes.
+pub const MAX_FINISHED_JOBS: usize = 100;
+/// Pending and running batch jobs shown (more are dropped, and counted).
+pub const MAX_ACTIVE_JOBS: usize = 2000;
 
 /// What a record looks like on the page.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,9 +139,77 @@ pub struct Model {
     rpc: BTreeMap<String, Value>,
     /// `federation.status`: (site, peer) -> the latest row.
     federation: BTreeMap<(String, String), Value>,
+    jobs: Jobs,
     archiver: bool,
     /// Hosts not charted because of [`MAX_HOSTS`].
     pub hosts_dropped: u64,
+}
+
+/// The batch jobs panel: the latest row of every job, by (adapter source, job id).
+#[derive(Default)]
+struct Jobs {
+    rows: BTreeMap<(String, String), Value>,
+    /// Finished jobs, oldest first (bounded by [`MAX_FINISHED_JOBS`]).
+    finished: VecDeque<(String, String)>,
+    /// New pending or running jobs not shown because of [`MAX_ACTIVE_JOBS`].
+    dropped: u64,
+}
+
+/// The batch job event of the Slurm adapter (`gma slurm`, docs/slurm.md).
+pub const JOB_EVENT: &str = "job.batch";
+
+/// True for a `job.batch` state after which the job does not change.
+pub fn job_finished(state: &str) -> bool {
+    matches!(state, "completed" | "failed" | "cancelled")
+}
+
+impl Jobs {
+    /// A `job.batch` event: the job's new row, or None when it is not shown (cap reached).
+    fn event(&mut self, e: &OwnedEvent) -> Option<Value> {
+        let r = e.as_ref();
+        let t = |f: &str| r.text(f).unwrap_or("").to_string();
+        let n = |f: &str| num(r.number(f).unwrap_or(f64::NAN));
+        let job = t("job");
+        let state = t("state");
+        let key = (e.series.source.clone(), job.clone());
+        let row = json!({
+            "source": e.series.source,
+            "t_ms": e.timestamp_ns as f64 / 1e6,
+            "job": job,
+            "name": t("name"),
+            "state": state,
+            "resource": t("resource"),
+            "reservation": t("reservation"),
+            "owner": t("owner"),
+            "reason": t("reason"),
+            "exit_code": n("exit_code"),
+            "signal": n("signal"),
+            "cpus": n("cpus"),
+            "submit_s": n("submit_s"),
+            "start_s": n("start_s"),
+            "end_s": n("end_s"),
+        });
+        let known = self.rows.contains_key(&key);
+        let active = self.rows.len() - self.finished.len();
+        if !known && !job_finished(&state) && active >= MAX_ACTIVE_JOBS {
+            self.dropped += 1;
+            return None;
+        }
+        if job_finished(&state) && !self.finished.contains(&key) {
+            self.finished.push_back(key.clone());
+            while self.finished.len() > MAX_FINISHED_JOBS {
+                if let Some(old) = self.finished.pop_front() {
+                    self.rows.remove(&old);
+                }
+            }
+        }
+        self.rows.insert(key, row.clone());
+        Some(row)
+    }
+
+    fn snapshot(&self) -> Vec<&Value> {
+        self.rows.values().collect()
+    }
 }
 
 /// A JSON number, or null for NaN and infinities.
@@ -202,6 +276,7 @@ impl Model {
             decisions: VecDeque::new(),
             rpc: BTreeMap::new(),
             federation: BTreeMap::new(),
+            jobs: Jobs::default(),
             archiver,
             hosts_dropped: 0,
         }
@@ -234,6 +309,7 @@ impl Model {
             "decisions": self.decisions,
             "rpc": self.rpc.values().collect::<Vec<_>>(),
             "federation": self.federation.values().collect::<Vec<_>>(),
+            "jobs": self.jobs.snapshot(),
             "archiver": self.archiver,
             "history": self.history,
         })
@@ -298,6 +374,7 @@ impl Model {
         let mut decisions = Vec::new();
         let mut rpc = Vec::new();
         let mut federation = Vec::new();
+        let mut jobs = Vec::new();
         for e in events {
             let name = e.series.name.as_str();
             let t_ms = e.timestamp_ns as f64 / 1e6;
@@ -340,6 +417,8 @@ impl Model {
                     self.federation.insert(key, row.clone());
                     federation.push(row);
                 }
+            } else if name == JOB_EVENT {
+                jobs.extend(self.jobs.event(e));
             } else if name == gma_core::rpc::RPC_EVENT {
                 let r = e.as_ref();
                 let n = |f: &str| num(r.number(f).unwrap_or(f64::NAN));
@@ -376,6 +455,9 @@ impl Model {
         if !federation.is_empty() {
             out.push(json!({"type": "federation", "rows": federation}));
         }
+        for j in jobs {
+            out.push(json!({"type": "job", "job": j}));
+        }
         out
     }
 
@@ -405,6 +487,11 @@ impl Model {
 
     pub fn host_count(&self) -> usize {
         self.hosts.len()
+    }
+
+    /// Batch jobs not shown because of [`MAX_ACTIVE_JOBS`].
+    pub fn jobs_dropped(&self) -> u64 {
+        self.jobs.dropped
     }
 }
 
@@ -606,6 +693,102 @@ mod tests {
         assert_eq!(rows.len(), 2, "one row per (site, peer), the newest");
         assert_eq!(rows[0]["values"]["forwarded_out"], 4.0);
         assert_eq!(rows[0]["values"]["live"], 0.0);
+    }
+
+    /// A `job.batch` event as the Slurm adapter publishes it (its own schema).
+    fn job_event(source: &str, job: &str, state: &str, exit_code: f64) -> OwnedEvent {
+        let started = if state == "pending" { 0.0 } else { 100.0 };
+        let ended = if job_finished(state) { 160.0 } else { 0.0 };
+        ev(
+            JOB_EVENT,
+            source,
+            gma_broker::slurm::job_schema().fields,
+            vec![exit_code, 0.0, 2.0, 90.0, started, ended],
+            vec![job, "hello", "gma-r1", "node1", "alice", state, "R", "/tmp/out"],
+        )
+    }
+
+    #[test]
+    fn batch_jobs_are_shown_through_their_states_and_finished_ones_are_bounded() {
+        assert_eq!(JOB_EVENT, gma_broker::slurm::JOB_EVENT);
+        let mut m = Model::new(10, false);
+        let msgs = m.events(
+            "slurm",
+            &[
+                job_event("slurm-a", "7", "pending", f64::NAN),
+                job_event("slurm-a", "7", "running", f64::NAN),
+            ],
+        );
+        assert_eq!(msgs.len(), 2, "one message per state change: {msgs:?}");
+        assert_eq!(msgs[0]["type"], "job");
+        assert_eq!(msgs[0]["job"]["state"], "pending");
+        let running = &msgs[1]["job"];
+        assert_eq!(
+            (
+                running["job"].as_str(),
+                running["state"].as_str(),
+                running["resource"].as_str(),
+                running["reservation"].as_str(),
+                running["owner"].as_str(),
+                running["name"].as_str()
+            ),
+            (
+                Some("7"),
+                Some("running"),
+                Some("node1"),
+                Some("gma-r1"),
+                Some("alice"),
+                Some("hello")
+            )
+        );
+        assert_eq!(running["start_s"], 100.0);
+        assert_eq!(running["exit_code"], Value::Null, "NaN until it ended");
+        // The same job id at another adapter is another job.
+        m.events("slurm2", &[job_event("slurm-b", "7", "running", f64::NAN)]);
+        let snap = m.snapshot(0);
+        let jobs = snap["jobs"].as_array().unwrap();
+        assert_eq!(jobs.len(), 2, "{jobs:?}");
+        assert!(jobs.iter().all(|j| j["state"] == "running"), "{jobs:?}");
+        // Completed: the row keeps the exit code and the end.
+        let done = m.events("slurm", &[job_event("slurm-a", "7", "completed", 0.0)]);
+        assert_eq!(done[0]["job"]["exit_code"], 0.0);
+        assert_eq!(done[0]["job"]["end_s"], 160.0);
+        // Finished jobs are kept up to MAX_FINISHED_JOBS, the oldest finished leaving first;
+        // the running one stays.
+        for i in 0..MAX_FINISHED_JOBS {
+            m.events("slurm", &[job_event("slurm-a", &format!("f{i}"), "failed", 3.0)]);
+        }
+        let snap = m.snapshot(0);
+        let jobs = snap["jobs"].as_array().unwrap();
+        assert_eq!(jobs.len(), MAX_FINISHED_JOBS + 1);
+        assert!(
+            !jobs.iter().any(|j| j["source"] == "slurm-a" && j["job"] == "7"),
+            "the oldest finished job left"
+        );
+        assert!(jobs
+            .iter()
+            .any(|j| j["source"] == "slurm-b" && j["state"] == "running"));
+        assert_eq!(m.jobs_dropped(), 0);
+    }
+
+    #[test]
+    fn active_jobs_beyond_the_cap_are_dropped_and_counted() {
+        let mut m = Model::new(10, false);
+        for i in 0..MAX_ACTIVE_JOBS {
+            m.events("s", &[job_event("slurm-a", &i.to_string(), "pending", f64::NAN)]);
+        }
+        let over = m.events("s", &[job_event("slurm-a", "extra", "running", f64::NAN)]);
+        assert!(over.is_empty(), "{over:?}");
+        assert_eq!(m.jobs_dropped(), 1);
+        // A job already shown still changes state, and a finished one makes room.
+        let msgs = m.events("s", &[job_event("slurm-a", "0", "completed", 0.0)]);
+        assert_eq!(msgs[0]["job"]["state"], "completed");
+        let msgs = m.events("s", &[job_event("slurm-a", "extra", "running", f64::NAN)]);
+        assert_eq!(msgs[0]["job"]["job"], "extra");
+        assert_eq!(
+            m.snapshot(0)["jobs"].as_array().unwrap().len(),
+            MAX_ACTIVE_JOBS + 1
+        );
     }
 
     #[test]

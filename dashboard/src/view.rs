@@ -3,13 +3,13 @@
 //! Every message the dashboard broadcasts carries the classes of data it holds ([`classes`]):
 //! chart points per metric (each the raw values of one event: `host.cpu`, `host.mem`,
 //! `host.net`, `host.load`), decisions (`*.decision`), `gma.rpc` rows, federation rows
-//! (`federation.status`), and directory information (records, the cluster, input status). A
+//! (`federation.status`), batch job rows (`job.batch`), and directory information (records, the cluster, input status). A
 //! [`View`] is what the policy lets one identity see:
 //!
 //! - chart points of a metric: `producer.subscribe` allowed **raw** on its event (a
 //!   summary-only identity gets no chart points and no host names);
-//! - decisions, `gma.rpc`, federation rows: `producer.subscribe` allowed raw on the event name
-//!   (decisions per name);
+//! - decisions, `gma.rpc`, federation rows, batch job rows (`job.batch`): `producer.subscribe`
+//!   allowed raw on the event name (decisions per name);
 //! - records and the cluster: `directory.search` on `*` not denied (summary-only included: the
 //!   directory shows such identities which producers exist, docs/security.md).
 //!
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use gma_core::authz::{Action, Decision, Identity, Policy};
 use serde_json::Value;
 
-use crate::model::{is_decision, FEDERATION_STATUS, METRICS};
+use crate::model::{is_decision, FEDERATION_STATUS, JOB_EVENT, METRICS};
 
 /// The events behind the chart metrics, in the order of [`METRICS`].
 pub const METRIC_EVENTS: [&str; 4] = ["host.cpu", "host.mem", "host.net", "host.load"];
@@ -31,9 +31,11 @@ pub const DECISIONS: u16 = 1 << 4;
 pub const RPC: u16 = 1 << 5;
 pub const FEDERATION: u16 = 1 << 6;
 pub const DIRECTORY: u16 = 1 << 7;
+/// Batch job rows (`job.batch`).
+pub const JOBS: u16 = 1 << 8;
 /// Any chart metric (bits 0..4, one per [`METRICS`] entry).
 pub const ANY_METRIC: u16 = 0b1111;
-pub const ALL: u16 = ANY_METRIC | DECISIONS | RPC | FEDERATION | DIRECTORY;
+pub const ALL: u16 = ANY_METRIC | DECISIONS | RPC | FEDERATION | DIRECTORY | JOBS;
 
 fn metric_bit(metric: &str) -> u16 {
     METRICS
@@ -55,6 +57,7 @@ pub fn classes(msg: &Value) -> u16 {
         "decision" => DECISIONS,
         "rpc" => RPC,
         "federation" => FEDERATION,
+        "job" => JOBS,
         "record" | "cluster" | "status" => DIRECTORY,
         "hosts_gone" => {
             let some = |k: &str| msg[k].as_array().is_some_and(|a| !a.is_empty());
@@ -111,6 +114,9 @@ impl View {
         if raw(FEDERATION_STATUS) {
             allowed |= FEDERATION;
         }
+        if raw(JOB_EVENT) {
+            allowed |= JOBS;
+        }
         if policy.authorize(who, Action::DirectorySearch, "*").is_allowed() {
             allowed |= DIRECTORY;
         }
@@ -157,6 +163,7 @@ impl View {
             "decision" => self.decision_allowed(&msg["decision"]),
             "rpc" => self.may(RPC),
             "federation" => self.may(FEDERATION),
+            "job" => self.may(JOBS),
             "record" | "cluster" | "status" => self.may(DIRECTORY),
             "hosts_gone" => {
                 if self.allowed & ANY_METRIC == 0 {
@@ -198,6 +205,9 @@ impl View {
         }
         if !self.may(FEDERATION) {
             empty(&mut snap["federation"]);
+        }
+        if !self.may(JOBS) {
+            empty(&mut snap["jobs"]);
         }
         if !self.may(DIRECTORY) {
             empty(&mut snap["records"]);
@@ -296,5 +306,18 @@ effect = "allow"
             assert!(alice.passes(classes(&msg)), "{msg}");
         }
         assert!(View::all().passes(ALL));
+    }
+
+    #[test]
+    fn batch_job_rows_need_raw_job_batch() {
+        let bob = view("partner");
+        let mut job = json!({"type": "job", "job": {"job": "7", "state": "running"}});
+        assert_eq!(classes(&job), JOBS);
+        assert!(!bob.passes(JOBS) && !bob.filter(&mut job));
+        let mut snap = json!({"type": "snapshot", "jobs": [{"job": "7"}]});
+        assert!(bob.filter(&mut snap));
+        assert_eq!(snap["jobs"], json!([]));
+        let alice = view("site1");
+        assert!(alice.passes(classes(&job)) && alice.filter(&mut job));
     }
 }

@@ -13,6 +13,7 @@ pub mod linearizable;
 pub mod netns;
 pub mod secure;
 pub mod slurm;
+pub mod slurm_fabric;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
