@@ -133,6 +133,8 @@ pub struct Model {
     rpc: BTreeMap<String, Value>,
     /// `federation.status`: (site, peer) -> the latest row.
     federation: BTreeMap<(String, String), Value>,
+    /// The hierarchy around each configured federation endpoint (`gma_federation::tree`).
+    hierarchy: Vec<Value>,
     archiver: bool,
     /// Hosts not charted because of [`MAX_HOSTS`].
     pub hosts_dropped: u64,
@@ -202,6 +204,7 @@ impl Model {
             decisions: VecDeque::new(),
             rpc: BTreeMap::new(),
             federation: BTreeMap::new(),
+            hierarchy: Vec::new(),
             archiver,
             hosts_dropped: 0,
         }
@@ -234,9 +237,16 @@ impl Model {
             "decisions": self.decisions,
             "rpc": self.rpc.values().collect::<Vec<_>>(),
             "federation": self.federation.values().collect::<Vec<_>>(),
+            "hierarchy": self.hierarchy,
             "archiver": self.archiver,
             "history": self.history,
         })
+    }
+
+    /// The trees walked from the configured federation endpoints: one `hierarchy` message.
+    pub fn set_hierarchy(&mut self, trees: Vec<Value>) -> Value {
+        self.hierarchy = trees;
+        json!({"type": "hierarchy", "trees": self.hierarchy})
     }
 
     /// A record was written (Register/Update), or listed at start (`before_start`).
@@ -565,6 +575,17 @@ mod tests {
         assert_eq!(snap["decisions"].as_array().unwrap().len(), 1);
         assert_eq!(snap["rpc"].as_array().unwrap().len(), 1);
         assert_eq!(snap["archiver"], true);
+    }
+
+    #[test]
+    fn the_hierarchy_replaces_the_last_one_and_is_in_the_snapshot() {
+        let mut m = Model::new(10, false);
+        assert_eq!(m.snapshot(0)["hierarchy"], json!([]));
+        let t = json!({"superiors": [], "root": {"site": "R", "inferiors": []}});
+        let msg = m.set_hierarchy(vec![t.clone()]);
+        assert_eq!(msg, json!({"type": "hierarchy", "trees": [t]}));
+        m.set_hierarchy(vec![json!({"endpoint": "x:1", "error": "down"})]);
+        assert_eq!(m.snapshot(0)["hierarchy"], json!([{"endpoint": "x:1", "error": "down"}]));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -102,6 +102,28 @@ fn wait_live(s: &Site, peers: &[&str]) {
         s.name,
         live()
     );
+}
+
+/// `gma federation tree --output json` from `s`.
+fn tree(s: &Site) -> Option<Value> {
+    let r = gma(&["federation", "tree", "--federation", &s.fed.addr, "--output", "json"], T);
+    (r.code == 0).then(|| serde_json::from_str(&r.stdout).ok())?
+}
+
+/// site -> free CPUs of its subtree, over a tree's nodes (only those walked, not advertised).
+fn subtrees(n: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    fn visit(n: &Value, out: &mut serde_json::Map<String, Value>) {
+        if n["subtree_source"] == "walked" {
+            let site = n["site"].as_str().unwrap_or_default().to_string();
+            out.insert(site, n["subtree_cpus_free"].clone());
+        }
+        for c in n["inferiors"].as_array().into_iter().flatten() {
+            visit(c, out);
+        }
+    }
+    visit(n, &mut out);
+    Value::Object(out)
 }
 
 fn write_req(tmp: &Path, name: &str, cpus: u32, arch: &str) -> String {
@@ -217,6 +239,30 @@ fn a_tree_of_seven_endpoints_answers_by_levels_and_reserves_through_the_owner() 
             query(s, &x86, Some(0))
         );
     }
+
+    // The tree (`gma federation tree`) from R, two levels down, with the free CPUs per subtree
+    // from the summaries (R 8 own, A 4 + A1 4 + A2 8, B 4 + B1 4 + B2 8), and from A: its
+    // superior R above it.
+    let want_r = json!({"R": 40, "A": 16, "B": 16, "A1": 4, "A2": 8, "B1": 4, "B2": 8});
+    assert!(
+        wait_until(T, || tree(&r).is_some_and(|v| subtrees(&v["root"]) == want_r)),
+        "the tree from R never showed every subtree's free CPUs {want_r}: {:?}",
+        tree(&r)
+    );
+    let from_a = tree(&a).unwrap();
+    assert_eq!(from_a["superiors"][0]["site"], "R", "{from_a:#}");
+    assert_eq!(from_a["superiors"].as_array().map(Vec::len), Some(1));
+    assert_eq!(from_a["root"]["own_cpus_free"], 4, "{from_a:#}");
+    for i in from_a["root"]["inferiors"].as_array().unwrap() {
+        assert_eq!(i["link"]["live"], true, "{from_a:#}");
+        assert!(i["link"]["heard_ms_ago"].is_u64(), "{from_a:#}");
+    }
+    let text = gma(&["federation", "tree", "--federation", &a.fed.addr, "--output", "text"], T);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", text.stdout);
+    assert!(lines[0].starts_with("^ R "), "{}", text.stdout);
+    assert!(lines[1].contains("A ") && lines[1].contains("subtree 16 free CPUs"), "{}", text.stdout);
 
     // Levels 0: the manager asked, alone; the busy host never matches.
     let q = query(&a1, &x86, Some(0));
