@@ -585,7 +585,10 @@ mod tests {
         let msg = m.set_hierarchy(vec![t.clone()]);
         assert_eq!(msg, json!({"type": "hierarchy", "trees": [t]}));
         m.set_hierarchy(vec![json!({"endpoint": "x:1", "error": "down"})]);
-        assert_eq!(m.snapshot(0)["hierarchy"], json!([{"endpoint": "x:1", "error": "down"}]));
+        assert_eq!(
+            m.snapshot(0)["hierarchy"],
+            json!([{"endpoint": "x:1", "error": "down"}])
+        );
     }
 
     #[test]

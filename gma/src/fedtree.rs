@@ -113,8 +113,14 @@ mod tests {
         });
         let lines = text(&t);
         assert_eq!(lines.len(), 3, "{lines:#?}");
-        assert!(lines[0].starts_with("^ R r:1  superior of A  [link up, up, last reply 40 ms ago]"), "{lines:#?}");
-        assert!(lines[1].starts_with("  A a:1  own 3 free CPUs, subtree 7 free CPUs"), "{lines:#?}");
+        assert!(
+            lines[0].starts_with("^ R r:1  superior of A  [link up, up, last reply 40 ms ago]"),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[1].starts_with("  A a:1  own 3 free CPUs, subtree 7 free CPUs"),
+            "{lines:#?}"
+        );
         assert!(lines[2].contains("    A1 a1:1  unreachable (refused); subtree 4 free CPUs as last advertised  [link down, expired, last reply never, error: refused]"), "{lines:#?}");
     }
 }
