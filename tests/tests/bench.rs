@@ -90,6 +90,10 @@ fn agent_resched_filter_forecast() {
     bench(&["resched", "--trials", "5"]);
     bench(&["filter", "--events", "10000"]);
     bench(&["forecast"]);
+    // The grid: a tree of 3 real endpoints, every manager answers each query.
+    let o = &bench(&["grid", "--shapes", "1x2", "--queries", "5"])[0];
+    assert_eq!(o["query_latency"][0]["managers"], 3, "{o}");
+    assert_eq!(o["query_latency"][0]["answered"], 3, "{o}");
 }
 
 #[test]
