@@ -283,6 +283,12 @@ pub enum BenchScenario {
         /// Timed queries per tree (after 5 untimed ones).
         #[arg(long, default_value_t = 200)]
         queries: usize,
+        /// Simulated sites for the summary comparison (flat peer mesh against a hierarchy).
+        #[arg(long, value_delimiter = ',', default_value = "3,30,300")]
+        sites: Vec<usize>,
+        /// Children per manager in the simulated hierarchy.
+        #[arg(long, default_value_t = 4)]
+        fanout: usize,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -4,6 +4,11 @@
 //! both ends (parent / child), queried at the root with unlimited levels. No endpoint has hosts
 //! (no directory), so nothing matches and every manager searches: each query visits the whole
 //! tree, and the answer must list every manager (`answered`) or the run fails.
+//!
+//! Then summaries: the same simulated sites (`--sites`, default 3, 30, 300) as a flat peer mesh
+//! and as a hierarchy (`--fanout` children per manager), with the real site manager
+//! ([`gma_federation::sim::hier`]): bytes of one full refresh, messages and bytes from a change
+//! until every site saw it, and that propagation time (or that it never completed in 120 s).
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +21,14 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::args::Output;
+use gma_federation::sim::hier::{spread as spread_of, Spread, STEP_MS};
+
+const SIM: &str = "simulated sites (the real site manager and split-horizon summaries, discrete events, 1 ms one-way latency, 4 hosts x 4 CPUs each, refresh 5 s, push debounce 250 ms); bytes = encoded summary messages delivered; propagation = a 4-CPU job at the last site until every site's view (own + linked sites' summaries) shows it, checked every 5 simulated ms";
+
+fn spread_json(s: &Spread) -> Value {
+    json!({"links": s.links, "refresh_bytes": s.refresh_bytes, "change_messages": s.change_messages,
+        "change_bytes": s.change_bytes, "propagation_ms": s.propagation_ms, "resolution_ms": STEP_MS})
+}
 
 /// Managers in one tree at most (bounded work on a small machine).
 const MAX_MANAGERS: usize = 400;
@@ -195,13 +208,29 @@ async fn measure(
     Ok((h, answered))
 }
 
-pub async fn run(shapes: Vec<(u32, u32)>, queries: usize, output: Output) -> anyhow::Result<()> {
+pub async fn run(
+    shapes: Vec<(u32, u32)>,
+    queries: usize,
+    sites: &[usize],
+    fanout: usize,
+    output: Output,
+) -> anyhow::Result<()> {
     if shapes.is_empty() || queries == 0 {
         bail!("give at least one --shapes entry and --queries 1 or more");
+    }
+    if sites.iter().any(|n| !(2..=1000).contains(n)) || !(1..=64).contains(&fanout) {
+        bail!("--sites entries must lie in 2..=1000 and --fanout in 1..=64");
     }
     let mut rows = Vec::new();
     for (d, f) in shapes {
         rows.push(one(d, f, queries).await?);
+    }
+    let mut spread = Vec::new();
+    for &n in sites {
+        let t = Instant::now();
+        let mesh = spread_of(n, None);
+        let tree = spread_of(n, Some(fanout));
+        spread.push((mesh, tree, t.elapsed().as_secs_f64()));
     }
     let placement =
         "one process, in-process federation endpoints on 127.0.0.1, plaintext gRPC, heartbeats 200 ms";
@@ -215,7 +244,14 @@ pub async fn run(shapes: Vec<(u32, u32)>, queries: usize, output: Output) -> any
                         "max_ms": r.max_ms, "answered": r.answered})
                 })
                 .collect();
-            println!("{}", json!({"placement": placement, "query_latency": r}));
+            let s: Vec<Value> = spread
+                .iter()
+                .map(|(m, t, wall)| json!({"sites": m.sites, "mesh": spread_json(m), "hierarchy": spread_json(t), "fanout": fanout, "wall_s": wall}))
+                .collect();
+            println!(
+                "{}",
+                json!({"placement": placement, "query_latency": r, "summaries": s, "summaries_placement": SIM})
+            );
         }
         Output::Table => {
             println!("grid queries at the root, unlimited levels, nothing matches (every manager searches); {placement}");
@@ -228,6 +264,32 @@ pub async fn run(shapes: Vec<(u32, u32)>, queries: usize, output: Output) -> any
                     "{:>5} {:>6} {:>8} {:>8} {:>10.2} {:>10.2} {:>10.2}",
                     r.depth, r.fanout, r.managers, queries, r.p50_ms, r.p99_ms, r.max_ms
                 );
+            }
+            println!("summaries, flat peer mesh against a hierarchy (fan-out {fanout}); {SIM}");
+            println!(
+                "{:>5} {:<9} {:>6} {:>14} {:>12} {:>12} {:>14}",
+                "sites",
+                "topology",
+                "links",
+                "refresh bytes",
+                "change msgs",
+                "change bytes",
+                "propagation ms"
+            );
+            for (m, t, _) in &spread {
+                for (name, x) in [("mesh", m), ("hierarchy", t)] {
+                    println!(
+                        "{:>5} {:<9} {:>6} {:>14} {:>12} {:>12} {:>14}",
+                        x.sites,
+                        name,
+                        x.links,
+                        x.refresh_bytes,
+                        x.change_messages,
+                        x.change_bytes,
+                        x.propagation_ms
+                            .map_or("not in 120 s".into(), |p| format!("{p:.0}"))
+                    );
+                }
             }
         }
     }

@@ -81,13 +81,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchScenario::Grid {
             shapes,
             queries,
+            sites,
+            fanout,
             output,
         } => {
             let shapes = shapes
                 .iter()
                 .map(|s| crate::grid::parse_shape(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            crate::grid::run(shapes, queries, output).await
+            crate::grid::run(shapes, queries, &sites, fanout, output).await
         }
         BenchScenario::Filter { events, output } => crate::fanout::filter(events, output),
         BenchScenario::Forecast { trace, output } => crate::fanout::forecast(trace, output),
