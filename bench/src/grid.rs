@@ -248,10 +248,10 @@ pub async fn run(
                 .iter()
                 .map(|(m, t, wall)| json!({"sites": m.sites, "mesh": spread_json(m), "hierarchy": spread_json(t), "fanout": fanout, "wall_s": wall}))
                 .collect();
-            println!(
-                "{}",
-                json!({"placement": placement, "query_latency": r, "summaries": s, "summaries_placement": SIM})
-            );
+            crate::report::emit(json!({
+                "scenario": "grid", "placement": placement, "query_latency": r,
+                "summaries": s, "summaries_placement": SIM,
+            }));
         }
         Output::Table => {
             println!("grid queries at the root, unlimited levels, nothing matches (every manager searches); {placement}");
