@@ -453,4 +453,28 @@ mod tests {
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("rpc_events_ms"), "{e}");
     }
+
+    #[test]
+    fn federation_endpoints_are_bounded_and_checked() {
+        let parse = |t: &str| -> DashboardConfig {
+            gma_core::config::parse_toml(&format!("directory = \"a:1\"\n{t}"), "d.toml").unwrap()
+        };
+        assert!(parse("federation = [\"f:1\", \"f:2\"]\n").validate().is_ok());
+        let many: Vec<String> = (0..17).map(|i| format!("\"f:{i}\"")).collect();
+        let e = parse(&format!("federation = [{}]\n", many.join(",")))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 16"), "{e}");
+        let e = parse("federation = [\" \"]\n")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("HOST:PORT"), "{e}");
+        let e = parse("federation_poll_ms = 10\n")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("federation_poll_ms"), "{e}");
+    }
 }
