@@ -274,6 +274,24 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// Grid: query latency p50/p99 at the root of a hierarchy of real federation endpoints
+    /// (in-process, 127.0.0.1) against its depth and fan-out; every manager searches.
+    Grid {
+        /// Trees as DEPTHxFANOUT (levels below the root, children per manager), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1x2,2x2,3x2,1x4,2x4,1x8")]
+        shapes: Vec<String>,
+        /// Timed queries per tree (after 5 untimed ones).
+        #[arg(long, default_value_t = 200)]
+        queries: usize,
+        /// Simulated sites for the summary comparison (flat peer mesh against a hierarchy).
+        #[arg(long, value_delimiter = ',', default_value = "3,30,300")]
+        sites: Vec<usize>,
+        /// Children per manager in the simulated hierarchy.
+        #[arg(long, default_value_t = 4)]
+        fanout: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Forecast accuracy: MAE of the served forecast next to every fixed predictor on
     /// synthetic load traces and, optionally, a recorded trace.
     Forecast {

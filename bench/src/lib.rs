@@ -8,7 +8,8 @@
 //! - [`fanout`]: `fanout`, `stall`, `filter`, `forecast`.
 //! - [`dir`]: `directory` (1 and 3 real nodes); [`etcd`]: the directory and etcd side by side.
 //! - [`archive`], [`broker`] (`broker`, `coalloc`, `placement`), [`resched`], [`dashboard`],
-//!   [`federation`], [`scale`] (the fabric at grid scale, with churn).
+//!   [`federation`], [`grid`] (query latency through a hierarchy), [`scale`] (the fabric at
+//!   grid scale, with churn).
 //! - [`report`]: cores, CPU and RSS from /proc, the JSON line every scenario prints.
 //! - [`args`]: the command-line arguments.
 
@@ -20,6 +21,7 @@ pub mod dir;
 pub mod etcd;
 pub mod fanout;
 pub mod federation;
+pub mod grid;
 pub mod report;
 pub mod resched;
 pub mod scale;
@@ -76,6 +78,19 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             changes,
             output,
         } => crate::federation::run(jobs, seeds, (hosts, cpus_per_host, shapes), changes, output).await,
+        BenchScenario::Grid {
+            shapes,
+            queries,
+            sites,
+            fanout,
+            output,
+        } => {
+            let shapes = shapes
+                .iter()
+                .map(|s| crate::grid::parse_shape(s))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            crate::grid::run(shapes, queries, &sites, fanout, output).await
+        }
         BenchScenario::Filter { events, output } => crate::fanout::filter(events, output),
         BenchScenario::Forecast { trace, output } => crate::fanout::forecast(trace, output),
         BenchScenario::All { duration, output } => all(duration, output).await,

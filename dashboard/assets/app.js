@@ -111,6 +111,7 @@ function handle(m) {
     case 'rpc': for (const r of m.rows) putRpc(r); break;
     case 'federation': for (const r of m.rows) putFederation(r); break;
     case 'job': putJob(m.job); break;
+    case 'hierarchy': renderHierarchy(m.trees); break;
     case 'status': renderStatus(m.status); break;
   }
 }
@@ -141,6 +142,7 @@ function applySnapshot(s) {
   $('#federation tbody').replaceChildren();
   for (const r of (s.federation || [])) putFederation(r);
   resetJobs(s.jobs || []);
+  renderHierarchy(s.hierarchy || []);
   renderStatus(s.status || {});
   $('#history-section').hidden = !state.archiver;
   if (state.archiver) loadArchiveSeries();
@@ -455,6 +457,48 @@ function updateJobCount() {
 function tickJobs() {
   for (const v of state.jobs.values()) {
     if (v.job.state === 'running') v.row.querySelector('.runtime').textContent = jobRuntime(v.job);
+  }
+}
+
+// The hierarchy panel: the tree around each configured federation endpoint (superiors first,
+// then each manager with its inferiors), link health as seen from the superior, free CPUs.
+function linkHealth(link) {
+  if (!link) return '';
+  const heard = link.heard_ms_ago === null || link.heard_ms_ago === undefined ? 'never' : link.heard_ms_ago + ' ms ago';
+  return el('span', { class: link.live ? 'ok' : 'err' },
+    ' [link ' + (link.live ? 'up' : 'down') + ', ' + (link.session || '') + ', last reply ' + heard +
+    (link.last_error ? ', ' + link.last_error : '') + ']');
+}
+
+function hierarchyNode(n) {
+  const link = n.link;
+  const free = n.reachable
+    ? ' own ' + fmtNum(n.own_cpus_free) + ' free CPUs, subtree ' + fmtNum(n.subtree_cpus_free) + ' free CPUs'
+    : ' unreachable (' + (n.error || '') + '); subtree ' + fmtNum(n.subtree_cpus_free) + ' free CPUs as last advertised';
+  const li = el('li', { 'data-site': n.site || '', 'data-subtree-free': String(n.subtree_cpus_free),
+                        'data-link': link ? (link.live ? 'up' : 'down') : 'root' },
+    el('b', {}, n.site || ''), ' ' + (n.endpoint || ''), free, linkHealth(link));
+  const kids = n.inferiors || [];
+  if (kids.length) li.append(el('ul', {}, ...kids.map(hierarchyNode)));
+  return li;
+}
+
+function renderHierarchy(trees) {
+  const box = $('#hierarchy');
+  box.replaceChildren();
+  if (!trees.length) {
+    box.append(el('p', { class: 'muted' }, 'no federation endpoint configured (gma dashboard --federation ADDR)'));
+    return;
+  }
+  for (const t of trees) {
+    if (t.error) { box.append(el('p', { class: 'err' }, (t.endpoint || '') + ': ' + t.error)); continue; }
+    const ul = el('ul', { class: 'tree' });
+    for (const s of [...(t.superiors || [])].reverse()) {
+      ul.append(el('li', { class: 'superior', 'data-site': s.site || '' },
+        '^ ', el('b', {}, s.site || ''), ' ' + (s.endpoint || '') + ' superior of ' + (s.below || ''), linkHealth(s.link)));
+    }
+    ul.append(hierarchyNode(t.root));
+    box.append(ul);
   }
 }
 

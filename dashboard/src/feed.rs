@@ -6,7 +6,8 @@
 //! - [`cluster`]: `ClusterStatus` polled from the directory, and from every member it lists (each
 //!   member's own state and applied index; unreachable members are shown as such);
 //! - [`events`]: one [`Subscriber`] for every event the page shows (host load, CPU, memory,
-//!   network, decisions, `gma.rpc`, federation status, batch jobs), however many browsers watch.
+//!   network, decisions, `gma.rpc`, federation status, batch jobs), however many browsers watch;
+//! - [`hierarchy`]: the tree around each configured federation endpoint, walked every period.
 //!
 //! [`Model`]: crate::model::Model
 
@@ -253,6 +254,30 @@ pub async fn events(
             Some(
                 Delivery::Discovered { .. } | Delivery::Subscribed { .. } | Delivery::Reconnecting { .. },
             ) => {}
+        }
+    }
+}
+
+/// Walks the hierarchy around each of `endpoints` every `period` until `stop`: one tree each,
+/// or `{"endpoint", "error"}` for one that does not answer.
+pub async fn hierarchy(
+    shared: Arc<Shared>,
+    endpoints: Vec<String>,
+    period: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let mut trees = Vec::with_capacity(endpoints.len());
+        for e in &endpoints {
+            let walked = tokio::select! {
+                t = gma_federation::tree::walk(e, gma_federation::tree::MAX_DEPTH) => t,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            trees.push(walked.unwrap_or_else(|error| serde_json::json!({"endpoint": e, "error": error})));
+        }
+        shared.update(|m| vec![m.set_hierarchy(trees)]);
+        if !pause(&mut stop, period).await {
+            return;
         }
     }
 }

@@ -60,6 +60,9 @@ pub const DEFAULT_PATTERNS: &[&str] = &[
     "job.batch",
 ];
 
+/// Federation endpoints a dashboard walks at most.
+pub const MAX_FEDERATION: usize = 16;
+
 /// `gma dashboard --config FILE` (flags override).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -74,6 +77,11 @@ pub struct DashboardConfig {
     pub patterns: Vec<String>,
     /// ClusterStatus polling period.
     pub cluster_poll_ms: u64,
+    /// Federation endpoints whose hierarchy the page shows (each walked with
+    /// `FederationStatus`, its superiors and inferiors; at most 16).
+    pub federation: Vec<String>,
+    /// How often the hierarchy is walked again.
+    pub federation_poll_ms: u64,
     /// Chart points kept per host and metric (what a browser that connects starts with).
     pub history_points: usize,
     /// Messages buffered per browser before it is considered lagging (then sent a snapshot).
@@ -105,6 +113,8 @@ impl Default for DashboardConfig {
             archiver: None,
             patterns: DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect(),
             cluster_poll_ms: 1000,
+            federation: Vec::new(),
+            federation_poll_ms: 2000,
             history_points: 120,
             broadcast_capacity: 1024,
             plain_http: false,
@@ -181,6 +191,15 @@ impl DashboardConfig {
             .map_err(|e| DashboardError::Config(e.to_string()))?;
         if self.cluster_poll_ms == 0 {
             return bad("cluster_poll_ms must be at least 1");
+        }
+        if self.federation.len() > MAX_FEDERATION {
+            return bad("give at most 16 federation endpoints (federation)");
+        }
+        if self.federation.iter().any(|f| f.trim().is_empty()) {
+            return bad("a federation endpoint is empty: give HOST:PORT");
+        }
+        if !(100..=3_600_000).contains(&self.federation_poll_ms) {
+            return bad("federation_poll_ms must lie in 100..=3600000");
         }
         if self.history_points == 0 || self.history_points > 100_000 {
             return bad("history_points must lie in 1..=100000");
@@ -351,7 +370,7 @@ pub async fn run(
         status: Mutex::new(serde_json::json!({})),
         auth,
     });
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(feed::records(shared.clone(), directory.clone(), stop_rx.clone())),
         tokio::spawn(feed::cluster(
             shared.clone(),
@@ -367,6 +386,14 @@ pub async fn run(
             stop_rx.clone(),
         )),
     ];
+    if !config.federation.is_empty() {
+        tasks.push(tokio::spawn(feed::hierarchy(
+            shared.clone(),
+            config.federation.clone(),
+            Duration::from_millis(config.federation_poll_ms),
+            stop_rx.clone(),
+        )));
+    }
     tracing::info!(%bound, "dashboard serving");
     let app = http::router(shared.clone());
     let signal = async move {
@@ -437,5 +464,29 @@ mod tests {
             gma_core::config::parse_toml("directory = \"a:1\"\nrpc_events_ms = 500\n", "d.toml").unwrap();
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("rpc_events_ms"), "{e}");
+    }
+
+    #[test]
+    fn federation_endpoints_are_bounded_and_checked() {
+        let parse = |t: &str| -> DashboardConfig {
+            gma_core::config::parse_toml(&format!("directory = \"a:1\"\n{t}"), "d.toml").unwrap()
+        };
+        assert!(parse("federation = [\"f:1\", \"f:2\"]\n").validate().is_ok());
+        let many: Vec<String> = (0..17).map(|i| format!("\"f:{i}\"")).collect();
+        let e = parse(&format!("federation = [{}]\n", many.join(",")))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 16"), "{e}");
+        let e = parse("federation = [\" \"]\n")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("HOST:PORT"), "{e}");
+        let e = parse("federation_poll_ms = 10\n")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("federation_poll_ms"), "{e}");
     }
 }

@@ -140,6 +140,8 @@ pub struct Model {
     /// `federation.status`: (site, peer) -> the latest row.
     federation: BTreeMap<(String, String), Value>,
     jobs: Jobs,
+    /// The hierarchy around each configured federation endpoint (`gma_federation::tree`).
+    hierarchy: Vec<Value>,
     archiver: bool,
     /// Hosts not charted because of [`MAX_HOSTS`].
     pub hosts_dropped: u64,
@@ -277,6 +279,7 @@ impl Model {
             rpc: BTreeMap::new(),
             federation: BTreeMap::new(),
             jobs: Jobs::default(),
+            hierarchy: Vec::new(),
             archiver,
             hosts_dropped: 0,
         }
@@ -310,9 +313,16 @@ impl Model {
             "rpc": self.rpc.values().collect::<Vec<_>>(),
             "federation": self.federation.values().collect::<Vec<_>>(),
             "jobs": self.jobs.snapshot(),
+            "hierarchy": self.hierarchy,
             "archiver": self.archiver,
             "history": self.history,
         })
+    }
+
+    /// The trees walked from the configured federation endpoints: one `hierarchy` message.
+    pub fn set_hierarchy(&mut self, trees: Vec<Value>) -> Value {
+        self.hierarchy = trees;
+        json!({"type": "hierarchy", "trees": self.hierarchy})
     }
 
     /// A record was written (Register/Update), or listed at start (`before_start`).
@@ -652,6 +662,20 @@ mod tests {
         assert_eq!(snap["decisions"].as_array().unwrap().len(), 1);
         assert_eq!(snap["rpc"].as_array().unwrap().len(), 1);
         assert_eq!(snap["archiver"], true);
+    }
+
+    #[test]
+    fn the_hierarchy_replaces_the_last_one_and_is_in_the_snapshot() {
+        let mut m = Model::new(10, false);
+        assert_eq!(m.snapshot(0)["hierarchy"], json!([]));
+        let t = json!({"superiors": [], "root": {"site": "R", "inferiors": []}});
+        let msg = m.set_hierarchy(vec![t.clone()]);
+        assert_eq!(msg, json!({"type": "hierarchy", "trees": [t]}));
+        m.set_hierarchy(vec![json!({"endpoint": "x:1", "error": "down"})]);
+        assert_eq!(
+            m.snapshot(0)["hierarchy"],
+            json!([{"endpoint": "x:1", "error": "down"}])
+        );
     }
 
     #[test]

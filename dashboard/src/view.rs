@@ -162,7 +162,7 @@ impl View {
             }
             "decision" => self.decision_allowed(&msg["decision"]),
             "rpc" => self.may(RPC),
-            "federation" => self.may(FEDERATION),
+            "federation" | "hierarchy" => self.may(FEDERATION),
             "job" => self.may(JOBS),
             "record" | "cluster" | "status" => self.may(DIRECTORY),
             "hosts_gone" => {
@@ -205,6 +205,7 @@ impl View {
         }
         if !self.may(FEDERATION) {
             empty(&mut snap["federation"]);
+            empty(&mut snap["hierarchy"]);
         }
         if !self.may(JOBS) {
             empty(&mut snap["jobs"]);
@@ -272,6 +273,7 @@ effect = "allow"
             "records": [{"id": "p"}], "cluster": {"leader_id": 1}, "status": {"directory": null},
             "decisions": [{"name": "broker.decision"}, {"name": "resched.decision"}],
             "rpc": [{"source": "x"}], "federation": [{"site": "s"}],
+            "hierarchy": [{"root": {"site": "s"}}],
         });
         assert!(bob.filter(&mut snap));
         assert_eq!(snap["hosts"], json!([]));
@@ -280,6 +282,9 @@ effect = "allow"
         assert_eq!(snap["decisions"], json!([{"name": "broker.decision"}]));
         assert_eq!(snap["rpc"], json!([{"source": "x"}]));
         assert_eq!(snap["federation"], json!([]));
+        assert_eq!(snap["hierarchy"], json!([]), "the tree is federation data");
+        let mut h = json!({"type": "hierarchy", "trees": [{"root": {"site": "s"}}]});
+        assert!(!bob.filter(&mut h));
         let mut gone = json!({"type": "hosts_gone", "hosts": ["h1"], "rpc_sources": ["x/y"]});
         assert!(bob.filter(&mut gone));
         assert_eq!(gone["hosts"], json!([]));

@@ -15,6 +15,8 @@
 //! - [`links`]: peer links as directory records, kept alive by the endpoint.
 //! - [`config`]: `gma federation --config FILE`.
 //! - [`store`]: the endpoint's state file.
+//! - [`tree`]: the hierarchy around an endpoint (superiors, inferiors, link health, free CPUs
+//!   per subtree), walked with `FederationStatus` (`gma federation tree`, the dashboard).
 //! - [`sim`]: a discrete-event world of sites running the same manager (benchmark, tests).
 
 // Tests unwrap freely: a panic there is the failure report. Library code never unwraps.
@@ -30,3 +32,4 @@ pub mod sim;
 pub mod site;
 pub mod store;
 pub mod summary;
+pub mod tree;

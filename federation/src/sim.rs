@@ -799,5 +799,7 @@ pub fn route_latency(peers: usize, trials: usize) -> (f64, f64, f64) {
     )
 }
 
+pub mod hier;
+
 #[cfg(test)]
 mod tests;

@@ -182,6 +182,8 @@ pub fn require_directory(directory: &Option<String>) -> anyhow::Result<()> {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
+    /// Also spelled `text`.
+    #[value(alias = "text")]
     Table,
     Json,
 }

@@ -16,7 +16,8 @@ pub struct DashboardArgs {
     /// An archiver's address: enables the history panel.
     #[arg(long)]
     pub archiver: Option<String>,
-    /// TOML config (listen, directory, archiver, patterns, cluster_poll_ms, history_points,
+    /// TOML config (listen, directory, archiver, patterns, cluster_poll_ms, federation,
+    /// federation_poll_ms, history_points,
     /// broadcast_capacity, metrics_listen, plain_http, access_policy, [tls], [auth], [limits]).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -37,6 +38,10 @@ pub struct DashboardArgs {
     /// TOML file of bearer tokens for scripts ([[token]]: token, cn, org).
     #[arg(long)]
     pub auth_tokens: Option<PathBuf>,
+    /// Federation endpoint(s), ADDR[,ADDR...]: the hierarchy panel shows the tree around each
+    /// (overrides `federation` in --config).
+    #[arg(long, value_delimiter = ',')]
+    pub federation: Vec<String>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -48,6 +53,9 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
         .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if a.archiver.is_some() {
         cfg.archiver = a.archiver;
+    }
+    if !a.federation.is_empty() {
+        cfg.federation = a.federation;
     }
     if a.plain_http {
         cfg.plain_http = true;

@@ -75,6 +75,20 @@ pub enum FederationCommand {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The hierarchy around a running endpoint: its superior chain above it, then each manager
+    /// below it with its inferiors, link health (session, last reply age) and free CPUs per
+    /// subtree (walked with FederationStatus at every endpoint).
+    Tree {
+        /// The federation endpoint to start from.
+        #[arg(long)]
+        federation: String,
+        /// Levels below it to walk (at most 32).
+        #[arg(long, default_value_t = 16)]
+        depth: u32,
+        /// `table` (also `text`) or `json`.
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -200,6 +214,11 @@ pub async fn run(a: FederationArgs) -> anyhow::Result<()> {
                 bail!("give --federation ADDR (a running endpoint) or --directory ADDR (its link records)")
             }
         },
+        Some(FederationCommand::Tree {
+            federation,
+            depth,
+            output,
+        }) => crate::fedtree::run(&federation, depth, output).await,
         None => serve(a.config, a.role).await,
     }
 }
@@ -218,7 +237,7 @@ async fn serve(config: Option<PathBuf>, role: RoleArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow!("{e}"))
 }
 
-async fn scheduler(addr: &str) -> anyhow::Result<SiteSchedulerClient<tonic::transport::Channel>> {
+pub(crate) async fn scheduler(addr: &str) -> anyhow::Result<SiteSchedulerClient<tonic::transport::Channel>> {
     let ch = gma_consumer::connect(addr).await?;
     Ok(SiteSchedulerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
 }
@@ -239,7 +258,7 @@ pub(crate) async fn call<T>(
     }
 }
 
-fn ms_ago(v: i64) -> String {
+pub(crate) fn ms_ago(v: i64) -> String {
     if v < 0 {
         "-".into()
     } else {

@@ -13,6 +13,7 @@ mod dashboard;
 mod doors;
 mod emit;
 mod federation;
+mod fedtree;
 mod grid;
 mod monitor;
 mod netprobe;

@@ -9,6 +9,7 @@
 pub mod cdp;
 pub mod census;
 pub mod directory;
+pub mod fedsite;
 pub mod linearizable;
 pub mod netns;
 pub mod secure;

@@ -93,6 +93,25 @@ fn agent_resched_filter_forecast() {
 }
 
 #[test]
+fn grid() {
+    // The grid: a tree of 3 real endpoints, every manager answers each query; 3 simulated
+    // sites as a mesh (3 links) and as a hierarchy (2 links), a change seen by all in both.
+    let o = &bench(&["grid", "--shapes", "1x2", "--queries", "5", "--sites", "3"])[0];
+    assert_eq!(o["query_latency"][0]["managers"], 3, "{o}");
+    assert_eq!(o["query_latency"][0]["answered"], 3, "{o}");
+    let s = &o["summaries"][0];
+    assert_eq!(
+        (s["mesh"]["links"].as_u64(), s["hierarchy"]["links"].as_u64()),
+        (Some(3), Some(2)),
+        "{o}"
+    );
+    for t in ["mesh", "hierarchy"] {
+        assert!(s[t]["propagation_ms"].is_number(), "{t}: {o}");
+        assert!(s[t]["change_bytes"].as_u64().unwrap() > 0, "{t}: {o}");
+    }
+}
+
+#[test]
 fn scale_with_churn_loses_nothing() {
     let o = &bench(&[
         "scale",

@@ -173,3 +173,83 @@ fn the_dashboard_lists_producers_moves_charts_and_drops_a_killed_producer_in_a_r
     assert!(std::fs::metadata(&shot).unwrap().len() > 1000);
     eprintln!("screenshot: {}", shot.display());
 }
+
+/// `[site, link, subtree free CPUs]` of every manager in the hierarchy panel, page order.
+fn hierarchy(c: &mut Chrome) -> Vec<(String, String, String)> {
+    c.eval(
+        "JSON.stringify([...document.querySelectorAll('#hierarchy li')]\
+         .map(l => [l.dataset.site, l.dataset.link || 'superior', l.dataset.subtreeFree || '']))",
+    )
+    .and_then(|v| v.as_str().map(str::to_string))
+    .and_then(|s| serde_json::from_str(&s).ok())
+    .unwrap_or_default()
+}
+
+/// The hierarchy panel against a real tree of three federation endpoints over two levels (R
+/// with inferiors A and B, each site its own directory and simulated hosts), the dashboard
+/// walking R: each manager with its inferiors, link health and free CPUs per subtree; a killed
+/// inferior turns its link down on the page, without a reload.
+#[test]
+fn the_dashboard_shows_the_hierarchy_of_federation_endpoints_in_a_real_browser() {
+    use common::fedsite::{link, start_site, wait_live};
+    let t = Duration::from_secs(30);
+    let tmp = tempdir();
+    let r = start_site(tmp.path(), "R", &[("r-x", "x86_64", 4)]);
+    let a = start_site(tmp.path(), "A", &[("a-x", "x86_64", 3)]);
+    let mut b = start_site(tmp.path(), "B", &[("b-x", "x86_64", 2)]);
+    link(&r, &a);
+    link(&r, &b);
+    wait_live(&r, &["A", "B"]);
+    let dash = Proc::start(
+        &[
+            "dashboard",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            &r.dir.addr,
+            "--federation",
+            &r.fed.addr,
+        ],
+        "gma dashboard listening on",
+    );
+    let mut c = Chrome::launch();
+    c.navigate(&format!("http://{}/", dash.addr));
+    let want = |s: &str, l: &str, f: &str| (s.to_string(), l.to_string(), f.to_string());
+    let full = vec![want("R", "root", "9"), want("A", "up", "3"), want("B", "up", "2")];
+    let mut seen = Vec::new();
+    assert!(
+        wait_until(t, || {
+            seen = hierarchy(&mut c);
+            seen == full
+        }),
+        "the hierarchy panel never showed {full:?}: {seen:?}; dashboard: {}",
+        dash.stderr_text()
+    );
+    c.eval("window.__sameDocument = 7").unwrap();
+    let text = c
+        .eval("document.querySelector('#hierarchy').innerText")
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    assert!(text.contains("last reply"), "{text}");
+
+    // B stops: R's link to it goes down and B shows as unreachable with what it last advertised.
+    b.fed.kill();
+    assert!(
+        wait_until(t, || {
+            seen = hierarchy(&mut c);
+            seen.iter().any(|(s, l, _)| s == "B" && l == "down")
+        }),
+        "B's link never went down on the page: {seen:?}"
+    );
+    let text = c
+        .eval("document.querySelector('#hierarchy li[data-site=\"B\"]').innerText")
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    assert!(text.contains("unreachable"), "{text}");
+    assert_eq!(
+        c.eval("window.__sameDocument").unwrap(),
+        Value::from(7),
+        "the page was reloaded"
+    );
+    drop(a);
+}

@@ -28,80 +28,42 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+use common::fedsite::{link, start_site, wait_live, Site};
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
 
-struct Site {
-    name: String,
-    dir: Proc,
-    _sim: Proc,
-    fed: Proc,
-}
-
-fn start_site(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)]) -> Site {
-    let d = tmp.join(name);
-    std::fs::create_dir_all(&d).unwrap();
-    let dir = Proc::directory(&d.join("dir"), "127.0.0.1:0");
-    let mut sim = String::from("period_ms = 100\n");
-    for (host, arch, free) in hosts {
-        sim.push_str(&format!(
-            "[[host]]\nname = \"{host}\"\narch = \"{arch}\"\ncpus = 4\nmemory_mb = 8192\nfree_cpus = {free}\n"
-        ));
-    }
-    let sim_file = d.join("sim.toml");
-    std::fs::write(&sim_file, sim).unwrap();
-    let sim = Proc::simulated(&dir.addr, &sim_file, &["--lease-ttl-ms", "2000"]);
-    let cfg = d.join("fed.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "site = \"{name}\"\ntime_scale = {}\nheartbeat_ms = 200\nsummary_interval_ms = 500\n\
-             push_debounce_ms = 20\nvalid_for_ms = 3000\nstatus_interval_ms = 500\ntick_ms = 50\n\
-             lease_ttl_ms = 2000\n",
-            1.0 / 600.0
-        ),
-    )
-    .unwrap();
-    let fed = Proc::role("federation", &dir.addr, &cfg);
-    Site {
-        name: name.into(),
-        dir,
-        _sim: sim,
-        fed,
-    }
-}
-
-fn add(at: &Site, other: &Site, role: &str) {
-    federation_add(&at.dir.addr, &other.name, &other.fed.addr, Some(role));
-}
-
-/// `child` under `parent`, both ways.
-fn link(parent: &Site, child: &Site) {
-    add(parent, child, "child");
-    add(child, parent, "parent");
-}
-
-/// Until `s` has a live session with each of `peers`.
-fn wait_live(s: &Site, peers: &[&str]) {
-    let live = || {
-        let v = federation_status(&s.fed.addr).ok()?;
-        let up: BTreeSet<String> = v["peers"]
-            .as_array()?
-            .iter()
-            .filter(|p| p["live"] == true)
-            .map(|p| p["site"].as_str().unwrap_or_default().to_string())
-            .collect();
-        Some(up)
-    };
-    assert!(
-        wait_until(T, || live()
-            .is_some_and(|up| peers.iter().all(|p| up.contains(*p)))),
-        "{} never had live sessions with {peers:?}: {:?}",
-        s.name,
-        live()
+/// `gma federation tree --output json` from `s`.
+fn tree(s: &Site) -> Option<Value> {
+    let r = gma(
+        &[
+            "federation",
+            "tree",
+            "--federation",
+            &s.fed.addr,
+            "--output",
+            "json",
+        ],
+        T,
     );
+    (r.code == 0).then(|| serde_json::from_str(&r.stdout).ok())?
+}
+
+/// site -> free CPUs of its subtree, over a tree's nodes (only those walked, not advertised).
+fn subtrees(n: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    fn visit(n: &Value, out: &mut serde_json::Map<String, Value>) {
+        if n["subtree_source"] == "walked" {
+            let site = n["site"].as_str().unwrap_or_default().to_string();
+            out.insert(site, n["subtree_cpus_free"].clone());
+        }
+        for c in n["inferiors"].as_array().into_iter().flatten() {
+            visit(c, out);
+        }
+    }
+    visit(n, &mut out);
+    Value::Object(out)
 }
 
 fn write_req(tmp: &Path, name: &str, cpus: u32, arch: &str) -> String {
@@ -217,6 +179,44 @@ fn a_tree_of_seven_endpoints_answers_by_levels_and_reserves_through_the_owner() 
             query(s, &x86, Some(0))
         );
     }
+
+    // The tree (`gma federation tree`) from R, two levels down, with the free CPUs per subtree
+    // from the summaries (R 8 own, A 4 + A1 4 + A2 8, B 4 + B1 4 + B2 8), and from A: its
+    // superior R above it.
+    let want_r = json!({"R": 40, "A": 16, "B": 16, "A1": 4, "A2": 8, "B1": 4, "B2": 8});
+    assert!(
+        wait_until(T, || tree(&r).is_some_and(|v| subtrees(&v["root"]) == want_r)),
+        "the tree from R never showed every subtree's free CPUs {want_r}: {:?}",
+        tree(&r)
+    );
+    let from_a = tree(&a).unwrap();
+    assert_eq!(from_a["superiors"][0]["site"], "R", "{from_a:#}");
+    assert_eq!(from_a["superiors"].as_array().map(Vec::len), Some(1));
+    assert_eq!(from_a["root"]["own_cpus_free"], 4, "{from_a:#}");
+    for i in from_a["root"]["inferiors"].as_array().unwrap() {
+        assert_eq!(i["link"]["live"], true, "{from_a:#}");
+        assert!(i["link"]["heard_ms_ago"].is_u64(), "{from_a:#}");
+    }
+    let text = gma(
+        &[
+            "federation",
+            "tree",
+            "--federation",
+            &a.fed.addr,
+            "--output",
+            "text",
+        ],
+        T,
+    );
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", text.stdout);
+    assert!(lines[0].starts_with("^ R "), "{}", text.stdout);
+    assert!(
+        lines[1].contains("A ") && lines[1].contains("subtree 16 free CPUs"),
+        "{}",
+        text.stdout
+    );
 
     // Levels 0: the manager asked, alone; the busy host never matches.
     let q = query(&a1, &x86, Some(0));
