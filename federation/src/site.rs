@@ -476,6 +476,8 @@ pub struct SiteState {
     pushed: Option<Summary>,
     last_push_ns: i64,
     push_due: Option<i64>,
+    /// A summary from a parent or child changed what this site relays: push (debounced).
+    relay_due: bool,
     last_status_ns: i64,
     last_view: Option<std::sync::Arc<[std::sync::Arc<Resource>]>>,
     terminal: VecDeque<String>,
@@ -507,6 +509,7 @@ impl SiteState {
             pushed: None,
             last_push_ns: i64::MIN / 2,
             push_due: None,
+            relay_due: false,
             last_status_ns: i64::MIN / 2,
             last_view: None,
             terminal: VecDeque::new(),
@@ -672,6 +675,7 @@ impl SiteState {
     /// one that contains this site is refused (split horizon: no echo).
     pub fn peer_summary(&mut self, site: &str, s: Summary, now: i64) -> Result<bool, Error> {
         let me = self.p.site.clone();
+        let mut self_relay = false;
         let Some(p) = self.peers.get_mut(site) else {
             return Err(Error::invalid_argument(format!("{site} is not a linked site")));
         };
@@ -695,10 +699,22 @@ impl SiteState {
             None => true,
             Some((e, q)) => e == s.epoch && s.seq <= q,
         });
+        // A parent's or child's summary is relayed (merged into what this site sends on): when
+        // its content changed, push at once (debounced) rather than at the next periodic
+        // refresh, so a change travels a hierarchy in network time, not a period per level.
+        // An unchanged content is not relayed again (no ping-pong between two relays).
+        let relayed = p.link.role != Role::Peer;
+        let changed = p.summary.as_ref().is_none_or(|old| {
+            old.contributing != s.contributing || significant_change(old, &s)
+        });
+        if relayed && changed {
+            self_relay = true;
+        }
         p.summary = Some(s);
         p.received_ns = now;
         p.rebuild_debited();
         self.dirty = true;
+        self.relay_due |= self_relay;
         self.heard(site, now);
         Ok(true)
     }
@@ -1848,7 +1864,7 @@ impl SiteState {
         let interval = (self.p.summary_interval_ms as i64) * 1_000_000;
         let periodic = now - self.last_push_ns >= interval;
         let due = self.push_due.is_some_and(|d| d <= now);
-        if !(self.dirty || view_changed || periodic || due) {
+        if !(self.dirty || view_changed || periodic || due || self.relay_due) {
             return;
         }
         let snapshot = Snapshot::new(snap_ns, eff.to_vec());
@@ -1901,7 +1917,7 @@ impl SiteState {
         let significant = match &self.pushed {
             None => true,
             Some(old) => significant_change(old, &own),
-        };
+        } || std::mem::take(&mut self.relay_due);
         let debounce = (self.p.push_debounce_ms as i64) * 1_000_000;
         let push = periodic || due || (significant && now - self.last_push_ns >= debounce);
         if !push {
@@ -1930,31 +1946,42 @@ impl SiteState {
     pub fn summary_for(&self, peer: &str, now: i64) -> Option<Summary> {
         let own = self.own.as_ref()?;
         let link = &self.peers.get(peer)?.link;
-        let parts: Vec<&Summary> = match link.role {
+        let parts: Vec<(&Summary, i64)> = match link.role {
             Role::Peer => Vec::new(),
             Role::Parent => self.fresh_of(|r| r == Role::Child, now),
             Role::Child => self.fresh_of(|r| r != Role::Peer, now),
         }
         .into_iter()
-        .filter(|s| s.site != peer && !s.contributing.contains(peer))
+        .filter(|(s, _)| s.site != peer && !s.contributing.contains(peer))
         .collect();
+        // The age sent is this hop's: since this site built its own part, and since it received
+        // each relayed part (each of which it holds only while fresh, and each hop drops what it
+        // stops hearing). Carrying every part's age from its origin instead made a summary two
+        // relays away look older than valid_for_ms while its source was alive and refreshing.
+        let own_age = (now - own.generated_at_ns).max(0);
+        let age_ns = parts
+            .iter()
+            .map(|(_, received_ns)| (now - received_ns).max(0))
+            .fold(own_age, i64::max);
         let mut out = if parts.is_empty() {
             own.clone()
         } else {
-            merge(own, &merge_all(parts)).stamp(&self.p.site, own.epoch, own.seq)
+            let merged = merge_all(parts.iter().map(|(s, _)| *s));
+            merge(own, &merged).stamp(&self.p.site, own.epoch, own.seq)
         };
-        out.age_at_send_ms = ((now - out.generated_at_ns).max(0) / 1_000_000) as u64;
+        out.age_at_send_ms = (age_ns / 1_000_000) as u64;
         Some(out)
     }
 
-    fn fresh_of(&self, role: impl Fn(Role) -> bool, now: i64) -> Vec<&Summary> {
+    /// The summaries of live links with `role` still fresh, each with when it was received.
+    fn fresh_of(&self, role: impl Fn(Role) -> bool, now: i64) -> Vec<(&Summary, i64)> {
         self.peers
             .values()
             .filter(|p| role(p.link.role) && p.live)
             .filter_map(|p| {
                 let s = p.summary.as_ref()?;
                 let age = ((now - p.received_ns).max(0) / 1_000_000) as u64 + s.age_at_send_ms;
-                (age <= u64::from(s.valid_for_ms)).then_some(s)
+                (age <= u64::from(s.valid_for_ms)).then_some((s, p.received_ns))
             })
             .collect()
     }
