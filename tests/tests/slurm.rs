@@ -27,6 +27,8 @@ struct Fabric {
     _tmp: tempfile::TempDir,
     _dir: Proc,
     adapter: Proc,
+    /// The adapter's config (a restart with it is the same adapter: same source).
+    adapter_cfg: std::path::PathBuf,
     broker: Proc,
     directory: String,
 }
@@ -36,6 +38,7 @@ fn fabric(cluster: &Cluster) -> Fabric {
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let cfg = cluster.adapter_config("software = [\"sh\"]\n");
     let adapter = Proc::role("slurm", &dir.addr, &cfg);
+    let adapter_cfg = cfg.clone();
     let bcfg = tmp.path().join("broker.toml");
     std::fs::write(
         &bcfg,
@@ -57,6 +60,7 @@ fn fabric(cluster: &Cluster) -> Fabric {
         _tmp: tmp,
         _dir: dir,
         adapter,
+        adapter_cfg,
         broker,
         directory,
     }
@@ -731,4 +735,150 @@ fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting
         batch_figures(&prod.addr, part, "batchhost"),
         broker.stderr_text()
     );
+}
+
+/// Starts `gma simres` with `config_text`, registered in `directory`.
+fn simres(dir: &Path, name: &str, directory: &str, config_text: &str) -> Proc {
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(&cfg, config_text).unwrap();
+    Proc::start(
+        &[
+            "simres",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            directory,
+        ],
+        "gma simres listening on",
+    )
+}
+
+/// The reservations `gma simres list` shows at `manager`, but simres's own background blocks.
+fn simres_held(manager: &str) -> Vec<serde_json::Value> {
+    let r = gma(
+        &["simres", "list", "--manager", manager, "--output", "json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    serde_json::from_str::<serde_json::Value>(&r.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["owner"] != "background")
+        .cloned()
+        .collect()
+}
+
+/// `gma broker coallocate` of `jobs` (a coallocation file) at `broker`.
+fn coallocate(jobs: &str, broker: &str) -> Run {
+    gma(
+        &[
+            "broker",
+            "coallocate",
+            "--jobs",
+            jobs,
+            "--broker",
+            broker,
+            "--output",
+            "json",
+        ],
+        Duration::from_secs(120),
+    )
+}
+
+/// Coallocation across two resource managers, the Slurm adapter and a `gma simres`: a
+/// 2-CPU job only Slurm's node can hold and a 1-CPU job that must start within a minute of
+/// it (so not on the same 2-CPU node). When simres refuses (its only resource is busy for the
+/// whole window) the coallocation fails and neither manager holds anything; with a free
+/// simres resource it succeeds, one reservation on each. Then the adapter is killed (-9)
+/// while it holds its reservation: Slurm still has it, and the restarted adapter (same
+/// config, same source) deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coallocation_across_slurm_and_simres_leaks_nothing_on_refusal_or_a_killed_adapter() {
+    let Some(cluster) =
+        cluster_or_skip("coallocation_across_slurm_and_simres_leaks_nothing_on_refusal_or_a_killed_adapter")
+    else {
+        return;
+    };
+    let mut f = fabric(&cluster);
+    let tmp = tempdir();
+    let managers = |n: usize| {
+        wait_until(Duration::from_secs(30), || {
+            search_ids(&f.directory, "reservation.state").is_some_and(|v| v.len() == n)
+        })
+    };
+    let jobs = run_file(
+        tmp.path(),
+        "jobs",
+        "window_s = 600\nepsilon_s = 60\n\
+         [[job]]\nname = \"wide\"\ncpus = 2\nreference_time_s = 120\n\
+         [[job]]\nname = \"narrow\"\ncpus = 1\nreference_time_s = 120\n",
+    );
+
+    // simres refuses: its one resource is busy for two hours.
+    let busy = simres(
+        tmp.path(),
+        "busy",
+        &f.directory,
+        "[[resource]]\nname = \"simB\"\ncpus = 1\n[[resource.background]]\nstart_in_s = 0\nduration_s = 7200\n",
+    );
+    assert!(managers(2), "simres never registered: {}", busy.stderr_text());
+    let r = coallocate(&jobs, &f.broker.addr);
+    assert_eq!(r.code, 2, "{}\n{}", r.stdout, r.stderr);
+    let out: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(out["success"], false, "{out}");
+    no_reservation_left(&cluster);
+    let left = simres_held(&busy.addr);
+    assert!(left.is_empty(), "{left:#?}");
+    assert!(simres_held(&f.adapter.addr).is_empty());
+
+    // A free simres resource: one reservation on each manager, starts within epsilon.
+    let free = simres(
+        tmp.path(),
+        "free",
+        &f.directory,
+        "[[resource]]\nname = \"simA\"\ncpus = 1\n",
+    );
+    assert!(managers(3), "simres never registered: {}", free.stderr_text());
+    let r = coallocate(&jobs, &f.broker.addr);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let out: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(out["success"], true, "{out}");
+    let res = out["reservations"].as_array().unwrap();
+    let mut used: Vec<&str> = res.iter().map(|x| x["resource"].as_str().unwrap()).collect();
+    used.sort();
+    let mut want = vec![cluster.node.as_str(), "simA"];
+    want.sort();
+    assert_eq!(used, want, "{out}");
+    let starts: Vec<i64> = res.iter().map(|x| x["start_s"].as_i64().unwrap()).collect();
+    assert!(
+        starts.iter().max().unwrap() - starts.iter().min().unwrap() <= 60,
+        "{starts:?}"
+    );
+    assert_eq!(simres_held(&free.addr).len(), 1);
+    assert!(simres_held(&busy.addr).is_empty());
+    let slurm_id = res
+        .iter()
+        .find(|x| x["resource"] == cluster.node.as_str())
+        .and_then(|x| x["id"].as_str())
+        .unwrap()
+        .to_string();
+    let held = cluster.reservations().unwrap();
+    assert!(
+        held.len() == 1 && held[0].starts_with(&format!("ReservationName={slurm_id} ")),
+        "{held:#?}"
+    );
+
+    // kill -9: the adapter cannot clean up; Slurm keeps the reservation.
+    f.adapter.kill();
+    let held = cluster.reservations().unwrap();
+    assert_eq!(held.len(), 1, "{held:#?}");
+    // The restarted adapter (same source) deletes what its earlier run left.
+    f.adapter = Proc::role("slurm", &f.directory, &f.adapter_cfg);
+    no_reservation_left(&cluster);
+    assert!(simres_held(&f.adapter.addr).is_empty());
+    drop(f);
 }

@@ -367,26 +367,18 @@ impl SlurmManager {
         Ok(Ok(earliest.max(now)))
     }
 
-    /// Creates (`id` None) or moves (`id` Some) a reservation at the earliest start in the
-    /// window, trying after each thing in the way; the three-way answer.
+    /// Creates reservation `name` at the earliest start in the window, trying after each thing
+    /// in the way; the three-way answer.
     async fn place(
         &self,
-        id: Option<&str>,
+        name: &str,
         node: &str,
         cpus: u32,
         duration_s: i64,
         mut start: i64,
         latest: i64,
     ) -> Result<Result<(String, SlurmReservation), Answer>, Error> {
-        let name = match id {
-            Some(i) => i.to_string(),
-            None => format!("{}{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed)),
-        };
-        let what = if id.is_some() {
-            "move the reservation"
-        } else {
-            "create the reservation"
-        };
+        let what = "create the reservation";
         for _ in 0..MAX_ATTEMPTS {
             let now = now_s();
             let start_arg = if start <= now {
@@ -396,18 +388,12 @@ impl SlurmManager {
             };
             let end = start.max(now) + duration_s;
             let mut args = vec![
-                if id.is_some() { "update" } else { "create" }.to_string(),
-                if id.is_some() {
-                    format!("ReservationName={name}")
-                } else {
-                    "reservation".into()
-                },
+                "create".to_string(),
+                "reservation".into(),
+                format!("ReservationName={name}"),
+                format!("Nodes={node}"),
+                format!("Users={}", self.user),
             ];
-            if id.is_none() {
-                args.push(format!("ReservationName={name}"));
-                args.push(format!("Nodes={node}"));
-                args.push(format!("Users={}", self.user));
-            }
             args.push(format!("StartTime={start_arg}"));
             args.push(format!("EndTime={}", format_time(end)));
             args.push(format!("CoreCnt={cpus}"));
@@ -420,7 +406,7 @@ impl SlurmManager {
                         .into_iter()
                         .find(|r| r.name == name);
                     return match got {
-                        Some(r) => Ok(Ok((name, r))),
+                        Some(r) => Ok(Ok((name.to_string(), r))),
                         None => Err(Error::unavailable(format!(
                             "slurm accepted reservation {name} but does not list it"
                         ))),
@@ -434,7 +420,7 @@ impl SlurmManager {
                         return Err(cmd_error(what, &e));
                     }
                     let next = self
-                        .next_start(node, start.max(now), duration_s, &name)
+                        .next_start(node, start.max(now), duration_s, name)
                         .await
                         .map_err(|e| cmd_error("list what is in the way", &e))?;
                     match next {
@@ -489,9 +475,10 @@ impl SlurmManager {
         };
         self.publish_res(&requested, "requested");
         let _op = self.ops.lock().await;
+        let name = format!("{}{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed));
         let placed = self
             .place(
-                None,
+                &name,
                 &req.resource,
                 req.cpus,
                 req.duration_s,
@@ -566,18 +553,24 @@ impl SlurmManager {
             Err(a) => return Ok(answer_to_proto(&a, false)),
         };
         let _op = self.ops.lock().await;
+        // Slurm refuses to update a core-based reservation ("Core-based reservation can not be
+        // updated", 22.05), so a move deletes the reservation and creates it again under the
+        // same name; a refused move puts the original back where it was if it still can.
+        self.delete(&req.id)
+            .await
+            .map_err(|e| cmd_error("move the reservation (delete it first)", &e))?;
         let placed = self
             .place(
-                Some(&req.id),
+                &req.id,
                 &held.resource,
                 req.cpus,
                 req.duration_s,
                 start,
                 req.latest_start_s,
             )
-            .await?;
-        let answer = match placed {
-            Ok((_, r)) => {
+            .await;
+        let refused = match placed {
+            Ok(Ok((_, r))) => {
                 let res = Reservation {
                     cpus: req.cpus,
                     start_s: r.start_s,
@@ -588,12 +581,23 @@ impl SlurmManager {
                     h.res = res.clone();
                 }
                 self.publish_res(&res, "modified");
-                Answer::Granted(res)
+                return Ok(answer_to_proto(&Answer::Granted(res), false));
             }
-            Err(a) => a,
+            Ok(Err(a)) => Ok(a),
+            Err(e) => Err(e),
         };
-        // Slurm's update is atomic: a refused move leaves the original as it was.
-        Ok(answer_to_proto(&answer, false))
+        let back = held.start_s.max(now_s());
+        let restored = held.end_s > back
+            && matches!(
+                self.place(&req.id, &held.resource, held.cpus, held.end_s - back, back, back)
+                    .await,
+                Ok(Ok(_))
+            );
+        if !restored {
+            self.state.lock().held.remove(&req.id);
+            self.publish_res(&held, "released");
+        }
+        refused.map(|a| answer_to_proto(&a, !restored))
     }
 
     /// Releases a reservation (its job, if any, is cancelled first).
@@ -819,6 +823,9 @@ impl SlurmManager {
         self.forget_old();
         let any_held = !self.state.lock().held.is_empty();
         if any_held {
+            // Under the operations lock: a move deletes and re-creates a reservation, and the
+            // gap between must not read as a release.
+            let _op = self.ops.lock().await;
             match self.reservations().await {
                 Ok(list) => self.follow_reservations(&list),
                 Err(e) => tracing::warn!(error = %e, "cannot read reservations"),
