@@ -120,12 +120,16 @@ async fn attach(
 pub async fn watch(sh: Arc<Shared>, own_dir: String, own_endpoint: String) {
     let cfg = sh.config().clone();
     let mut plan = Plan::new(cfg.superior.clone(), Duration::from_millis(cfg.reattach_after_ms));
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.heartbeat_ms.min(cfg.reattach_after_ms).max(10)));
+    let mut tick = tokio::time::interval(Duration::from_millis(
+        cfg.heartbeat_ms.min(cfg.reattach_after_ms).max(10),
+    ));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let parents = sh.with(|s, _| s.parents());
-        let Some(to) = plan.decide(&parents, sh.now()) else { continue };
+        let Some(to) = plan.decide(&parents, sh.now()) else {
+            continue;
+        };
         let silent: Vec<String> = parents.into_iter().map(|(p, _)| p).collect();
         match attach(sh.site(), &own_dir, &own_endpoint, &to, &silent).await {
             Ok(()) => {

@@ -1316,7 +1316,11 @@ pub async fn run(
         }
     }
     if let (Some(dir), false) = (cfg.directory.clone(), cfg.superior.is_empty()) {
-        tasks.push(tokio::spawn(crate::reattach::watch(shared.clone(), dir, grid_addr)));
+        tasks.push(tokio::spawn(crate::reattach::watch(
+            shared.clone(),
+            dir,
+            grid_addr,
+        )));
     }
     {
         let sh = shared.clone();
