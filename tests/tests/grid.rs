@@ -458,18 +458,7 @@ fn peers(s: &Site) -> BTreeMap<String, bool> {
 
 /// `gma job list --output json` of a site, by job id.
 fn jobs(s: &Site) -> BTreeMap<String, Value> {
-    let r = gma(
-        &["job", "list", "--federation", &s.fed.addr, "--output", "json"],
-        T,
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    serde_json::from_str::<Value>(&r.stdout)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| (j["id"].as_str().unwrap().to_string(), j.clone()))
-        .collect()
+    federation_jobs(&s.fed.addr)
 }
 
 /// What the stream of jobs and queries saw.
