@@ -15,6 +15,7 @@
 //! foreign_cpus = 64              # CPUs offered to other sites (default: all)
 //! accepts_foreign = true
 //! status_interval_ms = 2000      # federation.status events
+//! reattach_after_ms = 5000       # re-attach when every parent was silent this long
 //! [rank]                         # as the broker's
 //! [route]                        # hysteresis, min_gain_s, local_start_ok_s, forward_overhead_s,
 //!                                # stale_penalty, in_flight_fraction
@@ -22,6 +23,10 @@
 //! site = "siteB"
 //! endpoint = "127.0.0.1:7701"
 //! role = "peer"                  # peer | parent | child
+//! [[superior]]                   # the chain of superiors beyond the parent (grandparent first)
+//! site = "siteR"
+//! endpoint = "127.0.0.1:7710"    # its federation endpoint
+//! directory = "127.0.0.1:7010"   # its directory (where this site registers as its child)
 //! ```
 
 use gma_core::Refuse;
@@ -61,6 +66,10 @@ pub struct FederationConfig {
     pub route: RoutePolicy,
     pub resources: Vec<Annotation>,
     pub peer: Vec<Link>,
+    /// Where to re-attach when every parent link is silent (`crate::reattach`), in order.
+    pub superior: Vec<crate::reattach::Superior>,
+    /// How long every parent must be silent before the next superior is tried, ms.
+    pub reattach_after_ms: u64,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -93,6 +102,8 @@ impl Default for FederationConfig {
             route: RoutePolicy::default(),
             resources: Vec::new(),
             peer: Vec::new(),
+            superior: Vec::new(),
+            reattach_after_ms: crate::reattach::DEFAULT_AFTER_MS,
             endpoint: Default::default(),
         }
     }
@@ -133,6 +144,7 @@ impl FederationConfig {
             ("status_interval_ms", self.status_interval_ms, 10),
             ("tick_ms", self.tick_ms, 1),
             ("lease_ttl_ms", self.lease_ttl_ms, 500),
+            ("reattach_after_ms", self.reattach_after_ms, 10),
         ] {
             if v < lo || v > 86_400_000 {
                 return Err(Error::invalid_argument(format!(
@@ -174,6 +186,24 @@ impl FederationConfig {
             if p.hops > 16 {
                 return Err(Error::invalid_argument(format!("peer[{i}].hops: at most 16")));
             }
+        }
+        for (i, s) in self.superior.iter().enumerate() {
+            validate_site(&s.site).map_err(|e| Error::invalid_argument(format!("superior[{i}]: {e}")))?;
+            if s.site == self.site {
+                return Err(Error::invalid_argument(format!(
+                    "superior[{i}]: a site is not its own superior"
+                )));
+            }
+            if s.endpoint.is_empty() || s.directory.is_empty() {
+                return Err(Error::invalid_argument(format!(
+                    "superior[{i}]: give endpoint = \"HOST:PORT\" and directory = \"HOST:PORT\""
+                )));
+            }
+        }
+        if !self.superior.is_empty() && self.directory.is_none() {
+            return Err(Error::invalid_argument(
+                "superior: re-attachment edits the site's links in its directory: give directory = \"HOST:PORT\"",
+            ));
         }
         Ok(())
     }
@@ -231,6 +261,15 @@ mod tests {
             "unknown variant `boss`",
         );
         bad("site = \"a\"\n[route]\nhysteresis = -1\n", "route.hysteresis");
+        bad(
+            "site = \"a\"\n[[superior]]\nsite = \"r\"\nendpoint = \"x:1\"\ndirectory = \"x:2\"\n",
+            "give directory",
+        );
+        bad(
+            "site = \"a\"\ndirectory = \"x:3\"\n[[superior]]\nsite = \"r\"\nendpoint = \"x:1\"\n",
+            "missing field `directory`",
+        );
+        bad("site = \"a\"\nreattach_after_ms = 0\n", "reattach_after_ms");
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod config;
 pub mod error;
 pub mod grid;
 pub mod links;
+pub mod reattach;
 pub mod route;
 pub mod service;
 pub mod sim;

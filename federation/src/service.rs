@@ -240,6 +240,10 @@ impl Shared {
         self.clock.now()
     }
 
+    pub fn config(&self) -> &FederationConfig {
+        &self.cfg
+    }
+
     /// Runs `f` on the manager under its lock, then executes the effects it produced.
     pub fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut SiteState, i64) -> R) -> R {
         let now = self.now();
@@ -1249,6 +1253,8 @@ pub async fn run(
     let mut links: Vec<Link> = cfg.peer.clone();
     let state = match saved {
         Some(saved) => {
+            // A configured link removed at runtime stays removed.
+            links.retain(|l| !saved.removed.contains(&l.site));
             for l in &saved.links {
                 if !links.iter().any(|x| x.site == l.site) {
                     links.push(l.clone());
@@ -1281,7 +1287,7 @@ pub async fn run(
         gate: producer.gate.clone(),
         mtls,
         stopping: std::sync::atomic::AtomicBool::new(false),
-        grid: crate::grid::Grid::new(grid_addr, epoch),
+        grid: crate::grid::Grid::new(grid_addr.clone(), epoch),
         cfg: cfg.clone(),
     });
     shared.with(|s, now| s.set_links(links.clone(), now));
@@ -1308,6 +1314,13 @@ pub async fn run(
         None => {
             let _ = links_tx.send(links.clone());
         }
+    }
+    if let (Some(dir), false) = (cfg.directory.clone(), cfg.superior.is_empty()) {
+        tasks.push(tokio::spawn(crate::reattach::watch(
+            shared.clone(),
+            dir,
+            grid_addr,
+        )));
     }
     {
         let sh = shared.clone();

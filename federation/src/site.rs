@@ -458,6 +458,10 @@ pub struct Saved {
     pub site: String,
     pub jobs: Vec<JobRec>,
     pub links: Vec<Link>,
+    /// Sites whose links were removed at runtime (`gma federation remove`, a re-attachment):
+    /// a configured `[[peer]]` of these is not linked again on restart.
+    #[serde(default)]
+    pub removed: Vec<String>,
 }
 
 /// The job manager of one site.
@@ -469,6 +473,8 @@ pub struct SiteState {
     queue: Vec<String>,
     hosts: HashMap<String, HostUse>,
     peers: BTreeMap<String, Peer>,
+    /// See [`Saved::removed`].
+    removed: std::collections::BTreeSet<String>,
     logs: HashMap<String, VecDeque<pb::JobEvent>>,
     event_seq: u64,
     summary_seq: u64,
@@ -502,6 +508,7 @@ impl SiteState {
             queue: Vec::new(),
             hosts: HashMap::new(),
             peers: BTreeMap::new(),
+            removed: std::collections::BTreeSet::new(),
             logs: HashMap::new(),
             event_seq: 0,
             summary_seq: 0,
@@ -525,6 +532,7 @@ impl SiteState {
     pub fn restore(p: Params, epoch: u64, saved: Saved, now: i64) -> SiteState {
         let mut s = SiteState::new(p, epoch);
         s.set_links(saved.links, now);
+        s.removed = saved.removed.into_iter().collect();
         for p in s.peers.values_mut() {
             p.last_heard_ns = now;
         }
@@ -585,6 +593,7 @@ impl SiteState {
             site: self.p.site.clone(),
             jobs,
             links: self.peers.values().map(|p| p.link.clone()).collect(),
+            removed: self.removed.iter().cloned().collect(),
         }
     }
 
@@ -607,8 +616,16 @@ impl SiteState {
     /// The links now configured; peers no longer listed are forgotten (their jobs stay).
     pub fn set_links(&mut self, links: Vec<Link>, _now: i64) {
         let keep: std::collections::BTreeSet<String> = links.iter().map(|l| l.site.clone()).collect();
-        self.peers.retain(|k, _| keep.contains(k));
+        let removed = &mut self.removed;
+        self.peers.retain(|k, _| {
+            let stays = keep.contains(k);
+            if !stays {
+                removed.insert(k.clone());
+            }
+            stays
+        });
         for l in links {
+            self.removed.remove(&l.site);
             if l.site == self.p.site {
                 continue;
             }
@@ -621,6 +638,20 @@ impl SiteState {
         }
         self.dirty = true;
         self.mark_persist();
+    }
+
+    /// Sites whose links were removed at runtime (see [`Saved::removed`]).
+    pub fn removed(&self) -> impl Iterator<Item = &String> {
+        self.removed.iter()
+    }
+
+    /// The superiors (parent links): site and whether its session is live.
+    pub fn parents(&self) -> Vec<(String, bool)> {
+        self.peers
+            .values()
+            .filter(|p| p.link.role == Role::Parent)
+            .map(|p| (p.link.site.clone(), p.live))
+            .collect()
     }
 
     pub fn links(&self) -> Vec<Link> {
@@ -704,9 +735,10 @@ impl SiteState {
         // refresh, so a change travels a hierarchy in network time, not a period per level.
         // An unchanged content is not relayed again (no ping-pong between two relays).
         let relayed = p.link.role != Role::Peer;
-        let changed = p.summary.as_ref().is_none_or(|old| {
-            old.contributing != s.contributing || significant_change(old, &s)
-        });
+        let changed = p
+            .summary
+            .as_ref()
+            .is_none_or(|old| old.contributing != s.contributing || significant_change(old, &s));
         if relayed && changed {
             self_relay = true;
         }

@@ -62,6 +62,7 @@ mod tests {
             site: "a".into(),
             jobs: vec![],
             links: vec![],
+            removed: vec![],
         })
         .unwrap();
         assert_eq!(s.load("a").unwrap().unwrap().site, "a");

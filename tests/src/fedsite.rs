@@ -18,6 +18,12 @@ pub struct Site {
 }
 
 pub fn start_site(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)]) -> Site {
+    start_site_with(tmp, name, hosts, "")
+}
+
+/// [`start_site`] with `extra` appended to the endpoint's config (it keeps its state in
+/// `<tmp>/<name>/fed-data`).
+pub fn start_site_with(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)], extra: &str) -> Site {
     let d = tmp.join(name);
     std::fs::create_dir_all(&d).unwrap();
     let dir = Proc::directory(&d.join("dir"), "127.0.0.1:0");
@@ -36,8 +42,9 @@ pub fn start_site(tmp: &Path, name: &str, hosts: &[(&str, &str, u32)]) -> Site {
         format!(
             "site = \"{name}\"\ntime_scale = {}\nheartbeat_ms = 200\nsummary_interval_ms = 500\n\
              push_debounce_ms = 20\nvalid_for_ms = 3000\nstatus_interval_ms = 500\ntick_ms = 50\n\
-             lease_ttl_ms = 2000\n",
-            1.0 / 600.0
+             lease_ttl_ms = 2000\ndata = \"{}\"\n{extra}",
+            1.0 / 600.0,
+            d.join("fed-data").display()
         ),
     )
     .unwrap();

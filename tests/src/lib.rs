@@ -369,6 +369,22 @@ pub fn federation_status(fed: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(&r.stdout).map_err(|e| format!("{e}: {}", r.stdout))
 }
 
+/// `gma job list --output json` of the federation endpoint at `fed`, by job id. Panics with
+/// the command's stderr when it fails.
+pub fn federation_jobs(fed: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let r = gma(
+        &["job", "list", "--federation", fed, "--output", "json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("gma job list prints JSON");
+    v.as_array()
+        .expect("gma job list prints an array")
+        .iter()
+        .map(|j| (j["id"].as_str().unwrap_or_default().to_string(), j.clone()))
+        .collect()
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("gma-test-").tempdir().unwrap()
 }

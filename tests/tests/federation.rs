@@ -155,18 +155,7 @@ fn submit(s: &Site, job: &str, count: u32, to: Option<&str>) -> Vec<String> {
 
 /// The jobs a site knows, by id.
 fn jobs(s: &Site) -> BTreeMap<String, Value> {
-    let r = gma(
-        &["job", "list", "--federation", &s.fed.addr, "--output", "json"],
-        T,
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    serde_json::from_str::<Value>(&r.stdout)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| (j["id"].as_str().unwrap().to_string(), j.clone()))
-        .collect()
+    federation_jobs(&s.fed.addr)
 }
 
 fn all_finished(origin: &Site, ids: &[String]) -> bool {

@@ -24,11 +24,11 @@
 
 use gma_tests as common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use common::fedsite::{link, start_site, wait_live, Site};
+use common::fedsite::{add, link, start_site, start_site_with, wait_live, Site};
 use common::*;
 use serde_json::{json, Value};
 
@@ -426,4 +426,303 @@ fn a_tree_of_seven_endpoints_answers_by_levels_and_reserves_through_the_owner() 
     );
     assert_eq!(q["duplicates"], 1, "{q:#}");
     assert!(strings(&q, "unreached").is_empty(), "{q:#}");
+}
+
+/// The sites a site has links with (`"live"` or not), by name.
+fn peers(s: &Site) -> BTreeMap<String, bool> {
+    federation_status(&s.fed.addr)
+        .map(|v| {
+            v["peers"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| {
+                            (
+                                p["site"].as_str().unwrap_or_default().to_string(),
+                                p["live"] == true,
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
+/// `gma job list --output json` of a site, by job id.
+fn jobs(s: &Site) -> BTreeMap<String, Value> {
+    federation_jobs(&s.fed.addr)
+}
+
+/// What the stream of jobs and queries saw.
+#[derive(Default)]
+struct Stream {
+    /// Acknowledged job ids (the submit command printed them), with their origin.
+    jobs: Vec<(String, String)>,
+    /// Queries from the root: (exit code, stderr).
+    queries: Vec<(i32, String)>,
+}
+
+/// The middle manager A of the tree is killed (SIGKILL) while jobs are submitted at its
+/// children A1 and A2 and the root answers queries without pause. A1 and A2 configure the chain
+/// `[[superior]] R` (their grandparent) with `reattach_after_ms = 1000`: they must attach to R
+/// on their own, R must accept them, queries from R must keep answering (and find A1's and A2's
+/// hosts again), and every acknowledged job id must end exactly once: finished after exactly one
+/// start, or — the only other outcome allowed — started at A before A was killed (A's own, it
+/// died with it), then started nowhere else. Then A1 restarts: its links (R, not A, although
+/// A is its configured parent) survive in its state file.
+#[test]
+fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing_a_job() {
+    let tmp = tempdir();
+    let t = tmp.path();
+    // One hop per job: a job forwarded to A runs at A or goes back to its origin.
+    let common = "max_hops = 1\norigin_lease_ms = 1000\n";
+    let r = start_site_with(t, "R", &[("r-x", "x86_64", 4)], common);
+    let a = start_site_with(t, "A", &[("a-x", "x86_64", 4)], common);
+    let b = start_site_with(t, "B", &[("b-x", "x86_64", 4)], common);
+    // Each leaf also has an aarch64 host the (x86_64) jobs never use: what the queries find.
+    let child = |name: &str, host: &str, arm: &str| {
+        let extra = format!(
+            "{common}reattach_after_ms = 1000\n\
+             [[peer]]\nsite = \"A\"\nendpoint = \"{}\"\nrole = \"parent\"\n\
+             [[superior]]\nsite = \"R\"\nendpoint = \"{}\"\ndirectory = \"{}\"\n",
+            a.fed.addr, r.fed.addr, r.dir.addr
+        );
+        start_site_with(t, name, &[(host, "x86_64", 4), (arm, "aarch64", 4)], &extra)
+    };
+    let mut a1 = child("A1", "a1-x", "a1-arm");
+    let a2 = child("A2", "a2-x", "a2-arm");
+    let b1 = start_site_with(t, "B1", &[("b1-x", "x86_64", 4)], common);
+    let b2 = start_site_with(t, "B2", &[("b2-x", "x86_64", 4)], common);
+    link(&r, &a);
+    link(&r, &b);
+    add(&a, &a1, "child");
+    add(&a, &a2, "child");
+    link(&b, &b1);
+    link(&b, &b2);
+    wait_live(&r, &["A", "B"]);
+    wait_live(&a, &["R", "A1", "A2"]);
+    wait_live(&b, &["R", "B1", "B2"]);
+    wait_live(&a1, &["A"]);
+    wait_live(&a2, &["A"]);
+    let arm = write_req(t, "arm", 2, "aarch64");
+    let leaves = ["a1-arm", "a2-arm"];
+    assert!(
+        wait_until(T, || hosts(&query(&r, &arm, None))
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            == set(&leaves)),
+        "R never found the leaves' aarch64 hosts: {:#}",
+        query(&r, &arm, None)
+    );
+    let subs: Vec<(String, Proc)> = [&r, &a, &b, &a1, &a2, &b1, &b2]
+        .iter()
+        .map(|s| {
+            let p = Proc::start(
+                &[
+                    "subscribe",
+                    "job.state",
+                    "--producer",
+                    &s.fed.addr,
+                    "--output",
+                    "json",
+                ],
+                "",
+            );
+            (s.name.clone(), p)
+        })
+        .collect();
+    // 2 CPUs for 1 s each (time_scale 1/600): A1's and A2's hosts fill, jobs go to A.
+    let job = t.join("job.toml");
+    std::fs::write(
+        &job,
+        "name = \"j\"\ncpus = 2\narch = \"x86_64\"\nmemory_mb = 1024\nreference_time_s = 600\n",
+    )
+    .unwrap();
+    let job = job.to_str().unwrap().to_string();
+
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Stream::default()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stream = {
+        let (seen, stop, job, arm) = (seen.clone(), stop.clone(), job.clone(), arm.clone());
+        let origins = [("A1", a1.fed.addr.clone()), ("A2", a2.fed.addr.clone())];
+        let root = r.fed.addr.clone();
+        std::thread::spawn(move || {
+            let mut i = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (origin, addr) = &origins[i % 2];
+                i += 1;
+                let s = gma(&["job", "submit", "--job", &job, "--federation", addr], T);
+                if s.code == 0 {
+                    let mut g = seen.lock().unwrap();
+                    for id in s.stdout.lines().filter(|l| !l.trim().is_empty()) {
+                        g.jobs.push((id.trim().to_string(), origin.to_string()));
+                    }
+                }
+                let q = gma(
+                    &[
+                        "grid",
+                        "query",
+                        "--requirements",
+                        &arm,
+                        "--federation",
+                        &root,
+                        "--output",
+                        "json",
+                    ],
+                    T,
+                );
+                seen.lock().unwrap().queries.push((q.code, q.stderr));
+            }
+        })
+    };
+    let count = |origin: &str| {
+        seen.lock()
+            .unwrap()
+            .jobs
+            .iter()
+            .filter(|(_, o)| o == origin)
+            .count()
+    };
+    assert!(
+        wait_until(T, || count("A1") >= 6 && count("A2") >= 6),
+        "the stream acknowledged too few jobs: {} at A1, {} at A2",
+        count("A1"),
+        count("A2")
+    );
+    // Jobs have been forwarded to A (the leaves have 4 CPUs each, every job 2 for 1 s).
+    assert!(
+        wait_until(T, || jobs(&a).values().any(|j| j["origin"] != "A")),
+        "no job ever reached A: {:?}",
+        jobs(&a1)
+    );
+    let mut a = a;
+    a.fed.kill();
+    let jobs_at_kill = seen.lock().unwrap().jobs.len();
+
+    // A1 and A2 attach to R on their own; R accepts them; A is gone from their links.
+    for s in [&a1, &a2] {
+        assert!(
+            wait_until(T, || {
+                let p = peers(s);
+                p.get("R") == Some(&true) && !p.contains_key("A")
+            }),
+            "{} never re-attached to R: {:?}\n{}",
+            s.name,
+            peers(s),
+            s.fed.stderr_text()
+        );
+    }
+    wait_live(&r, &["A1", "A2", "B"]);
+    // Queries from the root find A1's and A2's hosts again, each once, through the new links.
+    assert!(
+        wait_until(T, || {
+            let q = query(&r, &arm, None);
+            hosts(&q).len() == 2 && hosts(&q).into_iter().collect::<BTreeSet<_>>() == set(&leaves)
+        }),
+        "R never found A1's and A2's hosts again: {:#}",
+        query(&r, &arm, None)
+    );
+    // The stream goes on after the move.
+    assert!(
+        wait_until(T, || seen.lock().unwrap().jobs.len() >= jobs_at_kill + 6),
+        "no jobs were acknowledged after the move"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stream.join().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    // Queries kept answering throughout (the outage shows as an unreached A, not an error).
+    let failed: Vec<&(i32, String)> = seen.queries.iter().filter(|(c, _)| *c != 0).collect();
+    assert!(failed.is_empty(), "queries failed: {failed:?}");
+    assert!(seen.queries.len() >= 2);
+
+    // Every acknowledged job: finished at its origin, or granted to start at A (then A's).
+    let origin_of = |o: &str| if o == "A1" { &a1 } else { &a2 };
+    let at_a = |j: &Value| j["site"] == "A" && j["granted"] == true && j["state"] != "finished";
+    let settled = || {
+        let (l1, l2) = (jobs(&a1), jobs(&a2));
+        seen.jobs
+            .iter()
+            .filter(|(id, o)| {
+                let j = if o == "A1" { l1.get(id) } else { l2.get(id) };
+                !j.is_some_and(|j| j["state"] == "finished" || at_a(j))
+            })
+            .map(|(id, _)| id.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(90), || settled().is_empty()),
+        "jobs lost (acknowledged, neither finished nor started at A): {:?}",
+        settled()
+            .iter()
+            .map(|id| {
+                let o = &seen.jobs.iter().find(|(x, _)| x == id).unwrap().1;
+                jobs(origin_of(o)).get(id).cloned()
+            })
+            .collect::<Vec<_>>()
+    );
+    // Exactly once, counted from every site's job.state events (A's until it died).
+    let started: Vec<Value> = subs
+        .iter()
+        .flat_map(|(_, p)| json_lines(&p.stdout_lines().join("\n")))
+        .filter(|e| e["name"] == "job.state")
+        .map(|e| e["values"].clone())
+        .filter(|v| v["state"] == "started" && v["site"] == v["current"])
+        .collect();
+    let (mut finished, mut owned_by_a) = (0, 0);
+    for (id, o) in &seen.jobs {
+        let j = jobs(origin_of(o))[id].clone();
+        let starts: Vec<&str> = started
+            .iter()
+            .filter(|v| v["job"] == id.as_str())
+            .map(|v| v["site"].as_str().unwrap())
+            .collect();
+        if j["state"] == "finished" {
+            finished += 1;
+            assert_eq!(starts.len(), 1, "{id} started {starts:?}: {j}");
+            assert_eq!(Some(starts[0]), j["site"].as_str(), "{id}: {j}");
+        } else {
+            owned_by_a += 1;
+            assert!(starts.iter().all(|s| *s == "A"), "{id} started {starts:?}: {j}");
+        }
+    }
+    assert!(finished > 0, "no job finished");
+    eprintln!(
+        "{} jobs: {finished} finished exactly once, {owned_by_a} started at A before it was killed",
+        seen.jobs.len()
+    );
+
+    // A1 restarts on the same address: its links come from its state file: R, not A (its
+    // configured parent, removed at runtime).
+    let addr = a1.fed.addr.clone();
+    assert!(
+        a1.fed.terminate().is_some_and(|s| s.success()),
+        "{}",
+        a1.fed.stderr_text()
+    );
+    let cfg = t.join("A1").join("fed.toml");
+    a1.fed = Proc::start(
+        &[
+            "federation",
+            "--listen",
+            &addr,
+            "--directory",
+            &a1.dir.addr,
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        "gma federation listening on",
+    );
+    assert!(
+        wait_until(T, || {
+            let p = peers(&a1);
+            p.get("R") == Some(&true) && !p.contains_key("A")
+        }),
+        "A1's links after a restart: {:?}",
+        peers(&a1)
+    );
+    wait_live(&r, &["A1"]);
+    drop(b1);
+    drop(b2);
+    drop(b);
 }

@@ -411,7 +411,10 @@ fn query_since_returns_the_windows_events_from_the_resume_buffer() {
     let last3 = json_lines(&r.stdout);
     assert_eq!(last3.len(), 3, "{}", r.stdout);
     let seq3: Vec<u64> = last3.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert!(seq3[0] >= third_newest && seq3.windows(2).all(|w| w[0] < w[1]), "{seq3:?}");
+    assert!(
+        seq3[0] >= third_newest && seq3.windows(2).all(|w| w[0] < w[1]),
+        "{seq3:?}"
+    );
     assert!(
         r.stderr.contains("older events of the window left out"),
         "{}",

@@ -240,3 +240,32 @@ fn a_job_refused_for_good_by_one_site_is_accepted_by_the_next() {
     // b is still never visited again: c refuses to send it there (a loop to b is refused).
     assert!(c.job(&id).unwrap().visited.contains(&"b".to_string()));
 }
+
+#[test]
+fn links_removed_at_runtime_stay_removed_across_a_restart_and_parents_are_listed() {
+    let mut s = site("a", &[("p", Role::Parent), ("r", Role::Peer)]);
+    assert_eq!(s.parents(), vec![("p".to_string(), false)]);
+    let r = s.peer("r").unwrap().link.clone();
+    let g = Link {
+        site: "g".into(),
+        endpoint: "g:1".into(),
+        role: Role::Parent,
+        hops: 0,
+    };
+    // A re-attachment: p goes, g comes.
+    s.set_links(vec![r.clone(), g.clone()], NOW);
+    let saved = s.saved();
+    assert_eq!(saved.removed, vec!["p".to_string()]);
+    let mut back = SiteState::restore(Params::new("a"), 2, saved, NOW + 1);
+    assert_eq!(back.removed().cloned().collect::<Vec<_>>(), ["p"]);
+    assert_eq!(back.parents(), vec![("g".to_string(), false)]);
+    // Linked again: no longer removed.
+    let p = Link {
+        site: "p".into(),
+        endpoint: "p:1".into(),
+        role: Role::Parent,
+        hops: 0,
+    };
+    back.set_links(vec![r, g, p], NOW + 2);
+    assert!(back.saved().removed.is_empty());
+}
