@@ -167,4 +167,12 @@ mod tests {
         assert!(tree.propagation_ms.is_some(), "{tree:?}");
         assert!(tree.refresh_bytes > 0);
     }
+
+    /// Regression: three levels below the root, every site sees a change (a merged summary
+    /// used to age by a refresh period per relay and be dropped as stale two relays away).
+    #[test]
+    fn a_change_reaches_every_site_of_a_three_level_tree() {
+        let tree = spread(30, Some(4));
+        assert!(tree.propagation_ms.is_some(), "{tree:?}");
+    }
 }
