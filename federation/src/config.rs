@@ -67,7 +67,7 @@ pub struct FederationConfig {
     pub resources: Vec<Annotation>,
     pub peer: Vec<Link>,
     /// Where to re-attach when every parent link is silent (`crate::reattach`), in order.
-    pub superior: Vec<crate::reattach::Superior>,
+    pub superior: Vec<Superior>,
     /// How long every parent must be silent before the next superior is tried, ms.
     pub reattach_after_ms: u64,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
@@ -103,7 +103,7 @@ impl Default for FederationConfig {
             resources: Vec::new(),
             peer: Vec::new(),
             superior: Vec::new(),
-            reattach_after_ms: crate::reattach::DEFAULT_AFTER_MS,
+            reattach_after_ms: DEFAULT_AFTER_MS,
             endpoint: Default::default(),
         }
     }
@@ -227,6 +227,20 @@ impl FederationConfig {
         p
     }
 }
+
+/// One superior of the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Superior {
+    pub site: String,
+    /// Its federation endpoint.
+    pub endpoint: String,
+    /// Its directory: where this site registers as its child.
+    pub directory: String,
+}
+
+/// `reattach_after_ms` when the config does not say.
+pub const DEFAULT_AFTER_MS: u64 = 5_000;
 
 #[cfg(test)]
 mod tests {

@@ -21,24 +21,17 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
-
+pub use crate::config::{Superior, DEFAULT_AFTER_MS};
 use crate::links;
-use crate::service::Shared;
 use crate::site::{Link, Role};
 
-/// `reattach_after_ms` when the config does not say.
-pub const DEFAULT_AFTER_MS: u64 = 5_000;
-
-/// One superior of the chain.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Superior {
-    pub site: String,
-    /// Its federation endpoint.
-    pub endpoint: String,
-    /// Its directory: where this site registers as its child.
-    pub directory: String,
+/// What the watcher needs from the running endpoint (implemented by `service::Shared`).
+pub trait Watched: Send + Sync + 'static {
+    fn config(&self) -> &crate::config::FederationConfig;
+    fn site(&self) -> &str;
+    fn now(&self) -> i64;
+    /// This site's parent links: (site, live).
+    fn parents(self: &Arc<Self>) -> Vec<(String, bool)>;
 }
 
 /// When to move, and where to (pure; [`watch`] acts on it).
@@ -117,7 +110,7 @@ async fn attach(
 /// Watches the parent links of the endpoint and re-attaches (see the module doc); runs until
 /// aborted. `own_dir`: the site's directory; `own_endpoint`: the address this endpoint
 /// listens on (what the superior dials).
-pub async fn watch(sh: Arc<Shared>, own_dir: String, own_endpoint: String) {
+pub async fn watch<W: Watched>(sh: Arc<W>, own_dir: String, own_endpoint: String) {
     let cfg = sh.config().clone();
     let mut plan = Plan::new(cfg.superior.clone(), Duration::from_millis(cfg.reattach_after_ms));
     let mut tick = tokio::time::interval(Duration::from_millis(
@@ -126,7 +119,7 @@ pub async fn watch(sh: Arc<Shared>, own_dir: String, own_endpoint: String) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let parents = sh.with(|s, _| s.parents());
+        let parents = sh.parents();
         let Some(to) = plan.decide(&parents, sh.now()) else {
             continue;
         };

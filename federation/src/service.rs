@@ -1384,6 +1384,24 @@ pub async fn run(
     r.map_err(|e| FederationError::Producer(e.to_string()))
 }
 
+impl crate::reattach::Watched for Shared {
+    fn config(&self) -> &FederationConfig {
+        &self.cfg
+    }
+
+    fn site(&self) -> &str {
+        &self.cfg.site
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now()
+    }
+
+    fn parents(self: &Arc<Self>) -> Vec<(String, bool)> {
+        self.with(|s, _| s.parents())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -274,10 +274,24 @@ async fn slowdown(
     }
 }
 
+/// Publishes `events` through the producer's `Ingest`.
+async fn publish(ingest: &mut Ingest, events: Vec<pb::Event>) -> anyhow::Result<()> {
+    ingest
+        .push(pb::IngestRequest {
+            events,
+            schemas: vec![],
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| anyhow!("publish: {}", s.message()))
+}
+
+type Ingest = pb::ingest_client::IngestClient<tonic::transport::Channel>;
+
 /// SIGTERM: checkpoint now (the phase in progress is redone), say so, and end the run.
 async fn checkpoint_and_exit(
     app: &Mutex<App>,
-    ingest: &mut pb::ingest_client::IngestClient<tonic::transport::Channel>,
+    ingest: &mut Ingest,
     publish_state: &impl Fn(&App) -> pb::Event,
 ) -> anyhow::Result<()> {
     let ev = {
@@ -293,13 +307,7 @@ async fn checkpoint_and_exit(
         );
         publish_state(&app)
     };
-    ingest
-        .push(pb::IngestRequest {
-            events: vec![ev],
-            schemas: vec![],
-        })
-        .await
-        .map_err(|s| anyhow!("publish: {}", s.message()))?;
+    publish(ingest, vec![ev]).await?;
     Ok(())
 }
 
@@ -469,13 +477,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         );
     }
     let first = publish_state(&*app.lock().await);
-    ingest
-        .push(pb::IngestRequest {
-            events: vec![first],
-            schemas: vec![],
-        })
-        .await
-        .map_err(|s| anyhow!("publish app.state: {}", s.message()))?;
+    publish(&mut ingest, vec![first]).await?;
 
     loop {
         let (phase, host, predicted) = {
@@ -528,13 +530,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
             }
             events.push(publish_state(&app));
         }
-        ingest
-            .push(pb::IngestRequest {
-                events,
-                schemas: vec![],
-            })
-            .await
-            .map_err(|s| anyhow!("publish: {}", s.message()))?;
+        publish(&mut ingest, events).await?;
         // Stopped: wait for Resume, then continue on the new hosts.
         loop {
             let mut guard = app.lock().await;
@@ -566,13 +562,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
                     );
                     let ev = publish_state(&guard);
                     drop(guard);
-                    ingest
-                        .push(pb::IngestRequest {
-                            events: vec![ev],
-                            schemas: vec![],
-                        })
-                        .await
-                        .map_err(|s| anyhow!("publish: {}", s.message()))?;
+                    publish(&mut ingest, vec![ev]).await?;
                     break;
                 }
                 _ => break,
@@ -584,13 +574,7 @@ pub async fn run(a: AppSimArgs) -> anyhow::Result<()> {
         app.state = RunState::Completed;
         publish_state(&app)
     };
-    ingest
-        .push(pb::IngestRequest {
-            events: vec![done],
-            schemas: vec![],
-        })
-        .await
-        .map_err(|s| anyhow!("publish: {}", s.message()))?;
+    publish(&mut ingest, vec![done]).await?;
     let app = app.lock().await;
     match std::fs::remove_file(checkpoint_path(&app.checkpoint_dir, &app.app_id)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

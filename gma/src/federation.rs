@@ -258,14 +258,6 @@ pub(crate) async fn call<T>(
     }
 }
 
-pub(crate) fn ms_ago(v: i64) -> String {
-    if v < 0 {
-        "-".into()
-    } else {
-        format!("{v} ms")
-    }
-}
-
 async fn status(addr: &str, output: Output) -> anyhow::Result<()> {
     let mut c = scheduler(addr).await?;
     let r = call(addr, c.federation_status(pb::FederationStatusRequest {})).await?;
@@ -318,11 +310,11 @@ async fn status(addr: &str, output: Output) -> anyhow::Result<()> {
                     p.role,
                     p.session,
                     if p.eligible { "yes" } else { "no" },
-                    ms_ago(p.summary_age_ms),
+                    crate::fedtree::ms_ago(p.summary_age_ms),
                     p.cpus_free_sum,
                     p.forwarded_out,
                     p.forwarded_in,
-                    ms_ago(p.heard_ms_ago),
+                    crate::fedtree::ms_ago(p.heard_ms_ago),
                     p.last_error
                 );
             }

@@ -5,8 +5,16 @@ use anyhow::bail;
 use serde_json::Value;
 
 use crate::args::Output;
-use crate::federation::ms_ago;
 use gma_federation::tree::MAX_DEPTH;
+
+/// A duration in ms as printed ("-" for none: negative).
+pub(crate) fn ms_ago(v: i64) -> String {
+    if v < 0 {
+        "-".into()
+    } else {
+        format!("{v} ms")
+    }
+}
 
 fn health(link: &Value) -> String {
     if link.is_null() {

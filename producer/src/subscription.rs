@@ -823,18 +823,24 @@ pub fn query(inner: &HubInner, selector: &Selector, max_age_ns: Option<i64>, now
                 continue;
             }
         }
-        out.push(to_wire(
-            &s.name,
-            &s.source,
-            e.timestamp_ns,
-            e.seq,
-            &s.fields,
-            &e.numbers,
-            &e.strings,
-        ));
+        out.push(stored_to_wire(inner, e));
     }
     out.sort_by_key(|e| e.seq);
     out
+}
+
+/// A held event on the wire, with its series' name, source and fields.
+fn stored_to_wire(inner: &HubInner, e: &Stored) -> pb::Event {
+    let s = &inner.series[e.series as usize];
+    to_wire(
+        &s.name,
+        &s.source,
+        e.timestamp_ns,
+        e.seq,
+        &s.fields,
+        &e.numbers,
+        &e.strings,
+    )
 }
 
 /// What [`query_window`] found.
@@ -891,21 +897,7 @@ pub fn query_window(
             kept.push_back(e);
         }
     }
-    let events = kept
-        .into_iter()
-        .map(|e| {
-            let s = &inner.series[e.series as usize];
-            to_wire(
-                &s.name,
-                &s.source,
-                e.timestamp_ns,
-                e.seq,
-                &s.fields,
-                &e.numbers,
-                &e.strings,
-            )
-        })
-        .collect();
+    let events = kept.into_iter().map(|e| stored_to_wire(inner, e)).collect();
     Window {
         events,
         omitted,

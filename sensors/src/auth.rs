@@ -30,7 +30,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::command::{command_error, Commands, Ran};
+use crate::command::{Commands, Ran};
 use crate::procfs::{Emit, Files, Probe};
 use crate::SensorError;
 
@@ -431,15 +431,8 @@ impl Auth {
                 self.from = From::Off;
                 return Ok(());
             }
-            Ran::Done(o) => o,
+            Ran::Done(o) => o.succeeded(&program)?,
         };
-        if !o.success() {
-            return Err(command_error(
-                &program,
-                std::io::ErrorKind::Other,
-                format!("exit code {:?}: {}", o.code, o.stderr),
-            ));
-        }
         let at_end = *next == Next::End;
         let mut last = None;
         let mut records = 0usize;

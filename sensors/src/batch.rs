@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::command::{command_error, Commands, Ran};
+use crate::command::{Commands, Ran};
 use crate::procfs::{Emit, Files, Probe};
 use crate::SensorError;
 
@@ -284,15 +284,8 @@ impl Batch {
         let (program, ran) = self.commands.run(name, &all, &env, max);
         let o = match ran? {
             Ran::Missing => return Ok(None),
-            Ran::Done(o) => o,
+            Ran::Done(o) => o.succeeded(&program)?,
         };
-        if !o.success() {
-            return Err(command_error(
-                &program,
-                std::io::ErrorKind::Other,
-                format!("exit code {:?}: {}", o.code, o.stderr),
-            ));
-        }
         if o.truncated {
             tracing::warn!(command = %program.display(), "batch.queue: output over {max} bytes; the counts are of what was read");
         }

@@ -43,6 +43,19 @@ impl Output {
     pub(crate) fn success(&self) -> bool {
         self.code == Some(0)
     }
+
+    /// Itself when `program` exited with code 0; else the error naming its exit code and what
+    /// it said on standard error.
+    pub(crate) fn succeeded(self, program: &Path) -> Result<Output, SensorError> {
+        if self.success() {
+            return Ok(self);
+        }
+        Err(command_error(
+            program,
+            std::io::ErrorKind::Other,
+            format!("exit code {:?}: {}", self.code, self.stderr),
+        ))
+    }
 }
 
 /// How a command went.
