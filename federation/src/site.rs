@@ -614,16 +614,21 @@ impl SiteState {
     // ---------------------------------------------------------------------------------------
 
     /// The links now configured; peers no longer listed are forgotten (their jobs stay).
-    pub fn set_links(&mut self, links: Vec<Link>, _now: i64) {
+    pub fn set_links(&mut self, links: Vec<Link>, now: i64) {
         let keep: std::collections::BTreeSet<String> = links.iter().map(|l| l.site.clone()).collect();
         let removed = &mut self.removed;
+        let mut gone = Vec::new();
         self.peers.retain(|k, _| {
             let stays = keep.contains(k);
             if !stays {
                 removed.insert(k.clone());
+                gone.push(k.clone());
             }
             stays
         });
+        for site in &gone {
+            self.link_gone(site, now);
+        }
         for l in links {
             self.removed.remove(&l.site);
             if l.site == self.p.site {
@@ -638,6 +643,36 @@ impl SiteState {
         }
         self.dirty = true;
         self.mark_persist();
+    }
+
+    /// The link to `site` was removed (by an operator, or by a re-attachment that gave up on a
+    /// dead superior): this site's jobs there are settled now rather than left waiting on a
+    /// manager that will never answer. One not yet started there goes back to the queue (its
+    /// start needs this site's grant, so it cannot also run there); one started there is
+    /// reported failed — its outcome is unknown, and running it again could run it twice.
+    fn link_gone(&mut self, site: &str, now: i64) {
+        let ids: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|j| j.at == site && j.origin == self.p.site && !j.state.terminal())
+            .map(|j| j.id.clone())
+            .collect();
+        for id in ids {
+            let Some(j) = self.jobs.get_mut(&id) else { continue };
+            if j.granted {
+                j.state = JobState::Failed;
+                j.finished_ns = now;
+                j.reason = format!(
+                    "the link to {site} was removed while the job ran there (re-attachment or \
+                     gma federation remove): its outcome is unknown"
+                );
+                let why = j.reason.clone();
+                self.finish_terminal(&id);
+                self.event(&id, "failed", &why, now);
+            } else {
+                self.requeue(&id, &format!("the link to {site} was removed"), now);
+            }
+        }
     }
 
     /// Sites whose links were removed at runtime (see [`Saved::removed`]).

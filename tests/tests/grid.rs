@@ -636,9 +636,18 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     assert!(failed.is_empty(), "queries failed: {failed:?}");
     assert!(seen.queries.len() >= 2);
 
-    // Every acknowledged job: finished at its origin, or granted to start at A (then A's).
+    // Every acknowledged job: finished at its origin, or — granted to start at A, whose link the
+    // re-attachment removed — reported failed to its submitter (its outcome unknown), never
+    // left hanging and never run a second time.
     let origin_of = |o: &str| if o == "A1" { &a1 } else { &a2 };
-    let at_a = |j: &Value| j["site"] == "A" && j["granted"] == true && j["state"] != "finished";
+    let at_a = |j: &Value| {
+        j["site"] == "A"
+            && j["granted"] == true
+            && j["state"] == "failed"
+            && j["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("outcome is unknown"))
+    };
     let settled = || {
         let (l1, l2) = (jobs(&a1), jobs(&a2));
         seen.jobs
@@ -652,7 +661,7 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     };
     assert!(
         wait_until(Duration::from_secs(90), || settled().is_empty()),
-        "jobs lost (acknowledged, neither finished nor started at A): {:?}",
+        "jobs lost (acknowledged, neither finished nor reported failed after starting at A): {:?}",
         settled()
             .iter()
             .map(|id| {
@@ -688,7 +697,7 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     }
     assert!(finished > 0, "no job finished");
     eprintln!(
-        "{} jobs: {finished} finished exactly once, {owned_by_a} started at A before it was killed",
+        "{} jobs: {finished} finished exactly once, {owned_by_a} started at A before it was killed and reported failed",
         seen.jobs.len()
     );
 

@@ -269,3 +269,31 @@ fn links_removed_at_runtime_stay_removed_across_a_restart_and_parents_are_listed
     back.set_links(vec![r, g, p], NOW + 2);
     assert!(back.saved().removed.is_empty());
 }
+
+#[test]
+fn a_removed_link_settles_the_jobs_there_a_started_one_as_failed() {
+    let mut a = site("a", &[("b", Role::Peer)]);
+    let job = || Job {
+        name: "j".into(),
+        cpus: 2,
+        reference_time_s: 60.0,
+        ..Job::default()
+    };
+    let started = a.submit(job(), Some("b".into()), NOW).unwrap();
+    let waiting = a.submit(job(), Some("b".into()), NOW).unwrap();
+    a.heard("b", NOW);
+    a.step(NOW, &snap(0.0));
+    assert_eq!(a.job(&started).unwrap().at, "b");
+    assert_eq!(a.confirm_start("b", &started, NOW), Grant::Yes);
+    // b's link removed (its manager died and this site re-attached elsewhere).
+    a.set_links(vec![], NOW + 1);
+    let s = a.job(&started).unwrap();
+    assert_eq!(s.state, JobState::Failed, "{s:?}");
+    assert!(s.reason.contains("outcome is unknown"), "{}", s.reason);
+    let w = a.job(&waiting).unwrap();
+    assert_eq!(
+        w.state,
+        JobState::Queued,
+        "never started there: back in the queue"
+    );
+}
