@@ -385,6 +385,23 @@ pub fn federation_jobs(fed: &str) -> std::collections::BTreeMap<String, serde_js
         .collect()
 }
 
+/// `gma broker select --job JOB --broker BROKER --output json`, run to completion.
+pub fn broker_select(broker: &str, job: &Path) -> Run {
+    gma(
+        &[
+            "broker",
+            "select",
+            "--job",
+            job.to_str().expect("a UTF-8 job path"),
+            "--broker",
+            broker,
+            "--output",
+            "json",
+        ],
+        Duration::from_secs(30),
+    )
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("gma-test-").tempdir().unwrap()
 }

@@ -117,19 +117,7 @@ fn host_info_reports_disk_and_packages_and_the_broker_matches_them() {
             format!("name = \"j\"\ncpus = 1\nreference_time_s = 60\nsoftware = [{software}]\n"),
         )
         .unwrap();
-        let r = gma(
-            &[
-                "broker",
-                "select",
-                "--job",
-                job.to_str().unwrap(),
-                "--broker",
-                &broker.addr,
-                "--output",
-                "json",
-            ],
-            T,
-        );
+        let r = broker_select(&broker.addr, &job);
         assert_eq!(r.code, 0, "{}", r.stderr);
         let ranked: Vec<serde_json::Value> = serde_json::from_str(&r.stdout).unwrap();
         ranked
@@ -204,19 +192,7 @@ fn the_benchmark_fills_host_load_and_the_broker_predicts_by_it() {
     let mut ranked = Vec::new();
     assert!(
         wait_until(T, || {
-            let r = gma(
-                &[
-                    "broker",
-                    "select",
-                    "--job",
-                    job.to_str().unwrap(),
-                    "--broker",
-                    &broker.addr,
-                    "--output",
-                    "json",
-                ],
-                T,
-            );
+            let r = broker_select(&broker.addr, &job);
             ranked = serde_json::from_str::<Vec<serde_json::Value>>(&r.stdout).unwrap_or_default();
             ranked.iter().any(|r| r["resource"] == "benchhost")
         }),

@@ -686,19 +686,7 @@ fn a_shaped_link_measures_below_its_rate_and_the_broker_uses_the_forecast() {
         "name = \"stage\"\ncpus = 1\nreference_time_s = 60\ninput_bytes = 25e6\n",
     )
     .unwrap();
-    let r = gma(
-        &[
-            "broker",
-            "select",
-            "--job",
-            job.to_str().unwrap(),
-            "--broker",
-            &broker.addr,
-            "--output",
-            "json",
-        ],
-        Duration::from_secs(30),
-    );
+    let r = broker_select(&broker.addr, &job);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let ranked: Vec<serde_json::Value> = serde_json::from_str::<serde_json::Value>(&r.stdout)
         .unwrap()

@@ -100,7 +100,8 @@ fn a_violated_contract_requeues_the_slurm_job_onto_the_other_node_where_it_resum
         .trim()
         .to_string();
     let output = || std::fs::read_to_string(&out).unwrap_or_default();
-    let phase = || {
+    // The application's latest app.state.
+    let app_state = || {
         let r = gma(
             &[
                 "query",
@@ -114,8 +115,10 @@ fn a_violated_contract_requeues_the_slurm_job_onto_the_other_node_where_it_resum
             ],
             Duration::from_secs(10),
         );
-        json_lines(&r.stdout)
-            .first()
+        json_lines(&r.stdout).into_iter().next()
+    };
+    let phase = || {
+        app_state()
             .and_then(|e| e["values"]["phase"].as_f64())
             .unwrap_or(0.0) as u64
     };
@@ -125,20 +128,7 @@ fn a_violated_contract_requeues_the_slurm_job_onto_the_other_node_where_it_resum
         output()
     );
     // The job says where it runs and as which batch job.
-    let r = gma(
-        &[
-            "query",
-            "app.state",
-            "--source",
-            APP,
-            "--producer",
-            &prod.addr,
-            "--output",
-            "json",
-        ],
-        Duration::from_secs(10),
-    );
-    let state = json_lines(&r.stdout);
+    let state = app_state().into_iter().collect::<Vec<_>>();
     assert_eq!(state[0]["values"]["batch_job"], job.as_str(), "{state:?}");
     assert_eq!(state[0]["values"]["hosts"], first.as_str(), "{state:?}");
 

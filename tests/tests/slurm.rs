@@ -713,19 +713,7 @@ fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting
     let mut ranked = Vec::new();
     assert!(
         wait_until(Duration::from_secs(60), || {
-            let r = gma(
-                &[
-                    "broker",
-                    "select",
-                    "--job",
-                    job.to_str().unwrap(),
-                    "--broker",
-                    &broker.addr,
-                    "--output",
-                    "json",
-                ],
-                Duration::from_secs(30),
-            );
+            let r = broker_select(&broker.addr, &job);
             ranked = serde_json::from_str::<Vec<serde_json::Value>>(&r.stdout).unwrap_or_default();
             ranked
                 .iter()

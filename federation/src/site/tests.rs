@@ -32,6 +32,16 @@ fn snap(free: f64) -> Snapshot {
     Snapshot::new(NOW, vec![r])
 }
 
+/// A 2-CPU, 60 s job.
+fn two_cpu_job() -> Job {
+    Job {
+        name: "j".into(),
+        cpus: 2,
+        reference_time_s: 60.0,
+        ..Job::default()
+    }
+}
+
 fn req(id: &str, visited: &[&str]) -> pb::ForwardRequest {
     let job = Job {
         name: "j".into(),
@@ -209,18 +219,7 @@ fn saved_state_restores_jobs() {
 #[test]
 fn a_job_refused_for_good_by_one_site_is_accepted_by_the_next() {
     let mut a = site("a", &[("b", Role::Peer), ("c", Role::Peer)]);
-    let id = a
-        .submit(
-            Job {
-                name: "j".into(),
-                cpus: 2,
-                reference_time_s: 60.0,
-                ..Job::default()
-            },
-            Some("b".into()),
-            NOW,
-        )
-        .unwrap();
+    let id = a.submit(two_cpu_job(), Some("b".into()), NOW).unwrap();
     a.heard("b", NOW);
     a.step(NOW, &snap(0.0));
     assert_eq!(a.job(&id).unwrap().at, "b");
@@ -273,14 +272,8 @@ fn links_removed_at_runtime_stay_removed_across_a_restart_and_parents_are_listed
 #[test]
 fn a_removed_link_settles_the_jobs_there_a_started_one_as_failed() {
     let mut a = site("a", &[("b", Role::Peer)]);
-    let job = || Job {
-        name: "j".into(),
-        cpus: 2,
-        reference_time_s: 60.0,
-        ..Job::default()
-    };
-    let started = a.submit(job(), Some("b".into()), NOW).unwrap();
-    let waiting = a.submit(job(), Some("b".into()), NOW).unwrap();
+    let started = a.submit(two_cpu_job(), Some("b".into()), NOW).unwrap();
+    let waiting = a.submit(two_cpu_job(), Some("b".into()), NOW).unwrap();
     a.heard("b", NOW);
     a.step(NOW, &snap(0.0));
     assert_eq!(a.job(&started).unwrap().at, "b");
