@@ -162,7 +162,18 @@ fn a_violated_contract_requeues_the_slurm_job_onto_the_other_node_where_it_resum
         "{text}"
     );
     assert_eq!(text.matches("SIGTERM: checkpointed").count(), 1, "{text}");
-    let show = cluster.cmd("scontrol", &["show", "job", "-o", &job]).unwrap();
+    // The application has printed its last line; Slurm says COMPLETED once the job step is
+    // cleaned up (COMPLETING until then).
+    let mut show = String::new();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            show = cluster
+                .cmd("scontrol", &["show", "job", "-o", &job])
+                .unwrap_or_default();
+            job_field(&show, "JobState").as_deref() != Some("COMPLETING")
+        }),
+        "{show}"
+    );
     assert_eq!(job_field(&show, "Restarts").as_deref(), Some("1"), "{show}");
     assert_eq!(
         job_field(&show, "NodeList").as_deref(),
