@@ -180,16 +180,7 @@ impl Cluster {
             slurmd: Vec::new(),
             munge_sock,
         };
-        c.ctld = Some(
-            Command::new("slurmctld")
-                .args(["-D", "-f"])
-                .arg(&conf)
-                .env("SLURM_CONF", &conf)
-                .stdout(log("slurmctld.out")?)
-                .stderr(log("slurmctld.err")?)
-                .spawn()
-                .map_err(|e| format!("slurmctld: {e}"))?,
-        );
+        c.ctld = Some(c.spawn_controller()?);
         for (name, _) in &nodes {
             c.slurmd.push(
                 Command::new("slurmd")
@@ -268,6 +259,69 @@ impl Cluster {
         );
         std::fs::write(&p, text).unwrap();
         p
+    }
+
+    /// Starts slurmctld on this cluster's config (its state directory: what an earlier
+    /// slurmctld saved, reservations included, is read back).
+    fn spawn_controller(&self) -> Result<Child, String> {
+        let log = |name: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.path().join("log").join(name))
+                .map(Stdio::from)
+                .map_err(|e| format!("log {name}: {e}"))
+        };
+        Command::new("slurmctld")
+            .args(["-D", "-f"])
+            .arg(&self.conf)
+            .env("SLURM_CONF", &self.conf)
+            .stdout(log("slurmctld.out")?)
+            .stderr(log("slurmctld.err")?)
+            .spawn()
+            .map_err(|e| format!("slurmctld: {e}"))
+    }
+
+    /// Kills slurmctld with SIGKILL (a controller that dies mid-operation) and waits for it.
+    pub fn kill_controller(&mut self) {
+        if let Some(mut c) = self.ctld.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts slurmctld again (after [`Cluster::kill_controller`] or
+    /// [`Cluster::stop_controller`]) with the same state directory, and waits (bounded) until
+    /// every node has registered again and can run jobs (no node down, unknown or not
+    /// responding).
+    pub fn restart_controller(&mut self) -> Result<(), String> {
+        if self.ctld.is_some() {
+            return Err("slurmctld is running".into());
+        }
+        self.ctld = Some(self.spawn_controller()?);
+        let usable = ["idle", "mixed", "allocated", "reserved", "completing", "planned"];
+        let mut last = String::new();
+        let up = wait_until(Duration::from_secs(60), || {
+            match self.cmd("sinfo", &["-h", "-N", "-o", "%T"]) {
+                Ok(s) if s.lines().filter(|l| usable.contains(&l.trim())).count() == self.nodes.len() => true,
+                Ok(s) => {
+                    last = s;
+                    false
+                }
+                Err(e) => {
+                    last = e;
+                    false
+                }
+            }
+        });
+        if up {
+            Ok(())
+        } else {
+            Err(format!(
+                "slurmctld and its nodes did not come back within 60 s (sinfo: {last:?}); its log: {}",
+                self.log_tail("slurmctld.log")
+            ))
+        }
     }
 
     /// Stops slurmctld (a resource manager that is down); the drop stops the rest.

@@ -870,3 +870,143 @@ async fn coallocation_across_slurm_and_simres_leaks_nothing_on_refusal_or_a_kill
     assert!(simres_held(&f.adapter.addr).is_empty());
     drop(f);
 }
+
+/// Whether slurmctld's saved state (`StateSaveLocation/resv_state`) names reservation `id`:
+/// a slurmctld killed after this point comes back with the reservation.
+fn saved_in_state(cluster: &Cluster, id: &str) -> bool {
+    std::fs::read(cluster.dir.path().join("state").join("resv_state"))
+        .is_ok_and(|b| b.windows(id.len()).any(|w| w == id.as_bytes()))
+}
+
+/// `gma simres release` of reservation `id` at `manager` as `owner`.
+fn release(manager: &str, id: &str, owner: &str) -> Run {
+    gma(
+        &["simres", "release", "--manager", manager, id, "--owner", owner],
+        Duration::from_secs(120),
+    )
+}
+
+/// slurmctld killed (-9) while a coallocation across Slurm and simres holds its reservations.
+/// Releasing the Slurm member is refused as UNAVAILABLE, saying the release is kept; the
+/// adapter publishes `releasing`, retries with backoff, and once slurmctld is back (same state
+/// directory, so with the reservation) deletes it and publishes `released`: Slurm lists none
+/// of ours. Then both the adapter and slurmctld are killed while a second coallocation holds
+/// its reservation; restarted, the adapter releases what its earlier run left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_slurmctld_is_down_is_kept_and_retried_until_slurm_holds_nothing() {
+    let Some(mut cluster) =
+        cluster_or_skip("a_release_while_slurmctld_is_down_is_kept_and_retried_until_slurm_holds_nothing")
+    else {
+        return;
+    };
+    let mut f = fabric(&cluster);
+    let tmp = tempdir();
+    let free = simres(
+        tmp.path(),
+        "free",
+        &f.directory,
+        "[[resource]]\nname = \"simA\"\ncpus = 1\n",
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            search_ids(&f.directory, "reservation.state").is_some_and(|v| v.len() == 2)
+        }),
+        "simres never registered: {}",
+        free.stderr_text()
+    );
+    let jobs = run_file(
+        tmp.path(),
+        "jobs",
+        "window_s = 600\nepsilon_s = 60\n\
+         [[job]]\nname = \"wide\"\ncpus = 2\nreference_time_s = 600\n\
+         [[job]]\nname = \"narrow\"\ncpus = 1\nreference_time_s = 600\n",
+    );
+    let (node, broker) = (cluster.node.clone(), f.broker.addr.clone());
+    let coallocated = || {
+        let r = coallocate(&jobs, &broker);
+        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+        let out: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        let res = out["reservations"].as_array().unwrap().clone();
+        assert_eq!(res.len(), 2, "{out}");
+        let on = |slurm: bool| {
+            res.iter()
+                .find(|x| (x["resource"] == node.as_str()) == slurm)
+                .cloned()
+                .unwrap()
+        };
+        (on(true), on(false))
+    };
+    let mut sub = subscribe(&f.directory, &["reservation.state"]);
+    let (slurm, sim) = coallocated();
+    let (id, owner) = (
+        slurm["id"].as_str().unwrap().to_string(),
+        slurm["owner"].as_str().unwrap().to_string(),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || saved_in_state(&cluster, &id)),
+        "slurmctld never saved reservation {id}"
+    );
+
+    cluster.kill_controller();
+    let r = release(&f.adapter.addr, &id, &owner);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("slurm is unreachable") && r.stderr.contains("kept and retried"),
+        "{}",
+        r.stderr
+    );
+    // The holder no longer has it (no modify, no claim); asking again says it is pending.
+    assert!(simres_held(&f.adapter.addr).is_empty());
+    let again = release(&f.adapter.addr, &id, &owner);
+    assert!(again.stderr.contains("is pending"), "{}", again.stderr);
+    let stranger = release(&f.adapter.addr, &id, "someone-else");
+    assert!(
+        stranger.stderr.contains("only its creator may release it"),
+        "{}",
+        stranger.stderr
+    );
+    // The other member is released as usual.
+    let r = release(&free.addr, sim["id"].as_str().unwrap(), &owner);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(simres_held(&free.addr).is_empty());
+
+    cluster.restart_controller().unwrap();
+    let mut left = Vec::new();
+    let clean = wait_until(Duration::from_secs(120), || {
+        left = cluster.reservations().unwrap_or_else(|e| vec![e]);
+        left.is_empty()
+    });
+    assert!(
+        clean,
+        "Slurm still holds {left:#?} after slurmctld came back; adapter: {}",
+        f.adapter.stderr_text()
+    );
+    let mut seen = Vec::new();
+    collect_until(&mut sub, &mut seen, "the release", |s| {
+        res_states(s, &id).last().map(String::as_str) == Some("released")
+    })
+    .await;
+    let states = res_states(&seen, &id);
+    assert_eq!(
+        &states[states.len() - 2..],
+        ["releasing", "released"],
+        "{states:?}"
+    );
+
+    // Adapter and controller both killed while a reservation is held; both restarted.
+    let (slurm, sim) = coallocated();
+    let id = slurm["id"].as_str().unwrap().to_string();
+    assert!(
+        wait_until(Duration::from_secs(30), || saved_in_state(&cluster, &id)),
+        "slurmctld never saved reservation {id}"
+    );
+    f.adapter.kill();
+    cluster.kill_controller();
+    cluster.restart_controller().unwrap();
+    assert_eq!(cluster.reservations().unwrap().len(), 1);
+    f.adapter = Proc::role("slurm", &f.directory, &f.adapter_cfg);
+    no_reservation_left(&cluster);
+    let r = release(&free.addr, sim["id"].as_str().unwrap(), &owner);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    drop(f);
+}

@@ -72,10 +72,36 @@ struct Job {
     cpus: u32,
 }
 
+/// A release Slurm has not confirmed yet (the controller was unreachable, or the reservation
+/// was still in use): retried by the read-back loop, with backoff, until Slurm answers.
+struct PendingRelease {
+    /// The reservation as its holder knew it (None: a leftover of an earlier run).
+    res: Option<Reservation>,
+    /// Its job, cancelled before the reservation is deleted.
+    job: Option<String>,
+    attempts: u32,
+    next_try: tokio::time::Instant,
+}
+
+/// First retry of a pending release; doubled per failed attempt up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+fn retry_delay(attempts: u32) -> Duration {
+    RETRY_FIRST
+        .saturating_mul(1u32 << attempts.min(16))
+        .min(RETRY_MAX)
+}
+
 #[derive(Default)]
 struct State {
     held: HashMap<String, Held>,
     jobs: HashMap<String, Job>,
+    /// Releases accepted but not yet done in Slurm, by reservation name.
+    pending: HashMap<String, PendingRelease>,
+    /// Whether Slurm's reservations have been read once since start (the leftovers of earlier
+    /// runs are known and queued for release).
+    reconciled: bool,
 }
 
 /// The adapter.
@@ -222,22 +248,103 @@ impl SlurmManager {
         self.scontrol(&args).await.map(|t| parse_reservations(&t))
     }
 
-    /// Deletes the reservations of earlier runs of this adapter (same source) that no job
-    /// uses; logged, since nobody holds them any more.
+    /// Queues for release the reservations of earlier runs of this adapter (same source:
+    /// names start with its family, but not with this run's prefix) and tries them at once.
+    /// When Slurm cannot be read, the read-back loop calls this again until it can.
     async fn clean_leftovers(&self) {
-        let Ok(list) = self.reservations().await else {
-            return;
+        let list = match self.reservations().await {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read Slurm's reservations to find what an earlier run left; trying again");
+                return;
+            }
         };
-        for r in list.into_iter().filter(|r| r.name.starts_with(&self.family)) {
-            match self.delete(&r.name).await {
-                Ok(()) => {
-                    tracing::warn!(reservation = %r.name, "deleted a reservation an earlier run left behind")
-                }
-                Err(e) => {
-                    tracing::warn!(reservation = %r.name, error = %e, "cannot delete a reservation an earlier run left behind")
+        {
+            let mut st = self.state.lock();
+            st.reconciled = true;
+            let now = tokio::time::Instant::now();
+            for r in list {
+                if r.name.starts_with(&self.family)
+                    && !r.name.starts_with(&self.prefix)
+                    && !st.pending.contains_key(&r.name)
+                {
+                    tracing::warn!(reservation = %r.name, "releasing a reservation an earlier run of this adapter left behind");
+                    st.pending.insert(
+                        r.name,
+                        PendingRelease {
+                            res: None,
+                            job: None,
+                            attempts: 0,
+                            next_try: now,
+                        },
+                    );
                 }
             }
         }
+        self.retry_pending().await;
+    }
+
+    /// Cancels `job` (unless done) and deletes reservation `id` in Slurm. A job Slurm no
+    /// longer knows is not an error.
+    async fn release_in_slurm(&self, id: &str, job: Option<&str>) -> Result<(), CmdError> {
+        if let Some(j) = job {
+            let done = self.state.lock().jobs.get(j).is_some_and(|x| x.info.done);
+            if !done {
+                match self.slurm.run("scancel", &[j.to_string()]).await {
+                    Err(e) if e.unreachable() => return Err(e),
+                    // Already ended or unknown to Slurm: nothing to cancel.
+                    _ => {}
+                }
+            }
+        }
+        self.delete_until_free(id).await
+    }
+
+    /// One attempt at every pending release that is due; each that fails again waits twice
+    /// as long (up to [`RETRY_MAX`]).
+    async fn retry_pending(&self) {
+        let now = tokio::time::Instant::now();
+        let due: Vec<(String, Option<String>)> = {
+            let st = self.state.lock();
+            st.pending
+                .iter()
+                .filter(|(_, p)| p.next_try <= now)
+                .map(|(id, p)| (id.clone(), p.job.clone()))
+                .collect()
+        };
+        for (id, job) in due {
+            let r = {
+                let _op = self.ops.lock().await;
+                self.release_in_slurm(&id, job.as_deref()).await
+            };
+            match r {
+                Ok(()) => {
+                    let done = self.state.lock().pending.remove(&id);
+                    tracing::info!(reservation = %id, "pending release done");
+                    if let Some(res) = done.and_then(|p| p.res) {
+                        self.publish_res(&res, "released");
+                    }
+                }
+                Err(e) => {
+                    let mut st = self.state.lock();
+                    if let Some(p) = st.pending.get_mut(&id) {
+                        p.attempts = p.attempts.saturating_add(1);
+                        p.next_try = tokio::time::Instant::now() + retry_delay(p.attempts);
+                        if p.attempts.is_power_of_two() {
+                            tracing::warn!(reservation = %id, attempts = p.attempts, error = %e,
+                                "release still pending; retrying");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Releases Slurm has not confirmed yet (reservation names), for operators and tests.
+    pub fn pending_releases(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.state.lock().pending.keys().cloned().collect();
+        v.sort();
+        v
     }
 
     async fn delete(&self, name: &str) -> Result<(), CmdError> {
@@ -600,28 +707,66 @@ impl SlurmManager {
         refused.map(|a| answer_to_proto(&a, !restored))
     }
 
-    /// Releases a reservation (its job, if any, is cancelled first).
+    /// Releases a reservation (its job, if any, is cancelled first). When Slurm cannot be
+    /// reached the release is kept and retried until Slurm answers (the holder gets
+    /// UNAVAILABLE saying so, and the reservation can no longer be modified or claimed).
     pub async fn release(&self, id: &str, owner: &str) -> Result<(), Error> {
+        if let Some(res_owner) = self.pending_owner(id) {
+            if res_owner != owner {
+                return Err(Error::permission_denied(format!(
+                    "reservation {:?} belongs to {:?}: only its creator may release it",
+                    clip(id),
+                    clip(&res_owner)
+                )));
+            }
+            return Err(Error::unavailable(format!(
+                "the release of reservation {:?} is pending: slurm is unreachable; the adapter retries it until slurm answers",
+                clip(id)
+            )));
+        }
         let held = self.holder_check(id, owner, "release")?;
         let job = self.state.lock().held.get(id).and_then(|h| h.job.clone());
         let _op = self.ops.lock().await;
-        if let Some(j) = job {
-            if !self.state.lock().jobs.get(&j).is_some_and(|x| x.info.done) {
-                self.slurm
-                    .run("scancel", std::slice::from_ref(&j))
-                    .await
-                    .map_err(|e| cmd_error("cancel the reservation's job", &e))?;
+        match self.release_in_slurm(id, job.as_deref()).await {
+            Ok(()) => {
+                self.state.lock().held.remove(id);
+                self.publish_res(&held, "released");
+                Ok(())
             }
+            Err(e) if e.unreachable() => {
+                {
+                    let mut st = self.state.lock();
+                    st.held.remove(id);
+                    st.pending.insert(
+                        id.to_string(),
+                        PendingRelease {
+                            res: Some(held.clone()),
+                            job,
+                            attempts: 1,
+                            next_try: tokio::time::Instant::now() + retry_delay(1),
+                        },
+                    );
+                }
+                self.publish_res(&held, "releasing");
+                tracing::warn!(reservation = %id, error = %e, "slurm unreachable: the release is kept and retried");
+                Err(Error::unavailable(format!(
+                    "slurm is unreachable (delete the reservation): {e}; the release is kept and retried until slurm answers"
+                )))
+            }
+            Err(e) => Err(cmd_error("delete the reservation", &e)),
         }
-        self.delete_until_free(id).await?;
-        self.state.lock().held.remove(id);
-        self.publish_res(&held, "released");
-        Ok(())
+    }
+
+    /// The creator of a reservation whose release is pending.
+    fn pending_owner(&self, id: &str) -> Option<String> {
+        let st = self.state.lock();
+        let p = st.pending.get(id)?;
+        Some(p.res.as_ref().map_or_else(String::new, |r| r.owner.clone()))
     }
 
     /// Deletes a reservation, waiting (bounded by the command timeout) while a job that is
     /// ending still uses it.
-    async fn delete_until_free(&self, id: &str) -> Result<(), Error> {
+    async fn delete_until_free(&self, id: &str) -> Result<(), CmdError> {
         let deadline = tokio::time::Instant::now() + self.slurm.timeout;
         loop {
             match self.delete(id).await {
@@ -630,7 +775,7 @@ impl SlurmManager {
                 Err(e) if e.stderr().contains("in use") && tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Err(e) => return Err(cmd_error("delete the reservation", &e)),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -790,6 +935,10 @@ impl SlurmManager {
     /// `scontrol show reservation`; every change published. Ended jobs release their
     /// reservations.
     pub async fn tick(&self) {
+        if !self.state.lock().reconciled {
+            self.clean_leftovers().await;
+        }
+        self.retry_pending().await;
         let active: Vec<String> = {
             let st = self.state.lock();
             st.jobs
@@ -970,6 +1119,17 @@ impl SlurmManager {
                 tracing::warn!(reservation = %r.id, error = %e, "cannot release at shutdown");
             }
         }
+        // One last try at what is pending; what Slurm still holds then, the next start of this
+        // adapter (same source) releases.
+        let now = tokio::time::Instant::now();
+        for p in self.state.lock().pending.values_mut() {
+            p.next_try = now;
+        }
+        self.retry_pending().await;
+        let left = self.pending_releases();
+        if !left.is_empty() {
+            tracing::warn!(reservations = ?left, "releases still pending at shutdown: the next start of this adapter releases them");
+        }
     }
 }
 
@@ -1100,6 +1260,16 @@ mod tests {
             end_s: end,
             owner: "alice".into(),
         }
+    }
+
+    #[test]
+    fn pending_releases_back_off_to_a_ceiling() {
+        let d: Vec<u128> = (0..10).map(|a| retry_delay(a).as_millis()).collect();
+        assert_eq!(
+            d,
+            [200, 400, 800, 1600, 3200, 6400, 12_800, 25_600, 30_000, 30_000]
+        );
+        assert_eq!(retry_delay(u32::MAX), RETRY_MAX);
     }
 
     #[test]
