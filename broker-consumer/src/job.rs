@@ -387,6 +387,7 @@ impl CoallocFile {
             epsilon_s: self.epsilon_s.unwrap_or(DEFAULT_EPSILON_S),
             policy: policy as i32,
             owner: String::new(),
+            runs: Vec::new(),
         }
     }
 }

@@ -69,6 +69,54 @@ pub fn parse_run_file(text: &str, origin: &str, dir: Option<&Path>) -> Result<pb
     let mut table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| parse(e.message().to_string()))?;
+    let (run, window) = take_run(&mut table, dir, "")?;
+    let window_s = match window {
+        None => 0.0,
+        Some(toml::Value::Integer(i)) => i as f64,
+        Some(toml::Value::Float(x)) => x,
+        Some(_) => return Err(field("window_s", "must be a number")),
+    };
+    let Some(walltime) = table.get("walltime_s").cloned() else {
+        return Err(field(
+            "walltime_s",
+            "give the job's walltime in seconds (the reservation length)",
+        ));
+    };
+    table.entry("reference_time_s").or_insert(walltime);
+    let job: Job = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| parse(e.message().to_string()))?;
+    job.validate()?;
+    let req = pb::RunJobRequest {
+        job: Some(job.to_proto()),
+        script: run.script,
+        disk_mb: run.disk_mb,
+        workdir: run.workdir,
+        policy: 0,
+        window_s: window_s as i64,
+    };
+    check(&req).map_err(|e| match &e {
+        Error::Refused(r) if r.code() == tonic::Code::InvalidArgument => match r.message().split_once(": ") {
+            Some((f, msg)) => field(f, msg),
+            None => field("job", r.message()),
+        },
+        other => field("job", &other.to_string()),
+    })?;
+    Ok(req)
+}
+
+/// Takes what to run out of a run file's (or a coallocation file's `[[job]]`) table: one of
+/// `script`, `script_file` (relative to `dir`) and `command`, and `disk_mb`, `workdir`; also
+/// `window_s` (returned as it is). `at` prefixes field names in errors (e.g. `job[1].`).
+pub fn take_run(
+    table: &mut toml::Table,
+    dir: Option<&Path>,
+    at: &str,
+) -> Result<(pb::CoallocRun, Option<toml::Value>), JobError> {
+    let field = |f: &str, m: &str| JobError::Field {
+        field: format!("{at}{f}"),
+        message: m.into(),
+    };
     let mut take = |k: &str| table.remove(k);
     let (script, script_file, command) = (take("script"), take("script_file"), take("command"));
     let (disk, workdir, window) = (take("disk_mb"), take("workdir"), take("window_s"));
@@ -96,44 +144,40 @@ pub fn parse_run_file(text: &str, origin: &str, dir: Option<&Path>) -> Result<pb
         (None, None, None) => return Err(field("script", "give script, script_file or command")),
         _ => return Err(field("script", "give one of script, script_file and command")),
     };
-    let num = |v: Option<toml::Value>, f: &str| -> Result<f64, JobError> {
-        match v {
-            None => Ok(0.0),
-            Some(toml::Value::Integer(i)) => Ok(i as f64),
-            Some(toml::Value::Float(x)) => Ok(x),
-            Some(_) => Err(field(f, "must be a number")),
-        }
+    let disk_mb = match disk {
+        None => 0.0,
+        Some(toml::Value::Integer(i)) => i as f64,
+        Some(toml::Value::Float(x)) => x,
+        Some(_) => return Err(field("disk_mb", "must be a number")),
     };
-    let disk_mb = num(disk, "disk_mb")?;
-    let window_s = num(window, "window_s")?;
     let workdir = as_str(workdir, "workdir")?.unwrap_or_default();
-    let Some(walltime) = table.get("walltime_s").cloned() else {
-        return Err(field(
-            "walltime_s",
-            "give the job's walltime in seconds (the reservation length)",
-        ));
-    };
-    table.entry("reference_time_s").or_insert(walltime);
-    let job: Job = toml::Value::Table(table)
-        .try_into()
-        .map_err(|e: toml::de::Error| parse(e.message().to_string()))?;
-    job.validate()?;
-    let req = pb::RunJobRequest {
-        job: Some(job.to_proto()),
+    let run = pb::CoallocRun {
         script,
         disk_mb,
         workdir,
-        policy: 0,
-        window_s: window_s as i64,
     };
-    check(&req).map_err(|e| match &e {
-        Error::Refused(r) if r.code() == tonic::Code::InvalidArgument => match r.message().split_once(": ") {
-            Some((f, msg)) => field(f, msg),
-            None => field("job", r.message()),
-        },
-        other => field("job", &other.to_string()),
-    })?;
-    Ok(req)
+    check_run(&run).map_err(|(f, m)| field(f, &m))?;
+    Ok((run, window))
+}
+
+/// Checks what to run: (field, message) of the first problem.
+pub fn check_run(run: &pb::CoallocRun) -> Result<(), (&'static str, String)> {
+    if run.script.len() > MAX_SCRIPT {
+        return Err(("script", format!("at most {MAX_SCRIPT} bytes")));
+    }
+    if !run.script.starts_with("#!") {
+        return Err((
+            "script",
+            "must start with #! and an interpreter (e.g. #!/bin/sh)".into(),
+        ));
+    }
+    if !run.disk_mb.is_finite() || run.disk_mb < 0.0 {
+        return Err(("disk_mb", "must be a finite number >= 0".into()));
+    }
+    if run.workdir.len() > 4096 || (!run.workdir.is_empty() && !run.workdir.starts_with('/')) {
+        return Err(("workdir", "an absolute path of at most 4096 bytes".into()));
+    }
+    Ok(())
 }
 
 /// What `RunJob` checks before it starts: the job and what to run.
@@ -146,18 +190,12 @@ pub struct Plan {
 
 fn check(req: &pb::RunJobRequest) -> Result<(), Error> {
     let bad = |m: &str| Err(Error::invalid_argument(m.to_string()));
-    if req.script.len() > MAX_SCRIPT {
-        return bad(&format!("script: at most {MAX_SCRIPT} bytes"));
-    }
-    if !req.script.starts_with("#!") {
-        return bad("script: must start with #! and an interpreter (e.g. #!/bin/sh)");
-    }
-    if !req.disk_mb.is_finite() || req.disk_mb < 0.0 {
-        return bad("disk_mb: must be a finite number >= 0");
-    }
-    if req.workdir.len() > 4096 || (!req.workdir.is_empty() && !req.workdir.starts_with('/')) {
-        return bad("workdir: an absolute path of at most 4096 bytes");
-    }
+    check_run(&pb::CoallocRun {
+        script: req.script.clone(),
+        disk_mb: req.disk_mb,
+        workdir: req.workdir.clone(),
+    })
+    .map_err(|(f, m)| Error::invalid_argument(format!("{f}: {m}")))?;
     if !(0..=366 * 86_400).contains(&req.window_s) {
         return bad("window_s: must be within 0..=31622400 seconds (0 = 3600)");
     }
@@ -520,7 +558,7 @@ async fn release(reserver: &RemoteReserver, id: &str, owner: &str) {
 }
 
 /// One call bounded by [`CALL_TIMEOUT`].
-async fn call<T, F, Fut>(client: &ReservationsClient<Channel>, f: F) -> Result<T, Status>
+pub(crate) async fn call<T, F, Fut>(client: &ReservationsClient<Channel>, f: F) -> Result<T, Status>
 where
     F: FnOnce(ReservationsClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,

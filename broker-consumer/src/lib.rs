@@ -37,6 +37,7 @@
 
 pub mod calendar;
 pub mod coalloc;
+pub mod costart;
 pub mod error;
 pub mod job;
 pub mod jobrun;
@@ -46,6 +47,7 @@ pub mod remote;
 pub mod replay;
 pub mod reserve;
 pub mod service;
+pub mod simjobs;
 pub mod simres;
 pub mod slurm;
 pub mod utility;

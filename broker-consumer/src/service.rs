@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use crate::coalloc::{coallocate, CoJob, CoOutcome, CoRequest, CoStats};
+use crate::costart;
 use crate::job::{Job, JobError, DEFAULT_EPSILON_S, DEFAULT_WINDOW_S, MAX_COALLOC_JOBS};
 use crate::rank::{rank, Limits, Policy, RankConfig, Ranked, Resource, Snapshot};
 use crate::remote::{reservation_to_proto, RemoteReserver};
@@ -313,6 +314,17 @@ impl BrokerCore {
             .enumerate()
             .map(|(i, j)| Job::from_proto(j, &format!("jobs[{i}].")))
             .collect::<Result<Vec<_>, JobError>>()?;
+        if !req.runs.is_empty() && req.runs.len() != req.jobs.len() {
+            return Err(BrokerError::invalid_argument(format!(
+                "runs: give one per job ({} jobs, {} runs) or none",
+                req.jobs.len(),
+                req.runs.len()
+            )));
+        }
+        for (i, r) in req.runs.iter().enumerate() {
+            crate::jobrun::check_run(r)
+                .map_err(|(f, m)| BrokerError::invalid_argument(format!("runs[{i}].{f}: {m}")))?;
+        }
         let mut names = std::collections::HashSet::new();
         for (i, j) in jobs.iter().enumerate() {
             if !names.insert(j.name.as_str()) {
@@ -421,14 +433,47 @@ impl BrokerCore {
         let outcome = coallocate(&co, &reserver).await.map_err(|e| {
             BrokerError::unavailable(format!("coallocation aborted (every reservation released): {e}"))
         })?;
-        let elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics::counter!("gma_broker_decisions_total", "kind" => "coallocate").increment(1);
         let job_names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
-        let (success, reservations, reason, stats) = match outcome {
+        let (mut success, reservations, mut reason, stats) = match outcome {
             CoOutcome::Success { reservations, stats } => (true, reservations, String::new(), stats),
             CoOutcome::Failed { reason, stats } => (false, Vec::new(), reason, stats),
         };
+        // `--submit`: start each job in its reservation and follow the set until it started.
+        let (mut stage, mut spread_s, mut batch) = (String::new(), 0, Vec::new());
+        if !req.runs.is_empty() {
+            if success {
+                let members: Vec<costart::Member> = reservations
+                    .iter()
+                    .zip(jobs.iter().zip(&req.runs))
+                    .map(|((name, res), (j, run))| costart::Member {
+                        job: name.clone(),
+                        res: res.clone(),
+                        offset_s: j.offset_s,
+                        spec: pb::BatchJobSpec {
+                            name: j.name.clone(),
+                            script: run.script.clone(),
+                            cpus: j.cpus,
+                            memory_mb: j.memory_mb,
+                            disk_mb: run.disk_mb,
+                            software: j.software.clone(),
+                            time_limit_s: j.walltime(),
+                            workdir: run.workdir.clone(),
+                        },
+                    })
+                    .collect();
+                let started = costart::start_set(&reserver, &members, &co.owner, eps).await;
+                success = started.stage == "started";
+                reason = started.reason;
+                stage = started.stage;
+                spread_s = started.spread_s;
+                batch = started.jobs;
+            } else {
+                stage = "reserve".into();
+            }
+        }
+        let elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics::counter!("gma_broker_decisions_total", "kind" => "coallocate").increment(1);
         let chosen: Vec<String> = reservations
             .iter()
             .map(|(j, r)| format!("{j}={}", r.resource))
@@ -450,7 +495,12 @@ impl BrokerCore {
                 policy.as_str().into(),
                 chosen.join(","),
                 format!("iterations={}", stats.iterations),
-                if success { "success" } else { "failed" }.into(),
+                match (success, stage.as_str()) {
+                    (true, "") => "success".to_string(),
+                    (false, "") => "failed".to_string(),
+                    (true, _) => format!("started (spread {spread_s} s)"),
+                    (false, s) => format!("not started ({s})"),
+                },
                 reason.clone(),
             ],
         ));
@@ -458,16 +508,20 @@ impl BrokerCore {
             success,
             reservations: reservations
                 .iter()
-                .map(|(j, r)| pb::CoallocatedJob {
+                .enumerate()
+                .map(|(i, (j, r))| pb::CoallocatedJob {
                     job: j.clone(),
                     reservation: Some(reservation_to_proto(r)),
                     manager: reserver.manager_of(&r.resource).unwrap_or("").to_string(),
+                    batch: batch.get(i).cloned().flatten(),
                 })
                 .collect(),
             reason,
             stats: Some(stats_to_proto(&stats)),
             elapsed_ms,
             decision_id: id,
+            stage,
+            spread_s,
         })
     }
 }

@@ -51,6 +51,7 @@ use crate::error::Error;
 use crate::remote::{answer_to_proto, reservation_to_proto};
 use crate::reserve::{Answer, Reservation, ReserveRequest};
 use crate::service::RESERVATION_EVENT;
+use crate::simjobs::{job_schema, publish_job, ClaimRefused, SimJobs};
 
 /// Owner of the reservations a simulation starts with.
 pub const BACKGROUND_OWNER: &str = "background";
@@ -253,6 +254,8 @@ pub struct Manager {
     prefix: String,
     hub: Option<Arc<Hub>>,
     source: String,
+    /// The jobs claimed into reservations (simulated: crate::simjobs).
+    jobs: Mutex<SimJobs>,
 }
 
 fn invalid(m: impl Into<String>) -> Error {
@@ -332,6 +335,7 @@ impl Manager {
             prefix,
             hub,
             source: config.source.clone(),
+            jobs: Mutex::new(SimJobs::default()),
         })
     }
 
@@ -539,11 +543,95 @@ impl Manager {
         Ok(answer_to_proto(&out, released))
     }
 
+    /// Releases a reservation; a job claimed into it is cancelled first.
     pub fn release(&self, id: &str, owner: &str) -> Result<(), Error> {
         let local = self.local_id(id)?;
         let r = self.calendars.lock().release(local, owner)?;
+        let cancelled = {
+            let mut jobs = self.jobs.lock();
+            jobs.of_reservation(id).and_then(|j| {
+                jobs.cancel(
+                    &j,
+                    now_ns() / 1_000_000_000,
+                    "cancelled: its reservation was released",
+                )
+            })
+        };
+        if let Some((j, cpus)) = cancelled {
+            publish_job(self.hub.as_deref(), &self.source, &j, cpus);
+        }
         self.publish(&self.wire(r), "released");
         Ok(())
+    }
+
+    /// The held reservation `id` of `owner` (NOT_FOUND / PERMISSION_DENIED as for a claim).
+    fn held_by(&self, id: &str, owner: &str) -> Result<Reservation, Error> {
+        let local = self.local_id(id)?;
+        let held = self
+            .calendars
+            .lock()
+            .list("", "")
+            .into_iter()
+            .find(|r| r.id == local);
+        owned_by(
+            held,
+            |r| r.owner.as_str(),
+            "reservation",
+            id,
+            owner,
+            ": only its creator may claim it",
+        )
+        .map(|r| self.wire(r))
+    }
+
+    /// Claims reservation `id` with a simulated job (crate::simjobs): pending until the
+    /// reservation's start, running from it, completed at its end. The script is not run.
+    pub fn claim(&self, id: &str, owner: &str, spec: &pb::BatchJobSpec) -> Result<pb::BatchJob, Error> {
+        let res = self.held_by(id, owner)?;
+        let now = now_ns() / 1_000_000_000;
+        let job = self
+            .jobs
+            .lock()
+            .claim(&res, owner, spec, now)
+            .map_err(|e| match e {
+                ClaimRefused::Cpus(..) | ClaimRefused::Name => invalid(e.to_string()),
+                _ => Error::failed_precondition(e.to_string()),
+            })?;
+        self.publish(&res, "claimed");
+        publish_job(self.hub.as_deref(), &self.source, &job, spec.cpus);
+        // A reservation that has already started starts its job at once.
+        self.advance_jobs(now);
+        Ok(self.jobs.lock().get(&job.job_id).cloned().unwrap_or(job))
+    }
+
+    /// Moves the simulated jobs to `now_s`: publishes their changes and releases the
+    /// reservations of the jobs that ended.
+    pub fn advance_jobs(&self, now_s: i64) {
+        let (changed, ended) = self.jobs.lock().advance(now_s);
+        for (j, cpus) in &changed {
+            publish_job(self.hub.as_deref(), &self.source, j, *cpus);
+        }
+        for id in ended {
+            let Ok(local) = self.local_id(&id) else { continue };
+            let owner = self
+                .calendars
+                .lock()
+                .list("", "")
+                .into_iter()
+                .find(|r| r.id == local)
+                .map(|r| r.owner);
+            if let Some(owner) = owner {
+                if let Ok(r) = self.calendars.lock().release(local, &owner) {
+                    self.publish(&self.wire(r), "released");
+                }
+            }
+        }
+    }
+
+    fn owned_job(&self, job_id: &str, owner: &str) -> Result<pb::BatchJob, Error> {
+        self.advance_jobs(now_ns() / 1_000_000_000);
+        let jobs = self.jobs.lock();
+        owned_by(jobs.get(job_id), |j| j.owner.as_str(), "job", job_id, owner, "").cloned()
     }
 
     pub fn list(&self, req: &pb::ListReservationsRequest) -> Vec<pb::Reservation> {
@@ -814,39 +902,35 @@ impl ResourceManager for Manager {
         Manager::list(self, req)
     }
 
-    /// Only the creator may claim; then the simulator says it runs no jobs.
     async fn claim(&self, req: &pb::ClaimRequest, owner: &str) -> Result<pb::BatchJob, Error> {
-        let id = &req.reservation_id;
-        let local = self.local_id(id)?;
-        let held = self
-            .calendars
-            .lock()
-            .list("", "")
-            .into_iter()
-            .find(|r| r.id == local);
-        owned_by(
-            held,
-            |r| r.owner.as_str(),
-            "reservation",
-            id,
-            owner,
-            ": only its creator may claim it",
-        )?;
-        Err(Error::failed_precondition(NO_JOBS))
+        let spec = req
+            .job
+            .as_ref()
+            .ok_or_else(|| invalid("job: give the job to start"))?;
+        Manager::claim(self, &req.reservation_id, owner, spec)
     }
 
-    async fn job_status(&self, _req: &pb::BatchJobRequest, _owner: &str) -> Result<pb::BatchJob, Error> {
-        Err(Error::failed_precondition(NO_JOBS))
+    async fn job_status(&self, req: &pb::BatchJobRequest, owner: &str) -> Result<pb::BatchJob, Error> {
+        bounded("job_id", &req.job_id)?;
+        self.owned_job(&req.job_id, owner)
     }
 
-    async fn cancel_job(&self, _req: &pb::BatchJobRequest, _owner: &str) -> Result<pb::BatchJob, Error> {
-        Err(Error::failed_precondition(NO_JOBS))
+    async fn cancel_job(&self, req: &pb::BatchJobRequest, owner: &str) -> Result<pb::BatchJob, Error> {
+        bounded("job_id", &req.job_id)?;
+        let j = self.owned_job(&req.job_id, owner)?;
+        let now = now_ns() / 1_000_000_000;
+        let cancelled = self.jobs.lock().cancel(&j.job_id, now, "cancelled by its owner");
+        let Some((j, cpus)) = cancelled else { return Ok(j) };
+        publish_job(self.hub.as_deref(), &self.source, &j, cpus);
+        // The reservation ends with its job (as at gma slurm).
+        if let Ok(local) = self.local_id(&j.reservation_id) {
+            if let Ok(r) = self.calendars.lock().release(local, &j.owner) {
+                self.publish(&self.wire(r), "released");
+            }
+        }
+        Ok(j)
     }
 }
-
-/// What `gma simres` answers to the job RPCs.
-const NO_JOBS: &str =
-    "gma simres simulates reservations and runs no jobs: run jobs at a resource manager that does (gma slurm)";
 
 /// The producer a resource manager (`role`: simres, slurm) runs in: a producer of `schemas`
 /// and nobody's archive (`who.push` is turned off: its events are pulled by who wants them).
@@ -893,7 +977,7 @@ pub async fn run(
             lease_ttl_ms: config.lease_ttl_ms,
             ..Identity::new(&config.source, config.directory.clone())
         },
-        &[reservation_schema()],
+        &[reservation_schema(), job_schema()],
     )
     .map_err(|e| Error::Simres(e.to_string()))?;
     let manager = Arc::new(Manager::new(
@@ -915,8 +999,20 @@ pub async fn run(
             }
         })
     };
+    // Simulated jobs start and end on the clock (crate::simjobs).
+    let runner = {
+        let m = manager.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                m.advance_jobs(now_ns() / 1_000_000_000);
+            }
+        })
+    };
     let r = serve(producer, manager, listener, shutdown).await;
     expirer.abort();
+    runner.abort();
     r.map_err(|e| Error::Simres(e.to_string()))
 }
 

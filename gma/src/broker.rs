@@ -85,6 +85,12 @@ pub enum BrokerCommand {
         /// Orders each job's candidate resources.
         #[arg(long, value_enum, default_value = "ttd")]
         policy: PolicyArg,
+        /// Start the set: each [[job]] carries what it runs (script, script_file or command, as
+        /// in `gma job submit`); once all are reserved each is submitted into its reservation
+        /// and the command waits until all started (exit status 3 when the set did not start
+        /// within epsilon; everything is then cancelled and released).
+        #[arg(long)]
+        submit: bool,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
@@ -151,8 +157,9 @@ pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
             jobs,
             broker,
             policy,
+            submit,
             output,
-        }) => coallocate(&jobs, &broker, policy, output).await,
+        }) => coallocate(&jobs, &broker, policy, submit, output).await,
         Some(BrokerCommand::View { broker, output }) => view(&broker, output).await,
         None => serve(a.config, a.role).await,
     }
@@ -386,11 +393,17 @@ async fn coallocate(
     path: &std::path::Path,
     broker: &str,
     policy: PolicyArg,
+    submit: bool,
     output: Output,
 ) -> anyhow::Result<()> {
-    let file = CoallocFile::load(path).map_err(|e| anyhow!("{e}"))?;
+    let (file, runs) = if submit {
+        gma_broker::costart::load_with_runs(path).map_err(|e| anyhow!("{e}"))?
+    } else {
+        (CoallocFile::load(path).map_err(|e| anyhow!("{e}"))?, Vec::new())
+    };
     let now_s = now_ns() / 1_000_000_000;
-    let req = file.to_request(now_s, policy_to_proto(policy.policy()));
+    let mut req = file.to_request(now_s, policy_to_proto(policy.policy()));
+    req.runs = runs;
     let (start, end, eps) = (req.window_start_s, req.window_end_s, req.epsilon_s);
     let mut c = client(broker).await?;
     // Each reservation operation is bounded by the broker; a long window takes many.
@@ -405,11 +418,18 @@ async fn coallocate(
                 "window_start_s": start,
                 "window_end_s": end,
                 "epsilon_s": eps,
+                "stage": r.stage,
+                "spread_s": r.spread_s,
                 "reservations": r.reservations.iter().map(|j| {
                     let res = j.reservation.clone().unwrap_or_default();
+                    let batch = j.batch.as_ref().map(|b| json!({
+                        "job_id": b.job_id, "state": b.state, "start_s": b.start_s,
+                        "submit_s": b.submit_s, "reason": b.reason, "output": b.output,
+                    }));
                     json!({
                         "job": j.job, "resource": res.resource, "id": res.id, "cpus": res.cpus,
                         "start_s": res.start_s, "end_s": res.end_s, "owner": res.owner, "manager": j.manager,
+                        "batch": batch,
                     })
                 }).collect::<Vec<_>>(),
                 "stats": {
@@ -423,7 +443,9 @@ async fn coallocate(
             })
         ),
         Output::Table => {
-            if r.success {
+            if !r.stage.is_empty() && r.stage != "reserve" {
+                print_started(&r, eps);
+            } else if r.success {
                 println!(
                     "coallocated {} jobs (window {} .. {}, epsilon {} s):",
                     r.reservations.len(),
@@ -462,9 +484,48 @@ async fn coallocate(
         }
     }
     if !r.success {
-        std::process::exit(2);
+        std::process::exit(if r.stage.is_empty() || r.stage == "reserve" {
+            2
+        } else {
+            3
+        });
     }
     Ok(())
+}
+
+/// The table of a submitted set: each job's reservation, batch job and actual start.
+fn print_started(r: &pb::CoallocateResponse, eps: i64) {
+    if r.success {
+        println!(
+            "started {} jobs, spread {} s (epsilon {eps} s):",
+            r.reservations.len(),
+            r.spread_s
+        );
+    } else {
+        println!("not started ({}): {}", r.stage, r.reason);
+    }
+    let time = |s: i64| {
+        if s > 0 {
+            format_rfc3339(s * 1_000_000_000)
+        } else {
+            "-".to_string()
+        }
+    };
+    for j in &r.reservations {
+        let res = j.reservation.clone().unwrap_or_default();
+        let b = j.batch.clone().unwrap_or_default();
+        println!(
+            "  {:<16} -> {:<16} reserved {}  started {}  job {:<10} {:<10} id {}  at {}",
+            j.job,
+            res.resource,
+            time(res.start_s),
+            time(b.start_s),
+            if b.job_id.is_empty() { "-" } else { &b.job_id },
+            if b.state.is_empty() { "unclaimed" } else { &b.state },
+            res.id,
+            j.manager
+        );
+    }
 }
 
 async fn view(broker: &str, output: Output) -> anyhow::Result<()> {

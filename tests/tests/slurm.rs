@@ -1010,3 +1010,219 @@ async fn a_release_while_slurmctld_is_down_is_kept_and_retried_until_slurm_holds
     assert_eq!(r.code, 0, "{}", r.stderr);
     drop(f);
 }
+
+/// `key=value` of `scontrol show job -o` (the job's one line).
+fn job_field(line: &str, key: &str) -> Option<String> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_string))
+}
+
+/// A coallocation file of a 2-CPU job (only Slurm's node can hold it) and a 1-CPU job that
+/// must start within epsilon of it (on simres), each with what it runs.
+fn set_file(dir: &Path, start_in_s: i64, epsilon_s: i64, out: &Path) -> String {
+    run_file(
+        dir,
+        "set",
+        &format!(
+            "start_in_s = {start_in_s}\nwindow_s = 600\nepsilon_s = {epsilon_s}\n\
+             [[job]]\nname = \"wide\"\ncpus = 2\nreference_time_s = 120\n\
+             command = \"date +%s > {}\"\n\
+             [[job]]\nname = \"narrow\"\ncpus = 1\nreference_time_s = 120\ncommand = \"true\"\n",
+            out.display()
+        ),
+    )
+}
+
+/// A directory, the Slurm adapter and a broker (`fabric`) plus a `gma simres` with one free
+/// 1-CPU resource, both registered.
+fn fabric_and_simres(cluster: &Cluster, tmp: &Path) -> (Fabric, Proc) {
+    let f = fabric(cluster);
+    let free = simres(
+        tmp,
+        "free",
+        &f.directory,
+        "[[resource]]\nname = \"simA\"\ncpus = 1\n",
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            search_ids(&f.directory, "reservation.state").is_some_and(|v| v.len() == 2)
+        }),
+        "simres never registered: {}",
+        free.stderr_text()
+    );
+    (f, free)
+}
+
+/// `gma broker coallocate --submit` across Slurm and simres: both jobs start in their
+/// reservations within epsilon; the output gives each job's actual start (Slurm's StartTime
+/// for the Slurm job, which really ran) and the spread. After the jobs end nothing is
+/// reserved anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coallocate_submit_starts_every_job_of_the_set_within_epsilon() {
+    let Some(cluster) = cluster_or_skip("coallocate_submit_starts_every_job_of_the_set_within_epsilon")
+    else {
+        return;
+    };
+    let tmp = tempdir();
+    let (f, free) = fabric_and_simres(&cluster, tmp.path());
+    let mut sub = subscribe(&f.directory, &["job.batch", "broker.decision"]);
+    let ran = cluster.job_dir().join("wide.ran");
+    let set = set_file(tmp.path(), 0, 60, &ran);
+    let r = gma(
+        &[
+            "broker",
+            "coallocate",
+            "--jobs",
+            &set,
+            "--broker",
+            &f.broker.addr,
+            "--submit",
+            "--output",
+            "json",
+        ],
+        Duration::from_secs(300),
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let out: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        (out["success"].as_bool(), out["stage"].as_str()),
+        (Some(true), Some("started")),
+        "{out}"
+    );
+    let res = out["reservations"].as_array().unwrap();
+    let member = |name: &str| res.iter().find(|x| x["job"] == name).cloned().unwrap();
+    let (wide, narrow) = (member("wide"), member("narrow"));
+    assert_eq!(wide["resource"], cluster.node.as_str(), "{out}");
+    assert_eq!(narrow["resource"], "simA", "{out}");
+    let start = |m: &serde_json::Value| m["batch"]["start_s"].as_i64().unwrap();
+    let (ws, ns) = (start(&wide), start(&narrow));
+    assert!(ws > 0 && ns > 0, "{out}");
+    let spread = out["spread_s"].as_i64().unwrap();
+    assert_eq!(spread, (ws - ns).abs(), "{out}");
+    assert!(spread <= 60, "{out}");
+    // simres starts its job exactly at the reserved start.
+    assert_eq!(ns, narrow["start_s"].as_i64().unwrap(), "{out}");
+    // The Slurm job's start is Slurm's StartTime, and the job really ran then.
+    let job_id = wide["batch"]["job_id"].as_str().unwrap().to_string();
+    let show = cluster.cmd("scontrol", &["show", "job", "-o", &job_id]).unwrap();
+    let slurm_start = job_field(&show, "StartTime")
+        .and_then(|t| gma_core::time::parse_rfc3339(&format!("{t}Z")))
+        .flatten()
+        .map(|ns| ns / 1_000_000_000);
+    assert_eq!(slurm_start, Some(ws), "{show}");
+    assert!(
+        wait_until(Duration::from_secs(60), || std::fs::read_to_string(&ran)
+            .is_ok_and(|t| t.trim().parse::<i64>().is_ok_and(|s| s >= ws))),
+        "the Slurm job never ran: {show}"
+    );
+    // The lifecycle from both managers, and the decision.
+    let mut seen = Vec::new();
+    collect_until(&mut sub, &mut seen, "both jobs running and the decision", |s| {
+        // A short Slurm job may be read pending, then completed (never seen running).
+        job_states(s, "wide")
+            .iter()
+            .any(|x| x == "running" || x == "completed")
+            && job_states(s, "narrow").iter().any(|x| x == "running")
+            && s.iter().any(|e| e.name == "broker.decision")
+    })
+    .await;
+    let decision = seen.iter().find(|e| e.name == "broker.decision").unwrap();
+    assert_eq!(
+        decision.text["outcome"],
+        format!("started (spread {spread} s)"),
+        "{decision:?}"
+    );
+    // The Slurm job ends, and its reservation with it; the simres one is released on request.
+    no_reservation_left(&cluster);
+    let r = release(
+        &free.addr,
+        narrow["id"].as_str().unwrap(),
+        narrow["owner"].as_str().unwrap(),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(simres_held(&free.addr).is_empty());
+    drop(f);
+}
+
+/// slurmctld killed (-9) after the set is reserved and claimed, before it starts: the simres
+/// job starts at the reserved start, the Slurm job cannot, so the set is reported not started
+/// (exit status 3, stage `start`, naming the job that did not start) and everything is
+/// released — at simres at once, at Slurm once slurmctld is back on the same state directory
+/// (the adapter keeps the release and retries it): Slurm then holds no reservation and no job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slurmctld_killed_before_the_set_starts_is_a_clear_failure_that_leaks_nothing() {
+    let Some(mut cluster) =
+        cluster_or_skip("a_slurmctld_killed_before_the_set_starts_is_a_clear_failure_that_leaks_nothing")
+    else {
+        return;
+    };
+    let tmp = tempdir();
+    let (f, free) = fabric_and_simres(&cluster, tmp.path());
+    let mut sub = subscribe(&f.directory, &["job.batch"]);
+    let set = set_file(tmp.path(), 20, 5, &cluster.job_dir().join("wide.ran"));
+    let mut co = Proc::start(
+        &[
+            "broker",
+            "coallocate",
+            "--jobs",
+            &set,
+            "--broker",
+            &f.broker.addr,
+            "--submit",
+        ],
+        "",
+    );
+    // Claimed: Slurm holds the job, pending until the reservation starts.
+    let mut seen = Vec::new();
+    collect_until(&mut sub, &mut seen, "the Slurm job pending", |s| {
+        job_states(s, "wide").iter().any(|x| x == "pending")
+    })
+    .await;
+    let job_id = seen
+        .iter()
+        .find(|e| e.name == "job.batch" && e.text["name"] == "wide")
+        .map(|e| e.text["job"].clone())
+        .unwrap();
+    cluster.kill_controller();
+    let mut code = None;
+    assert!(
+        wait_until(Duration::from_secs(240), || {
+            code = co.child.try_wait().unwrap().map(|s| s.code().unwrap_or(-1));
+            code.is_some()
+        }),
+        "gma broker coallocate --submit never ended: {}",
+        co.stderr_text()
+    );
+    wait_until(Duration::from_secs(5), || !co.stdout_lines().is_empty());
+    let text = co.stdout_lines().join("\n");
+    assert_eq!(code, Some(3), "{text}\n{}", co.stderr_text());
+    assert!(
+        text.starts_with("not started (start): wide had not started")
+            && text.contains("the manager keeps and retries them"),
+        "{text}"
+    );
+    assert!(simres_held(&free.addr).is_empty());
+    let mut narrow = Vec::new();
+    collect_until(&mut sub, &mut narrow, "the simres job cancelled", |s| {
+        job_states(s, "narrow").iter().any(|x| x == "cancelled")
+    })
+    .await;
+    assert!(
+        job_states(&narrow, "narrow").contains(&"running".to_string()),
+        "{narrow:?}"
+    );
+
+    cluster.restart_controller().unwrap();
+    let mut left = Vec::new();
+    let clean = wait_until(Duration::from_secs(120), || {
+        left = cluster.reservations().unwrap_or_else(|e| vec![e]);
+        let queue = cluster.cmd("squeue", &["-h", "-t", "PD,R,CG", "-o", "%i"]);
+        left.is_empty() && queue.is_ok_and(|q| !q.split_whitespace().any(|id| id == job_id))
+    });
+    assert!(
+        clean,
+        "Slurm still holds {left:#?} (or job {job_id} is queued) after slurmctld came back; adapter: {}",
+        f.adapter.stderr_text()
+    );
+    drop(f);
+}

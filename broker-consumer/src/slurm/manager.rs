@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gma_core::event::{dbl, text, EventData};
 use gma_core::time::now_ns;
 use gma_producer::Hub;
 use gma_proto::v1 as pb;
@@ -23,10 +22,10 @@ use super::config::SlurmConfig;
 use crate::error::Error;
 use crate::remote::{answer_to_proto, reservation_to_proto};
 use crate::reserve::{Answer, Reservation};
+use crate::simjobs::publish_job;
+pub use crate::simjobs::{job_schema, JOB_EVENT};
 use crate::simres::{check_window, owned_by};
 
-/// The job lifecycle events of a batch system.
-pub const JOB_EVENT: &str = "job.batch";
 /// Start times tried for one request (each after the end of what was in the way).
 const MAX_ATTEMPTS: usize = 16;
 /// Largest batch script accepted.
@@ -35,31 +34,6 @@ const MAX_SCRIPT: usize = 1 << 20;
 const FORGET_AFTER_S: i64 = 3600;
 /// Most reservations held at once.
 const MAX_HELD: usize = 100_000;
-
-/// `job.batch`: every state change of a job the adapter started in a reservation.
-pub fn job_schema() -> pb::EventSchema {
-    pb::EventSchema {
-        name: JOB_EVENT.into(),
-        version: 1,
-        fields: vec![
-            dbl("exit_code", "", "the job's exit code (NaN until it ended)"),
-            dbl("signal", "", "the signal that ended it (0 = none)"),
-            dbl("cpus", "cpus", "CPUs of the job"),
-            dbl("submit_s", "s", "submitted, Unix seconds"),
-            dbl("start_s", "s", "started, Unix seconds (0 = not yet)"),
-            dbl("end_s", "s", "ended, Unix seconds (0 = not yet)"),
-            text("job", "the batch system's job id"),
-            text("name", "the job's name"),
-            text("reservation", "the reservation it runs in"),
-            text("resource", "the node"),
-            text("owner", "who claimed the reservation"),
-            text("state", "pending, running, completed, failed or cancelled"),
-            text("reason", "the batch system's state or reason"),
-            text("output", "path of its standard output"),
-        ],
-        description: "a batch job in an advance reservation changed state (gma slurm)".into(),
-    }
-}
 
 struct Held {
     res: Reservation,
@@ -357,37 +331,7 @@ impl SlurmManager {
     }
 
     fn publish_job(&self, j: &pb::BatchJob, cpus: u32) {
-        let Some(hub) = &self.hub else { return };
-        let e = EventData {
-            name: JOB_EVENT.into(),
-            source: self.source.clone(),
-            timestamp_ns: now_ns(),
-            numbers: vec![
-                if j.exit_code < 0 {
-                    f64::NAN
-                } else {
-                    f64::from(j.exit_code)
-                },
-                f64::from(j.signal),
-                f64::from(cpus),
-                j.submit_s as f64,
-                j.start_s as f64,
-                j.end_s as f64,
-            ],
-            strings: vec![
-                j.job_id.clone(),
-                j.name.clone(),
-                j.reservation_id.clone(),
-                j.resource.clone(),
-                j.owner.clone(),
-                j.state.clone(),
-                gma_core::clip(&j.reason, 1024).to_string(),
-                j.output.clone(),
-            ],
-        };
-        if let (_, Err(err)) = hub.publish(&[e]) {
-            tracing::warn!(error = %err, "cannot publish job.batch");
-        }
+        publish_job(self.hub.as_deref(), &self.source, j, cpus);
     }
 
     fn node(&self, name: &str) -> Option<&SlurmNode> {
