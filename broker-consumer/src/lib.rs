@@ -11,6 +11,8 @@
 //!   state, and the in-memory manager used by tests and replays).
 //! - [`coalloc`]: the coallocation algorithm (sliding ε start window, reservations per job,
 //!   exchange along shortest augmenting paths, no hold-and-wait, no leaked reservations).
+//! - [`costart`]: starting a coallocated set in its reservations (`coallocate --submit`):
+//!   claims, the actual starts and their spread, everything released when the set cannot start.
 //! - [`remote`]: resource managers over gRPC (the `Reservations` client side).
 //! - [`view`]: the live resource table fed by `host.load` / `host.info` / `host.cpu` /
 //!   `site.load`, with static annotations; snapshots are shared, never copied per decision.
@@ -18,6 +20,7 @@
 //!   Coallocate, View), publishes `broker.decision` events.
 //! - [`simres`]: `gma simres`, a simulated resource manager serving `Reservations` over
 //!   per-resource calendars and publishing `reservation.state` events.
+//! - [`simjobs`]: the `job.batch` event, and the jobs simres simulates in claimed reservations.
 //! - [`placement`]: placement quality: a discrete-event simulation of a synthetic workload
 //!   placed by `ttd`, at random and round-robin.
 //! - [`replay`]: the paper's randomized coallocation experiment (§5.2.2).

@@ -3,9 +3,11 @@
 //! granted / never / retry-from) so the broker's reservations and coallocation run for real.
 //!
 //! It is also a producer: every change is published as a `reservation.state` event (state
-//! `granted`, `modified`, `released`, `expired`, with the reservation), so what a coallocation
+//! `granted`, `modified`, `claimed`, `released`, `expired`, with the reservation), so what a coallocation
 //! held at any moment can be checked on the stream, and the broker finds resource managers in
-//! the directory as the producers of `reservation.state`.
+//! the directory as the producers of `reservation.state`. A claimed reservation gets a
+//! simulated job (crate::simjobs: it starts exactly at the reserved start, runs nothing, and is
+//! published as `job.batch`), so a coallocated set can be started across simres and Slurm.
 //!
 //! ```toml
 //! listen = "127.0.0.1:7400"     # optional (flag --listen wins)
