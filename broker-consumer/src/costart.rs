@@ -22,7 +22,7 @@ use gma_proto::v1 as pb;
 
 use crate::error::JobError;
 use crate::job::CoallocFile;
-use crate::jobrun::{call, take_run};
+use crate::jobrun::{call, read_text, take_run};
 use crate::remote::RemoteReserver;
 use crate::reserve::{Reservation, ReserveError, Reserver};
 
@@ -30,11 +30,7 @@ use crate::reserve::{Reservation, ReserveError, Reserver};
 /// `script_file` relative to the file, or `command`; `disk_mb`, `workdir`), as in a run file
 /// of `gma job submit`. The runs are in job order.
 pub fn load_with_runs(path: &Path) -> Result<(CoallocFile, Vec<pb::CoallocRun>), JobError> {
-    let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| JobError::Read {
-        path: origin.clone(),
-        message: e.to_string(),
-    })?;
+    let (text, origin) = read_text(path)?;
     parse_with_runs(&text, &origin, path.parent())
 }
 

@@ -48,12 +48,18 @@ const FOLLOW_GRACE: Duration = Duration::from_secs(30);
 
 /// Reads a run file (see the module doc) into the request of `RunJob`.
 pub fn load_run_file(path: &Path) -> Result<pb::RunJobRequest, JobError> {
+    let (text, origin) = read_text(path)?;
+    parse_run_file(&text, &origin, path.parent())
+}
+
+/// A job file's text and its name for errors.
+pub(crate) fn read_text(path: &Path) -> Result<(String, String), JobError> {
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| JobError::Read {
         path: origin.clone(),
         message: e.to_string(),
     })?;
-    parse_run_file(&text, &origin, path.parent())
+    Ok((text, origin))
 }
 
 /// Parses run-file text (`dir`: where `script_file` is relative to).

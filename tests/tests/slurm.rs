@@ -899,21 +899,8 @@ async fn a_release_while_slurmctld_is_down_is_kept_and_retried_until_slurm_holds
     else {
         return;
     };
-    let mut f = fabric(&cluster);
     let tmp = tempdir();
-    let free = simres(
-        tmp.path(),
-        "free",
-        &f.directory,
-        "[[resource]]\nname = \"simA\"\ncpus = 1\n",
-    );
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            search_ids(&f.directory, "reservation.state").is_some_and(|v| v.len() == 2)
-        }),
-        "simres never registered: {}",
-        free.stderr_text()
-    );
+    let (mut f, free) = fabric_and_simres(&cluster, tmp.path());
     let jobs = run_file(
         tmp.path(),
         "jobs",
