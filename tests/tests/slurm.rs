@@ -878,6 +878,26 @@ fn saved_in_state(cluster: &Cluster, id: &str) -> bool {
         .is_ok_and(|b| b.windows(id.len()).any(|w| w == id.as_bytes()))
 }
 
+/// Waits (bounded: the adapter retries with backoff up to 30 s) until Slurm lists no
+/// reservation and, when given, no longer queues `job`.
+fn nothing_left_after_recovery(cluster: &Cluster, adapter: &Proc, job: Option<&str>) {
+    let mut left = Vec::new();
+    let clean = wait_until(Duration::from_secs(120), || {
+        left = cluster.reservations().unwrap_or_else(|e| vec![e]);
+        let queued = job.is_some_and(|j| {
+            cluster
+                .cmd("squeue", &["-h", "-t", "PD,R,CG", "-o", "%i"])
+                .map_or(true, |q| q.split_whitespace().any(|id| id == j))
+        });
+        left.is_empty() && !queued
+    });
+    assert!(
+        clean,
+        "Slurm still holds {left:#?} (or queues job {job:?}) after slurmctld came back; adapter: {}",
+        adapter.stderr_text()
+    );
+}
+
 /// `gma simres release` of reservation `id` at `manager` as `owner`.
 fn release(manager: &str, id: &str, owner: &str) -> Run {
     gma(
@@ -958,16 +978,7 @@ async fn a_release_while_slurmctld_is_down_is_kept_and_retried_until_slurm_holds
     assert!(simres_held(&free.addr).is_empty());
 
     cluster.restart_controller().unwrap();
-    let mut left = Vec::new();
-    let clean = wait_until(Duration::from_secs(120), || {
-        left = cluster.reservations().unwrap_or_else(|e| vec![e]);
-        left.is_empty()
-    });
-    assert!(
-        clean,
-        "Slurm still holds {left:#?} after slurmctld came back; adapter: {}",
-        f.adapter.stderr_text()
-    );
+    nothing_left_after_recovery(&cluster, &f.adapter, None);
     let mut seen = Vec::new();
     collect_until(&mut sub, &mut seen, "the release", |s| {
         res_states(s, &id).last().map(String::as_str) == Some("released")
@@ -1200,16 +1211,6 @@ async fn a_slurmctld_killed_before_the_set_starts_is_a_clear_failure_that_leaks_
     );
 
     cluster.restart_controller().unwrap();
-    let mut left = Vec::new();
-    let clean = wait_until(Duration::from_secs(120), || {
-        left = cluster.reservations().unwrap_or_else(|e| vec![e]);
-        let queue = cluster.cmd("squeue", &["-h", "-t", "PD,R,CG", "-o", "%i"]);
-        left.is_empty() && queue.is_ok_and(|q| !q.split_whitespace().any(|id| id == job_id))
-    });
-    assert!(
-        clean,
-        "Slurm still holds {left:#?} (or job {job_id} is queued) after slurmctld came back; adapter: {}",
-        f.adapter.stderr_text()
-    );
+    nothing_left_after_recovery(&cluster, &f.adapter, Some(&job_id));
     drop(f);
 }
