@@ -1081,6 +1081,7 @@ async fn coallocate_submit_starts_every_job_of_the_set_within_epsilon() {
         Duration::from_secs(300),
     );
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    println!("{}", r.stdout);
     let out: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(
         (out["success"].as_bool(), out["stage"].as_str()),
@@ -1139,6 +1140,48 @@ async fn coallocate_submit_starts_every_job_of_the_set_within_epsilon() {
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(simres_held(&free.addr).is_empty());
+
+    // Again, as a table: each job's reserved and actual start, its batch job, and the spread.
+    let r = gma(
+        &[
+            "broker",
+            "coallocate",
+            "--jobs",
+            &set,
+            "--broker",
+            &f.broker.addr,
+            "--submit",
+        ],
+        Duration::from_secs(300),
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    println!("{}", r.stdout);
+    let first = r.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("started 2 jobs, spread ") && first.ends_with(" s (epsilon 60 s):"),
+        "{}",
+        r.stdout
+    );
+    for name in ["wide", "narrow"] {
+        let line = r
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}: {}", r.stdout));
+        assert!(
+            line.contains(" reserved 20") && line.contains(" started 20"),
+            "{line}"
+        );
+    }
+    no_reservation_left(&cluster);
+    for held in simres_held(&free.addr) {
+        let r = release(
+            &free.addr,
+            held["id"].as_str().unwrap(),
+            held["owner"].as_str().unwrap(),
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
     drop(f);
 }
 
