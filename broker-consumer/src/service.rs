@@ -656,9 +656,13 @@ impl Broker for BrokerService {
         } else {
             who.cn.clone()
         };
-        self.core
-            .coallocate(req.get_ref(), &owner)
+        // Run to the end even if the caller goes away: a coallocation dropped half-way (or a
+        // set dropped while it starts) would leave reservations and jobs nobody releases.
+        let core = self.core.clone();
+        let req = req.into_inner();
+        tokio::spawn(async move { core.coallocate(&req, &owner).await })
             .await
+            .map_err(|e| Status::internal(format!("the coallocation task failed: {e}")))?
             .map(Response::new)
             .map_err(Status::from)
     }

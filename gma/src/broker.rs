@@ -406,8 +406,14 @@ async fn coallocate(
     req.runs = runs;
     let (start, end, eps) = (req.window_start_s, req.window_end_s, req.epsilon_s);
     let mut c = client(broker).await?;
-    // Each reservation operation is bounded by the broker; a long window takes many.
-    let r = call(broker, c.coallocate(req), Duration::from_secs(600)).await?;
+    // Each reservation operation is bounded by the broker; a long window takes many. A set
+    // being started is followed until its latest possible start (plus epsilon and the grace).
+    let wait_s = if req.runs.is_empty() {
+        600
+    } else {
+        (end - now_s).max(0) + eps + gma_broker::costart::START_GRACE_S + 600
+    };
+    let r = call(broker, c.coallocate(req), Duration::from_secs(wait_s.unsigned_abs())).await?;
     let stats = r.stats.unwrap_or_default();
     match output {
         Output::Json => println!(
