@@ -274,7 +274,7 @@ pub async fn start_set(reserver: &RemoteReserver, members: &[Member], owner: &st
     }
     if !pending.is_empty() {
         reason.push_str(&format!(
-            "; releases not confirmed yet (the manager keeps and retries them): {}",
+            "; releases not confirmed yet (a manager that cannot reach its batch system keeps and retries them; one that is down releases them when it restarts): {}",
             pending.join(", ")
         ));
     }

@@ -413,7 +413,12 @@ async fn coallocate(
     } else {
         (end - now_s).max(0) + eps + gma_broker::costart::START_GRACE_S + 600
     };
-    let r = call(broker, c.coallocate(req), Duration::from_secs(wait_s.unsigned_abs())).await?;
+    let r = call(
+        broker,
+        c.coallocate(req),
+        Duration::from_secs(wait_s.unsigned_abs()),
+    )
+    .await?;
     let stats = r.stats.unwrap_or_default();
     match output {
         Output::Json => println!(

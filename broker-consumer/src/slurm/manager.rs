@@ -259,8 +259,17 @@ impl SlurmManager {
     }
 
     /// Cancels `job` (unless done) and deletes reservation `id` in Slurm. A job Slurm no
-    /// longer knows is not an error.
-    async fn release_in_slurm(&self, id: &str, job: Option<&str>) -> Result<(), CmdError> {
+    /// longer knows is not an error. A leftover of an earlier run (`job` unknown) has the jobs
+    /// still pending in it cancelled (nobody follows them any more, and they would start
+    /// unattended); one that runs keeps running, and the reservation goes when it ends.
+    async fn release_in_slurm(&self, id: &str, job: Option<&str>, leftover: bool) -> Result<(), CmdError> {
+        if leftover {
+            let args = [format!("--reservation={id}"), "--state=PENDING".into()];
+            match self.slurm.run("scancel", &args).await {
+                Err(e) if e.unreachable() => return Err(e),
+                _ => {}
+            }
+        }
         if let Some(j) = job {
             let done = self.state.lock().jobs.get(j).is_some_and(|x| x.info.done);
             if !done {
@@ -278,18 +287,18 @@ impl SlurmManager {
     /// as long (up to [`RETRY_MAX`]).
     async fn retry_pending(&self) {
         let now = tokio::time::Instant::now();
-        let due: Vec<(String, Option<String>)> = {
+        let due: Vec<(String, Option<String>, bool)> = {
             let st = self.state.lock();
             st.pending
                 .iter()
                 .filter(|(_, p)| p.next_try <= now)
-                .map(|(id, p)| (id.clone(), p.job.clone()))
+                .map(|(id, p)| (id.clone(), p.job.clone(), p.res.is_none()))
                 .collect()
         };
-        for (id, job) in due {
+        for (id, job, leftover) in due {
             let r = {
                 let _op = self.ops.lock().await;
-                self.release_in_slurm(&id, job.as_deref()).await
+                self.release_in_slurm(&id, job.as_deref(), leftover).await
             };
             match r {
                 Ok(()) => {
@@ -671,7 +680,7 @@ impl SlurmManager {
         let held = self.holder_check(id, owner, "release")?;
         let job = self.state.lock().held.get(id).and_then(|h| h.job.clone());
         let _op = self.ops.lock().await;
-        match self.release_in_slurm(id, job.as_deref()).await {
+        match self.release_in_slurm(id, job.as_deref(), false).await {
             Ok(()) => {
                 self.state.lock().held.remove(id);
                 self.publish_res(&held, "released");
