@@ -162,15 +162,19 @@ fn a_violated_contract_requeues_the_slurm_job_onto_the_other_node_where_it_resum
         "{text}"
     );
     assert_eq!(text.matches("SIGTERM: checkpointed").count(), 1, "{text}");
-    // The application has printed its last line; Slurm says COMPLETED once the job step is
-    // cleaned up (COMPLETING until then).
+    // The application has printed its last line; Slurm says COMPLETED once the script has
+    // exited and the job step is cleaned up (RUNNING, then COMPLETING until then).
     let mut show = String::new();
     assert!(
         wait_until(Duration::from_secs(60), || {
             show = cluster
                 .cmd("scontrol", &["show", "job", "-o", &job])
                 .unwrap_or_default();
-            job_field(&show, "JobState").as_deref() != Some("COMPLETING")
+            // The script may still be exiting (RUNNING) or Slurm cleaning up (COMPLETING).
+            !matches!(
+                job_field(&show, "JobState").as_deref(),
+                Some("RUNNING" | "COMPLETING")
+            )
         }),
         "{show}"
     );

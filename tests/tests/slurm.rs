@@ -1215,9 +1215,11 @@ async fn killed_before_the_set_starts(test: &str, dies: Dies) {
         ],
         "",
     );
+    // Both claimed (in job order: once simres has the second, the broker has the first's answer).
     let mut seen = Vec::new();
-    collect_until(&mut sub, &mut seen, "the Slurm job pending", |s| {
+    collect_until(&mut sub, &mut seen, "both jobs pending", |s| {
         job_states(s, "wide").iter().any(|x| x == "pending")
+            && job_states(s, "narrow").iter().any(|x| x == "pending")
     })
     .await;
     let job_id = seen
