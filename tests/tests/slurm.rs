@@ -1031,6 +1031,19 @@ fn set_file(dir: &Path, start_in_s: i64, epsilon_s: i64, out: &Path) -> String {
     )
 }
 
+/// The arguments of `gma broker coallocate --submit` of coallocation file `set` at `broker`.
+fn submit_args<'a>(set: &'a str, broker: &'a str) -> Vec<&'a str> {
+    vec![
+        "broker",
+        "coallocate",
+        "--jobs",
+        set,
+        "--broker",
+        broker,
+        "--submit",
+    ]
+}
+
 /// A directory, the Slurm adapter and a broker (`fabric`) plus a `gma simres` with one free
 /// 1-CPU resource, both registered.
 fn fabric_and_simres(cluster: &Cluster, tmp: &Path) -> (Fabric, Proc) {
@@ -1066,20 +1079,9 @@ async fn coallocate_submit_starts_every_job_of_the_set_within_epsilon() {
     let mut sub = subscribe(&f.directory, &["job.batch", "broker.decision"]);
     let ran = cluster.job_dir().join("wide.ran");
     let set = set_file(tmp.path(), 0, 60, &ran);
-    let r = gma(
-        &[
-            "broker",
-            "coallocate",
-            "--jobs",
-            &set,
-            "--broker",
-            &f.broker.addr,
-            "--submit",
-            "--output",
-            "json",
-        ],
-        Duration::from_secs(300),
-    );
+    let mut args = submit_args(&set, &f.broker.addr);
+    args.extend(["--output", "json"]);
+    let r = gma(&args, Duration::from_secs(300));
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     println!("{}", r.stdout);
     let out: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
@@ -1142,18 +1144,7 @@ async fn coallocate_submit_starts_every_job_of_the_set_within_epsilon() {
     assert!(simres_held(&free.addr).is_empty());
 
     // Again, as a table: each job's reserved and actual start, its batch job, and the spread.
-    let r = gma(
-        &[
-            "broker",
-            "coallocate",
-            "--jobs",
-            &set,
-            "--broker",
-            &f.broker.addr,
-            "--submit",
-        ],
-        Duration::from_secs(300),
-    );
+    let r = gma(&submit_args(&set, &f.broker.addr), Duration::from_secs(300));
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     println!("{}", r.stdout);
     let first = r.stdout.lines().next().unwrap_or_default();
@@ -1203,18 +1194,7 @@ async fn killed_before_the_set_starts(test: &str, dies: Dies) {
     let (mut f, free) = fabric_and_simres(&cluster, tmp.path());
     let mut sub = subscribe(&f.directory, &["job.batch"]);
     let set = set_file(tmp.path(), 20, 5, &cluster.job_dir().join("wide.ran"));
-    let mut co = Proc::start(
-        &[
-            "broker",
-            "coallocate",
-            "--jobs",
-            &set,
-            "--broker",
-            &f.broker.addr,
-            "--submit",
-        ],
-        "",
-    );
+    let mut co = Proc::start(&submit_args(&set, &f.broker.addr), "");
     // Both claimed (in job order: once simres has the second, the broker has the first's answer).
     let mut seen = Vec::new();
     collect_until(&mut sub, &mut seen, "both jobs pending", |s| {
