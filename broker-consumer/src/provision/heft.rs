@@ -27,6 +27,21 @@ pub struct Schedule {
     pub placements: Vec<Placement>,
 }
 
+impl Schedule {
+    /// The slots some task runs in, ascending. HEFT on just these gives the same schedule
+    /// (a slot no task chose never decided a placement), at no higher cost.
+    pub fn used_slots(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .placements
+            .iter()
+            .flat_map(|p| p.parts.iter().map(|&(s, _)| s))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
 /// A workflow and an offer with what HEFT computes once for every plan: the rank order, the
 /// resource of each slot, and each slot's cost.
 #[derive(Debug, Clone)]

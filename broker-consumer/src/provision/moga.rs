@@ -11,6 +11,8 @@
 //!   total.
 //! - Selection: stochastic universal sampling; 2-point crossover (probability `crossover`);
 //!   bit-flip mutation with probability 1/n per bit.
+//! - Evaluation: HEFT on the plan's slots; slots no task uses are dropped from the plan (the
+//!   schedule is the same, the cost lower: a slot is only taken if something runs in it).
 //! - Archive: every feasible plan evaluated is offered to it; it keeps the non-dominated ones
 //!   (one plan per distinct (AC, SC), the first found). Plans are evaluated once (cached).
 //!
@@ -153,16 +155,18 @@ impl Evaluator<'_> {
             return *v;
         }
         let slots = slots_of(g, self.problem.slots());
-        let v = self
-            .problem
-            .schedule(&slots)
-            .map(|s| (self.problem.cost(&slots), s.makespan_s));
-        if let Some((cost, makespan_s)) = v {
-            self.archive.offer(&Plan {
+        // Slots no task uses are dropped from the plan (same schedule, lower cost).
+        let plan = self.problem.schedule(&slots).map(|s| {
+            let slots = s.used_slots();
+            Plan {
+                cost: self.problem.cost(&slots),
                 slots,
-                cost,
-                makespan_s,
-            });
+                makespan_s: s.makespan_s,
+            }
+        });
+        let v = plan.as_ref().map(Plan::objectives);
+        if let Some(plan) = plan {
+            self.archive.offer(&plan);
         }
         self.cache.insert(g.clone(), v);
         v
@@ -437,6 +441,11 @@ mod tests {
         for plan in front {
             let s = p.schedule(&plan.slots).expect("a returned plan is feasible");
             check(p, &plan.slots, &s).unwrap();
+            assert_eq!(
+                s.used_slots(),
+                plan.slots,
+                "every slot of a returned plan is used"
+            );
             assert_eq!((s.makespan_s, p.cost(&plan.slots)), (plan.makespan_s, plan.cost));
             for q in front {
                 assert!(
@@ -484,6 +493,20 @@ mod tests {
                 for w in picks.windows(2) {
                     prop_assert!(w[1].cost <= w[0].cost && w[1].makespan_s >= w[0].makespan_s);
                 }
+            }
+        }
+
+        #[test]
+        fn dropping_unused_slots_keeps_the_schedule(
+            tasks in 1usize..7, slots in 1usize..=10, seed in any::<u64>(), mask in any::<u32>()
+        ) {
+            let p = random_problem(tasks, slots, seed);
+            let plan: Vec<usize> = (0..slots).filter(|&i| mask >> i & 1 == 1).collect();
+            if let Some(s) = p.schedule(&plan) {
+                check(&p, &plan, &s).unwrap();
+                let used = s.used_slots();
+                prop_assert!(used.iter().all(|u| plan.contains(u)));
+                prop_assert_eq!(p.schedule(&used), Some(s));
             }
         }
 

@@ -1,0 +1,315 @@
+//! `gma broker provision` against a real `gma simres`: a shipped Montage-shaped workflow is
+//! planned onto the manager's free capacity and the chosen plan reserved there; a plan the
+//! manager refuses in part is released whole.
+
+#![allow(clippy::unwrap_used)]
+
+use gma_tests as common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(120);
+
+fn example(name: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/workflows")
+        .join(name);
+    p.to_str().unwrap().to_string()
+}
+
+fn simres(cfg: &std::path::Path, text: &str) -> Proc {
+    std::fs::write(cfg, text).unwrap();
+    Proc::start(
+        &[
+            "simres",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        "gma simres listening on",
+    )
+}
+
+/// (resource, cpus, start, end) of what `owner` holds at the manager.
+fn held(manager: &str, owner: &str) -> BTreeSet<(String, u64, i64, i64)> {
+    let r = gma(
+        &[
+            "simres",
+            "list",
+            "--manager",
+            manager,
+            "--owner",
+            owner,
+            "--output",
+            "json",
+        ],
+        T,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["resource"].as_str().unwrap().to_string(),
+                x["cpus"].as_u64().unwrap(),
+                x["start_s"].as_i64().unwrap(),
+                x["end_s"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_montage_workflow_is_planned_on_simres_slots_and_the_chosen_plan_reserved() {
+    let tmp = tempdir();
+    // "small" is held by a background reservation for its first half hour.
+    let m = simres(
+        &tmp.path().join("m.toml"),
+        "horizon_s = 14400\n[[resource]]\nname = \"big\"\ncpus = 16\n\
+         [[resource]]\nname = \"small\"\ncpus = 4\n[[resource.background]]\nstart_in_s = 0\nduration_s = 1800\n",
+    );
+    let r = gma(
+        &[
+            "broker",
+            "provision",
+            "--workflow",
+            &example("montage-4.toml"),
+            "--alpha",
+            "0.5",
+            "--simres",
+            &m.addr,
+            "--slot-s",
+            "900",
+            "--resource-price",
+            "big=2",
+            "--reserve",
+            "--owner",
+            "prov",
+            "--output",
+            "json",
+        ],
+        T,
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["workflow"], "montage-4");
+    assert_eq!(v["tasks"], 18);
+    let front = v["pareto"].as_array().unwrap();
+    assert!(!front.is_empty(), "{v}");
+    // The set is a front: by cost ascending, makespan strictly descending.
+    for w in front.windows(2) {
+        assert!(
+            w[0]["cost_su"].as_f64().unwrap() < w[1]["cost_su"].as_f64().unwrap(),
+            "{v}"
+        );
+        assert!(
+            w[0]["makespan_s"].as_i64().unwrap() > w[1]["makespan_s"].as_i64().unwrap(),
+            "{v}"
+        );
+    }
+    let chosen = &v["chosen"];
+    let want: BTreeSet<(String, u64, i64, i64)> = chosen["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["resource"].as_str().unwrap().to_string(),
+                s["processors"].as_u64().unwrap(),
+                s["start_s"].as_i64().unwrap(),
+                s["end_s"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(!want.is_empty());
+    // Exactly the chosen slots are held at the manager, by the owner given.
+    assert_eq!(held(&m.addr, "prov"), want);
+    assert_eq!(v["reservations"].as_array().unwrap().len(), want.len());
+    // Every task runs inside the chosen slots, mAdd on 8 processors.
+    let sched = chosen["schedule"].as_array().unwrap();
+    assert_eq!(sched.len(), 18);
+    let add = sched.iter().find(|t| t["task"] == "mAdd").unwrap();
+    let procs: u64 = add["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["processors"].as_u64().unwrap())
+        .sum();
+    assert_eq!(procs, 8);
+    // Planning again sees the reservations just made: the new offer leaves them out, so a
+    // second plan reserves without a collision.
+    let r = gma(
+        &[
+            "broker",
+            "provision",
+            "--workflow",
+            &example("montage-4.toml"),
+            "--alpha",
+            "1",
+            "--simres",
+            &m.addr,
+            "--slot-s",
+            "900",
+            "--reserve",
+            "--owner",
+            "prov2",
+        ],
+        T,
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("Pareto set of"), "{}", r.stdout);
+    assert!(!held(&m.addr, "prov2").is_empty());
+    assert_eq!(held(&m.addr, "prov"), want);
+}
+
+#[test]
+fn a_plan_refused_in_part_is_released_whole_and_bad_files_are_named() {
+    let tmp = tempdir();
+    // "b" is held by the background for two hours: a slot offered on it cannot be reserved.
+    let m = simres(
+        &tmp.path().join("m.toml"),
+        "[[resource]]\nname = \"a\"\ncpus = 1\n\
+         [[resource]]\nname = \"b\"\ncpus = 1\n[[resource.background]]\nstart_in_s = 0\nduration_s = 7200\n",
+    );
+    // Two 3000-second tasks and two one-processor hour-long slots: the only feasible plan
+    // takes both; "a" is granted first, "b" refused, so "a" must be released.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let start = now + 600;
+    let slots = tmp.path().join("slots.toml");
+    std::fs::write(
+        &slots,
+        format!(
+            "[[slot]]\nresource = \"a\"\nstart_s = {start}\nduration_s = 3600\nprocessors = 1\nprice = 1\n\
+             [[slot]]\nresource = \"b\"\nstart_s = {start}\nduration_s = 3600\nprocessors = 1\nprice = 1\n"
+        ),
+    )
+    .unwrap();
+    let wf = tmp.path().join("wf.toml");
+    std::fs::write(
+        &wf,
+        "[[task]]\nid = \"x\"\nruntime_s = 3000\nprocessors = 1\n[[task]]\nid = \"y\"\nruntime_s = 3000\nprocessors = 1\n",
+    )
+    .unwrap();
+    let (wf_s, slots_s) = (wf.to_str().unwrap(), slots.to_str().unwrap());
+    let r = gma(
+        &[
+            "broker",
+            "provision",
+            "--workflow",
+            wf_s,
+            "--slots",
+            slots_s,
+            "--alpha",
+            "0",
+            "--simres",
+            &m.addr,
+            "--reserve",
+            "--owner",
+            "prov",
+        ],
+        T,
+    );
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("slot-1 refused"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the 1 reservations made for the plan were released"),
+        "{}",
+        r.stderr
+    );
+    assert!(held(&m.addr, "prov").is_empty());
+    // Without --reserve the same plan is printed: both slots, makespan 3600 s from the
+    // offer's start (now_s defaults to the earliest slot).
+    let r = gma(
+        &[
+            "broker",
+            "provision",
+            "--workflow",
+            wf_s,
+            "--slots",
+            slots_s,
+            "--alpha",
+            "0",
+            "--output",
+            "json",
+        ],
+        T,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["chosen"]["makespan_s"], 3000);
+    assert_eq!(v["chosen"]["slots"].as_array().unwrap().len(), 2);
+    // A cyclic workflow is refused with the cycle named.
+    std::fs::write(
+        &wf,
+        "[[task]]\nid = \"x\"\nruntime_s = 1\nprocessors = 1\n[[task]]\nid = \"y\"\nruntime_s = 1\nprocessors = 1\n\
+         [[edge]]\nfrom = \"x\"\nto = \"y\"\n[[edge]]\nfrom = \"y\"\nto = \"x\"\n",
+    )
+    .unwrap();
+    let r = gma(
+        &[
+            "broker",
+            "provision",
+            "--workflow",
+            wf_s,
+            "--slots",
+            slots_s,
+            "--alpha",
+            "0",
+        ],
+        T,
+    );
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("the workflow has a cycle: x -> y -> x"),
+        "{}",
+        r.stderr
+    );
+    // An α outside [0, 1] and --reserve without a manager are refused before any work.
+    let r = gma(
+        &[
+            "broker",
+            "provision",
+            "--workflow",
+            wf_s,
+            "--slots",
+            slots_s,
+            "--alpha",
+            "2",
+        ],
+        T,
+    );
+    assert!(
+        r.code != 0 && r.stderr.contains("--alpha must be within 0..=1"),
+        "{}",
+        r.stderr
+    );
+    let r = gma(
+        &[
+            "broker",
+            "provision",
+            "--workflow",
+            wf_s,
+            "--slots",
+            slots_s,
+            "--alpha",
+            "0",
+            "--reserve",
+        ],
+        T,
+    );
+    assert!(
+        r.code != 0 && r.stderr.contains("--reserve needs the resource managers"),
+        "{}",
+        r.stderr
+    );
+}
