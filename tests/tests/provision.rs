@@ -313,3 +313,45 @@ fn a_plan_refused_in_part_is_released_whole_and_bad_files_are_named() {
         r.stderr
     );
 }
+
+#[test]
+fn the_synthetic_slot_experiment_prints_its_figures_for_the_papers_plan_and_ours() {
+    let r = gma(
+        &[
+            "bench",
+            "provision",
+            "--seeds",
+            "2",
+            "--population",
+            "10",
+            "--generations",
+            "2",
+            "--output",
+            "json",
+        ],
+        T,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let runs: Vec<serde_json::Value> = r
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{}", r.stdout);
+    assert_eq!(
+        (runs[0]["drop_unused"].as_bool(), runs[1]["drop_unused"].as_bool()),
+        (Some(false), Some(true))
+    );
+    for v in &runs {
+        assert_eq!(v["paper"]["feasible"], 1742);
+        for run in v["runs"].as_array().unwrap() {
+            let slots = run["slots"].as_u64().unwrap();
+            assert!((60..=200).contains(&slots), "{run}");
+            // At most population × (generations + 1) distinct plans.
+            assert!(run["evaluations"].as_u64().unwrap() <= 30, "{run}");
+            assert!(run["feasible"].as_u64().unwrap() <= run["evaluations"].as_u64().unwrap());
+            assert!(run["pareto"].as_u64().unwrap() >= 1, "{run}");
+        }
+        assert_eq!(v["alpha_sweep"].as_array().unwrap().len(), 11);
+    }
+}

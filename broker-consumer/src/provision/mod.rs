@@ -7,6 +7,7 @@
 //! - [`heft`]: slot-aware HEFT, the makespan of a workflow on a set of slots (∞ = `None`).
 //! - [`moga`]: the multi-objective GA over (allocation cost, makespan) with its Pareto
 //!   archive, the exact front by brute force for small offers, and the α trade-off choice.
+//! - [`synthetic`]: the paper's synthetic-slot experiment set-up (§3).
 //!
 //! docs/provisioning.md describes the formats, the algorithm choices and what is not done.
 
@@ -14,6 +15,7 @@ pub mod format;
 pub mod free;
 pub mod heft;
 pub mod moga;
+pub mod synthetic;
 
 pub use format::{FormatError, Offer, Slot, Workflow};
 pub use heft::{Problem, Schedule};

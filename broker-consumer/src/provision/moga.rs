@@ -12,7 +12,8 @@
 //! - Selection: stochastic universal sampling; 2-point crossover (probability `crossover`);
 //!   bit-flip mutation with probability 1/n per bit.
 //! - Evaluation: HEFT on the plan's slots; slots no task uses are dropped from the plan (the
-//!   schedule is the same, the cost lower: a slot is only taken if something runs in it).
+//!   schedule is the same, the cost lower: a slot is only taken if something runs in it),
+//!   unless `drop_unused` is off (the paper's plan: the bit string as drawn).
 //! - Archive: every feasible plan evaluated is offered to it; it keeps the non-dominated ones
 //!   (one plan per distinct (AC, SC), the first found). Plans are evaluated once (cached).
 //!
@@ -103,6 +104,9 @@ pub struct MogaConfig {
     pub crossover: f64,
     /// Niche radius of fitness sharing, in the objective space normalised to [0, 1]².
     pub share: f64,
+    /// Drop the slots no task uses from a plan before scoring it (the paper keeps them: its
+    /// plan is the bit string as drawn).
+    pub drop_unused: bool,
 }
 
 impl Default for MogaConfig {
@@ -113,6 +117,7 @@ impl Default for MogaConfig {
             seed: 1,
             crossover: 0.9,
             share: 0.1,
+            drop_unused: true,
         }
     }
 }
@@ -145,6 +150,7 @@ fn slots_of(g: &Genome, n: usize) -> Vec<usize> {
 /// Evaluates plans once each.
 struct Evaluator<'a> {
     problem: &'a Problem,
+    drop_unused: bool,
     cache: HashMap<Genome, Option<(f64, i64)>>,
     archive: Archive,
 }
@@ -157,7 +163,7 @@ impl Evaluator<'_> {
         let slots = slots_of(g, self.problem.slots());
         // Slots no task uses are dropped from the plan (same schedule, lower cost).
         let plan = self.problem.schedule(&slots).map(|s| {
-            let slots = s.used_slots();
+            let slots = if self.drop_unused { s.used_slots() } else { slots };
             Plan {
                 cost: self.problem.cost(&slots),
                 slots,
@@ -268,6 +274,7 @@ pub fn moga(problem: &Problem, cfg: &MogaConfig) -> Outcome {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut ev = Evaluator {
         problem,
+        drop_unused: cfg.drop_unused,
         cache: HashMap::new(),
         archive: Archive::default(),
     };
@@ -493,6 +500,23 @@ mod tests {
                 for w in picks.windows(2) {
                     prop_assert!(w[1].cost <= w[0].cost && w[1].makespan_s >= w[0].makespan_s);
                 }
+            }
+        }
+
+        #[test]
+        fn without_dropping_unused_slots_the_front_is_still_sound(
+            tasks in 1usize..7, slots in 1usize..=10, seed in any::<u64>()
+        ) {
+            let p = random_problem(tasks, slots, seed);
+            let cfg = MogaConfig { population: 16, generations: 8, seed, drop_unused: false, ..MogaConfig::default() };
+            let out = moga(&p, &cfg);
+            let (truth, _) = brute_force(&p).unwrap();
+            for plan in &out.front {
+                let s = p.schedule(&plan.slots).unwrap();
+                check(&p, &plan.slots, &s).unwrap();
+                prop_assert_eq!((p.cost(&plan.slots), s.makespan_s), plan.objectives());
+                prop_assert!(!out.front.iter().any(|q| dominates(q.objectives(), plan.objectives())));
+                prop_assert!(!truth.iter().any(|t| dominates(plan.objectives(), t.objectives())));
             }
         }
 
