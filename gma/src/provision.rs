@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use gma_broker::provision::free::{free_slots, Capacity};
-use gma_broker::provision::{choose, moga, MogaConfig, Offer, Plan, Problem, Schedule, Workflow};
+use gma_broker::provision::{choose, moga, MogaConfig, Offer, Outcome, Plan, Problem, Schedule, Workflow};
 use gma_broker::remote::RemoteReserver;
 use gma_broker::reserve::{Answer, Reservation, ReserveRequest, Reserver};
 use gma_proto::v1::{self as pb, reservations_client::ReservationsClient};
@@ -130,12 +130,18 @@ pub async fn run(a: ProvisionArgs) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
+    let report = Report {
+        p: &problem,
+        out: &out,
+        pick,
+        s: &schedule,
+        held: &held,
+        alpha: a.alpha,
+        took,
+    };
     match a.output {
-        Output::Json => println!(
-            "{}",
-            report_json(&problem, &out, pick, &schedule, &held, a.alpha, took)
-        ),
-        Output::Table => print_table(&problem, &out, pick, &schedule, &held, a.alpha, took),
+        Output::Json => println!("{}", report.json()),
+        Output::Table => report.print(),
     }
     Ok(())
 }
@@ -265,112 +271,127 @@ fn plan_json(p: &Problem, plan: &Plan) -> serde_json::Value {
     })
 }
 
-fn report_json(
-    p: &Problem,
-    out: &gma_broker::provision::Outcome,
+/// What a run found and did, for printing.
+struct Report<'a> {
+    p: &'a Problem,
+    out: &'a Outcome,
     pick: usize,
-    s: &Schedule,
-    held: &[Reservation],
+    s: &'a Schedule,
+    held: &'a [Reservation],
     alpha: f64,
     took: Duration,
-) -> serde_json::Value {
-    let wf = &p.workflow;
-    let chosen = &out.front[pick];
-    json!({
-        "workflow": wf.name,
-        "tasks": wf.tasks.len(),
-        "offered_slots": p.slots(),
-        "alpha": alpha,
-        "evaluations": out.evaluations,
-        "feasible": out.feasible,
-        "planning_ms": took.as_millis() as u64,
-        "best_effort_su": wf.work_s() as f64 / 3600.0,
-        "pareto": out.front.iter().map(|q| plan_json(p, q)).collect::<Vec<_>>(),
-        "chosen": {
-            "index": pick,
-            "cost_su": chosen.cost,
-            "makespan_s": chosen.makespan_s,
-            "slots": chosen.slots.iter().map(|&i| {
-                let sl = &p.offer.slots[i];
-                json!({"id": sl.id, "resource": sl.resource, "start_s": sl.start_s, "end_s": sl.end_s,
-                       "processors": sl.processors, "cost_su": sl.cost()})
-            }).collect::<Vec<_>>(),
-            "schedule": s.placements.iter().enumerate().map(|(t, pl)| json!({
-                "task": wf.tasks[t].id, "start_s": pl.start_s, "end_s": pl.end_s,
-                "parts": pl.parts.iter().map(|&(i, n)| json!({"slot": p.offer.slots[i].id, "processors": n})).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        },
-        "reservations": held.iter().map(|r| json!({
-            "id": r.id, "resource": r.resource, "cpus": r.cpus, "start_s": r.start_s, "end_s": r.end_s,
-        })).collect::<Vec<_>>(),
-    })
 }
 
-fn print_table(
-    p: &Problem,
-    out: &gma_broker::provision::Outcome,
-    pick: usize,
-    s: &Schedule,
-    held: &[Reservation],
-    alpha: f64,
-    took: Duration,
-) {
-    let wf = &p.workflow;
-    println!(
-        "workflow {:?}: {} tasks, {} edges; best-effort cost {:.2} SU",
-        wf.name,
-        wf.tasks.len(),
-        wf.edges.len(),
-        wf.work_s() as f64 / 3600.0
-    );
-    println!(
-        "{} slots offered; MOGA evaluated {} plans ({} feasible) in {} ms; Pareto set of {}:",
-        p.slots(),
-        out.evaluations,
-        out.feasible,
-        took.as_millis(),
-        out.front.len()
-    );
-    println!(
-        "   {:>4} {:>12} {:>12} {:>6}",
-        "#", "cost (SU)", "makespan (s)", "slots"
-    );
-    for (i, q) in out.front.iter().enumerate() {
-        let mark = if i == pick { "*" } else { " " };
-        println!(
-            "{mark}  {i:>4} {:>12.3} {:>12} {:>6}",
-            q.cost,
-            q.makespan_s,
-            q.slots.len()
-        );
+impl Report<'_> {
+    fn json(&self) -> serde_json::Value {
+        let Report {
+            p,
+            out,
+            pick,
+            s,
+            held,
+            alpha,
+            took,
+        } = *self;
+        let wf = &p.workflow;
+        let chosen = &out.front[pick];
+        json!({
+            "workflow": wf.name,
+            "tasks": wf.tasks.len(),
+            "offered_slots": p.slots(),
+            "alpha": alpha,
+            "evaluations": out.evaluations,
+            "feasible": out.feasible,
+            "planning_ms": took.as_millis() as u64,
+            "best_effort_su": wf.work_s() as f64 / 3600.0,
+            "pareto": out.front.iter().map(|q| plan_json(p, q)).collect::<Vec<_>>(),
+            "chosen": {
+                "index": pick,
+                "cost_su": chosen.cost,
+                "makespan_s": chosen.makespan_s,
+                "slots": chosen.slots.iter().map(|&i| {
+                    let sl = &p.offer.slots[i];
+                    json!({"id": sl.id, "resource": sl.resource, "start_s": sl.start_s, "end_s": sl.end_s,
+                           "processors": sl.processors, "cost_su": sl.cost()})
+                }).collect::<Vec<_>>(),
+                "schedule": s.placements.iter().enumerate().map(|(t, pl)| json!({
+                    "task": wf.tasks[t].id, "start_s": pl.start_s, "end_s": pl.end_s,
+                    "parts": pl.parts.iter().map(|&(i, n)| json!({"slot": p.offer.slots[i].id, "processors": n})).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            },
+            "reservations": held.iter().map(|r| json!({
+                "id": r.id, "resource": r.resource, "cpus": r.cpus, "start_s": r.start_s, "end_s": r.end_s,
+            })).collect::<Vec<_>>(),
+        })
     }
-    let chosen = &out.front[pick];
-    println!(
-        "chosen with alpha {alpha}: #{pick}, cost {:.3} SU, makespan {} s, slots:",
-        chosen.cost, s.makespan_s
-    );
-    for &i in &chosen.slots {
-        let sl = &p.offer.slots[i];
-        let used = s
-            .placements
-            .iter()
-            .filter(|pl| pl.parts.iter().any(|&(x, _)| x == i))
-            .count();
+
+    fn print(&self) {
+        let Report {
+            p,
+            out,
+            pick,
+            s,
+            held,
+            alpha,
+            took,
+        } = *self;
+        let wf = &p.workflow;
         println!(
-            "  {:<24} {:<16} {} .. {} ({} s) processors {:<5} {:.3} SU, {used} tasks",
-            sl.id,
-            sl.resource,
-            sl.start_s,
-            sl.end_s,
-            sl.end_s - sl.start_s,
-            sl.processors,
-            sl.cost()
+            "workflow {:?}: {} tasks, {} edges; best-effort cost {:.2} SU",
+            wf.name,
+            wf.tasks.len(),
+            wf.edges.len(),
+            wf.work_s() as f64 / 3600.0
         );
-    }
-    for r in held {
         println!(
-            "reserved {} on {}: {} cpus {} .. {}",
-            r.id, r.resource, r.cpus, r.start_s, r.end_s
+            "{} slots offered; MOGA evaluated {} plans ({} feasible) in {} ms; Pareto set of {}:",
+            p.slots(),
+            out.evaluations,
+            out.feasible,
+            took.as_millis(),
+            out.front.len()
         );
+        println!(
+            "   {:>4} {:>12} {:>12} {:>6}",
+            "#", "cost (SU)", "makespan (s)", "slots"
+        );
+        for (i, q) in out.front.iter().enumerate() {
+            let mark = if i == pick { "*" } else { " " };
+            println!(
+                "{mark}  {i:>4} {:>12.3} {:>12} {:>6}",
+                q.cost,
+                q.makespan_s,
+                q.slots.len()
+            );
+        }
+        let chosen = &out.front[pick];
+        println!(
+            "chosen with alpha {alpha}: #{pick}, cost {:.3} SU, makespan {} s, slots:",
+            chosen.cost, s.makespan_s
+        );
+        for &i in &chosen.slots {
+            let sl = &p.offer.slots[i];
+            let used = s
+                .placements
+                .iter()
+                .filter(|pl| pl.parts.iter().any(|&(x, _)| x == i))
+                .count();
+            println!(
+                "  {:<24} {:<16} {} .. {} ({} s) processors {:<5} {:.3} SU, {used} tasks",
+                sl.id,
+                sl.resource,
+                sl.start_s,
+                sl.end_s,
+                sl.end_s - sl.start_s,
+                sl.processors,
+                sl.cost()
+            );
+        }
+        for r in held {
+            println!(
+                "reserved {} on {}: {} cpus {} .. {}",
+                r.id, r.resource, r.cpus, r.start_s, r.end_s
+            );
+        }
     }
 }

@@ -20,86 +20,63 @@ fn example(name: &str) -> String {
     p.to_str().unwrap().to_string()
 }
 
-fn simres(cfg: &std::path::Path, text: &str) -> Proc {
-    std::fs::write(cfg, text).unwrap();
-    Proc::start(
-        &[
-            "simres",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        "gma simres listening on",
+/// (resource, cpus, start, end) of what `owner` holds at the manager.
+fn held(manager: &str, owner: &str) -> BTreeSet<(String, u64, i64, i64)> {
+    simres_reservations(manager, owner).iter().map(slot_of).collect()
+}
+
+fn slot_of(x: &serde_json::Value) -> (String, u64, i64, i64) {
+    let cpus = x.get("cpus").or_else(|| x.get("processors"));
+    (
+        x["resource"].as_str().unwrap().to_string(),
+        cpus.and_then(|c| c.as_u64()).unwrap(),
+        x["start_s"].as_i64().unwrap(),
+        x["end_s"].as_i64().unwrap(),
     )
 }
 
-/// (resource, cpus, start, end) of what `owner` holds at the manager.
-fn held(manager: &str, owner: &str) -> BTreeSet<(String, u64, i64, i64)> {
-    let r = gma(
-        &[
-            "simres",
-            "list",
-            "--manager",
-            manager,
-            "--owner",
-            owner,
-            "--output",
-            "json",
-        ],
-        T,
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| {
-            (
-                x["resource"].as_str().unwrap().to_string(),
-                x["cpus"].as_u64().unwrap(),
-                x["start_s"].as_i64().unwrap(),
-                x["end_s"].as_i64().unwrap(),
-            )
-        })
-        .collect()
+/// `gma broker provision ARGS...`.
+fn provision(args: &[&str]) -> Run {
+    let mut all = vec!["broker", "provision"];
+    all.extend_from_slice(args);
+    gma(&all, T)
 }
 
 #[test]
 fn a_montage_workflow_is_planned_on_simres_slots_and_the_chosen_plan_reserved() {
     let tmp = tempdir();
     // "small" is held by a background reservation for its first half hour.
-    let m = simres(
-        &tmp.path().join("m.toml"),
+    let m = start_simres(
+        tmp.path(),
+        "m",
         "horizon_s = 14400\n[[resource]]\nname = \"big\"\ncpus = 16\n\
          [[resource]]\nname = \"small\"\ncpus = 4\n[[resource.background]]\nstart_in_s = 0\nduration_s = 1800\n",
+        &[],
     );
-    let r = gma(
-        &[
-            "broker",
-            "provision",
-            "--workflow",
-            &example("montage-4.toml"),
-            "--alpha",
-            "0.5",
-            "--simres",
-            &m.addr,
-            "--slot-s",
-            "900",
-            "--resource-price",
-            "big=2",
-            "--reserve",
-            "--owner",
-            "prov",
-            "--output",
-            "json",
-        ],
-        T,
-    );
+    let montage = example("montage-4.toml");
+    let r = provision(&[
+        "--workflow",
+        &montage,
+        "--alpha",
+        "0.5",
+        "--simres",
+        &m.addr,
+        "--slot-s",
+        "900",
+        "--resource-price",
+        "big=2",
+        "--reserve",
+        "--owner",
+        "prov",
+        "--output",
+        "json",
+    ]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(v["workflow"], "montage-4");
-    assert_eq!(v["tasks"], 18);
+    assert_eq!(
+        (v["workflow"].as_str(), v["tasks"].as_u64()),
+        (Some("montage-4"), Some(18))
+    );
     let front = v["pareto"].as_array().unwrap();
     assert!(!front.is_empty(), "{v}");
     // The set is a front: by cost ascending, makespan strictly descending.
@@ -114,54 +91,38 @@ fn a_montage_workflow_is_planned_on_simres_slots_and_the_chosen_plan_reserved() 
         );
     }
     let chosen = &v["chosen"];
-    let want: BTreeSet<(String, u64, i64, i64)> = chosen["slots"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["resource"].as_str().unwrap().to_string(),
-                s["processors"].as_u64().unwrap(),
-                s["start_s"].as_i64().unwrap(),
-                s["end_s"].as_i64().unwrap(),
-            )
-        })
-        .collect();
+    let want: BTreeSet<_> = chosen["slots"].as_array().unwrap().iter().map(slot_of).collect();
     assert!(!want.is_empty());
     // Exactly the chosen slots are held at the manager, by the owner given.
     assert_eq!(held(&m.addr, "prov"), want);
     assert_eq!(v["reservations"].as_array().unwrap().len(), want.len());
-    // Every task runs inside the chosen slots, mAdd on 8 processors.
+    // Every task is scheduled, mAdd on 8 processors.
     let sched = chosen["schedule"].as_array().unwrap();
     assert_eq!(sched.len(), 18);
     let add = sched.iter().find(|t| t["task"] == "mAdd").unwrap();
-    let procs: u64 = add["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["processors"].as_u64().unwrap())
-        .sum();
-    assert_eq!(procs, 8);
+    let parts = add["parts"].as_array().unwrap();
+    assert_eq!(
+        parts
+            .iter()
+            .map(|p| p["processors"].as_u64().unwrap())
+            .sum::<u64>(),
+        8
+    );
     // Planning again sees the reservations just made: the new offer leaves them out, so a
     // second plan reserves without a collision.
-    let r = gma(
-        &[
-            "broker",
-            "provision",
-            "--workflow",
-            &example("montage-4.toml"),
-            "--alpha",
-            "1",
-            "--simres",
-            &m.addr,
-            "--slot-s",
-            "900",
-            "--reserve",
-            "--owner",
-            "prov2",
-        ],
-        T,
-    );
+    let r = provision(&[
+        "--workflow",
+        &montage,
+        "--alpha",
+        "1",
+        "--simres",
+        &m.addr,
+        "--slot-s",
+        "900",
+        "--reserve",
+        "--owner",
+        "prov2",
+    ]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("Pareto set of"), "{}", r.stdout);
     assert!(!held(&m.addr, "prov2").is_empty());
@@ -172,52 +133,42 @@ fn a_montage_workflow_is_planned_on_simres_slots_and_the_chosen_plan_reserved() 
 fn a_plan_refused_in_part_is_released_whole_and_bad_files_are_named() {
     let tmp = tempdir();
     // "b" is held by the background for two hours: a slot offered on it cannot be reserved.
-    let m = simres(
-        &tmp.path().join("m.toml"),
+    let m = start_simres(
+        tmp.path(),
+        "m",
         "[[resource]]\nname = \"a\"\ncpus = 1\n\
          [[resource]]\nname = \"b\"\ncpus = 1\n[[resource.background]]\nstart_in_s = 0\nduration_s = 7200\n",
+        &[],
     );
     // Two 3000-second tasks and two one-processor hour-long slots: the only feasible plan
     // takes both; "a" is granted first, "b" refused, so "a" must be released.
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64;
+        .as_secs();
     let start = now + 600;
     let slots = tmp.path().join("slots.toml");
-    std::fs::write(
-        &slots,
+    let slot = |r: &str| {
         format!(
-            "[[slot]]\nresource = \"a\"\nstart_s = {start}\nduration_s = 3600\nprocessors = 1\nprice = 1\n\
-             [[slot]]\nresource = \"b\"\nstart_s = {start}\nduration_s = 3600\nprocessors = 1\nprice = 1\n"
-        ),
-    )
-    .unwrap();
+            "[[slot]]\nresource = \"{r}\"\nstart_s = {start}\nduration_s = 3600\nprocessors = 1\nprice = 1\n"
+        )
+    };
+    std::fs::write(&slots, slot("a") + &slot("b")).unwrap();
     let wf = tmp.path().join("wf.toml");
-    std::fs::write(
-        &wf,
-        "[[task]]\nid = \"x\"\nruntime_s = 3000\nprocessors = 1\n[[task]]\nid = \"y\"\nruntime_s = 3000\nprocessors = 1\n",
-    )
-    .unwrap();
+    let task = |id: &str, s: u32| format!("[[task]]\nid = \"{id}\"\nruntime_s = {s}\nprocessors = 1\n");
+    std::fs::write(&wf, task("x", 3000) + &task("y", 3000)).unwrap();
     let (wf_s, slots_s) = (wf.to_str().unwrap(), slots.to_str().unwrap());
-    let r = gma(
-        &[
-            "broker",
-            "provision",
-            "--workflow",
-            wf_s,
-            "--slots",
-            slots_s,
-            "--alpha",
-            "0",
-            "--simres",
-            &m.addr,
-            "--reserve",
-            "--owner",
-            "prov",
-        ],
-        T,
-    );
+    let base = ["--workflow", wf_s, "--slots", slots_s];
+    let with = |extra: &[&str]| provision(&[&base[..], extra].concat());
+    let r = with(&[
+        "--alpha",
+        "0",
+        "--simres",
+        &m.addr,
+        "--reserve",
+        "--owner",
+        "prov",
+    ]);
     assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("slot-1 refused"), "{}", r.stderr);
     assert!(
@@ -227,88 +178,38 @@ fn a_plan_refused_in_part_is_released_whole_and_bad_files_are_named() {
         r.stderr
     );
     assert!(held(&m.addr, "prov").is_empty());
-    // Without --reserve the same plan is printed: both slots, makespan 3600 s from the
+    // Without --reserve the same plan is printed: both slots, makespan 3000 s from the
     // offer's start (now_s defaults to the earliest slot).
-    let r = gma(
-        &[
-            "broker",
-            "provision",
-            "--workflow",
-            wf_s,
-            "--slots",
-            slots_s,
-            "--alpha",
-            "0",
-            "--output",
-            "json",
-        ],
-        T,
-    );
+    let r = with(&["--alpha", "0", "--output", "json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["chosen"]["makespan_s"], 3000);
     assert_eq!(v["chosen"]["slots"].as_array().unwrap().len(), 2);
-    // A cyclic workflow is refused with the cycle named.
-    std::fs::write(
-        &wf,
-        "[[task]]\nid = \"x\"\nruntime_s = 1\nprocessors = 1\n[[task]]\nid = \"y\"\nruntime_s = 1\nprocessors = 1\n\
-         [[edge]]\nfrom = \"x\"\nto = \"y\"\n[[edge]]\nfrom = \"y\"\nto = \"x\"\n",
-    )
-    .unwrap();
-    let r = gma(
-        &[
-            "broker",
-            "provision",
-            "--workflow",
-            wf_s,
-            "--slots",
-            slots_s,
-            "--alpha",
-            "0",
-        ],
-        T,
-    );
-    assert_eq!(r.code, 1);
-    assert!(
-        r.stderr.contains("the workflow has a cycle: x -> y -> x"),
-        "{}",
-        r.stderr
-    );
     // An α outside [0, 1] and --reserve without a manager are refused before any work.
-    let r = gma(
-        &[
-            "broker",
-            "provision",
-            "--workflow",
-            wf_s,
-            "--slots",
-            slots_s,
-            "--alpha",
-            "2",
-        ],
-        T,
-    );
+    let r = with(&["--alpha", "2"]);
     assert!(
         r.code != 0 && r.stderr.contains("--alpha must be within 0..=1"),
         "{}",
         r.stderr
     );
-    let r = gma(
-        &[
-            "broker",
-            "provision",
-            "--workflow",
-            wf_s,
-            "--slots",
-            slots_s,
-            "--alpha",
-            "0",
-            "--reserve",
-        ],
-        T,
-    );
+    let r = with(&["--alpha", "0", "--reserve"]);
     assert!(
         r.code != 0 && r.stderr.contains("--reserve needs the resource managers"),
+        "{}",
+        r.stderr
+    );
+    // A cyclic workflow is refused with the cycle named.
+    std::fs::write(
+        &wf,
+        task("x", 1)
+            + &task("y", 1)
+            + "[[edge]]\nfrom = \"x\"\nto = \"y\"\n[[edge]]\nfrom = \"y\"\nto = \"x\"\n",
+    )
+    .unwrap();
+    let r = with(&["--alpha", "0"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("the workflow has a cycle: x -> y -> x"),
         "{}",
         r.stderr
     );
