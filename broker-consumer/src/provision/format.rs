@@ -45,6 +45,9 @@ pub const MAX_EDGES: usize = 1_000_000;
 pub const MAX_SLOTS: usize = 4096;
 /// Longest task runtime and slot length (about 31 years), so that sums cannot overflow.
 pub const MAX_SPAN_S: i64 = 1_000_000_000;
+/// Slot starts lie within ± this (about 31,700 years of seconds), so schedule arithmetic cannot
+/// overflow.
+pub const MAX_TIME_S: i64 = 1_000_000_000_000;
 const MAX_ID: usize = 128;
 
 /// Why a workflow or slot file was refused. Each message names the item and what to fix.
@@ -355,8 +358,11 @@ impl Slot {
         if self.processors == 0 {
             return Err("processors must be at least 1".into());
         }
+        if !(-MAX_TIME_S..=MAX_TIME_S).contains(&self.start_s) {
+            return Err(format!("start_s must be within ±{MAX_TIME_S}"));
+        }
         let len = self.end_s.checked_sub(self.start_s).unwrap_or(-1);
-        if !(1..=MAX_SPAN_S).contains(&len) || self.start_s.checked_add(MAX_SPAN_S).is_none() {
+        if !(1..=MAX_SPAN_S).contains(&len) {
             return Err(format!("end must be after start, by at most {MAX_SPAN_S} s"));
         }
         if !(self.price.is_finite() && self.price >= 0.0) {
@@ -586,6 +592,10 @@ mod tests {
         assert_eq!(
             bad("[[slot]]\nresource = \"a\"\nstart_s = 1\nend_s = 9\nprocessors = 1\nprice = -1\n"),
             "slot[0]: price must be a finite number >= 0"
+        );
+        assert_eq!(
+            bad("[[slot]]\nresource = \"a\"\nstart_s = 9223372036854775000\nduration_s = 10\nprocessors = 1\nprice = 1\n"),
+            format!("slot[0]: start_s must be within ±{MAX_TIME_S}")
         );
         assert!(bad("bandwidth_mb_s = 0\n[[slot]]\nresource = \"a\"\nstart_s = 1\nend_s = 9\nprocessors = 1\nprice = 1\n")
             .starts_with("bandwidth_mb_s"));
