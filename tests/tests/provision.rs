@@ -108,6 +108,53 @@ fn a_montage_workflow_is_planned_on_simres_slots_and_the_chosen_plan_reserved() 
             .sum::<u64>(),
         8
     );
+    // The manager publishes its free slots (rm.slots) on every change: in its newest snapshot
+    // no slot offers processors that the plan holds.
+    let q = gma(
+        &[
+            "query",
+            "rm.slots",
+            "--producer",
+            &m.addr,
+            "--since",
+            "10m",
+            "--output",
+            "json",
+        ],
+        T,
+    );
+    assert_eq!(q.code, 0, "{}", q.stderr);
+    let events: Vec<serde_json::Value> = q
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let newest = events
+        .iter()
+        .map(|e| e["values"]["version"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    let snapshot: Vec<&serde_json::Value> = events
+        .iter()
+        .map(|e| &e["values"])
+        .filter(|v| v["version"].as_f64() == Some(newest))
+        .collect();
+    assert_eq!(
+        snapshot.len() as f64,
+        snapshot[0]["count"].as_f64().unwrap(),
+        "a whole snapshot"
+    );
+    for (res, cpus, a, b) in &want {
+        let total = if res == "big" { 16 } else { 4 };
+        for v in snapshot.iter().filter(|v| v["resource"] == res.as_str()) {
+            let (s, e) = (v["start_s"].as_i64().unwrap(), v["end_s"].as_i64().unwrap());
+            if s < *b && *a < e {
+                assert!(
+                    v["processors"].as_u64().unwrap() + cpus <= total,
+                    "{v} over {res} {a}..{b}"
+                );
+            }
+        }
+    }
     // Planning again sees the reservations just made: the new offer leaves them out, so a
     // second plan reserves without a collision.
     let r = provision(&[
