@@ -1046,8 +1046,6 @@ pub async fn run(
             loop {
                 tick.tick().await;
                 m.expire(now_ns() / 1_000_000_000);
-                // Slots start at now: re-offered as time passes.
-                m.publish_slots();
             }
         })
     };
