@@ -326,15 +326,7 @@ impl Report<'_> {
     }
 
     fn print(&self) {
-        let Report {
-            p,
-            out,
-            pick,
-            s,
-            held,
-            alpha,
-            took,
-        } = *self;
+        let (p, out, s, pick) = (self.p, self.out, self.s, self.pick);
         let wf = &p.workflow;
         println!(
             "workflow {:?}: {} tasks, {} edges; best-effort cost {:.2} SU",
@@ -348,7 +340,7 @@ impl Report<'_> {
             p.slots(),
             out.evaluations,
             out.feasible,
-            took.as_millis(),
+            self.took.as_millis(),
             out.front.len()
         );
         println!(
@@ -366,8 +358,8 @@ impl Report<'_> {
         }
         let chosen = &out.front[pick];
         println!(
-            "chosen with alpha {alpha}: #{pick}, cost {:.3} SU, makespan {} s, slots:",
-            chosen.cost, s.makespan_s
+            "chosen with alpha {}: #{pick}, cost {:.3} SU, makespan {} s, slots:",
+            self.alpha, chosen.cost, s.makespan_s
         );
         for &i in &chosen.slots {
             let sl = &p.offer.slots[i];
@@ -387,7 +379,7 @@ impl Report<'_> {
                 sl.cost()
             );
         }
-        for r in held {
+        for r in self.held {
             println!(
                 "reserved {} on {}: {} cpus {} .. {}",
                 r.id, r.resource, r.cpus, r.start_s, r.end_s

@@ -35,6 +35,16 @@ fn slot_of(x: &serde_json::Value) -> (String, u64, i64, i64) {
     )
 }
 
+/// `gma ARGS...`, which must succeed, printing one JSON value per line.
+fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
+    let r = gma(args, T);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    r.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// `gma broker provision ARGS...`.
 fn provision(args: &[&str]) -> Run {
     let mut all = vec!["broker", "provision"];
@@ -110,25 +120,16 @@ fn a_montage_workflow_is_planned_on_simres_slots_and_the_chosen_plan_reserved() 
     );
     // The manager publishes its free slots (rm.slots) on every change: in its newest snapshot
     // no slot offers processors that the plan holds.
-    let q = gma(
-        &[
-            "query",
-            "rm.slots",
-            "--producer",
-            &m.addr,
-            "--since",
-            "10m",
-            "--output",
-            "json",
-        ],
-        T,
-    );
-    assert_eq!(q.code, 0, "{}", q.stderr);
-    let events: Vec<serde_json::Value> = q
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = json_lines(&[
+        "query",
+        "rm.slots",
+        "--producer",
+        &m.addr,
+        "--since",
+        "10m",
+        "--output",
+        "json",
+    ]);
     let newest = events
         .iter()
         .map(|e| e["values"]["version"].as_f64().unwrap())
@@ -264,28 +265,19 @@ fn a_plan_refused_in_part_is_released_whole_and_bad_files_are_named() {
 
 #[test]
 fn the_synthetic_slot_experiment_prints_its_figures_for_the_papers_plan_and_ours() {
-    let r = gma(
-        &[
-            "bench",
-            "provision",
-            "--seeds",
-            "2",
-            "--population",
-            "10",
-            "--generations",
-            "2",
-            "--output",
-            "json",
-        ],
-        T,
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let runs: Vec<serde_json::Value> = r
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(runs.len(), 2, "{}", r.stdout);
+    let runs = json_lines(&[
+        "bench",
+        "provision",
+        "--seeds",
+        "2",
+        "--population",
+        "10",
+        "--generations",
+        "2",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(
         (runs[0]["drop_unused"].as_bool(), runs[1]["drop_unused"].as_bool()),
         (Some(false), Some(true))
