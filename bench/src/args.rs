@@ -230,6 +230,18 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The synthetic-slot MOGA experiment of Singh, Kesselman and Deelman (§3): slots
+    /// offered, plans evaluated, feasible, Pareto-optimal per seed, and the α sweep.
+    Provision {
+        #[arg(long, default_value_t = 3)]
+        seeds: u64,
+        #[arg(long, default_value_t = 60)]
+        population: usize,
+        #[arg(long, default_value_t = 40)]
+        generations: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// The dashboard (real processes): its CPU% and RSS with no browser and with N SSE clients
     /// over H simulated hosts (3 live series each), and the fan-out latency of chart points
     /// (event timestamp -> client receipt).

@@ -10,6 +10,7 @@
 //! - [`archive`], [`broker`] (`broker`, `coalloc`, `placement`), [`resched`], [`dashboard`],
 //!   [`federation`], [`grid`] (query latency through a hierarchy), [`scale`] (the fabric at
 //!   grid scale, with churn).
+//! - [`provision`]: the synthetic-slot MOGA experiment of Singh, Kesselman and Deelman.
 //! - [`report`]: cores, CPU and RSS from /proc, the JSON line every scenario prints.
 //! - [`args`]: the command-line arguments.
 
@@ -22,6 +23,7 @@ pub mod etcd;
 pub mod fanout;
 pub mod federation;
 pub mod grid;
+pub mod provision;
 pub mod report;
 pub mod resched;
 pub mod scale;
@@ -160,6 +162,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             seeds,
             output,
         } => crate::broker::placement(hosts, jobs, utilization, seeds, output),
+        BenchScenario::Provision {
+            seeds,
+            population,
+            generations,
+            output,
+        } => crate::provision::provision(seeds, population, generations, output),
         BenchScenario::Dashboard {
             duration,
             hosts,

@@ -24,6 +24,8 @@
 //! - [`placement`]: placement quality: a discrete-event simulation of a synthetic workload
 //!   placed by `ttd`, at random and round-robin.
 //! - [`replay`]: the paper's randomized coallocation experiment (§5.2.2).
+//! - [`provision`]: Singh, Kesselman and Deelman's slot provisioning for workflows: slot-aware
+//!   HEFT, MOGA over (allocation cost, makespan), the α trade-off.
 //!
 //! # Ranking API
 //!
@@ -45,6 +47,7 @@ pub mod error;
 pub mod job;
 pub mod jobrun;
 pub mod placement;
+pub mod provision;
 pub mod rank;
 pub mod remote;
 pub mod replay;

@@ -24,6 +24,9 @@
 //! start_in_s = 600              # from startup
 //! duration_s = 1200
 //! cpus = 8                      # default: the whole resource
+//! slot_s = 3600                 # rm.slots: free time is offered in slots of at most this
+//! [prices]                      # rm.slots: service units per processor-hour (default 1)
+//! hostA = 2.0
 //! [random_background]           # optional: `count` blocks per resource, placed uniformly
 //! count = 1                     # within [now, now + within_s - duration_s]
 //! duration_s = 1200
@@ -105,6 +108,10 @@ pub struct SimresConfig {
     pub resources: Vec<ResourceSpec>,
     pub random_background: Option<RandomBackground>,
     pub lease_ttl_ms: u64,
+    /// `rm.slots`: free time is offered in slots of at most this many seconds.
+    pub slot_s: i64,
+    /// `rm.slots`: price per resource, service units per processor-hour (default 1).
+    pub prices: std::collections::HashMap<String, f64>,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -122,6 +129,8 @@ impl Default for SimresConfig {
             resources: Vec::new(),
             random_background: None,
             lease_ttl_ms: 10_000,
+            slot_s: 3600,
+            prices: Default::default(),
             endpoint: Default::default(),
         }
     }
@@ -144,6 +153,17 @@ impl SimresConfig {
         }
         gma_core::pattern::validate_source(&self.source)
             .map_err(|e| Error::Simres(format!("source: {e}")))?;
+        if !(1..=MAX_SPAN_S).contains(&self.slot_s) {
+            return bad(format!("slot_s: must be within 1..={MAX_SPAN_S}"));
+        }
+        for (name, price) in &self.prices {
+            if !self.resources.iter().any(|r| r.name == *name) {
+                return bad(format!("prices.{name}: no such resource"));
+            }
+            if !(price.is_finite() && *price >= 0.0) {
+                return bad(format!("prices.{name}: must be a finite number >= 0"));
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.resources.iter().enumerate() {
             let at = format!("resource[{i}]");
@@ -186,6 +206,29 @@ impl SimresConfig {
         }
         Ok(())
     }
+}
+
+/// `rm.slots`: the free capacity a manager offers, as slots (Singh et al.; docs/provisioning.md).
+pub const SLOTS_EVENT: &str = "rm.slots";
+/// How far ahead slots are offered when the manager has no horizon.
+const OFFER_HORIZON_S: i64 = 86_400;
+
+/// `rm.slots`: one event per slot of a snapshot; a snapshot's events share its version.
+pub fn slots_schema() -> pb::EventSchema {
+    schema(
+        SLOTS_EVENT,
+        "the free slots a resource manager offers: one event per slot, a snapshot's events share its version; an empty snapshot is one event with count 0",
+        vec![
+            dbl("start_s", "s", "slot start, Unix seconds"),
+            dbl("end_s", "s", "slot end (exclusive), Unix seconds"),
+            dbl("processors", "cpus", "processors free over the whole slot"),
+            dbl("price", "SU/cpu-h", "service units per processor-hour"),
+            dbl("version", "", "snapshot number, increasing"),
+            dbl("count", "", "slots in this snapshot"),
+            text("resource", "the resource"),
+            text("slot", "slot id"),
+        ],
+    )
 }
 
 /// `reservation.state`: every change of a reservation.
@@ -258,6 +301,10 @@ pub struct Manager {
     source: String,
     /// The jobs claimed into reservations (simulated: crate::simjobs).
     jobs: Mutex<SimJobs>,
+    /// Per resource (as `resources`): its price for `rm.slots`.
+    prices: Vec<f64>,
+    slot_s: i64,
+    slots_version: std::sync::atomic::AtomicU64,
 }
 
 fn invalid(m: impl Into<String>) -> Error {
@@ -338,6 +385,13 @@ impl Manager {
             hub,
             source: config.source.clone(),
             jobs: Mutex::new(SimJobs::default()),
+            prices: config
+                .resources
+                .iter()
+                .map(|r| config.prices.get(&r.name).copied().unwrap_or(1.0))
+                .collect(),
+            slot_s: config.slot_s,
+            slots_version: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -353,6 +407,85 @@ impl Manager {
 
     fn publish(&self, r: &Reservation, state: &str) {
         publish_reservation(self.hub.as_deref(), &self.source, r, state);
+        self.publish_slots();
+    }
+
+    /// Publishes the free slots now (`rm.slots`), a new snapshot.
+    pub fn publish_slots(&self) {
+        let Some(hub) = self.hub.as_deref() else { return };
+        let events = self.slot_events(now_ns() / 1_000_000_000);
+        if let (_, Err(err)) = hub.publish(&events) {
+            tracing::warn!(error = %err, "cannot publish rm.slots");
+        }
+    }
+
+    /// The `rm.slots` snapshot at `now_s`: every resource's free processors from now to the
+    /// horizon (24 h when the manager has none), cut at every reservation boundary and every
+    /// `slot_s` (`provision::free`), at most 4096 slots, the earliest resources first.
+    pub fn slot_events(&self, now_s: i64) -> Vec<EventData> {
+        use crate::provision::free::{free_slots, Capacity};
+        let mut held: std::collections::HashMap<String, Vec<(i64, i64, u32)>> = Default::default();
+        for r in self.list(&pb::ListReservationsRequest {
+            from_s: now_s,
+            ..Default::default()
+        }) {
+            held.entry(r.resource)
+                .or_default()
+                .push((r.start_s, r.end_s, r.cpus));
+        }
+        let horizon = if self.horizon_s > 0 {
+            self.horizon_s
+        } else {
+            OFFER_HORIZON_S
+        };
+        let caps: Vec<Capacity> = self
+            .resources
+            .iter()
+            .zip(&self.prices)
+            .map(|(r, &price)| Capacity {
+                resource: r.name.clone(),
+                cpus: r.cpus,
+                until_s: now_s + horizon,
+                reserved: held.remove(&r.name).unwrap_or_default(),
+                price,
+            })
+            .collect();
+        let mut slots = free_slots(now_s, self.slot_s, &caps);
+        slots.truncate(crate::provision::format::MAX_SLOTS);
+        let version = self
+            .slots_version
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let (ts, count) = (now_ns(), slots.len() as f64);
+        let event = |numbers: Vec<f64>, strings: Vec<String>| EventData {
+            name: SLOTS_EVENT.into(),
+            source: self.source.clone(),
+            timestamp_ns: ts,
+            numbers,
+            strings,
+        };
+        if slots.is_empty() {
+            return vec![event(
+                vec![0.0, 0.0, 0.0, 0.0, version as f64, 0.0],
+                vec![String::new(), String::new()],
+            )];
+        }
+        slots
+            .into_iter()
+            .map(|s| {
+                event(
+                    vec![
+                        s.start_s as f64,
+                        s.end_s as f64,
+                        f64::from(s.processors),
+                        s.price,
+                        version as f64,
+                        count,
+                    ],
+                    vec![s.resource, s.id],
+                )
+            })
+            .collect()
     }
 
     /// Checks a window request and applies the clock (no start in the past) and the horizon.
@@ -979,7 +1112,7 @@ pub async fn run(
             lease_ttl_ms: config.lease_ttl_ms,
             ..Identity::new(&config.source, config.directory.clone())
         },
-        &[reservation_schema(), job_schema()],
+        &[reservation_schema(), job_schema(), slots_schema()],
     )
     .map_err(|e| Error::Simres(e.to_string()))?;
     let manager = Arc::new(Manager::new(
@@ -991,6 +1124,7 @@ pub async fn run(
         let r = crate::remote::reservation_of(r);
         manager.publish(&r, "granted");
     }
+    manager.publish_slots();
     let expirer = {
         let m = manager.clone();
         tokio::spawn(async move {
@@ -1043,6 +1177,66 @@ mod tests {
         let e = gma_core::config::parse_toml::<SimresConfig>("[[resource]]\nname = \"a\"\ncpu = 1\n", "s")
             .unwrap_err();
         assert!(e.to_string().contains("unknown field `cpu`"), "{e}");
+    }
+
+    #[test]
+    fn free_slots_are_offered_around_reservations_in_versioned_snapshots() {
+        let cfg = config(
+            "slot_s = 3600\n[prices]\nm = 2.5\n[[resource]]\nname = \"m\"\ncpus = 4\n\
+             [[resource.background]]\nstart_in_s = 100\nduration_s = 50\n",
+        );
+        let m = Manager::new(&cfg, NOW, None).unwrap();
+        let slots = |evs: &[EventData]| -> Vec<(i64, i64, u32)> {
+            evs.iter()
+                .map(|e| {
+                    (
+                        e.numbers[0] as i64 - NOW,
+                        e.numbers[1] as i64 - NOW,
+                        e.numbers[2] as u32,
+                    )
+                })
+                .collect()
+        };
+        let a = m.slot_events(NOW);
+        // Free until the background block, then hour-long slots to the 24-hour horizon.
+        assert_eq!(slots(&a)[..3], [(0, 100, 4), (150, 3600, 4), (3600, 7200, 4)]);
+        assert_eq!(a.len(), 2 + 23);
+        assert!(a
+            .iter()
+            .all(|e| e.name == SLOTS_EVENT && e.numbers[3] == 2.5 && e.numbers[4] == 1.0));
+        assert!(a.iter().all(|e| e.numbers[5] == 25.0 && e.strings[0] == "m"));
+        // A reservation of 3 CPUs splits the slot it falls in; the version moves on.
+        let base = NOW + 200;
+        let mut cals = m.calendars.lock();
+        let g = cals.reserve(&ReserveRequest {
+            resource: "m".into(),
+            cpus: 3,
+            duration_s: 100,
+            earliest_s: base,
+            latest_s: base,
+            flexible: false,
+            owner: "u".into(),
+        });
+        assert!(g.granted().is_some());
+        drop(cals);
+        let b = m.slot_events(NOW);
+        assert_eq!(
+            slots(&b)[..4],
+            [(0, 100, 4), (150, 200, 4), (200, 300, 1), (300, 3600, 4)]
+        );
+        assert!(b.iter().all(|e| e.numbers[4] == 2.0));
+        // Nothing free at all: one event saying so.
+        let full = config(
+            "[[resource]]\nname = \"m\"\ncpus = 1\nbackground = [{ start_in_s = 0, duration_s = 90000 }]\n",
+        );
+        let e = Manager::new(&full, NOW, None).unwrap().slot_events(NOW);
+        assert_eq!((e.len(), e[0].numbers[5]), (1, 0.0));
+        let bad = config("[prices]\nzz = 1\n[[resource]]\nname = \"m\"\ncpus = 1\n");
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("prices.zz: no such resource"));
     }
 
     #[test]

@@ -94,6 +94,9 @@ pub enum BrokerCommand {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// Plan a workflow onto offered slots (Singh et al.): the Pareto set over allocation cost
+    /// and makespan, the plan chosen by --alpha; --reserve reserves it (docs/provisioning.md).
+    Provision(crate::provision::ProvisionArgs),
     /// The broker's live resource table.
     View {
         #[arg(long)]
@@ -161,6 +164,7 @@ pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
             output,
         }) => coallocate(&jobs, &broker, policy, submit, output).await,
         Some(BrokerCommand::View { broker, output }) => view(&broker, output).await,
+        Some(BrokerCommand::Provision(p)) => crate::provision::run(p).await,
         None => serve(a.config, a.role).await,
     }
 }

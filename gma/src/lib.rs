@@ -17,6 +17,7 @@ mod fedtree;
 mod grid;
 mod monitor;
 mod netprobe;
+mod provision;
 mod relay;
 mod resched;
 mod roles;

@@ -402,6 +402,42 @@ pub fn broker_select(broker: &str, job: &Path) -> Run {
     )
 }
 
+/// Starts `gma simres` on a free port with `config_text` (written to `dir/<name>.toml`) and
+/// `extra` arguments (e.g. `--directory D`).
+pub fn start_simres(dir: &Path, name: &str, config_text: &str, extra: &[&str]) -> Proc {
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(&cfg, config_text).unwrap();
+    let mut args = vec![
+        "simres",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Proc::start(&args, "gma simres listening on")
+}
+
+/// The reservations `gma simres list` shows at `manager` for `owner` ("" = every owner).
+pub fn simres_reservations(manager: &str, owner: &str) -> Vec<serde_json::Value> {
+    let r = gma(
+        &[
+            "simres",
+            "list",
+            "--manager",
+            manager,
+            "--owner",
+            owner,
+            "--output",
+            "json",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v.as_array().unwrap().clone()
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("gma-test-").tempdir().unwrap()
 }

@@ -231,25 +231,7 @@ const SIMRES: &str = "[[resource]]\nname = \"hostA\"\ncpus = 1\n\
 [[resource]]\nname = \"hostD\"\ncpus = 1\n[[resource.background]]\nstart_in_s = 0\nduration_s = 7200\n";
 
 fn reservations(manager: &str, owner: &str) -> Vec<serde_json::Value> {
-    let r = gma(
-        &[
-            "simres",
-            "list",
-            "--manager",
-            manager,
-            "--owner",
-            owner,
-            "--output",
-            "json",
-        ],
-        T,
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    serde_json::from_str::<serde_json::Value>(&r.stdout)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
+    simres_reservations(manager, owner)
 }
 
 #[test]

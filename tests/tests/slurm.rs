@@ -727,36 +727,14 @@ fn the_batch_sensor_reports_pending_and_running_jobs_and_host_load_queue_waiting
 
 /// Starts `gma simres` with `config_text`, registered in `directory`.
 fn simres(dir: &Path, name: &str, directory: &str, config_text: &str) -> Proc {
-    let cfg = dir.join(format!("{name}.toml"));
-    std::fs::write(&cfg, config_text).unwrap();
-    Proc::start(
-        &[
-            "simres",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            directory,
-        ],
-        "gma simres listening on",
-    )
+    start_simres(dir, name, config_text, &["--directory", directory])
 }
 
 /// The reservations `gma simres list` shows at `manager`, but simres's own background blocks.
 fn simres_held(manager: &str) -> Vec<serde_json::Value> {
-    let r = gma(
-        &["simres", "list", "--manager", manager, "--output", "json"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    serde_json::from_str::<serde_json::Value>(&r.stdout)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .iter()
+    simres_reservations(manager, "")
+        .into_iter()
         .filter(|r| r["owner"] != "background")
-        .cloned()
         .collect()
 }
 
