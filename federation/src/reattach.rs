@@ -1,6 +1,10 @@
 //! Automatic re-attachment: when every superior (parent link) of a site has been silent for
-//! `reattach_after_ms`, the site attaches to the next superior of its configured chain
-//! (`[[superior]]`, the grandparent first).
+//! `reattach_after_ms`, the site attaches to the next superior of its chain: the configured
+//! `[[superior]]` entries, then what its parents told it of their own superiors (the
+//! grandparent first). A parent tells its inferiors its superiors on the session they opened
+//! with it (a `Superiors` frame on Exchange; the directory of each comes from that superior's
+//! Welcome), and the site keeps the list in its state file, so a site configured with only its
+//! parent re-attaches to its grandparent when the parent dies.
 //!
 //! Health is the session itself: a parent is live while its heartbeats and replies arrive
 //! within the session timeout (`heartbeat_ms` × `session_misses`); nothing else is probed.
@@ -32,6 +36,8 @@ pub trait Watched: Send + Sync + 'static {
     fn now(&self) -> i64;
     /// This site's parent links: (site, live).
     fn parents(self: &Arc<Self>) -> Vec<(String, bool)>;
+    /// The chain now: configured, then told by the parents.
+    fn chain(self: &Arc<Self>) -> Vec<Superior>;
 }
 
 /// When to move, and where to (pure; [`watch`] acts on it).
@@ -51,6 +57,11 @@ impl Plan {
             down_since: None,
             tried: BTreeSet::new(),
         }
+    }
+
+    /// The chain changed (a parent told new superiors): what is tried from now on.
+    pub fn set_chain(&mut self, chain: Vec<Superior>) {
+        self.chain = chain;
     }
 
     /// `parents`: each parent link's site and whether its session is live. The superior to
@@ -120,6 +131,7 @@ pub async fn watch<W: Watched>(sh: Arc<W>, own_dir: String, own_endpoint: String
     loop {
         tick.tick().await;
         let parents = sh.parents();
+        plan.set_chain(sh.chain());
         let Some(to) = plan.decide(&parents, sh.now()) else {
             continue;
         };

@@ -26,7 +26,7 @@ use gma_tests as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::fedsite::{add, link, start_site, start_site_with, wait_live, Site};
 use common::*;
@@ -459,18 +459,21 @@ fn jobs(s: &Site) -> BTreeMap<String, Value> {
 struct Stream {
     /// Acknowledged job ids (the submit command printed them), with their origin.
     jobs: Vec<(String, String)>,
-    /// Queries from the root: (exit code, stderr).
-    queries: Vec<(i32, String)>,
+    /// Queries from the root: (when it was sent, exit code, stderr, hosts answered).
+    queries: Vec<(Instant, i32, String, Vec<String>)>,
 }
 
 /// The middle manager A of the tree is killed (SIGKILL) while jobs are submitted at its
-/// children A1 and A2 and the root answers queries without pause. A1 and A2 configure the chain
-/// `[[superior]] R` (their grandparent) with `reattach_after_ms = 1000`: they must attach to R
-/// on their own, R must accept them, queries from R must keep answering (and find A1's and A2's
-/// hosts again), and every acknowledged job id must end exactly once: finished after exactly one
-/// start, or — the only other outcome allowed — started at A before A was killed (A's own, it
-/// died with it), then started nowhere else. Then A1 restarts: its links (R, not A, although
-/// A is its configured parent) survive in its state file.
+/// children A1 and A2 and the root answers queries without pause. A1 is configured with only
+/// its parent A (it learns its grandparent R from A at runtime); A2 also configures the chain
+/// `[[superior]] R`; both with `reattach_after_ms = 1000`. They must attach to R on their own,
+/// R must accept them (and show them as its inferiors in `gma federation tree`), queries from R
+/// must keep answering — every one after the move with A1's and A2's hosts — and every
+/// acknowledged job id must end exactly once: finished after exactly one start, or — the only
+/// other outcome allowed — started at A before A was killed (A's own, it died with it), then
+/// started nowhere else. The time from the kill to each re-attachment is printed. Then A1
+/// restarts: its links (R, not A, although A is its configured parent) survive in its state
+/// file.
 #[test]
 fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing_a_job() {
     let tmp = tempdir();
@@ -481,17 +484,22 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     let a = start_site_with(t, "A", &[("a-x", "x86_64", 4)], common);
     let b = start_site_with(t, "B", &[("b-x", "x86_64", 4)], common);
     // Each leaf also has an aarch64 host the (x86_64) jobs never use: what the queries find.
-    let child = |name: &str, host: &str, arm: &str| {
-        let extra = format!(
+    let child = |name: &str, host: &str, arm: &str, configured_chain: bool| {
+        let mut extra = format!(
             "{common}reattach_after_ms = 1000\n\
-             [[peer]]\nsite = \"A\"\nendpoint = \"{}\"\nrole = \"parent\"\n\
-             [[superior]]\nsite = \"R\"\nendpoint = \"{}\"\ndirectory = \"{}\"\n",
-            a.fed.addr, r.fed.addr, r.dir.addr
+             [[peer]]\nsite = \"A\"\nendpoint = \"{}\"\nrole = \"parent\"\n",
+            a.fed.addr
         );
+        if configured_chain {
+            extra.push_str(&format!(
+                "[[superior]]\nsite = \"R\"\nendpoint = \"{}\"\ndirectory = \"{}\"\n",
+                r.fed.addr, r.dir.addr
+            ));
+        }
         start_site_with(t, name, &[(host, "x86_64", 4), (arm, "aarch64", 4)], &extra)
     };
-    let mut a1 = child("A1", "a1-x", "a1-arm");
-    let a2 = child("A2", "a2-x", "a2-arm");
+    let mut a1 = child("A1", "a1-x", "a1-arm", false);
+    let a2 = child("A2", "a2-x", "a2-arm", true);
     let b1 = start_site_with(t, "B1", &[("b1-x", "x86_64", 4)], common);
     let b2 = start_site_with(t, "B2", &[("b2-x", "x86_64", 4)], common);
     link(&r, &a);
@@ -559,6 +567,7 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
                         g.jobs.push((id.trim().to_string(), origin.to_string()));
                     }
                 }
+                let sent = Instant::now();
                 let q = gma(
                     &[
                         "grid",
@@ -572,7 +581,10 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
                     ],
                     T,
                 );
-                seen.lock().unwrap().queries.push((q.code, q.stderr));
+                let found = serde_json::from_str::<Value>(&q.stdout)
+                    .map(|v| hosts(&v))
+                    .unwrap_or_default();
+                seen.lock().unwrap().queries.push((sent, q.code, q.stderr, found));
             }
         })
     };
@@ -597,10 +609,12 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
         jobs(&a1)
     );
     let mut a = a;
+    let killed = Instant::now();
     a.fed.kill();
     let jobs_at_kill = seen.lock().unwrap().jobs.len();
 
-    // A1 and A2 attach to R on their own; R accepts them; A is gone from their links.
+    // A1 and A2 attach to R on their own (A1 knows R only from A); R accepts them; A is gone
+    // from their links.
     for s in [&a1, &a2] {
         assert!(
             wait_until(T, || {
@@ -612,8 +626,29 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
             peers(s),
             s.fed.stderr_text()
         );
+        eprintln!(
+            "{} re-attached to R {} ms after kill -9 A (reattach_after_ms = 1000, {})",
+            s.name,
+            killed.elapsed().as_millis(),
+            if s.name == "A1" { "R told by A" } else { "R configured" }
+        );
     }
     wait_live(&r, &["A1", "A2", "B"]);
+    // R shows them as its inferiors.
+    let inferiors = |v: &Value| -> BTreeSet<String> {
+        v["inferiors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["site"].as_str().map(String::from))
+            .collect()
+    };
+    assert!(
+        wait_until(T, || tree(&r)
+            .is_some_and(|v| set(&["A1", "A2", "B"]).is_subset(&inferiors(&v)))),
+        "R's tree never listed A1 and A2 as its inferiors: {:#}",
+        tree(&r).unwrap_or_default()
+    );
     // Queries from the root find A1's and A2's hosts again, each once, through the new links.
     assert!(
         wait_until(T, || {
@@ -623,6 +658,7 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
         "R never found A1's and A2's hosts again: {:#}",
         query(&r, &arm, None)
     );
+    let found_again = Instant::now();
     // The stream goes on after the move.
     assert!(
         wait_until(T, || seen.lock().unwrap().jobs.len() >= jobs_at_kill + 6),
@@ -632,9 +668,21 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     stream.join().unwrap();
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     // Queries kept answering throughout (the outage shows as an unreached A, not an error).
-    let failed: Vec<&(i32, String)> = seen.queries.iter().filter(|(c, _)| *c != 0).collect();
+    let failed: Vec<_> = seen.queries.iter().filter(|q| q.1 != 0).collect();
     assert!(failed.is_empty(), "queries failed: {failed:?}");
-    assert!(seen.queries.len() >= 2);
+    // Every query sent once R found the moved subtree again answers with its hosts, once each.
+    let after: Vec<_> = seen.queries.iter().filter(|q| q.0 >= found_again).collect();
+    assert!(!after.is_empty(), "no query was sent after the move");
+    for q in &after {
+        let mut got = q.3.clone();
+        got.sort();
+        assert_eq!(got, ["a1-arm", "a2-arm"], "a query after the move: {q:?}");
+    }
+    eprintln!(
+        "{} queries from R, none failed; {} after the move, each with A1's and A2's hosts",
+        seen.queries.len(),
+        after.len()
+    );
 
     // Every acknowledged job: finished at its origin, or — granted to start at A, whose link the
     // re-attachment removed — reported failed to its submitter (its outcome unknown), never
