@@ -1490,4 +1490,25 @@ mod tests {
             "federation.status v1: live double, eligible double, summary_age_ms double ms, forwarded_out double jobs, forwarded_in double jobs, in_flight_cpus double cpus, cpus_free_sum double cpus, peer string, session string, role string, last_error string"
         );
     }
+
+    #[test]
+    fn a_parent_s_superiors_frame_is_validated() {
+        let r = |site: &str, ep: &str, dir: &str| pb::SuperiorRef {
+            site: site.into(),
+            endpoint: ep.into(),
+            directory: dir.into(),
+        };
+        let t = |v: Vec<pb::SuperiorRef>| pb::Superiors { superiors: v };
+        let ok = superiors_from_wire(&t(vec![r("g", "g:1", "g:2"), r("me", "m:1", "m:2")]), "me").unwrap();
+        assert_eq!(ok.len(), 1, "the site itself is skipped");
+        assert_eq!(ok[0].directory, "g:2");
+        let e = superiors_from_wire(&t(vec![r("g", "g:1", "")]), "me").unwrap_err();
+        assert!(e.to_string().contains("superiors[0]"), "{e}");
+        assert!(superiors_from_wire(&t(vec![r("bad site!", "g:1", "g:2")]), "me").is_err());
+        let many = (0..=crate::site::MAX_TOLD).map(|i| r(&format!("s{i}"), "a:1", "a:2")).collect();
+        let e = superiors_from_wire(&t(many), "me").unwrap_err();
+        assert!(e.to_string().contains("at most"), "{e}");
+        let back = superiors_from_wire(&superiors_to_wire(&ok), "me").unwrap();
+        assert_eq!(back, ok);
+    }
 }

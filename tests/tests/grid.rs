@@ -645,7 +645,7 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     };
     assert!(
         wait_until(T, || tree(&r)
-            .is_some_and(|v| set(&["A1", "A2", "B"]).is_subset(&inferiors(&v)))),
+            .is_some_and(|v| set(&["A1", "A2", "B"]).is_subset(&inferiors(&v["root"])))),
         "R's tree never listed A1 and A2 as its inferiors: {:#}",
         tree(&r).unwrap_or_default()
     );
@@ -663,6 +663,17 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     assert!(
         wait_until(T, || seen.lock().unwrap().jobs.len() >= jobs_at_kill + 6),
         "no jobs were acknowledged after the move"
+    );
+    assert!(
+        wait_until(T, || seen
+            .lock()
+            .unwrap()
+            .queries
+            .iter()
+            .filter(|q| q.0 >= found_again)
+            .count()
+            >= 5),
+        "too few queries were sent after the move"
     );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     stream.join().unwrap();
