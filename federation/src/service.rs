@@ -987,9 +987,7 @@ fn superiors_from_wire(t: &pb::Superiors, me: &str) -> Result<Vec<crate::site::S
             Ok(()) => out.push(s),
             // The chain may lead back here (a cycle of links): skip, keep the rest.
             Err(_) if s.site == me => {}
-            Err(e) => {
-                return Err(FederationError::invalid_argument(format!("superiors[{i}]: {e}")))
-            }
+            Err(e) => return Err(FederationError::invalid_argument(format!("superiors[{i}]: {e}"))),
         }
     }
     Ok(out)
@@ -1505,7 +1503,9 @@ mod tests {
         let e = superiors_from_wire(&t(vec![r("g", "g:1", "")]), "me").unwrap_err();
         assert!(e.to_string().contains("superiors[0]"), "{e}");
         assert!(superiors_from_wire(&t(vec![r("bad site!", "g:1", "g:2")]), "me").is_err());
-        let many = (0..=crate::site::MAX_TOLD).map(|i| r(&format!("s{i}"), "a:1", "a:2")).collect();
+        let many = (0..=crate::site::MAX_TOLD)
+            .map(|i| r(&format!("s{i}"), "a:1", "a:2"))
+            .collect();
         let e = superiors_from_wire(&t(many), "me").unwrap_err();
         assert!(e.to_string().contains("at most"), "{e}");
         let back = superiors_from_wire(&superiors_to_wire(&ok), "me").unwrap();

@@ -734,7 +734,11 @@ impl SiteState {
     /// is not a parent of this one; this site itself is left out (a cycle), at most
     /// [`MAX_TOLD`] are kept. Returns whether anything changed.
     pub fn told_by(&mut self, parent: &str, superiors: Vec<Superior>) -> bool {
-        if !self.peers.get(parent).is_some_and(|p| p.link.role == Role::Parent) {
+        if !self
+            .peers
+            .get(parent)
+            .is_some_and(|p| p.link.role == Role::Parent)
+        {
             return false;
         }
         let me = self.p.site.clone();

@@ -454,6 +454,45 @@ fn jobs(s: &Site) -> BTreeMap<String, Value> {
     federation_jobs(&s.fed.addr)
 }
 
+/// `gma subscribe job.state` at each site, from now on.
+fn follow_states(sites: &[&Site]) -> Vec<Proc> {
+    sites
+        .iter()
+        .map(|s| {
+            Proc::start(
+                &[
+                    "subscribe",
+                    "job.state",
+                    "--producer",
+                    &s.fed.addr,
+                    "--output",
+                    "json",
+                ],
+                "",
+            )
+        })
+        .collect()
+}
+
+/// Every start the subscriptions saw (published by the site the job started at).
+fn starts(subs: &[Proc]) -> Vec<Value> {
+    subs.iter()
+        .flat_map(|p| json_lines(&p.stdout_lines().join("\n")))
+        .filter(|e| e["name"] == "job.state")
+        .map(|e| e["values"].clone())
+        .filter(|v| v["state"] == "started" && v["site"] == v["current"])
+        .collect()
+}
+
+/// The sites where `id` started.
+fn starts_of<'a>(started: &'a [Value], id: &str) -> Vec<&'a str> {
+    started
+        .iter()
+        .filter(|v| v["job"] == id)
+        .filter_map(|v| v["site"].as_str())
+        .collect()
+}
+
 /// What the stream of jobs and queries saw.
 #[derive(Default)]
 struct Stream {
@@ -523,23 +562,7 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
         "R never found the leaves' aarch64 hosts: {:#}",
         query(&r, &arm, None)
     );
-    let subs: Vec<(String, Proc)> = [&r, &a, &b, &a1, &a2, &b1, &b2]
-        .iter()
-        .map(|s| {
-            let p = Proc::start(
-                &[
-                    "subscribe",
-                    "job.state",
-                    "--producer",
-                    &s.fed.addr,
-                    "--output",
-                    "json",
-                ],
-                "",
-            );
-            (s.name.clone(), p)
-        })
-        .collect();
+    let subs = follow_states(&[&r, &a, &b, &a1, &a2, &b1, &b2]);
     // 2 CPUs for 1 s each (time_scale 1/600): A1's and A2's hosts fill, jobs go to A.
     let job = t.join("job.toml");
     std::fs::write(
@@ -630,7 +653,11 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
             "{} re-attached to R {} ms after kill -9 A (reattach_after_ms = 1000, {})",
             s.name,
             killed.elapsed().as_millis(),
-            if s.name == "A1" { "R told by A" } else { "R configured" }
+            if s.name == "A1" {
+                "R told by A"
+            } else {
+                "R configured"
+            }
         );
     }
     wait_live(&r, &["A1", "A2", "B"]);
@@ -644,8 +671,9 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
             .collect()
     };
     assert!(
-        wait_until(T, || tree(&r)
-            .is_some_and(|v| set(&["A1", "A2", "B"]).is_subset(&inferiors(&v["root"])))),
+        wait_until(T, || tree(&r).is_some_and(
+            |v| set(&["A1", "A2", "B"]).is_subset(&inferiors(&v["root"]))
+        )),
         "R's tree never listed A1 and A2 as its inferiors: {:#}",
         tree(&r).unwrap_or_default()
     );
@@ -730,21 +758,11 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
             .collect::<Vec<_>>()
     );
     // Exactly once, counted from every site's job.state events (A's until it died).
-    let started: Vec<Value> = subs
-        .iter()
-        .flat_map(|(_, p)| json_lines(&p.stdout_lines().join("\n")))
-        .filter(|e| e["name"] == "job.state")
-        .map(|e| e["values"].clone())
-        .filter(|v| v["state"] == "started" && v["site"] == v["current"])
-        .collect();
+    let started = starts(&subs);
     let (mut finished, mut owned_by_a) = (0, 0);
     for (id, o) in &seen.jobs {
         let j = jobs(origin_of(o))[id].clone();
-        let starts: Vec<&str> = started
-            .iter()
-            .filter(|v| v["job"] == id.as_str())
-            .map(|v| v["site"].as_str().unwrap())
-            .collect();
+        let starts = starts_of(&started, id);
         if j["state"] == "finished" {
             finished += 1;
             assert_eq!(starts.len(), 1, "{id} started {starts:?}: {j}");
@@ -793,4 +811,139 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     drop(b1);
     drop(b2);
     drop(b);
+}
+
+/// A job forwarded two hops, A → B → C, while B is killed (SIGKILL): C is the root, B its
+/// child, A B's child configured with only its parent B (it learns C from B). A's one host
+/// takes one job at a time, B has no free CPU (it passes A's jobs on to C), C has room. Jobs
+/// are submitted at A without pause; once C holds jobs of A's that came through B, B is killed.
+/// A re-attaches to C, and every job A acknowledged settles exactly once: finished after exactly
+/// one start, or — started at C under B's grant, whose outcome A cannot learn once B's link is
+/// gone — reported failed, started at most once. None is lost, none runs twice.
+#[test]
+fn a_job_forwarded_two_hops_through_a_manager_killed_mid_way_is_settled_once() {
+    let tmp = tempdir();
+    let t = tmp.path();
+    let common = "max_hops = 2\norigin_lease_ms = 1000\nreattach_after_ms = 1000\n";
+    let c = start_site_with(t, "C", &[("c-x", "x86_64", 4)], common);
+    let b = start_site_with(t, "B", &[("b-x", "x86_64", 0)], common);
+    let a = start_site_with(
+        t,
+        "A",
+        &[("a-x", "x86_64", 2)],
+        &format!(
+            "{common}[[peer]]\nsite = \"B\"\nendpoint = \"{}\"\nrole = \"parent\"\n",
+            b.fed.addr
+        ),
+    );
+    link(&c, &b);
+    add(&b, &a, "child");
+    wait_live(&c, &["B"]);
+    wait_live(&b, &["C", "A"]);
+    wait_live(&a, &["B"]);
+    let subs = follow_states(&[&a, &b, &c]);
+    let job = t.join("job.toml");
+    std::fs::write(
+        &job,
+        "name = \"j\"\ncpus = 2\narch = \"x86_64\"\nmemory_mb = 1024\nreference_time_s = 600\n",
+    )
+    .unwrap();
+    let job = job.to_str().unwrap().to_string();
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stream = {
+        let (acked, stop, job, addr) = (acked.clone(), stop.clone(), job.clone(), a.fed.addr.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let s = gma(&["job", "submit", "--job", &job, "--federation", &addr], T);
+                if s.code == 0 {
+                    let ids = s.stdout.lines().map(str::trim).filter(|l| !l.is_empty());
+                    acked.lock().unwrap().extend(ids.map(String::from));
+                }
+            }
+        })
+    };
+    // Jobs of A's reached C through B.
+    let through_b = || {
+        jobs(&c)
+            .values()
+            .filter(|j| j["origin"] == "A" && j["from"] == "B")
+            .count()
+    };
+    assert!(
+        wait_until(T, || through_b() >= 2),
+        "no job of A's reached C through B: at B {:?}, at C {:?}",
+        jobs(&b),
+        jobs(&c)
+    );
+    let mut b = b;
+    let killed = Instant::now();
+    b.fed.kill();
+    let at_kill = acked.lock().unwrap().len();
+    assert!(
+        wait_until(T, || {
+            let p = peers(&a);
+            p.get("C") == Some(&true) && !p.contains_key("B")
+        }),
+        "A never re-attached to C: {:?}\n{}",
+        peers(&a),
+        a.fed.stderr_text()
+    );
+    eprintln!(
+        "A re-attached to C (told by B) {} ms after kill -9 B (reattach_after_ms = 1000)",
+        killed.elapsed().as_millis()
+    );
+    assert!(
+        wait_until(T, || acked.lock().unwrap().len() >= at_kill + 4),
+        "no jobs were acknowledged after the move"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stream.join().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    let unknown = |j: &Value| {
+        j["state"] == "failed"
+            && j["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("outcome is unknown"))
+    };
+    let open = || {
+        let l = jobs(&a);
+        acked
+            .iter()
+            .filter(|id| !l.get(*id).is_some_and(|j| j["state"] == "finished" || unknown(j)))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(90), || open().is_empty()),
+        "jobs lost (acknowledged at A, neither finished nor reported failed): {:?}",
+        open()
+            .iter()
+            .map(|id| (jobs(&a).get(id).cloned(), jobs(&c).get(id).cloned()))
+            .collect::<Vec<_>>()
+    );
+    let started = starts(&subs);
+    let (l, at_c) = (jobs(&a), jobs(&c));
+    let (mut finished, mut failed, mut two_hops) = (0, 0, 0);
+    for id in &acked {
+        let j = &l[id];
+        let at = starts_of(&started, id);
+        if j["state"] == "finished" {
+            finished += 1;
+            assert_eq!(at.len(), 1, "{id} started {at:?}: {j}");
+            assert_eq!(Some(at[0]), j["site"].as_str(), "{id}: {j}");
+        } else {
+            failed += 1;
+            assert!(at.len() <= 1, "{id} started {at:?}: {j}");
+        }
+        if at == ["C"] && at_c.get(id).is_some_and(|j| j["from"] == "B") {
+            two_hops += 1;
+        }
+    }
+    assert!(finished > 0, "no job finished");
+    assert!(two_hops > 0, "no job ran at C through B");
+    eprintln!(
+        "{} jobs at A: {finished} finished exactly once, {failed} reported failed (started at most once), {two_hops} ran at C through B",
+        acked.len()
+    );
 }

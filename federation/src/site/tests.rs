@@ -303,7 +303,10 @@ fn sup(s: &str) -> Superior {
 fn a_parent_s_superiors_become_the_default_chain_and_survive_a_restart() {
     // m has parent g (whose directory it learned from g's Welcome) and child c.
     let mut m = site("m", &[("g", Role::Parent), ("c", Role::Child)]);
-    assert!(m.superiors_to_tell(&[]).is_empty(), "g's directory is not known yet");
+    assert!(
+        m.superiors_to_tell(&[]).is_empty(),
+        "g's directory is not known yet"
+    );
     m.set_directory("g", "g:2");
     let told = m.superiors_to_tell(&[sup("x")]);
     assert_eq!(
