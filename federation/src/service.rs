@@ -497,6 +497,7 @@ impl Shared {
             jobs_queued: queued,
             jobs_running: running,
             jobs_total: total,
+            chain: superiors_to_wire(&s.chain(&self.cfg.superior)).superiors,
         }
     }
 }
