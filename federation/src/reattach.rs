@@ -8,7 +8,7 @@
 //!
 //! Health is the session itself: a parent is live while its heartbeats and replies arrive
 //! within the session timeout (`heartbeat_ms` × `session_misses`); nothing else is probed.
-//! Attaching uses the paths of `gma federation add|remove`, nothing new on the wire:
+//! Attaching itself uses the paths of `gma federation add|remove`:
 //!
 //! 1. the site registers itself as a **child** link record in the superior's directory (the
 //!    superior's endpoint adopts it like any `gma federation add --role child`, so the
@@ -17,9 +17,9 @@
 //! 3. it removes the silent parents' links from its own directory.
 //!
 //! The endpoint persists its links (and the removed ones) in its state file, so a restart keeps
-//! the result. Jobs are unaffected by the move: a job forwarded to the silent parent and not
-//! started is re-placed by the origin after the silence (`origin_lease_ms`), and a forward is
-//! accepted once per global job id (a retry of the same id is answered with the first reply).
+//! the result. Removing a silent parent's link settles this site's jobs there
+//! (`SiteState::link_gone`): not yet granted, back to the queue; granted, reported failed
+//! (outcome unknown), never run again. A forward is accepted once per global job id.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
