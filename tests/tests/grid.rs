@@ -454,6 +454,37 @@ fn jobs(s: &Site) -> BTreeMap<String, Value> {
     federation_jobs(&s.fed.addr)
 }
 
+/// A job file: 2 x86_64 CPUs for 1 s (time_scale 1/600).
+fn job_file(t: &Path) -> String {
+    let job = t.join("job.toml");
+    std::fs::write(
+        &job,
+        "name = \"j\"\ncpus = 2\narch = \"x86_64\"\nmemory_mb = 1024\nreference_time_s = 600\n",
+    )
+    .unwrap();
+    job.to_str().unwrap().to_string()
+}
+
+/// Until `s` has a live link with `to` and none with `from` (killed at `killed`); prints the
+/// time from the kill (for reading; no threshold).
+fn reattached(s: &Site, to: &str, from: &str, killed: Instant, how: &str) {
+    assert!(
+        wait_until(T, || {
+            let p = peers(s);
+            p.get(to) == Some(&true) && !p.contains_key(from)
+        }),
+        "{} never re-attached to {to}: {:?}\n{}",
+        s.name,
+        peers(s),
+        s.fed.stderr_text()
+    );
+    eprintln!(
+        "{} re-attached to {to} {} ms after kill -9 {from} (reattach_after_ms = 1000, {how})",
+        s.name,
+        killed.elapsed().as_millis()
+    );
+}
+
 /// `gma subscribe job.state` at each site, from now on.
 fn follow_states(sites: &[&Site]) -> Vec<Proc> {
     sites
@@ -563,14 +594,8 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
         query(&r, &arm, None)
     );
     let subs = follow_states(&[&r, &a, &b, &a1, &a2, &b1, &b2]);
-    // 2 CPUs for 1 s each (time_scale 1/600): A1's and A2's hosts fill, jobs go to A.
-    let job = t.join("job.toml");
-    std::fs::write(
-        &job,
-        "name = \"j\"\ncpus = 2\narch = \"x86_64\"\nmemory_mb = 1024\nreference_time_s = 600\n",
-    )
-    .unwrap();
-    let job = job.to_str().unwrap().to_string();
+    // 2 CPUs for 1 s each: A1's and A2's hosts fill, jobs go to A.
+    let job = job_file(t);
 
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Stream::default()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -638,26 +663,8 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
 
     // A1 and A2 attach to R on their own (A1 knows R only from A); R accepts them; A is gone
     // from their links.
-    for s in [&a1, &a2] {
-        assert!(
-            wait_until(T, || {
-                let p = peers(s);
-                p.get("R") == Some(&true) && !p.contains_key("A")
-            }),
-            "{} never re-attached to R: {:?}\n{}",
-            s.name,
-            peers(s),
-            s.fed.stderr_text()
-        );
-        eprintln!(
-            "{} re-attached to R {} ms after kill -9 A (reattach_after_ms = 1000, {})",
-            s.name,
-            killed.elapsed().as_millis(),
-            if s.name == "A1" {
-                "R told by A"
-            } else {
-                "R configured"
-            }
+    reattached(&a1, "R", "A", killed, "R told by A");
+    reattached(&a2, "R", "A", killed, "R configured");
         );
     }
     wait_live(&r, &["A1", "A2", "B"]);
@@ -842,13 +849,7 @@ fn a_job_forwarded_two_hops_through_a_manager_killed_mid_way_is_settled_once() {
     wait_live(&b, &["C", "A"]);
     wait_live(&a, &["B"]);
     let subs = follow_states(&[&a, &b, &c]);
-    let job = t.join("job.toml");
-    std::fs::write(
-        &job,
-        "name = \"j\"\ncpus = 2\narch = \"x86_64\"\nmemory_mb = 1024\nreference_time_s = 600\n",
-    )
-    .unwrap();
-    let job = job.to_str().unwrap().to_string();
+    let job = job_file(t);
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stream = {
@@ -880,19 +881,7 @@ fn a_job_forwarded_two_hops_through_a_manager_killed_mid_way_is_settled_once() {
     let killed = Instant::now();
     b.fed.kill();
     let at_kill = acked.lock().unwrap().len();
-    assert!(
-        wait_until(T, || {
-            let p = peers(&a);
-            p.get("C") == Some(&true) && !p.contains_key("B")
-        }),
-        "A never re-attached to C: {:?}\n{}",
-        peers(&a),
-        a.fed.stderr_text()
-    );
-    eprintln!(
-        "A re-attached to C (told by B) {} ms after kill -9 B (reattach_after_ms = 1000)",
-        killed.elapsed().as_millis()
-    );
+    reattached(&a, "C", "B", killed, "C told by B");
     assert!(
         wait_until(T, || acked.lock().unwrap().len() >= at_kill + 4),
         "no jobs were acknowledged after the move"
