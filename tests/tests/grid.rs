@@ -665,8 +665,6 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     // from their links.
     reattached(&a1, "R", "A", killed, "R told by A");
     reattached(&a2, "R", "A", killed, "R configured");
-        );
-    }
     wait_live(&r, &["A1", "A2", "B"]);
     // R shows them as its inferiors.
     let inferiors = |v: &Value| -> BTreeSet<String> {
