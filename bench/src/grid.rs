@@ -9,6 +9,11 @@
 //! and as a hierarchy (`--fanout` children per manager), with the real site manager
 //! ([`gma_federation::sim::hier`]): bytes of one full refresh, messages and bytes from a change
 //! until every site saw it, and that propagation time (or that it never completed in 120 s).
+//!
+//! Then re-attachment ([`reattach`]): a 3-level chain g > p > c, each with its own directory,
+//! c configured with only its parent p (it learns g from p); p runs as a separate `gma
+//! federation` process and is killed with SIGKILL; timed from the kill until c has a live
+//! session with g and p is gone from its links.
 
 use std::time::{Duration, Instant};
 
@@ -232,6 +237,13 @@ pub async fn run(
         let tree = spread_of(n, Some(fanout));
         spread.push((mesh, tree, t.elapsed().as_secs_f64()));
     }
+    let re = reattach(REATTACH_ROUNDS).await?;
+    let re_sorted = {
+        let mut v = re.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let re_median = re_sorted[re_sorted.len() / 2];
     let placement =
         "one process, in-process federation endpoints on 127.0.0.1, plaintext gRPC, heartbeats 200 ms";
     match output {
@@ -251,6 +263,8 @@ pub async fn run(
             crate::report::emit(json!({
                 "scenario": "grid", "placement": placement, "query_latency": r,
                 "summaries": s, "summaries_placement": SIM,
+                "reattach": {"placement": REATTACH, "reattach_after_ms": REATTACH_AFTER_MS,
+                    "heartbeat_ms": REATTACH_HEARTBEAT_MS, "rounds_ms": re, "median_ms": re_median},
             }));
         }
         Output::Table => {
@@ -291,9 +305,173 @@ pub async fn run(
                     );
                 }
             }
+            println!("re-attachment; {REATTACH}");
+            println!(
+                "kill -9 p to c re-attached to g, ms (reattach_after_ms {REATTACH_AFTER_MS}, heartbeat {REATTACH_HEARTBEAT_MS}): median {re_median:.0}, rounds {}",
+                re.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ")
+            );
         }
     }
     Ok(())
+}
+
+/// Re-attachment rounds per run.
+const REATTACH_ROUNDS: usize = 3;
+const REATTACH_AFTER_MS: u64 = 1_000;
+const REATTACH_HEARTBEAT_MS: u64 = 200;
+const REATTACH: &str = "3-level chain g > p > c on 127.0.0.1, a directory each (in-process), g and c in-process endpoints, p a separate gma federation process; c configured with only its parent p (g told by p); time from SIGKILL of p until c's session with g is live and p is gone from its links, polled every 5 ms; sessions expire after 3 heartbeats";
+
+/// One endpoint's federation status.
+async fn fed_status(addr: &str) -> anyhow::Result<pb::FederationStatusReply> {
+    let ch = gma_consumer::connect(addr).await?;
+    let mut c = SiteSchedulerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+    Ok(c.federation_status(pb::FederationStatusRequest {})
+        .await?
+        .into_inner())
+}
+
+/// Polls `addr`'s status until `done` holds (60 s at most).
+async fn until(
+    addr: &str,
+    what: &str,
+    every: Duration,
+    done: impl Fn(&pb::FederationStatusReply) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = fed_status(addr).await;
+        if s.as_ref().is_ok_and(&done) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within 60 s: {s:?}");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+fn live(s: &pb::FederationStatusReply, site: &str) -> bool {
+    s.peers.iter().any(|p| p.site == site && p.live)
+}
+
+/// `rounds` re-attachments (see the module doc): each round's time from the kill, ms.
+pub async fn reattach(rounds: usize) -> anyhow::Result<Vec<f64>> {
+    let exe = std::env::current_exe().context("cannot find the gma binary")?;
+    let mut out = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let tmp = tempfile::Builder::new().prefix("gma-bench-reattach-").tempdir()?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopper = || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|v| *v).await;
+            }
+        };
+        let mut tasks = Vec::new();
+        let mut dirs = Vec::new();
+        for n in ["g", "p", "c"] {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            dirs.push(l.local_addr()?.to_string());
+            let (data, stop) = (tmp.path().join(format!("dir-{n}")), stopper());
+            tasks.push(tokio::spawn(async move {
+                let _ = gma_directory::run(gma_directory::DirectoryConfig::new(data), l, stop).await;
+            }));
+        }
+        let (gl, cl) = (
+            tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+            tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+        );
+        let (g_addr, c_addr) = (gl.local_addr()?.to_string(), cl.local_addr()?.to_string());
+        // p's port: reserved, released, then taken by the process.
+        let p_addr = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .to_string();
+        let link = |site: &str, endpoint: &str, role: Role| Link {
+            site: site.into(),
+            endpoint: endpoint.into(),
+            role,
+            hops: 0,
+        };
+        let cfg = |site: &str, dir: &str, peer: Vec<Link>| FederationConfig {
+            site: site.into(),
+            directory: Some(dir.into()),
+            heartbeat_ms: REATTACH_HEARTBEAT_MS,
+            tick_ms: 50,
+            reattach_after_ms: REATTACH_AFTER_MS,
+            peer,
+            ..FederationConfig::default()
+        };
+        let g = cfg("g", &dirs[0], vec![link("p", &p_addr, Role::Child)]);
+        let c = cfg("c", &dirs[2], vec![link("p", &p_addr, Role::Parent)]);
+        tasks.push(tokio::spawn({
+            let stop = stopper();
+            async move {
+                let _ = gma_federation::service::run(g, gl, stop).await;
+            }
+        }));
+        tasks.push(tokio::spawn({
+            let stop = stopper();
+            async move {
+                let _ = gma_federation::service::run(c, cl, stop).await;
+            }
+        }));
+        let p_cfg = tmp.path().join("p.toml");
+        std::fs::write(
+            &p_cfg,
+            format!(
+                "site = \"p\"\nheartbeat_ms = {REATTACH_HEARTBEAT_MS}\ntick_ms = 50\n\
+                 reattach_after_ms = {REATTACH_AFTER_MS}\n\
+                 [[peer]]\nsite = \"g\"\nendpoint = \"{g_addr}\"\nrole = \"parent\"\n\
+                 [[peer]]\nsite = \"c\"\nendpoint = \"{c_addr}\"\nrole = \"child\"\n"
+            ),
+        )?;
+        let mut p = tokio::process::Command::new(&exe)
+            .args([
+                "federation",
+                "--listen",
+                &p_addr,
+                "--directory",
+                &dirs[1],
+                "--config",
+            ])
+            .arg(&p_cfg)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the middle manager p")?;
+        let r = async {
+            until(&c_addr, "c learning g from p", Duration::from_millis(20), |s| {
+                live(s, "p") && s.chain.iter().any(|x| x.site == "g")
+            })
+            .await?;
+            until(&g_addr, "g's session with p", Duration::from_millis(20), |s| {
+                live(s, "p")
+            })
+            .await?;
+            let t = Instant::now();
+            p.start_kill().context("cannot kill p")?;
+            until(&c_addr, "c re-attaching to g", Duration::from_millis(5), |s| {
+                live(s, "g") && !s.peers.iter().any(|x| x.site == "p")
+            })
+            .await?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            until(&g_addr, "g's session with c", Duration::from_millis(20), |s| {
+                live(s, "c")
+            })
+            .await?;
+            anyhow::Ok(ms)
+        }
+        .await;
+        let _ = p.kill().await;
+        let _ = stop_tx.send(true);
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        out.push(r?);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

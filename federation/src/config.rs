@@ -188,17 +188,8 @@ impl FederationConfig {
             }
         }
         for (i, s) in self.superior.iter().enumerate() {
-            validate_site(&s.site).map_err(|e| Error::invalid_argument(format!("superior[{i}]: {e}")))?;
-            if s.site == self.site {
-                return Err(Error::invalid_argument(format!(
-                    "superior[{i}]: a site is not its own superior"
-                )));
-            }
-            if s.endpoint.is_empty() || s.directory.is_empty() {
-                return Err(Error::invalid_argument(format!(
-                    "superior[{i}]: give endpoint = \"HOST:PORT\" and directory = \"HOST:PORT\""
-                )));
-            }
+            validate_superior(s, &self.site)
+                .map_err(|e| Error::invalid_argument(format!("superior[{i}]: {e}")))?;
         }
         if !self.superior.is_empty() && self.directory.is_none() {
             return Err(Error::invalid_argument(
@@ -228,15 +219,24 @@ impl FederationConfig {
     }
 }
 
-/// One superior of the chain.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Superior {
-    pub site: String,
-    /// Its federation endpoint.
-    pub endpoint: String,
-    /// Its directory: where this site registers as its child.
-    pub directory: String,
+pub use crate::site::Superior;
+
+/// Longest endpoint or directory address a superior may name.
+const MAX_ADDR: usize = 1024;
+
+/// Whether `s` is a usable superior of site `me` (configured, or told by a parent).
+pub fn validate_superior(s: &Superior, me: &str) -> Result<(), Error> {
+    validate_site(&s.site)?;
+    if s.site == me {
+        return Err(Error::invalid_argument("a site is not its own superior"));
+    }
+    let bad = |a: &str| a.is_empty() || a.len() > MAX_ADDR;
+    if bad(&s.endpoint) || bad(&s.directory) {
+        return Err(Error::invalid_argument(
+            "give endpoint = \"HOST:PORT\" and directory = \"HOST:PORT\"",
+        ));
+    }
+    Ok(())
 }
 
 /// `reattach_after_ms` when the config does not say.

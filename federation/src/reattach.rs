@@ -1,10 +1,14 @@
 //! Automatic re-attachment: when every superior (parent link) of a site has been silent for
-//! `reattach_after_ms`, the site attaches to the next superior of its configured chain
-//! (`[[superior]]`, the grandparent first).
+//! `reattach_after_ms`, the site attaches to the next superior of its chain: the configured
+//! `[[superior]]` entries, then what its parents told it of their own superiors (the
+//! grandparent first). A parent tells its inferiors its superiors on the session they opened
+//! with it (a `Superiors` frame on Exchange; the directory of each comes from that superior's
+//! Welcome), and the site keeps the list in its state file, so a site configured with only its
+//! parent re-attaches to its grandparent when the parent dies.
 //!
 //! Health is the session itself: a parent is live while its heartbeats and replies arrive
 //! within the session timeout (`heartbeat_ms` × `session_misses`); nothing else is probed.
-//! Attaching uses the paths of `gma federation add|remove`, nothing new on the wire:
+//! Attaching itself uses the paths of `gma federation add|remove`:
 //!
 //! 1. the site registers itself as a **child** link record in the superior's directory (the
 //!    superior's endpoint adopts it like any `gma federation add --role child`, so the
@@ -13,9 +17,9 @@
 //! 3. it removes the silent parents' links from its own directory.
 //!
 //! The endpoint persists its links (and the removed ones) in its state file, so a restart keeps
-//! the result. Jobs are unaffected by the move: a job forwarded to the silent parent and not
-//! started is re-placed by the origin after the silence (`origin_lease_ms`), and a forward is
-//! accepted once per global job id (a retry of the same id is answered with the first reply).
+//! the result. Removing a silent parent's link settles this site's jobs there
+//! (`SiteState::link_gone`): not yet granted, back to the queue; granted, reported failed
+//! (outcome unknown), never run again. A forward is accepted once per global job id.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -32,6 +36,8 @@ pub trait Watched: Send + Sync + 'static {
     fn now(&self) -> i64;
     /// This site's parent links: (site, live).
     fn parents(self: &Arc<Self>) -> Vec<(String, bool)>;
+    /// The chain now: configured, then told by the parents.
+    fn chain(self: &Arc<Self>) -> Vec<Superior>;
 }
 
 /// When to move, and where to (pure; [`watch`] acts on it).
@@ -51,6 +57,11 @@ impl Plan {
             down_since: None,
             tried: BTreeSet::new(),
         }
+    }
+
+    /// The chain changed (a parent told new superiors): what is tried from now on.
+    pub fn set_chain(&mut self, chain: Vec<Superior>) {
+        self.chain = chain;
     }
 
     /// `parents`: each parent link's site and whether its session is live. The superior to
@@ -120,6 +131,7 @@ pub async fn watch<W: Watched>(sh: Arc<W>, own_dir: String, own_endpoint: String
     loop {
         tick.tick().await;
         let parents = sh.parents();
+        plan.set_chain(sh.chain());
         let Some(to) = plan.decide(&parents, sh.now()) else {
             continue;
         };

@@ -497,6 +497,7 @@ impl Shared {
             jobs_queued: queued,
             jobs_running: running,
             jobs_total: total,
+            chain: superiors_to_wire(&s.chain(&self.cfg.superior)).superiors,
         }
     }
 }
@@ -615,6 +616,7 @@ impl pb::federation_server::Federation for FederationService {
             summary_interval_ms: sh.cfg.summary_interval_ms.min(u64::from(u32::MAX)) as u32,
             last_epoch,
             last_seq,
+            directory: sh.cfg.directory.clone().unwrap_or_default(),
         }))
     }
 
@@ -648,9 +650,19 @@ impl pb::federation_server::Federation for FederationService {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(hb);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // What this site last told the caller of its superiors (sent on change).
+            let mut told: Option<Vec<crate::site::Superior>> = None;
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        let now_told = sh.state.lock().superiors_to_tell(&sh.cfg.superior);
+                        if told.as_ref() != Some(&now_told) {
+                            let f = pb::Frame { kind: Some(pb::frame::Kind::Superiors(superiors_to_wire(&now_told))) };
+                            if tx.send(Ok(f)).await.is_err() {
+                                break;
+                            }
+                            told = Some(now_told);
+                        }
                         let f = pb::Frame { kind: Some(pb::frame::Kind::Heartbeat(pb::Heartbeat { now_ns: sh.now() })) };
                         if tx.send(Ok(f)).await.is_err() {
                             break;
@@ -943,6 +955,45 @@ impl crate::grid::Endpoint for Shared {
     }
 }
 
+fn superiors_to_wire(list: &[crate::site::Superior]) -> pb::Superiors {
+    pb::Superiors {
+        superiors: list
+            .iter()
+            .map(|s| pb::SuperiorRef {
+                site: s.site.clone(),
+                endpoint: s.endpoint.clone(),
+                directory: s.directory.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// A parent's `Superiors` frame, each entry checked like a configured `[[superior]]`.
+fn superiors_from_wire(t: &pb::Superiors, me: &str) -> Result<Vec<crate::site::Superior>, FederationError> {
+    if t.superiors.len() > crate::site::MAX_TOLD {
+        return Err(FederationError::invalid_argument(format!(
+            "superiors: at most {} entries, got {}",
+            crate::site::MAX_TOLD,
+            t.superiors.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(t.superiors.len());
+    for (i, r) in t.superiors.iter().enumerate() {
+        let s = crate::site::Superior {
+            site: r.site.clone(),
+            endpoint: r.endpoint.clone(),
+            directory: r.directory.clone(),
+        };
+        match crate::config::validate_superior(&s, me) {
+            Ok(()) => out.push(s),
+            // The chain may lead back here (a cycle of links): skip, keep the rest.
+            Err(_) if s.site == me => {}
+            Err(e) => return Err(FederationError::invalid_argument(format!("superiors[{i}]: {e}"))),
+        }
+    }
+    Ok(out)
+}
+
 /// One outbound session to `link.site`, re-opened with backoff until aborted.
 async fn session(sh: Arc<Shared>, link: Link, mut summaries: watch::Receiver<Option<pb::SiteSummary>>) {
     let mut backoff = Duration::from_millis(100);
@@ -1023,7 +1074,10 @@ async fn session_once(
             link.endpoint, welcome.site_id, link.site
         );
     }
-    sh.with(|s, now| s.session_event(&link.site, SessionEvent::Up, now));
+    sh.with(|s, now| {
+        s.set_directory(&link.site, &welcome.directory);
+        s.session_event(&link.site, SessionEvent::Up, now)
+    });
     tracing::info!(peer = %link.site, session = %welcome.session_id, "federation session up");
     // Reconcile what we forwarded there, then follow its job events from that point.
     let list = match tokio::time::timeout(
@@ -1094,6 +1148,18 @@ async fn session_once(
                 }
             }
             f = frames.next() => match f {
+                Some(Ok(pb::Frame { kind: Some(pb::frame::Kind::Superiors(t)) })) => {
+                    match superiors_from_wire(&t, &me) {
+                        Ok(list) => sh.with(|s, now| {
+                            s.heard(&link.site, now);
+                            s.told_by(&link.site, list);
+                        }),
+                        Err(e) => {
+                            tracing::warn!(peer = %link.site, error = %e, "superiors refused");
+                            sh.with(|s, now| s.heard(&link.site, now));
+                        }
+                    }
+                }
                 Some(Ok(_)) => sh.with(|s, now| s.heard(&link.site, now)),
                 Some(Err(s)) => return format!("exchange: {}", gma_core::tls::explain(&s)),
                 None => return "exchange ended by the peer".into(),
@@ -1315,7 +1381,8 @@ pub async fn run(
             let _ = links_tx.send(links.clone());
         }
     }
-    if let (Some(dir), false) = (cfg.directory.clone(), cfg.superior.is_empty()) {
+    // Every site with a directory watches its parents: its chain may be configured or told.
+    if let Some(dir) = cfg.directory.clone() {
         tasks.push(tokio::spawn(crate::reattach::watch(
             shared.clone(),
             dir,
@@ -1400,6 +1467,10 @@ impl crate::reattach::Watched for Shared {
     fn parents(self: &Arc<Self>) -> Vec<(String, bool)> {
         self.with(|s, _| s.parents())
     }
+
+    fn chain(self: &Arc<Self>) -> Vec<crate::reattach::Superior> {
+        self.state.lock().chain(&self.cfg.superior)
+    }
 }
 
 #[cfg(test)]
@@ -1417,5 +1488,28 @@ mod tests {
             gma_core::event::signature(&status_schema()),
             "federation.status v1: live double, eligible double, summary_age_ms double ms, forwarded_out double jobs, forwarded_in double jobs, in_flight_cpus double cpus, cpus_free_sum double cpus, peer string, session string, role string, last_error string"
         );
+    }
+
+    #[test]
+    fn a_parent_s_superiors_frame_is_validated() {
+        let r = |site: &str, ep: &str, dir: &str| pb::SuperiorRef {
+            site: site.into(),
+            endpoint: ep.into(),
+            directory: dir.into(),
+        };
+        let t = |v: Vec<pb::SuperiorRef>| pb::Superiors { superiors: v };
+        let ok = superiors_from_wire(&t(vec![r("g", "g:1", "g:2"), r("me", "m:1", "m:2")]), "me").unwrap();
+        assert_eq!(ok.len(), 1, "the site itself is skipped");
+        assert_eq!(ok[0].directory, "g:2");
+        let e = superiors_from_wire(&t(vec![r("g", "g:1", "")]), "me").unwrap_err();
+        assert!(e.to_string().contains("superiors[0]"), "{e}");
+        assert!(superiors_from_wire(&t(vec![r("bad site!", "g:1", "g:2")]), "me").is_err());
+        let many = (0..=crate::site::MAX_TOLD)
+            .map(|i| r(&format!("s{i}"), "a:1", "a:2"))
+            .collect();
+        let e = superiors_from_wire(&t(many), "me").unwrap_err();
+        assert!(e.to_string().contains("at most"), "{e}");
+        let back = superiors_from_wire(&superiors_to_wire(&ok), "me").unwrap();
+        assert_eq!(back, ok);
     }
 }

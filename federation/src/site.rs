@@ -452,6 +452,21 @@ struct HostUse {
     simulated: Option<bool>,
 }
 
+/// A superior this site may re-attach to (`crate::reattach`): configured (`[[superior]]`) or
+/// told by a parent (its own superiors).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Superior {
+    pub site: String,
+    /// Its federation endpoint.
+    pub endpoint: String,
+    /// Its directory: where this site registers as its child.
+    pub directory: String,
+}
+
+/// Most superiors a site tells its inferiors (and keeps from one parent).
+pub const MAX_TOLD: usize = 8;
+
 /// What [`SiteState::saved`] writes and [`SiteState::restore`] reads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Saved {
@@ -462,6 +477,13 @@ pub struct Saved {
     /// a configured `[[peer]]` of these is not linked again on restart.
     #[serde(default)]
     pub removed: Vec<String>,
+    /// The directory each linked site announced (its Welcome): what this site tells its
+    /// inferiors about its parents.
+    #[serde(default)]
+    pub directories: BTreeMap<String, String>,
+    /// What each parent told of its own superiors (nearest first): this site's default chain.
+    #[serde(default)]
+    pub told: BTreeMap<String, Vec<Superior>>,
 }
 
 /// The job manager of one site.
@@ -475,6 +497,10 @@ pub struct SiteState {
     peers: BTreeMap<String, Peer>,
     /// See [`Saved::removed`].
     removed: std::collections::BTreeSet<String>,
+    /// See [`Saved::directories`].
+    directories: BTreeMap<String, String>,
+    /// See [`Saved::told`].
+    told: BTreeMap<String, Vec<Superior>>,
     logs: HashMap<String, VecDeque<pb::JobEvent>>,
     event_seq: u64,
     summary_seq: u64,
@@ -509,6 +535,8 @@ impl SiteState {
             hosts: HashMap::new(),
             peers: BTreeMap::new(),
             removed: std::collections::BTreeSet::new(),
+            directories: BTreeMap::new(),
+            told: BTreeMap::new(),
             logs: HashMap::new(),
             event_seq: 0,
             summary_seq: 0,
@@ -533,6 +561,8 @@ impl SiteState {
         let mut s = SiteState::new(p, epoch);
         s.set_links(saved.links, now);
         s.removed = saved.removed.into_iter().collect();
+        s.directories = saved.directories;
+        s.told = saved.told;
         for p in s.peers.values_mut() {
             p.last_heard_ns = now;
         }
@@ -594,6 +624,8 @@ impl SiteState {
             jobs,
             links: self.peers.values().map(|p| p.link.clone()).collect(),
             removed: self.removed.iter().cloned().collect(),
+            directories: self.directories.clone(),
+            told: self.told.clone(),
         }
     }
 
@@ -687,6 +719,84 @@ impl SiteState {
             .filter(|p| p.link.role == Role::Parent)
             .map(|p| (p.link.site.clone(), p.live))
             .collect()
+    }
+
+    /// `site` announced its directory (its Welcome).
+    pub fn set_directory(&mut self, site: &str, directory: &str) {
+        if directory.is_empty() || self.directories.get(site).is_some_and(|d| d == directory) {
+            return;
+        }
+        self.directories.insert(site.to_string(), directory.to_string());
+        self.mark_persist();
+    }
+
+    /// Parent `parent` told its superiors (validated by the caller). Ignored from a site that
+    /// is not a parent of this one; this site itself is left out (a cycle), at most
+    /// [`MAX_TOLD`] are kept. Returns whether anything changed.
+    pub fn told_by(&mut self, parent: &str, superiors: Vec<Superior>) -> bool {
+        if !self
+            .peers
+            .get(parent)
+            .is_some_and(|p| p.link.role == Role::Parent)
+        {
+            return false;
+        }
+        let me = self.p.site.clone();
+        let mut list: Vec<Superior> = Vec::new();
+        for s in superiors {
+            if s.site != me && s.site != parent && !list.iter().any(|x| x.site == s.site) {
+                list.push(s);
+            }
+        }
+        list.truncate(MAX_TOLD);
+        if self.told.get(parent) == Some(&list) {
+            return false;
+        }
+        self.told.insert(parent.to_string(), list);
+        self.mark_persist();
+        true
+    }
+
+    /// This site's chain of superiors: `configured` first, then what its current parents told
+    /// (kept after a parent died: that is when it is needed), each site once, never itself.
+    pub fn chain(&self, configured: &[Superior]) -> Vec<Superior> {
+        let told = self
+            .peers
+            .values()
+            .filter(|p| p.link.role == Role::Parent)
+            .filter_map(|p| self.told.get(&p.link.site))
+            .flatten();
+        let mut out: Vec<Superior> = Vec::new();
+        for s in configured.iter().chain(told) {
+            if s.site != self.p.site && !out.iter().any(|x| x.site == s.site) {
+                out.push(s.clone());
+            }
+        }
+        out
+    }
+
+    /// What this site tells its inferiors: its parents whose directory it knows, then its own
+    /// chain; at most [`MAX_TOLD`].
+    pub fn superiors_to_tell(&self, configured: &[Superior]) -> Vec<Superior> {
+        let mut out: Vec<Superior> = self
+            .peers
+            .values()
+            .filter(|p| p.link.role == Role::Parent)
+            .filter_map(|p| {
+                Some(Superior {
+                    site: p.link.site.clone(),
+                    endpoint: p.link.endpoint.clone(),
+                    directory: self.directories.get(&p.link.site)?.clone(),
+                })
+            })
+            .collect();
+        for s in self.chain(configured) {
+            if !out.iter().any(|x| x.site == s.site) {
+                out.push(s);
+            }
+        }
+        out.truncate(MAX_TOLD);
+        out
     }
 
     pub fn links(&self) -> Vec<Link> {

@@ -63,6 +63,8 @@ mod tests {
             jobs: vec![],
             links: vec![],
             removed: vec![],
+            directories: Default::default(),
+            told: Default::default(),
         })
         .unwrap();
         assert_eq!(s.load("a").unwrap().unwrap().site, "a");

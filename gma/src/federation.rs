@@ -291,6 +291,9 @@ async fn status(addr: &str, output: Output) -> anyhow::Result<()> {
                         "classes": s.classes.len(),
                     })),
                     "peers": peers,
+                    "chain": r.chain.iter().map(|c| json!({
+                        "site": c.site, "endpoint": c.endpoint, "directory": c.directory,
+                    })).collect::<Vec<_>>(),
                 })
             );
         }
@@ -318,6 +321,15 @@ async fn status(addr: &str, output: Output) -> anyhow::Result<()> {
                     p.last_error
                 );
             }
+            let chain: Vec<&str> = r.chain.iter().map(|c| c.site.as_str()).collect();
+            println!(
+                "re-attaches to (in order, when every parent is silent): {}",
+                if chain.is_empty() {
+                    "nobody".to_string()
+                } else {
+                    chain.join(", ")
+                }
+            );
         }
     }
     Ok(())

@@ -26,7 +26,7 @@ use gma_tests as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::fedsite::{add, link, start_site, start_site_with, wait_live, Site};
 use common::*;
@@ -454,23 +454,96 @@ fn jobs(s: &Site) -> BTreeMap<String, Value> {
     federation_jobs(&s.fed.addr)
 }
 
+/// A job file: 2 x86_64 CPUs for 1 s (time_scale 1/600).
+fn job_file(t: &Path) -> String {
+    let job = t.join("job.toml");
+    std::fs::write(
+        &job,
+        "name = \"j\"\ncpus = 2\narch = \"x86_64\"\nmemory_mb = 1024\nreference_time_s = 600\n",
+    )
+    .unwrap();
+    job.to_str().unwrap().to_string()
+}
+
+/// Until `s` has a live link with `to` and none with `from` (killed at `killed`); prints the
+/// time from the kill (for reading; no threshold).
+fn reattached(s: &Site, to: &str, from: &str, killed: Instant, how: &str) {
+    assert!(
+        wait_until(T, || {
+            let p = peers(s);
+            p.get(to) == Some(&true) && !p.contains_key(from)
+        }),
+        "{} never re-attached to {to}: {:?}\n{}",
+        s.name,
+        peers(s),
+        s.fed.stderr_text()
+    );
+    eprintln!(
+        "{} re-attached to {to} {} ms after kill -9 {from} (reattach_after_ms = 1000, {how})",
+        s.name,
+        killed.elapsed().as_millis()
+    );
+}
+
+/// `gma subscribe job.state` at each site, from now on.
+fn follow_states(sites: &[&Site]) -> Vec<Proc> {
+    sites
+        .iter()
+        .map(|s| {
+            Proc::start(
+                &[
+                    "subscribe",
+                    "job.state",
+                    "--producer",
+                    &s.fed.addr,
+                    "--output",
+                    "json",
+                ],
+                "",
+            )
+        })
+        .collect()
+}
+
+/// Every start the subscriptions saw (published by the site the job started at).
+fn starts(subs: &[Proc]) -> Vec<Value> {
+    subs.iter()
+        .flat_map(|p| json_lines(&p.stdout_lines().join("\n")))
+        .filter(|e| e["name"] == "job.state")
+        .map(|e| e["values"].clone())
+        .filter(|v| v["state"] == "started" && v["site"] == v["current"])
+        .collect()
+}
+
+/// The sites where `id` started.
+fn starts_of<'a>(started: &'a [Value], id: &str) -> Vec<&'a str> {
+    started
+        .iter()
+        .filter(|v| v["job"] == id)
+        .filter_map(|v| v["site"].as_str())
+        .collect()
+}
+
 /// What the stream of jobs and queries saw.
 #[derive(Default)]
 struct Stream {
     /// Acknowledged job ids (the submit command printed them), with their origin.
     jobs: Vec<(String, String)>,
-    /// Queries from the root: (exit code, stderr).
-    queries: Vec<(i32, String)>,
+    /// Queries from the root: (when it was sent, exit code, stderr, hosts answered).
+    queries: Vec<(Instant, i32, String, Vec<String>)>,
 }
 
 /// The middle manager A of the tree is killed (SIGKILL) while jobs are submitted at its
-/// children A1 and A2 and the root answers queries without pause. A1 and A2 configure the chain
-/// `[[superior]] R` (their grandparent) with `reattach_after_ms = 1000`: they must attach to R
-/// on their own, R must accept them, queries from R must keep answering (and find A1's and A2's
-/// hosts again), and every acknowledged job id must end exactly once: finished after exactly one
-/// start, or — the only other outcome allowed — started at A before A was killed (A's own, it
-/// died with it), then started nowhere else. Then A1 restarts: its links (R, not A, although
-/// A is its configured parent) survive in its state file.
+/// children A1 and A2 and the root answers queries without pause. A1 is configured with only
+/// its parent A (it learns its grandparent R from A at runtime); A2 also configures the chain
+/// `[[superior]] R`; both with `reattach_after_ms = 1000`. They must attach to R on their own,
+/// R must accept them (and show them as its inferiors in `gma federation tree`), queries from R
+/// must keep answering — every one after the move with A1's and A2's hosts — and every
+/// acknowledged job id must end exactly once: finished after exactly one start, or — the only
+/// other outcome allowed — started at A before A was killed (A's own, it died with it), then
+/// started nowhere else. The time from the kill to each re-attachment is printed. Then A1
+/// restarts: its links (R, not A, although A is its configured parent) survive in its state
+/// file.
 #[test]
 fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing_a_job() {
     let tmp = tempdir();
@@ -481,17 +554,22 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     let a = start_site_with(t, "A", &[("a-x", "x86_64", 4)], common);
     let b = start_site_with(t, "B", &[("b-x", "x86_64", 4)], common);
     // Each leaf also has an aarch64 host the (x86_64) jobs never use: what the queries find.
-    let child = |name: &str, host: &str, arm: &str| {
-        let extra = format!(
+    let child = |name: &str, host: &str, arm: &str, configured_chain: bool| {
+        let mut extra = format!(
             "{common}reattach_after_ms = 1000\n\
-             [[peer]]\nsite = \"A\"\nendpoint = \"{}\"\nrole = \"parent\"\n\
-             [[superior]]\nsite = \"R\"\nendpoint = \"{}\"\ndirectory = \"{}\"\n",
-            a.fed.addr, r.fed.addr, r.dir.addr
+             [[peer]]\nsite = \"A\"\nendpoint = \"{}\"\nrole = \"parent\"\n",
+            a.fed.addr
         );
+        if configured_chain {
+            extra.push_str(&format!(
+                "[[superior]]\nsite = \"R\"\nendpoint = \"{}\"\ndirectory = \"{}\"\n",
+                r.fed.addr, r.dir.addr
+            ));
+        }
         start_site_with(t, name, &[(host, "x86_64", 4), (arm, "aarch64", 4)], &extra)
     };
-    let mut a1 = child("A1", "a1-x", "a1-arm");
-    let a2 = child("A2", "a2-x", "a2-arm");
+    let mut a1 = child("A1", "a1-x", "a1-arm", false);
+    let a2 = child("A2", "a2-x", "a2-arm", true);
     let b1 = start_site_with(t, "B1", &[("b1-x", "x86_64", 4)], common);
     let b2 = start_site_with(t, "B2", &[("b2-x", "x86_64", 4)], common);
     link(&r, &a);
@@ -515,31 +593,9 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
         "R never found the leaves' aarch64 hosts: {:#}",
         query(&r, &arm, None)
     );
-    let subs: Vec<(String, Proc)> = [&r, &a, &b, &a1, &a2, &b1, &b2]
-        .iter()
-        .map(|s| {
-            let p = Proc::start(
-                &[
-                    "subscribe",
-                    "job.state",
-                    "--producer",
-                    &s.fed.addr,
-                    "--output",
-                    "json",
-                ],
-                "",
-            );
-            (s.name.clone(), p)
-        })
-        .collect();
-    // 2 CPUs for 1 s each (time_scale 1/600): A1's and A2's hosts fill, jobs go to A.
-    let job = t.join("job.toml");
-    std::fs::write(
-        &job,
-        "name = \"j\"\ncpus = 2\narch = \"x86_64\"\nmemory_mb = 1024\nreference_time_s = 600\n",
-    )
-    .unwrap();
-    let job = job.to_str().unwrap().to_string();
+    let subs = follow_states(&[&r, &a, &b, &a1, &a2, &b1, &b2]);
+    // 2 CPUs for 1 s each: A1's and A2's hosts fill, jobs go to A.
+    let job = job_file(t);
 
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Stream::default()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -559,6 +615,7 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
                         g.jobs.push((id.trim().to_string(), origin.to_string()));
                     }
                 }
+                let sent = Instant::now();
                 let q = gma(
                     &[
                         "grid",
@@ -572,7 +629,10 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
                     ],
                     T,
                 );
-                seen.lock().unwrap().queries.push((q.code, q.stderr));
+                let found = serde_json::from_str::<Value>(&q.stdout)
+                    .map(|v| hosts(&v))
+                    .unwrap_or_default();
+                seen.lock().unwrap().queries.push((sent, q.code, q.stderr, found));
             }
         })
     };
@@ -597,23 +657,31 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
         jobs(&a1)
     );
     let mut a = a;
+    let killed = Instant::now();
     a.fed.kill();
     let jobs_at_kill = seen.lock().unwrap().jobs.len();
 
-    // A1 and A2 attach to R on their own; R accepts them; A is gone from their links.
-    for s in [&a1, &a2] {
-        assert!(
-            wait_until(T, || {
-                let p = peers(s);
-                p.get("R") == Some(&true) && !p.contains_key("A")
-            }),
-            "{} never re-attached to R: {:?}\n{}",
-            s.name,
-            peers(s),
-            s.fed.stderr_text()
-        );
-    }
+    // A1 and A2 attach to R on their own (A1 knows R only from A); R accepts them; A is gone
+    // from their links.
+    reattached(&a1, "R", "A", killed, "R told by A");
+    reattached(&a2, "R", "A", killed, "R configured");
     wait_live(&r, &["A1", "A2", "B"]);
+    // R shows them as its inferiors.
+    let inferiors = |v: &Value| -> BTreeSet<String> {
+        v["inferiors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["site"].as_str().map(String::from))
+            .collect()
+    };
+    assert!(
+        wait_until(T, || tree(&r).is_some_and(
+            |v| set(&["A1", "A2", "B"]).is_subset(&inferiors(&v["root"]))
+        )),
+        "R's tree never listed A1 and A2 as its inferiors: {:#}",
+        tree(&r).unwrap_or_default()
+    );
     // Queries from the root find A1's and A2's hosts again, each once, through the new links.
     assert!(
         wait_until(T, || {
@@ -623,18 +691,42 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
         "R never found A1's and A2's hosts again: {:#}",
         query(&r, &arm, None)
     );
+    let found_again = Instant::now();
     // The stream goes on after the move.
     assert!(
         wait_until(T, || seen.lock().unwrap().jobs.len() >= jobs_at_kill + 6),
         "no jobs were acknowledged after the move"
     );
+    assert!(
+        wait_until(T, || seen
+            .lock()
+            .unwrap()
+            .queries
+            .iter()
+            .filter(|q| q.0 >= found_again)
+            .count()
+            >= 5),
+        "too few queries were sent after the move"
+    );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     stream.join().unwrap();
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     // Queries kept answering throughout (the outage shows as an unreached A, not an error).
-    let failed: Vec<&(i32, String)> = seen.queries.iter().filter(|(c, _)| *c != 0).collect();
+    let failed: Vec<_> = seen.queries.iter().filter(|q| q.1 != 0).collect();
     assert!(failed.is_empty(), "queries failed: {failed:?}");
-    assert!(seen.queries.len() >= 2);
+    // Every query sent once R found the moved subtree again answers with its hosts, once each.
+    let after: Vec<_> = seen.queries.iter().filter(|q| q.0 >= found_again).collect();
+    assert!(!after.is_empty(), "no query was sent after the move");
+    for q in &after {
+        let mut got = q.3.clone();
+        got.sort();
+        assert_eq!(got, ["a1-arm", "a2-arm"], "a query after the move: {q:?}");
+    }
+    eprintln!(
+        "{} queries from R, none failed; {} after the move, each with A1's and A2's hosts",
+        seen.queries.len(),
+        after.len()
+    );
 
     // Every acknowledged job: finished at its origin, or — granted to start at A, whose link the
     // re-attachment removed — reported failed to its submitter (its outcome unknown), never
@@ -671,21 +763,11 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
             .collect::<Vec<_>>()
     );
     // Exactly once, counted from every site's job.state events (A's until it died).
-    let started: Vec<Value> = subs
-        .iter()
-        .flat_map(|(_, p)| json_lines(&p.stdout_lines().join("\n")))
-        .filter(|e| e["name"] == "job.state")
-        .map(|e| e["values"].clone())
-        .filter(|v| v["state"] == "started" && v["site"] == v["current"])
-        .collect();
+    let started = starts(&subs);
     let (mut finished, mut owned_by_a) = (0, 0);
     for (id, o) in &seen.jobs {
         let j = jobs(origin_of(o))[id].clone();
-        let starts: Vec<&str> = started
-            .iter()
-            .filter(|v| v["job"] == id.as_str())
-            .map(|v| v["site"].as_str().unwrap())
-            .collect();
+        let starts = starts_of(&started, id);
         if j["state"] == "finished" {
             finished += 1;
             assert_eq!(starts.len(), 1, "{id} started {starts:?}: {j}");
@@ -734,4 +816,121 @@ fn a_killed_middle_manager_s_children_reattach_to_the_grandparent_without_losing
     drop(b1);
     drop(b2);
     drop(b);
+}
+
+/// A job forwarded two hops, A → B → C, while B is killed (SIGKILL): C is the root, B its
+/// child, A B's child configured with only its parent B (it learns C from B). A's one host
+/// takes one job at a time, B has no free CPU (it passes A's jobs on to C), C has room. Jobs
+/// are submitted at A without pause; once C holds jobs of A's that came through B, B is killed.
+/// A re-attaches to C, and every job A acknowledged settles exactly once: finished after exactly
+/// one start, or — started at C under B's grant, whose outcome A cannot learn once B's link is
+/// gone — reported failed, started at most once. None is lost, none runs twice.
+#[test]
+fn a_job_forwarded_two_hops_through_a_manager_killed_mid_way_is_settled_once() {
+    let tmp = tempdir();
+    let t = tmp.path();
+    let common = "max_hops = 2\norigin_lease_ms = 1000\nreattach_after_ms = 1000\n";
+    let c = start_site_with(t, "C", &[("c-x", "x86_64", 4)], common);
+    let b = start_site_with(t, "B", &[("b-x", "x86_64", 0)], common);
+    let a = start_site_with(
+        t,
+        "A",
+        &[("a-x", "x86_64", 2)],
+        &format!(
+            "{common}[[peer]]\nsite = \"B\"\nendpoint = \"{}\"\nrole = \"parent\"\n",
+            b.fed.addr
+        ),
+    );
+    link(&c, &b);
+    add(&b, &a, "child");
+    wait_live(&c, &["B"]);
+    wait_live(&b, &["C", "A"]);
+    wait_live(&a, &["B"]);
+    let subs = follow_states(&[&a, &b, &c]);
+    let job = job_file(t);
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stream = {
+        let (acked, stop, job, addr) = (acked.clone(), stop.clone(), job.clone(), a.fed.addr.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let s = gma(&["job", "submit", "--job", &job, "--federation", &addr], T);
+                if s.code == 0 {
+                    let ids = s.stdout.lines().map(str::trim).filter(|l| !l.is_empty());
+                    acked.lock().unwrap().extend(ids.map(String::from));
+                }
+            }
+        })
+    };
+    // Jobs of A's reached C through B.
+    let through_b = || {
+        jobs(&c)
+            .values()
+            .filter(|j| j["origin"] == "A" && j["from"] == "B")
+            .count()
+    };
+    assert!(
+        wait_until(T, || through_b() >= 2),
+        "no job of A's reached C through B: at B {:?}, at C {:?}",
+        jobs(&b),
+        jobs(&c)
+    );
+    let mut b = b;
+    let killed = Instant::now();
+    b.fed.kill();
+    let at_kill = acked.lock().unwrap().len();
+    reattached(&a, "C", "B", killed, "C told by B");
+    assert!(
+        wait_until(T, || acked.lock().unwrap().len() >= at_kill + 4),
+        "no jobs were acknowledged after the move"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stream.join().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    let unknown = |j: &Value| {
+        j["state"] == "failed"
+            && j["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("outcome is unknown"))
+    };
+    let open = || {
+        let l = jobs(&a);
+        acked
+            .iter()
+            .filter(|id| !l.get(*id).is_some_and(|j| j["state"] == "finished" || unknown(j)))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(90), || open().is_empty()),
+        "jobs lost (acknowledged at A, neither finished nor reported failed): {:?}",
+        open()
+            .iter()
+            .map(|id| (jobs(&a).get(id).cloned(), jobs(&c).get(id).cloned()))
+            .collect::<Vec<_>>()
+    );
+    let started = starts(&subs);
+    let (l, at_c) = (jobs(&a), jobs(&c));
+    let (mut finished, mut failed, mut two_hops) = (0, 0, 0);
+    for id in &acked {
+        let j = &l[id];
+        let at = starts_of(&started, id);
+        if j["state"] == "finished" {
+            finished += 1;
+            assert_eq!(at.len(), 1, "{id} started {at:?}: {j}");
+            assert_eq!(Some(at[0]), j["site"].as_str(), "{id}: {j}");
+        } else {
+            failed += 1;
+            assert!(at.len() <= 1, "{id} started {at:?}: {j}");
+        }
+        if at == ["C"] && at_c.get(id).is_some_and(|j| j["from"] == "B") {
+            two_hops += 1;
+        }
+    }
+    assert!(finished > 0, "no job finished");
+    assert!(two_hops > 0, "no job ran at C through B");
+    eprintln!(
+        "{} jobs at A: {finished} finished exactly once, {failed} reported failed (started at most once), {two_hops} ran at C through B",
+        acked.len()
+    );
 }

@@ -290,3 +290,55 @@ fn a_removed_link_settles_the_jobs_there_a_started_one_as_failed() {
         "never started there: back in the queue"
     );
 }
+
+fn sup(s: &str) -> Superior {
+    Superior {
+        site: s.into(),
+        endpoint: format!("{s}:1"),
+        directory: format!("{s}:2"),
+    }
+}
+
+#[test]
+fn a_parent_s_superiors_become_the_default_chain_and_survive_a_restart() {
+    // m has parent g (whose directory it learned from g's Welcome) and child c.
+    let mut m = site("m", &[("g", Role::Parent), ("c", Role::Child)]);
+    assert!(
+        m.superiors_to_tell(&[]).is_empty(),
+        "g's directory is not known yet"
+    );
+    m.set_directory("g", "g:2");
+    let told = m.superiors_to_tell(&[sup("x")]);
+    assert_eq!(
+        told.iter().map(|s| s.site.as_str()).collect::<Vec<_>>(),
+        ["g", "x"]
+    );
+    assert_eq!(told[0].endpoint, "127.0.0.1:1/g");
+    assert_eq!(told[0].directory, "g:2");
+
+    // c, configured with only its parent m, keeps what m told: g first.
+    let mut c = site("c", &[("m", Role::Parent), ("p", Role::Peer)]);
+    assert!(!c.told_by("p", vec![sup("z")]), "a peer is not a parent");
+    assert!(c.told_by("m", vec![sup("g"), sup("c"), sup("m"), sup("g"), sup("x")]));
+    assert!(!c.told_by("m", vec![sup("g"), sup("x")]), "unchanged");
+    let names = |v: Vec<Superior>| v.into_iter().map(|s| s.site).collect::<Vec<_>>();
+    assert_eq!(names(c.chain(&[])), ["g", "x"]);
+    // Configured entries come first, each site once.
+    assert_eq!(names(c.chain(&[sup("x"), sup("y")])), ["x", "y", "g"]);
+    // m dies: the chain is kept, across a restart too.
+    let mut back = SiteState::restore(Params::new("c"), 2, c.saved(), NOW);
+    assert_eq!(names(back.chain(&[])), ["g", "x"]);
+    // Re-attached to g (m's link removed): m's list no longer counts.
+    let g = Link {
+        site: "g".into(),
+        endpoint: "g:1".into(),
+        role: Role::Parent,
+        hops: 0,
+    };
+    back.set_links(vec![g], NOW + 1);
+    assert!(back.chain(&[]).is_empty());
+    // At most MAX_TOLD kept.
+    let many: Vec<Superior> = (0..20).map(|i| sup(&format!("s{i}"))).collect();
+    assert!(back.told_by("g", many));
+    assert_eq!(back.chain(&[]).len(), MAX_TOLD);
+}
