@@ -254,9 +254,11 @@ impl SnmpDevice {
                     "SHA-256" => snmp2::v3::AuthProtocol::Sha256,
                     "SHA-384" => snmp2::v3::AuthProtocol::Sha384,
                     "SHA-512" => snmp2::v3::AuthProtocol::Sha512,
-                    other => return Err(bad(format!(
+                    other => {
+                        return Err(bad(format!(
                         "auth_protocol {other:?} is not one of SHA, SHA-224, SHA-256, SHA-384, SHA-512, MD5"
-                    ))),
+                    )))
+                    }
                 };
                 let cipher = match self.priv_protocol.as_deref().unwrap_or("AES") {
                     "AES" | "AES-128" => snmp2::v3::Cipher::Aes128,
