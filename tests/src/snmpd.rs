@@ -6,11 +6,12 @@
 //! [`snmpd_or_skip`] turns "cannot start" into a failure under `CI=true` and a skip message
 //! elsewhere. scripts/test.sh installs `snmpd` and `snmp` when missing.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::netns::in_ci;
+use crate::slurm::which;
 use crate::wait_until;
 
 pub const COMMUNITY: &str = "gmaro";
@@ -29,12 +30,6 @@ pub struct Snmpd {
     pub dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
-}
-
-fn which(prog: &str) -> bool {
-    ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-        .iter()
-        .any(|d| Path::new(d).join(prog).is_file())
 }
 
 fn free_udp_port() -> Result<u16, String> {
