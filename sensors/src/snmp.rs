@@ -487,7 +487,7 @@ impl PollError {
 fn classify(e: snmp2::Error, what: &str, timeout: Duration, tries: u32) -> PollError {
     match e {
         snmp2::Error::Receive | snmp2::Error::Send => PollError::Unreachable(format!(
-            "no answer to {what} within {} ms, {tries} tries (agent down, wrong address, or wrong community)",
+            "no answer to {what} within {} ms per try, {tries} tries (agent down, wrong address, or wrong community)",
             timeout.as_millis()
         )),
         snmp2::Error::AuthFailure(k) => PollError::Auth(format!(
@@ -1085,6 +1085,35 @@ mod tests {
         assert_eq!(a["snmp.devices"], "r1,sw1");
         assert_eq!(a["snmp.device.sw1"], "127.0.0.1:161 v3");
         assert!(a["snmp.statistics"].contains("ifHCInOctets"));
+    }
+
+    #[test]
+    fn schemas_are_valid_and_match_the_events() {
+        let mut d = device();
+        let mut out = Vec::new();
+        d.apply(0, 1000, vec![read("eth0", 1000, 1)], &mut out);
+        d.apply(1_000_000_000, 1100, vec![read("eth0", 2000, 2)], &mut out);
+        d.apply(2_000_000_000, 10, vec![read("eth0", 10, 2)], &mut out);
+        let s = SnmpSensor::new(Duration::from_secs(1), Vec::new()).unwrap();
+        for schema in s.schemas() {
+            gma_core::event::validate_schema(&schema).unwrap_or_else(|e| panic!("{}: {e}", schema.name));
+        }
+        let shapes: BTreeMap<String, (usize, usize)> = s
+            .schemas()
+            .iter()
+            .map(|sc| {
+                let n = sc
+                    .fields
+                    .iter()
+                    .filter(|f| f.r#type == gma_proto::v1::FieldType::Double as i32)
+                    .count();
+                (sc.name.clone(), (n, sc.fields.len() - n))
+            })
+            .collect();
+        assert_eq!(out.len(), 3);
+        for e in &out {
+            assert_eq!(shapes[&e.name], (e.numbers.len(), e.strings.len()), "{}", e.name);
+        }
     }
 
     #[test]

@@ -216,7 +216,25 @@ fn wrong_v3_credentials_and_a_down_agent_are_events_and_a_restart_is_detected() 
         retries: 1,
         ..SnmpDevice::v2c("good", &addr, snmpd::COMMUNITY)
     };
-    let mut s = SnmpSensor::new(Duration::from_secs(1), vec![wrong_pass, wrong_user, good]).unwrap();
+    // A wrong community gets no answer (agents stay silent), like a device that never answers:
+    // a UDP socket that holds its port and reads nothing.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let quick = |d: SnmpDevice| SnmpDevice {
+        timeout_ms: 200,
+        retries: 1,
+        ..d
+    };
+    let wrong_community = quick(SnmpDevice::v2c("badcomm", &addr, "not-the-community"));
+    let mute = quick(SnmpDevice::v2c(
+        "silent",
+        &silent.local_addr().unwrap().to_string(),
+        snmpd::COMMUNITY,
+    ));
+    let mut s = SnmpSensor::new(
+        Duration::from_secs(1),
+        vec![wrong_pass, wrong_user, good, wrong_community, mute],
+    )
+    .unwrap();
     let mut out = Vec::new();
     s.sample(now_ns(), &mut out).unwrap();
     let state = |out: &[EventData], dev: &str| -> Vec<String> {
@@ -234,6 +252,14 @@ fn wrong_v3_credentials_and_a_down_agent_are_events_and_a_restart_is_detected() 
         assert!(!st[4].contains(snmpd::V3_AUTH) && !st[4].contains("not-the-password"));
     }
     assert_eq!(state(&out, "good")[3], "ok");
+    for dev in ["badcomm", "silent"] {
+        let st = state(&out, dev);
+        println!("{dev}: {st:?}");
+        assert_eq!(st[3], "unreachable", "{dev}: {st:?}");
+        assert!(st[4].contains("no answer") && st[4].contains("2 tries"), "{st:?}");
+        assert!(!st[4].contains("not-the-community"), "{st:?}");
+    }
+    drop(silent);
 
     // The agent has run a while (sysUpTime >= 3 s), so that a restart sets it back.
     assert!(
