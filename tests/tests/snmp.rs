@@ -386,3 +386,33 @@ fn a_producer_publishes_snmp_events_and_lists_its_devices_in_the_directory() {
         );
     }
 }
+
+#[test]
+fn a_bad_snmp_config_stops_the_producer_with_a_clear_error_and_secrets_stay_out_of_debug() {
+    use gma_producer::{Producer, ProducerConfig};
+    let cfg = |snmp: Vec<SnmpDevice>, period: u64| ProducerConfig {
+        host_sensors: false,
+        snmp,
+        snmp_period_ms: period,
+        ..ProducerConfig::default()
+    };
+    let good = SnmpDevice::v3("sw1", "127.0.0.1:161", "u", "topsecret-auth", "topsecret-priv");
+    let shown = format!("{:?}", cfg(vec![good.clone()], 1000));
+    assert!(
+        !shown.contains("topsecret") && shown.contains("<redacted>"),
+        "{shown}"
+    );
+    let short = SnmpDevice {
+        priv_password: Some(snmp::Secret::new("short")),
+        ..good.clone()
+    };
+    for (c, want) in [
+        (cfg(vec![short], 1000), "priv_password of at least 8"),
+        (cfg(vec![good.clone(), good.clone()], 1000), "appears twice"),
+        (cfg(vec![good], 0), "snmp_period_ms must be within"),
+    ] {
+        let e = Producer::new(c).err().expect("refused").to_string();
+        assert!(e.contains(want), "{e} (wanted {want})");
+        assert!(!e.contains("topsecret"), "{e}");
+    }
+}
