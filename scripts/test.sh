@@ -4,7 +4,7 @@
 # protoc-bin-vendored crate; the browser test's Chromium is Debian's `chromium` package and the
 # namespace tests' `ip` and `tc` come from `iproute2`, and the Python client test's python3 and
 # venv from `python3`/`python3-venv`, and the Slurm tests' batch system from `slurmctld`,
-# `slurmd`, `slurm-client` and `munge`, installed here when missing (idempotent, quiet).
+# `slurmd`, `slurm-client` and `munge`, and the SNMP tests' agent from `snmpd` and `snmp`, installed here when missing (idempotent, quiet).
 # Under CI=true a test whose capability is missing fails with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +48,20 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1
     apt_install slurmctld slurmd slurm-client munge
     if command -v systemctl >/dev/null 2>&1; then
         $SUDO systemctl disable munge slurmctld slurmd >/dev/null 2>&1 || true
+    fi
+fi
+
+# The SNMP tests (tests/tests/snmp.rs) start their own snmpd under a temp dir on 127.0.0.1 and
+# a free port, and use snmpset once (package snmp). Same rule: no daemon started system-wide.
+if ! command -v snmpd >/dev/null 2>&1 || ! command -v snmpset >/dev/null 2>&1; then
+    echo "== installing snmpd snmp (Debian packages) for the SNMP tests"
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+        $SUDO chmod +x /usr/sbin/policy-rc.d
+    fi
+    apt_install snmpd snmp
+    if command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl disable snmpd >/dev/null 2>&1 || true
     fi
 fi
 

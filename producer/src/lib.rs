@@ -115,6 +115,12 @@ pub struct ProducerConfig {
     pub push: bool,
     /// Watched processes (`[[process]]` tables): `proc.event` and `proc.usage`.
     pub process: Vec<gma_sensors::process::ProcessWatch>,
+    /// SNMP devices (`[[snmp]]` tables, docs/snmp.md): `net.snmp.if`, `net.snmp.device`,
+    /// `net.snmp.change`, polled every `snmp_period_ms`; listed in the directory record's
+    /// attributes.
+    pub snmp: Vec<gma_sensors::snmp::SnmpDevice>,
+    /// Poll period of the SNMP devices. Default 10 s.
+    pub snmp_period_ms: u64,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`: the `gma.rpc` period of this producer's own RPCs, 0 = none).
     #[serde(flatten)]
@@ -158,6 +164,8 @@ impl Default for ProducerConfig {
             forecasts: Vec::new(),
             push: true,
             process: Vec::new(),
+            snmp: Vec::new(),
+            snmp_period_ms: 10_000,
             endpoint: Default::default(),
             prometheus: None,
             role: "producer".into(),
@@ -294,6 +302,17 @@ impl Producer {
                 period,
                 config.process.clone(),
                 PathBuf::from("/proc"),
+            )?));
+        }
+        if !config.snmp.is_empty() {
+            if config.snmp_period_ms == 0 || config.snmp_period_ms > 3_600_000 {
+                return Err(ProducerError::Config(
+                    "snmp_period_ms must be within 1..=3600000".into(),
+                ));
+            }
+            sensors.push(Box::new(gma_sensors::snmp::SnmpSensor::new(
+                Duration::from_millis(config.snmp_period_ms),
+                config.snmp.clone(),
             )?));
         }
         for (name, ms) in &config.sensor_period_ms {
@@ -492,6 +511,7 @@ impl Producer {
                 ttl_ms: config.lease_ttl_ms,
                 site: config.site.clone(),
                 org: config.org.clone(),
+                attributes: gma_sensors::snmp::directory_attributes(&config.snmp),
             };
             let registration = registrar::run(reg, hub.clone(), stop_rx.clone());
             registrar_task = Some(tokio::spawn(async move {

@@ -20,6 +20,8 @@ pub struct Registration {
     pub ttl_ms: u64,
     pub site: String,
     pub org: String,
+    /// The record's attributes (the SNMP devices and statistics this producer polls).
+    pub attributes: std::collections::BTreeMap<String, String>,
 }
 
 struct ProducerCatalog {
@@ -59,7 +61,7 @@ impl Catalog for ProducerCatalog {
             .to_vec(),
             site: self.reg.site.clone(),
             org: self.reg.org.clone(),
-            attributes: Default::default(),
+            attributes: self.reg.attributes.clone().into_iter().collect(),
         };
         (
             pb::Record {

@@ -18,6 +18,8 @@
 //!   scores are `host.load`'s `bench_specint` / `bench_specfp`.
 //! - [`auth`]: `host.auth`, logins, logouts, authentications, sudo and password changes from
 //!   the auth log or the journal (nothing secret). Off without either.
+//! - [`snmp`]: `net.snmp.if`, `net.snmp.device`, `net.snmp.change`, network devices polled
+//!   over SNMPv2c or SNMPv3 ([[snmp]] in the producer config).
 //! - [`agent`]: `gma.agent`, the agent's own cost, with the [`AgentCounters`] the producer bumps.
 //! - [`schemas`]: the schema of every event above, the contract of field order and units.
 //! - [`sim`]: simulated hosts from a TOML file (demos, brokering, scale tests), changeable at
@@ -45,6 +47,7 @@ pub mod process;
 mod procfs;
 pub mod schemas;
 pub mod sim;
+pub mod snmp;
 pub mod tcp;
 
 use std::path::{Path, PathBuf};

@@ -15,6 +15,7 @@ pub mod netns;
 pub mod secure;
 pub mod slurm;
 pub mod slurm_fabric;
+pub mod snmpd;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -47,7 +47,8 @@ const PROGRAMS: [&str; 8] = [
     "sinfo",
 ];
 
-fn which(prog: &str) -> bool {
+/// Whether `prog` is installed in one of the system bin directories.
+pub(crate) fn which(prog: &str) -> bool {
     ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
         .iter()
         .any(|d| Path::new(d).join(prog).is_file())
