@@ -17,23 +17,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use gma_core::time::wait_until;
+
 /// `SchedulerParameters` of the generated slurm.conf: they set how soon Slurm looks at a new
 /// job, so they dominate every submit-to-start figure measured on this cluster.
 pub const SCHEDULER_PARAMETERS: &str = "batch_sched_delay=0,bf_interval=1";
-
-/// Polls `pred` every 20 ms until it holds or `timeout` passes; whether it held.
-fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if pred() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A running throw-away cluster.
 pub struct Cluster {
