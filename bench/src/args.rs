@@ -65,6 +65,18 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// Submit -> job start on Slurm, through the broker (rank, reserve, `sbatch --reservation`)
+    /// next to a plain `sbatch`, N jobs each way (p50/p99/max); starts a throw-away cluster
+    /// unless --slurm-conf names one.
+    Slurm {
+        #[arg(long, default_value_t = 50)]
+        jobs: usize,
+        /// The slurm.conf of an existing cluster to use instead of starting one.
+        #[arg(long)]
+        slurm_conf: Option<std::path::PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// The rescheduler: violation -> published decision latency (real gRPC, in one process)
     /// and the cost of one decision over 1,000 candidate hosts.
     Resched {

@@ -21,13 +21,13 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use crate::args::Output;
 use crate::report::{cores, proc_usage};
 
-struct Child {
-    child: tokio::process::Child,
-    addr: String,
-    pid: String,
+pub(crate) struct Child {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) addr: String,
+    pub(crate) pid: String,
 }
 
-async fn spawn(args: &[&str], marker: &str) -> anyhow::Result<Child> {
+pub(crate) async fn spawn(args: &[&str], marker: &str) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("cannot find the gma binary")?;
     let mut child = tokio::process::Command::new(exe)
         .args(args)

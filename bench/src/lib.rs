@@ -9,7 +9,8 @@
 //! - [`dir`]: `directory` (1 and 3 real nodes); [`etcd`]: the directory and etcd side by side.
 //! - [`archive`], [`broker`] (`broker`, `coalloc`, `placement`), [`resched`], [`dashboard`],
 //!   [`federation`], [`grid`] (query latency through a hierarchy), [`scale`] (the fabric at
-//!   grid scale, with churn).
+//!   grid scale, with churn), [`slurm`] (submit to job start through the broker next to a
+//!   plain `sbatch`).
 //! - [`provision`]: the synthetic-slot MOGA experiment of Singh, Kesselman and Deelman.
 //! - [`report`]: cores, CPU and RSS from /proc, the JSON line every scenario prints.
 //! - [`args`]: the command-line arguments.
@@ -27,6 +28,7 @@ pub mod provision;
 pub mod report;
 pub mod resched;
 pub mod scale;
+pub mod slurm;
 pub mod stream;
 
 use anyhow::{bail, Context};
@@ -49,6 +51,11 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         } => crate::dir::run(duration, trials, output).await,
         BenchScenario::Etcd { duration, output } => crate::etcd::run(duration, output).await,
         BenchScenario::Resched { trials, output } => crate::resched::run(trials, output).await,
+        BenchScenario::Slurm {
+            jobs,
+            slurm_conf,
+            output,
+        } => crate::slurm::run(jobs, slurm_conf, output).await,
         BenchScenario::Archive {
             samples,
             duration,

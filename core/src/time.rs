@@ -1,6 +1,6 @@
 //! UTC wall clock in nanoseconds since the Unix epoch.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The largest valid event timestamp: 2099-12-31T23:59:59.999999999Z. Event timestamps are
 /// nanoseconds since the Unix epoch in `1..=MAX_TIMESTAMP_NS`: never negative, and far enough
@@ -223,6 +223,21 @@ pub fn format_rfc3339(ns: i64) -> String {
         sod % 3600 / 60,
         sod % 60
     )
+}
+
+/// Polls `pred` every 20 ms until it holds or `timeout` passes; whether it held. The blocking
+/// wait on a condition with a deadline (the tests' kit, the throw-away Slurm cluster).
+pub fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if pred() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]

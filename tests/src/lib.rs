@@ -42,18 +42,7 @@ pub fn gma_bin() -> PathBuf {
 }
 
 /// Polls `pred` every 20 ms until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if pred() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub use gma_core::time::wait_until;
 
 /// Polls `attempt` every 20 ms until it answers `Ok(value)` and returns the value; after
 /// `timeout` the test fails naming `what` and the last `Err` (the diagnostic). The one async

@@ -27,7 +27,11 @@ impl SlurmFabric {
     pub fn start(cluster: &Cluster, extra: &str) -> SlurmFabric {
         let tmp = crate::tempdir();
         let dir = crate::Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-        let adapter = crate::Proc::role("slurm", &dir.addr, &cluster.adapter_config(extra));
+        let adapter = crate::Proc::role(
+            "slurm",
+            &dir.addr,
+            &cluster.adapter_config(extra).expect("adapter config"),
+        );
         let bcfg = tmp.path().join("broker.toml");
         std::fs::write(
             &bcfg,

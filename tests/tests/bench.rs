@@ -236,3 +236,44 @@ fn scale_check_counts_what_the_archive_does_not_hold() {
         "{o}"
     );
 }
+
+/// `gma bench slurm` on a throw-away cluster of the kit (`--slurm-conf`): both paths report
+/// every job exactly once (three distinct Slurm job ids each, none shared) with ordered
+/// percentiles, and the scheduler settings that dominate the figure.
+#[test]
+fn slurm() {
+    let Some(cluster) = common::slurm::cluster_or_skip("bench slurm") else {
+        return;
+    };
+    let conf = cluster.conf.to_str().unwrap().to_string();
+    let o = &bench(&["slurm", "--jobs", "3", "--slurm-conf", &conf])[0];
+    assert_eq!(o["jobs"].as_u64(), Some(3), "{o}");
+    assert!(
+        o["scheduler_parameters"]
+            .as_str()
+            .is_some_and(|s| s.contains("bf_interval=1")),
+        "{o}"
+    );
+    let mut all = std::collections::BTreeSet::new();
+    for path in ["plain_sbatch", "broker"] {
+        let s = &o[path];
+        assert_eq!(s["jobs"].as_u64(), Some(3), "{path}: {o}");
+        let ids = s["job_ids"].as_array().unwrap_or_else(|| panic!("{path}: {o}"));
+        assert_eq!(ids.len(), 3, "{path}: {o}");
+        for id in ids {
+            let id = id.as_str().unwrap_or_default();
+            assert!(!id.is_empty(), "{path}: {o}");
+            assert!(all.insert(id.to_string()), "job {id} counted twice: {o}");
+        }
+        let (p50, p99, max) = (
+            s["p50_ms"].as_f64().unwrap(),
+            s["p99_ms"].as_f64().unwrap(),
+            s["max_ms"].as_f64().unwrap(),
+        );
+        assert!(p50 <= p99 && p99 <= max, "{path}: {o}");
+    }
+    assert!(o["broker_minus_plain_p50_ms"].is_number(), "{o}");
+    // Every job left the queue.
+    let queue = cluster.cmd("squeue", &["-h", "-o", "%i"]).unwrap();
+    assert!(queue.trim().is_empty(), "left in the queue: {queue}");
+}

@@ -36,7 +36,9 @@ struct Fabric {
 fn fabric(cluster: &Cluster) -> Fabric {
     let tmp = tempdir();
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-    let cfg = cluster.adapter_config("software = [\"sh\"]\n");
+    let cfg = cluster
+        .adapter_config("software = [\"sh\"]\n")
+        .expect("adapter config");
     let adapter = Proc::role("slurm", &dir.addr, &cfg);
     let adapter_cfg = cfg.clone();
     let bcfg = tmp.path().join("broker.toml");
@@ -414,7 +416,7 @@ async fn only_the_creator_may_claim_or_release_a_reservation() {
     let policy =
         "default = \"deny\"\n[[rule]]\norg = \"site1\"\nactions = [\"reservation\"]\neffect = \"allow\"\n";
     let site = secure::Secure::with_policy(policy, &[("ca", "carol", "site1")]);
-    let cfg = cluster.adapter_config("");
+    let cfg = cluster.adapter_config("").expect("adapter config");
     let adapter = site.start(
         &[
             "slurm",

@@ -283,9 +283,13 @@ fn every_grpc_role_lists_its_services_by_reflection_and_is_serving() {
     // The Slurm adapter needs a (throw-away) Slurm cluster; without one it is left out here
     // (under CI=true that fails) and tests/tests/slurm.rs says why.
     let slurm = common::slurm::cluster_or_skip("wire: the slurm role");
-    let slurm_cfg = slurm
-        .as_ref()
-        .map(|c| c.adapter_config("").to_str().unwrap().to_string());
+    let slurm_cfg = slurm.as_ref().map(|c| {
+        c.adapter_config("")
+            .expect("adapter config")
+            .to_str()
+            .unwrap()
+            .to_string()
+    });
     // (role, args, the role's own services)
     let mut roles: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
         (

@@ -2,6 +2,7 @@
 //! interface as `gma simres` on top of a real Slurm controller (docs/slurm.md).
 //!
 //! - [`config`]: its TOML configuration.
+//! - [`cluster`]: a throw-away single-machine Slurm cluster (`gma bench slurm`, the tests).
 //! - [`command`]: `scontrol`, `sbatch`, `squeue`, `scancel` with timeouts, and their parsers.
 //! - [`manager`]: reservations (`scontrol create/update/delete reservation`, the three-way
 //!   answer found by trying after whatever is in the way), claims (`sbatch --reservation`),
@@ -13,6 +14,7 @@
 //! Only the creator of a reservation (its owner: the caller's certificate CN, as in simres)
 //! may modify, claim or release it; a reservation ends with its job.
 
+pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod manager;
