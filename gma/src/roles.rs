@@ -104,6 +104,9 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.prometheus.is_some() {
         cfg.prometheus = a.prometheus.clone();
     }
+    if a.state_dir.is_some() {
+        cfg.state_dir = a.state_dir.clone();
+    }
     Ok(cfg)
 }
 
@@ -408,6 +411,10 @@ pub struct ProducerArgs {
     /// Record id in the directory (default: <source>@<address>).
     #[arg(long)]
     pub id: Option<String>,
+    /// Keep the control changes (`gma agent set|enable|disable|watch`) in DIR/control.json
+    /// across restarts (docs/control.md).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
     /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,

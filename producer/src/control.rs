@@ -1,0 +1,672 @@
+//! Runtime control of a producer's sensors (docs/control.md): the `Control` gRPC service lists
+//! the sensors with their periods and measured cost, sets a sensor's period, enables or
+//! disables a sensor, and adds or removes a process watch. Every call is the policy action
+//! `producer.control` on the resource naming the operation ([`OP_LIST`] ...), every call (allowed
+//! or denied) is published as a `gma.audit` event, and every change is written to
+//! `<state_dir>/control.json` (temporary file, fsync, rename, fsync of the directory) and
+//! applied again at the next start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gma_core::authz::{Action, Identity};
+use gma_core::event::{schema, text, EventData};
+use gma_core::time::now_ns;
+use gma_core::Refuse;
+use gma_proto::v1 as pb;
+use gma_sensors::process::ProcessWatch;
+use gma_sensors::Sensor;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::error::Error;
+use crate::hub::Hub;
+
+/// The audit event's name.
+pub const GMA_AUDIT: &str = "gma.audit";
+/// The resources of `producer.control`: one per operation.
+pub const OP_LIST: &str = "sensors.list";
+pub const OP_PERIOD: &str = "sensor.period";
+pub const OP_ENABLE: &str = "sensor.enable";
+pub const OP_DISABLE: &str = "sensor.disable";
+pub const OP_WATCH: &str = "watch.add";
+pub const OP_UNWATCH: &str = "watch.remove";
+/// The longest period a sensor may be given (1 h), ms.
+pub const MAX_PERIOD_MS: u64 = 3_600_000;
+/// At most this many process watches added at run time.
+pub const MAX_RUNTIME_WATCHES: usize = 64;
+/// A runtime watch's sensor is named `process/<watch name>`.
+pub const WATCH_PREFIX: &str = "process/";
+/// The state file in `state_dir`.
+pub const STATE_FILE: &str = "control.json";
+
+/// `gma.audit` (source = the producer): one control call, allowed or denied.
+pub fn audit_schema() -> pb::EventSchema {
+    schema(
+        GMA_AUDIT,
+        "one runtime control call on this producer: who asked what, the setting before and after, \
+         and whether the policy allowed it",
+        vec![
+            text("who", "the authenticated identity (CN/O), or anonymous"),
+            text(
+                "action",
+                "the policy action and operation (producer.control:sensor.period)",
+            ),
+            text(
+                "target",
+                "the sensor or watch the call names (empty for a listing)",
+            ),
+            text(
+                "before",
+                "the setting before the call (empty when denied or refused)",
+            ),
+            text(
+                "after",
+                "the setting after the call (empty when denied or refused)",
+            ),
+            text(
+                "outcome",
+                "allowed, denied (by the policy) or refused (bad input: the message)",
+            ),
+        ],
+    )
+}
+
+/// How a sensor runs: its period and whether it samples at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    pub period: Duration,
+    pub enabled: bool,
+}
+
+impl Setting {
+    fn describe(&self) -> String {
+        format!("period_ms={} enabled={}", self.period.as_millis(), self.enabled)
+    }
+}
+
+/// One running sensor as the control service sees it: its setting (which its loop follows) and
+/// its measured cost.
+pub struct Slot {
+    pub name: String,
+    pub configured: Duration,
+    setting: watch::Sender<Setting>,
+    /// Samples taken and the wall time they took, ns.
+    pub samples: AtomicU64,
+    pub sample_ns: AtomicU64,
+    runtime_watch: bool,
+}
+
+impl Slot {
+    /// Counts one sample that took `took`.
+    pub fn record(&self, took: Duration) {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        self.sample_ns
+            .fetch_add(took.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    pub fn setting(&self) -> Setting {
+        *self.setting.borrow()
+    }
+}
+
+/// What `control.json` keeps: the changes made through the service.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct State {
+    /// Period overrides, ms, by sensor name.
+    pub periods: BTreeMap<String, u64>,
+    /// Disabled sensors.
+    pub disabled: BTreeSet<String>,
+    /// Process watches added at run time.
+    pub watches: Vec<WatchSpec>,
+}
+
+/// A process watch added at run time (a `[[process]]` table without `command`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchSpec {
+    pub name: String,
+    pub comm: Option<String>,
+    pub cmdline: Option<String>,
+    pub pid: Option<u32>,
+    pub period_ms: u64,
+    pub cpu_pct_max: Option<f64>,
+    pub rss_mb_max: Option<f64>,
+}
+
+impl WatchSpec {
+    fn watch(&self) -> ProcessWatch {
+        ProcessWatch {
+            name: self.name.clone(),
+            comm: self.comm.clone(),
+            cmdline: self.cmdline.clone(),
+            pid: self.pid,
+            command: None,
+            restart: false,
+            cpu_pct_max: self.cpu_pct_max,
+            rss_mb_max: self.rss_mb_max,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let sel = if let Some(c) = &self.comm {
+            format!("comm={c:?}")
+        } else if let Some(c) = &self.cmdline {
+            format!("cmdline={c:?}")
+        } else {
+            format!("pid={}", self.pid.unwrap_or(0))
+        };
+        format!("watch {:?} {sel} period_ms={}", self.name, self.period_ms)
+    }
+}
+
+/// Reads the state file in `dir` (none yet = the empty state).
+pub fn load_state(dir: &Path) -> Result<State, Error> {
+    let path = dir.join(STATE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Config(format!(
+                "{}: {e}; fix or remove the file (it holds the control changes)",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
+        Err(e) => Err(Error::Config(format!("cannot read {}: {e}", path.display()))),
+    }
+}
+
+/// Writes `state` to the state file in `dir` atomically: a temporary file written and fsynced,
+/// renamed over the old one, the directory fsynced.
+pub fn save_state(dir: &Path, state: &State) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(STATE_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Checks a period given through the service or found in the state file.
+pub fn check_period(ms: u64) -> Result<Duration, String> {
+    if ms == 0 || ms > MAX_PERIOD_MS {
+        return Err(format!(
+            "period_ms {ms} is out of range: give 1..={MAX_PERIOD_MS} (1 ms to 1 h)"
+        ));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// Spawns the loop of a sensor (the producer's `sensor_loop`).
+pub type Spawner = Arc<dyn Fn(Box<dyn Sensor>, Arc<Slot>, watch::Receiver<Setting>) + Send + Sync>;
+
+/// The sensors of one producer and the control state.
+pub struct Control {
+    slots: Mutex<BTreeMap<String, Arc<Slot>>>,
+    state: Mutex<State>,
+    state_dir: Option<PathBuf>,
+    hub: Arc<Hub>,
+    source: String,
+    default_period: Duration,
+    started: Instant,
+    spawner: Mutex<Option<Spawner>>,
+    /// Serializes the changes (read state, apply, persist) so the file follows the calls.
+    change: tokio::sync::Mutex<()>,
+}
+
+impl Control {
+    /// The control of a producer whose source is `source`, with the state read from `state_dir`
+    /// (none: changes are kept until the producer stops).
+    pub fn new(
+        hub: Arc<Hub>,
+        source: String,
+        default_period: Duration,
+        state_dir: Option<PathBuf>,
+    ) -> Result<Arc<Control>, Error> {
+        let state = match &state_dir {
+            Some(d) => load_state(d)?,
+            None => State::default(),
+        };
+        for (name, ms) in &state.periods {
+            check_period(*ms).map_err(|e| Error::Config(format!("state file, sensor {name:?}: {e}")))?;
+        }
+        hub.add_schemas(&[audit_schema()])
+            .map_err(|e| Error::Config(format!("gma.audit: {e}")))?;
+        Ok(Arc::new(Control {
+            slots: Mutex::new(BTreeMap::new()),
+            state: Mutex::new(state),
+            state_dir,
+            hub,
+            source,
+            default_period,
+            started: Instant::now(),
+            spawner: Mutex::new(None),
+            change: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// Sets how runtime watches are started (the producer's sensor loop).
+    pub fn set_spawner(&self, spawner: Spawner) {
+        *self.spawner.lock() = Some(spawner);
+    }
+
+    /// Registers a sensor configured with `configured`; returns its slot and the receiver its
+    /// loop follows, with the persisted period and enabled flag applied.
+    pub fn register(&self, name: &str, configured: Duration) -> (Arc<Slot>, watch::Receiver<Setting>) {
+        self.register_as(name, configured, false)
+    }
+
+    fn register_as(
+        &self,
+        name: &str,
+        configured: Duration,
+        runtime_watch: bool,
+    ) -> (Arc<Slot>, watch::Receiver<Setting>) {
+        let state = self.state.lock();
+        let period = state
+            .periods
+            .get(name)
+            .and_then(|ms| check_period(*ms).ok())
+            .unwrap_or(configured);
+        let enabled = !state.disabled.contains(name);
+        drop(state);
+        let (tx, rx) = watch::channel(Setting { period, enabled });
+        let slot = Arc::new(Slot {
+            name: name.to_string(),
+            configured,
+            setting: tx,
+            samples: AtomicU64::new(0),
+            sample_ns: AtomicU64::new(0),
+            runtime_watch,
+        });
+        self.slots.lock().insert(name.to_string(), slot.clone());
+        (slot, rx)
+    }
+
+    /// Starts the process watches persisted in the state file (after [`Control::set_spawner`]).
+    /// A watch that cannot start any more (a bad pattern in a hand-edited file) is logged and
+    /// skipped.
+    pub fn start_persisted_watches(&self) {
+        let watches = self.state.lock().watches.clone();
+        for w in watches {
+            if let Err(e) = self.start_watch(&w) {
+                tracing::warn!(watch = %w.name, error = %e, "cannot start a persisted process watch");
+            }
+        }
+    }
+
+    fn start_watch(&self, w: &WatchSpec) -> Result<(), Error> {
+        let spawner = self.spawner.lock().clone().ok_or_else(|| {
+            Error::failed_precondition("this producer is not running its sensors yet; retry")
+        })?;
+        let period = if w.period_ms == 0 {
+            self.default_period
+        } else {
+            check_period(w.period_ms).map_err(Error::invalid_argument)?
+        };
+        let sensor = gma_sensors::process::ProcessSensor::new(
+            &self.source,
+            period,
+            vec![w.watch()],
+            PathBuf::from("/proc"),
+        )
+        .map_err(|e| Error::invalid_argument(e.to_string()))?;
+        let (slot, rx) = self.register_as(&format!("{WATCH_PREFIX}{}", w.name), period, true);
+        spawner(Box::new(sensor), slot, rx);
+        Ok(())
+    }
+
+    /// The sensors and their cost.
+    pub fn list(&self) -> Vec<pb::SensorInfo> {
+        let up = self.started.elapsed().as_nanos().max(1) as f64;
+        self.slots
+            .lock()
+            .values()
+            .map(|s| {
+                let set = s.setting();
+                let n = s.samples.load(Ordering::Relaxed);
+                let ns = s.sample_ns.load(Ordering::Relaxed) as f64;
+                pb::SensorInfo {
+                    name: s.name.clone(),
+                    period_ms: set.period.as_millis() as u64,
+                    configured_period_ms: s.configured.as_millis() as u64,
+                    enabled: set.enabled,
+                    samples: n,
+                    mean_sample_us: if n == 0 { 0.0 } else { ns / n as f64 / 1000.0 },
+                    cost_pct: ns / up * 100.0,
+                    runtime_watch: s.runtime_watch,
+                }
+            })
+            .collect()
+    }
+
+    fn slot(&self, name: &str) -> Result<Arc<Slot>, Error> {
+        let slots = self.slots.lock();
+        slots.get(name).cloned().ok_or_else(|| {
+            let known: Vec<&str> = slots.keys().map(String::as_str).collect();
+            Error::not_found(format!(
+                "no sensor named {name:?} on this producer (running: {}); `gma agent sensors` lists them",
+                known.join(", ")
+            ))
+        })
+    }
+
+    fn persist(&self) -> Result<(), Error> {
+        let Some(dir) = &self.state_dir else {
+            return Ok(());
+        };
+        let state = self.state.lock().clone();
+        save_state(dir, &state).map_err(|e| {
+            Error::internal(format!(
+                "cannot persist the change to {}: {e}; the change is live but lost at restart",
+                dir.join(STATE_FILE).display()
+            ))
+        })
+    }
+
+    /// Sets a sensor's period; returns (before, after).
+    pub async fn set_period(&self, name: &str, ms: u64) -> Result<(String, String), Error> {
+        let period = check_period(ms).map_err(Error::invalid_argument)?;
+        let _g = self.change.lock().await;
+        let slot = self.slot(name)?;
+        let before = slot.setting();
+        let after = Setting { period, ..before };
+        {
+            let mut st = self.state.lock();
+            if period == slot.configured {
+                st.periods.remove(name);
+            } else {
+                st.periods.insert(name.to_string(), ms);
+            }
+            if let Some(w) = st
+                .watches
+                .iter_mut()
+                .find(|w| format!("{WATCH_PREFIX}{}", w.name) == name)
+            {
+                w.period_ms = ms;
+            }
+        }
+        self.persist()?;
+        slot.setting.send_replace(after);
+        Ok((before.describe(), after.describe()))
+    }
+
+    /// Enables or disables a sensor; returns (before, after).
+    pub async fn set_enabled(&self, name: &str, enabled: bool) -> Result<(String, String), Error> {
+        let _g = self.change.lock().await;
+        let slot = self.slot(name)?;
+        let before = slot.setting();
+        let after = Setting { enabled, ..before };
+        {
+            let mut st = self.state.lock();
+            if enabled {
+                st.disabled.remove(name);
+            } else {
+                st.disabled.insert(name.to_string());
+            }
+        }
+        self.persist()?;
+        slot.setting.send_replace(after);
+        Ok((before.describe(), after.describe()))
+    }
+
+    /// Adds a process watch; returns (before, after).
+    pub async fn watch(&self, w: WatchSpec) -> Result<(String, String), Error> {
+        w.watch()
+            .validate()
+            .map_err(|e| Error::invalid_argument(e.to_string()))?;
+        if w.period_ms != 0 {
+            check_period(w.period_ms).map_err(Error::invalid_argument)?;
+        }
+        let _g = self.change.lock().await;
+        let name = format!("{WATCH_PREFIX}{}", w.name);
+        if self.slots.lock().contains_key(&name) {
+            return Err(Error::already_exists(format!(
+                "a process watch named {:?} is already running; remove it first (gma agent unwatch)",
+                w.name
+            )));
+        }
+        if self.state.lock().watches.len() >= MAX_RUNTIME_WATCHES {
+            return Err(Error::resource_exhausted(format!(
+                "at most {MAX_RUNTIME_WATCHES} process watches may be added at run time; remove one first"
+            )));
+        }
+        self.start_watch(&w)?;
+        self.state.lock().watches.push(w.clone());
+        if let Err(e) = self.persist() {
+            self.state.lock().watches.retain(|x| x.name != w.name);
+            self.slots.lock().remove(&name);
+            return Err(e);
+        }
+        Ok((String::new(), w.describe()))
+    }
+
+    /// Removes a process watch added at run time; returns (before, after).
+    pub async fn unwatch(&self, watch: &str) -> Result<(String, String), Error> {
+        let _g = self.change.lock().await;
+        let name = format!("{WATCH_PREFIX}{watch}");
+        let spec = self
+            .state
+            .lock()
+            .watches
+            .iter()
+            .find(|w| w.name == watch)
+            .cloned();
+        let Some(spec) = spec else {
+            return Err(Error::not_found(format!(
+                "no process watch named {watch:?} was added at run time (watches of the configuration \
+                 are removed from the configuration)"
+            )));
+        };
+        {
+            let mut st = self.state.lock();
+            st.watches.retain(|w| w.name != watch);
+            st.periods.remove(&name);
+            st.disabled.remove(&name);
+        }
+        self.persist()?;
+        // Dropping the slot drops its setting's sender: the sensor's loop ends.
+        self.slots.lock().remove(&name);
+        Ok((spec.describe(), String::new()))
+    }
+
+    /// Publishes one `gma.audit` event.
+    pub fn audit(&self, who: &Identity, op: &str, target: &str, before: &str, after: &str, outcome: &str) {
+        let ev = EventData {
+            name: GMA_AUDIT.to_string(),
+            source: self.source.clone(),
+            timestamp_ns: now_ns(),
+            numbers: Vec::new(),
+            strings: vec![
+                who.to_string(),
+                format!("{}:{op}", Action::ProducerControl),
+                target.to_string(),
+                before.to_string(),
+                after.to_string(),
+                outcome.to_string(),
+            ],
+        };
+        if let (_, Err(e)) = self.hub.publish(&[ev]) {
+            tracing::warn!(error = %e, "cannot publish gma.audit");
+        }
+    }
+}
+
+/// The `Control` gRPC service.
+pub struct ControlService {
+    pub control: Arc<Control>,
+    pub gate: Arc<gma_core::guard::Gate>,
+}
+
+/// Longest sensor or watch name a request may carry.
+const MAX_NAME: usize = 256;
+
+impl ControlService {
+    /// Admits and authorizes `op`; a denial is audited.
+    fn authorize<T>(&self, req: &Request<T>, op: &str, target: &str) -> Result<Identity, Status> {
+        let who = self.gate.admit(req).map_err(Error::from)?;
+        if let Err(e) = self.gate.authorize(&who, Action::ProducerControl, &[op]) {
+            self.control.audit(&who, op, target, "", "", "denied");
+            return Err(Error::from(e).into());
+        }
+        Ok(who)
+    }
+
+    /// Audits the result of an allowed call and turns it into the response.
+    fn answer(
+        &self,
+        who: &Identity,
+        op: &str,
+        target: &str,
+        r: Result<(String, String), Error>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        match r {
+            Ok((before, after)) => {
+                self.control.audit(who, op, target, &before, &after, "allowed");
+                Ok(Response::new(pb::ControlResponse { before, after }))
+            }
+            Err(e) => {
+                let s: Status = e.into();
+                self.control
+                    .audit(who, op, target, "", "", &format!("refused: {}", s.message()));
+                Err(s)
+            }
+        }
+    }
+}
+
+fn bounded(what: &str, s: &str) -> Result<(), Error> {
+    if s.is_empty() || s.len() > MAX_NAME {
+        return Err(Error::invalid_argument(format!(
+            "{what} must be 1..={MAX_NAME} bytes; `gma agent sensors` lists the names"
+        )));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl pb::control_server::Control for ControlService {
+    async fn list_sensors(
+        &self,
+        req: Request<pb::ListSensorsRequest>,
+    ) -> Result<Response<pb::ListSensorsResponse>, Status> {
+        let who = self.authorize(&req, OP_LIST, "")?;
+        let sensors = self.control.list();
+        self.control.audit(&who, OP_LIST, "", "", "", "allowed");
+        Ok(Response::new(pb::ListSensorsResponse { sensors }))
+    }
+
+    async fn set_period(
+        &self,
+        req: Request<pb::SetPeriodRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let target = req.get_ref().sensor.chars().take(MAX_NAME).collect::<String>();
+        let who = self.authorize(&req, OP_PERIOD, &target)?;
+        let r = req.get_ref();
+        let result = match bounded("sensor", &r.sensor) {
+            Ok(()) => self.control.set_period(&r.sensor, r.period_ms).await,
+            Err(e) => Err(e),
+        };
+        self.answer(&who, OP_PERIOD, &target, result)
+    }
+
+    async fn set_enabled(
+        &self,
+        req: Request<pb::SetEnabledRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let op = if req.get_ref().enabled {
+            OP_ENABLE
+        } else {
+            OP_DISABLE
+        };
+        let target = req.get_ref().sensor.chars().take(MAX_NAME).collect::<String>();
+        let who = self.authorize(&req, op, &target)?;
+        let r = req.get_ref();
+        let result = match bounded("sensor", &r.sensor) {
+            Ok(()) => self.control.set_enabled(&r.sensor, r.enabled).await,
+            Err(e) => Err(e),
+        };
+        self.answer(&who, op, &target, result)
+    }
+
+    async fn watch(
+        &self,
+        req: Request<pb::ProcessWatchRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let target = req.get_ref().name.chars().take(MAX_NAME).collect::<String>();
+        let who = self.authorize(&req, OP_WATCH, &target)?;
+        let r = req.into_inner();
+        let opt = |s: String| (!s.is_empty()).then_some(s);
+        let pos = |v: f64| (v != 0.0).then_some(v);
+        let spec = WatchSpec {
+            name: r.name,
+            comm: opt(r.comm),
+            cmdline: opt(r.cmdline),
+            pid: (r.pid != 0).then_some(r.pid),
+            period_ms: r.period_ms,
+            cpu_pct_max: pos(r.cpu_pct_max),
+            rss_mb_max: pos(r.rss_mb_max),
+        };
+        let result = match bounded("watch name", &spec.name) {
+            Ok(()) => self.control.watch(spec).await,
+            Err(e) => Err(e),
+        };
+        self.answer(&who, OP_WATCH, &target, result)
+    }
+
+    async fn unwatch(
+        &self,
+        req: Request<pb::RemoveWatchRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let target = req.get_ref().name.chars().take(MAX_NAME).collect::<String>();
+        let who = self.authorize(&req, OP_UNWATCH, &target)?;
+        let r = req.get_ref();
+        let result = match bounded("watch name", &r.name) {
+            Ok(()) => self.control.unwatch(&r.name).await,
+            Err(e) => Err(e),
+        };
+        self.answer(&who, OP_UNWATCH, &target, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn state_round_trips_through_the_file() {
+        let dir = std::env::temp_dir().join(format!("gma-control-{}", std::process::id()));
+        assert_eq!(load_state(&dir).unwrap(), State::default());
+        let mut s = State::default();
+        s.periods.insert("host.cpu".into(), 250);
+        s.disabled.insert("host.disk".into());
+        s.watches.push(WatchSpec {
+            name: "sleeper".into(),
+            pid: Some(42),
+            ..Default::default()
+        });
+        save_state(&dir, &s).unwrap();
+        assert_eq!(load_state(&dir).unwrap(), s);
+        std::fs::write(dir.join(STATE_FILE), b"{\"nope\": 1}").unwrap();
+        assert!(load_state(&dir).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn periods_out_of_range_are_refused() {
+        assert!(check_period(0).is_err());
+        assert!(check_period(MAX_PERIOD_MS + 1).is_err());
+        assert_eq!(check_period(250).unwrap(), Duration::from_millis(250));
+    }
+}
