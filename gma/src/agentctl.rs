@@ -90,10 +90,7 @@ fn changed(what: &str, r: pb::ControlResponse, output: Output) {
 }
 
 pub async fn run(cmd: AgentCommand) -> anyhow::Result<()> {
-    let status = |what: &str| {
-        let what = what.to_string();
-        move |s: tonic::Status| anyhow::anyhow!("{what}: {}: {}", s.code(), s.message())
-    };
+    let status = refused;
     match cmd {
         AgentCommand::Sensors { producer, output } => {
             let r = client(&producer)
@@ -210,14 +207,12 @@ async fn set_enabled(producer: &str, sensor: String, enabled: bool, output: Outp
             enabled,
         })
         .await
-        .map_err(|s| {
-            anyhow::anyhow!(
-                "{}: {}: {}",
-                if enabled { "enable" } else { "disable" },
-                s.code(),
-                s.message()
-            )
-        })?;
+        .map_err(refused(if enabled { "enable" } else { "disable" }))?;
     changed(&sensor, r.into_inner(), output);
     Ok(())
+}
+
+/// A refusal as an error naming the call and the gRPC code (`PermissionDenied: ...`).
+fn refused(what: &'static str) -> impl Fn(tonic::Status) -> anyhow::Error {
+    move |s| anyhow::anyhow!("{what}: {:?}: {}", s.code(), s.message())
 }
