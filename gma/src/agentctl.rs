@@ -101,22 +101,30 @@ pub async fn run(cmd: AgentCommand) -> anyhow::Result<()> {
                 .into_inner();
             match output {
                 Output::Json => {
-                    for s in r.sensors {
+                    for s in &r.sensors {
                         println!(
                             "{}",
                             json!({"name": s.name, "period_ms": s.period_ms,
                                 "configured_period_ms": s.configured_period_ms, "enabled": s.enabled,
                                 "samples": s.samples, "mean_sample_us": s.mean_sample_us,
-                                "cost_pct": s.cost_pct, "runtime_watch": s.runtime_watch})
+                                "cost_pct": s.cost_pct, "runtime_watch": s.runtime_watch,
+                                "slowed_from_ms": s.slowed_from_ms,
+                                "agent_cpu_pct": r.agent_cpu_pct, "cpu_budget_pct": r.cpu_budget_pct})
                         );
                     }
                 }
                 Output::Table => {
+                    if r.cpu_budget_pct > 0.0 {
+                        println!(
+                            "agent CPU {:.2}% of one CPU (budget {:.2}%)",
+                            r.agent_cpu_pct, r.cpu_budget_pct
+                        );
+                    }
                     println!(
                         "{:<24} {:>10} {:>12} {:>8} {:>9} {:>12} {:>9}",
                         "SENSOR", "PERIOD_MS", "CONFIGURED", "ENABLED", "SAMPLES", "MEAN_US", "COST_%"
                     );
-                    for s in r.sensors {
+                    for s in &r.sensors {
                         println!(
                             "{:<24} {:>10} {:>12} {:>8} {:>9} {:>12.1} {:>9.4}",
                             s.name,

@@ -107,6 +107,12 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.state_dir.is_some() {
         cfg.state_dir = a.state_dir.clone();
     }
+    if a.cpu_budget_pct.is_some() {
+        cfg.cpu_budget_pct = a.cpu_budget_pct;
+    }
+    if let Some(v) = a.budget_check_ms {
+        cfg.budget_check_ms = v;
+    }
     Ok(cfg)
 }
 
@@ -415,6 +421,13 @@ pub struct ProducerArgs {
     /// across restarts (docs/control.md).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Keep the agent's own CPU within this percent of one CPU by slowing its costliest
+    /// sensors (gma.budget events; docs/control.md).
+    #[arg(long)]
+    pub cpu_budget_pct: Option<f64>,
+    /// How often the CPU budget is checked, ms (default 10000).
+    #[arg(long)]
+    pub budget_check_ms: Option<u64>,
     /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,

@@ -222,6 +222,12 @@ pub struct Control {
     spawner: Mutex<Option<Spawner>>,
     /// Serializes the changes (read state, apply, persist) so the file follows the calls.
     change: tokio::sync::Mutex<()>,
+    /// Sensors the CPU budget slowed, with the period they had before (not persisted).
+    slowed: Mutex<BTreeMap<String, u64>>,
+    /// The agent's CPU at the last budget check, percent of one CPU.
+    measured: Mutex<Option<f64>>,
+    /// cpu_budget_pct, when the producer keeps one.
+    pub budget_pct: Option<f64>,
 }
 
 impl Control {
@@ -232,6 +238,7 @@ impl Control {
         source: String,
         default_period: Duration,
         state_dir: Option<PathBuf>,
+        budget_pct: Option<f64>,
     ) -> Result<Arc<Control>, Error> {
         let state = match &state_dir {
             Some(d) => load_state(d)?,
@@ -240,7 +247,7 @@ impl Control {
         for (name, ms) in &state.periods {
             check_period(*ms).map_err(|e| Error::Config(format!("state file, sensor {name:?}: {e}")))?;
         }
-        hub.add_schemas(&[audit_schema()])
+        hub.add_schemas(&[audit_schema(), crate::budget::budget_schema()])
             .map_err(|e| Error::Config(format!("gma.audit: {e}")))?;
         Ok(Arc::new(Control {
             slots: Mutex::new(BTreeMap::new()),
@@ -252,6 +259,9 @@ impl Control {
             started: Instant::now(),
             spawner: Mutex::new(None),
             change: tokio::sync::Mutex::new(()),
+            slowed: Mutex::new(BTreeMap::new()),
+            measured: Mutex::new(None),
+            budget_pct,
         }))
     }
 
@@ -326,9 +336,19 @@ impl Control {
         Ok(())
     }
 
+    /// The sensors and their cost, the agent's CPU and its budget.
+    pub fn listing(&self) -> pb::ListSensorsResponse {
+        pb::ListSensorsResponse {
+            sensors: self.list(),
+            agent_cpu_pct: self.measured.lock().unwrap_or(-1.0),
+            cpu_budget_pct: self.budget_pct.unwrap_or(0.0),
+        }
+    }
+
     /// The sensors and their cost.
     pub fn list(&self) -> Vec<pb::SensorInfo> {
         let up = self.started.elapsed().as_nanos().max(1) as f64;
+        let slowed = self.slowed.lock().clone();
         self.slots
             .lock()
             .values()
@@ -345,9 +365,76 @@ impl Control {
                     mean_sample_us: if n == 0 { 0.0 } else { ns / n as f64 / 1000.0 },
                     cost_pct: ns / up * 100.0,
                     runtime_watch: s.runtime_watch,
+                    slowed_from_ms: slowed.get(&s.name).copied().unwrap_or(0),
                 }
             })
             .collect()
+    }
+
+    /// Each sensor's sampling since the last call (`prev` keeps the totals), as a share of
+    /// `wall_s` seconds, with its period and whether the budget slowed it.
+    pub fn costs(
+        &self,
+        prev: &mut std::collections::HashMap<String, u64>,
+        wall_s: f64,
+    ) -> Vec<crate::budget::Cost> {
+        let slowed = self.slowed.lock().clone();
+        let slots: Vec<Arc<Slot>> = self.slots.lock().values().cloned().collect();
+        prev.retain(|k, _| slots.iter().any(|s| &s.name == k));
+        slots
+            .iter()
+            .map(|s| {
+                let total = s.sample_ns.load(Ordering::Relaxed);
+                let before = prev.insert(s.name.clone(), total).unwrap_or(total);
+                let set = s.setting();
+                crate::budget::Cost {
+                    name: s.name.clone(),
+                    cost_pct: total.saturating_sub(before) as f64 / 1e9 / wall_s.max(1e-3) * 100.0,
+                    period_ms: set.period.as_millis() as u64,
+                    base_ms: slowed.get(&s.name).copied(),
+                    enabled: set.enabled,
+                }
+            })
+            .collect()
+    }
+
+    /// Records the agent's CPU at a budget check.
+    pub fn set_measured(&self, cpu_pct: f64) {
+        *self.measured.lock() = Some(cpu_pct);
+    }
+
+    /// Sets a sensor's period for the budget (not persisted), remembering the period it had
+    /// before the first slowing; back at that period it is no longer slowed. False when the
+    /// sensor is gone.
+    pub fn throttle(&self, name: &str, to_ms: u64) -> bool {
+        let Some(slot) = self.slots.lock().get(name).cloned() else {
+            return false;
+        };
+        let Ok(period) = check_period(to_ms) else {
+            return false;
+        };
+        let before = slot.setting();
+        let mut slowed = self.slowed.lock();
+        let base = *slowed
+            .entry(name.to_string())
+            .or_insert(before.period.as_millis() as u64);
+        if to_ms <= base {
+            slowed.remove(name);
+        }
+        slot.setting.send_replace(Setting { period, ..before });
+        true
+    }
+
+    /// The producer's source name.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Publishes one event of the producer's own.
+    pub fn publish(&self, ev: EventData) {
+        if let (_, Err(e)) = self.hub.publish(&[ev]) {
+            tracing::warn!(error = %e, "cannot publish a control event");
+        }
     }
 
     fn slot(&self, name: &str) -> Result<Arc<Slot>, Error> {
@@ -397,6 +484,8 @@ impl Control {
             }
         }
         self.persist()?;
+        // The operator's period wins over the budget's.
+        self.slowed.lock().remove(name);
         slot.setting.send_replace(after);
         Ok((before.describe(), after.describe()))
     }
@@ -496,9 +585,7 @@ impl Control {
                 outcome.to_string(),
             ],
         };
-        if let (_, Err(e)) = self.hub.publish(&[ev]) {
-            tracing::warn!(error = %e, "cannot publish gma.audit");
-        }
+        self.publish(ev);
     }
 }
 
@@ -561,9 +648,9 @@ impl pb::control_server::Control for ControlService {
         req: Request<pb::ListSensorsRequest>,
     ) -> Result<Response<pb::ListSensorsResponse>, Status> {
         let who = self.authorize(&req, OP_LIST, "")?;
-        let sensors = self.control.list();
+        let listing = self.control.listing();
         self.control.audit(&who, OP_LIST, "", "", "", "allowed");
-        Ok(Response::new(pb::ListSensorsResponse { sensors }))
+        Ok(Response::new(listing))
     }
 
     async fn set_period(

@@ -12,6 +12,8 @@
 //! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
 //! - [`registrar`]: directory registration and lease keeping.
 //! - [`error`]: the one error type and its mapping to gRPC status codes.
+//! - [`budget`]: keeps the agent's own CPU within `cpu_budget_pct` by slowing its costliest
+//!   sensors (`gma.budget` events).
 //! - [`control`]: the `Control` service (sensor periods, enable/disable, runtime process
 //!   watches), its `gma.audit` events and its state file (docs/control.md).
 //! - [`derive`]: rolling summaries and forecasts as derived series.
@@ -23,6 +25,7 @@
 //! Every producer also monitors itself: its gRPC server runs behind a [`gma_core::rpc::RpcLayer`]
 //! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
 
+pub mod budget;
 pub mod control;
 pub mod derive;
 pub mod error;
@@ -79,6 +82,11 @@ pub struct ProducerConfig {
     /// Where the control changes (`gma agent set|enable|disable|watch`) are kept across
     /// restarts (`control.json`); none = they last until the producer stops.
     pub state_dir: Option<PathBuf>,
+    /// Keep the agent's own CPU within this percent of one CPU by lengthening the periods of
+    /// its costliest sensors (and restoring them when it fits); none = no budget.
+    pub cpu_budget_pct: Option<f64>,
+    /// How often the budget is checked.
+    pub budget_check_ms: u64,
     /// Directory lease TTL.
     pub lease_ttl_ms: u64,
     /// Events kept for resuming consumers (the resume window).
@@ -145,6 +153,8 @@ impl Default for ProducerConfig {
             info_period_ms: 60_000,
             sensor_period_ms: Default::default(),
             state_dir: None,
+            cpu_budget_pct: None,
+            budget_check_ms: 10_000,
             lease_ttl_ms: 10_000,
             buffer_events: 100_000,
             host_sensors: true,
@@ -243,6 +253,18 @@ impl Producer {
         if config.period_ms == 0 || config.period_ms > 3_600_000 {
             return Err(ProducerError::Config(
                 "period_ms must be within 1..=3600000".into(),
+            ));
+        }
+        if let Some(b) = config.cpu_budget_pct {
+            if !(b > 0.0 && b <= 10_000.0) {
+                return Err(ProducerError::Config(format!(
+                    "cpu_budget_pct {b} must be within (0, 10000] (percent of one CPU)"
+                )));
+            }
+        }
+        if config.budget_check_ms < 100 || config.budget_check_ms > 3_600_000 {
+            return Err(ProducerError::Config(
+                "budget_check_ms must be within 100..=3600000".into(),
             ));
         }
         if config.buffer_events == 0 || config.buffer_events > 50_000_000 {
@@ -459,6 +481,7 @@ impl Producer {
             config.source.clone().unwrap_or_default(),
             Duration::from_millis(config.period_ms),
             config.state_dir.clone(),
+            config.cpu_budget_pct,
         )?;
         let sensor_tasks = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let spawner: control::Spawner = {
@@ -493,6 +516,14 @@ impl Producer {
             .map_err(|e| ProducerError::Config(format!("proc.event: {e}")))?;
         control.set_spawner(spawner);
         control.start_persisted_watches();
+        if let Some(b) = config.cpu_budget_pct {
+            tokio::spawn(budget::run(
+                control.clone(),
+                b,
+                Duration::from_millis(config.budget_check_ms),
+                stop_rx.clone(),
+            ));
+        }
         tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
         if config.endpoint.rpc_events_ms() > 0 {
             tokio::spawn(publish_rpc(

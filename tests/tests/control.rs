@@ -341,3 +341,92 @@ async fn a_process_watch_added_at_run_time_reports_its_exit() {
     let r = site.run(&prod, "alice", &["agent", "sensors", "--output", "json"]);
     assert!(!r.stdout.contains("process/sleeper"), "{}", r.stdout);
 }
+
+/// An expensive sensor (a simulation of 3000 hosts sampled every 20 ms) under a small CPU
+/// budget: the agent lengthens its period until it fits, and says so in `gma.budget`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cpu_budget_slows_the_costliest_sensor_until_the_agent_fits() {
+    let site = Site::new();
+    let budget = 5.0;
+    std::fs::write(
+        site.dir.join("heavy.toml"),
+        "period_ms = 20\n[[generate]]\ncount = 3000\nprefix = \"n\"\nseed = 7\n",
+    )
+    .unwrap();
+    let prod = Proc::producer(&[
+        "--no-host-sensors",
+        "--simulate",
+        &site.path("heavy.toml"),
+        "--cpu-budget-pct",
+        &budget.to_string(),
+        "--budget-check-ms",
+        "500",
+        "--buffer-events",
+        "200000",
+        "--access-policy",
+        &site.path("policy.toml"),
+        "--tls-cert",
+        &site.path("certs/node1.pem"),
+        "--tls-key",
+        &site.path("certs/node1.key"),
+        "--tls-client-ca",
+        &site.path("ca/ca.pem"),
+    ]);
+    let alice = site.control(&prod, "alice").await;
+
+    // Wait until a check finds the agent within its budget with sim slowed.
+    let fit = wait_for(
+        "the agent to fit its CPU budget",
+        Duration::from_secs(120),
+        || {
+            let mut c = alice.clone();
+            async move {
+                let r = c
+                    .list_sensors(pb::ListSensorsRequest {})
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_inner();
+                let sim = r
+                    .sensors
+                    .iter()
+                    .find(|s| s.name == "sim")
+                    .cloned()
+                    .ok_or("no sim")?;
+                if r.agent_cpu_pct >= 0.0 && r.agent_cpu_pct <= budget && sim.slowed_from_ms == 20 {
+                    Ok((r.agent_cpu_pct, sim))
+                } else {
+                    Err(format!(
+                        "agent at {:.2}% of one CPU, sim at {} ms (slowed from {})",
+                        r.agent_cpu_pct, sim.period_ms, sim.slowed_from_ms
+                    ))
+                }
+            }
+        },
+    )
+    .await;
+    let (cpu, sim) = fit;
+    assert!(sim.period_ms > 20, "{sim:?}");
+    println!(
+        "budget {budget}% of one CPU: sim slowed from 20 ms to {} ms; the agent measured {cpu:.2}% \
+         (sim's samples took {:.1} us each on average)",
+        sim.period_ms, sim.mean_sample_us
+    );
+
+    // The events say which sensor, the periods, the measure and the budget.
+    let r = site.run(
+        &prod,
+        "alice",
+        &["query", "gma.budget", "--since", "10m", "--output", "json"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let slowed: Vec<serde_json::Value> = json_lines(&r.stdout)
+        .into_iter()
+        .filter(|v| v.to_string().contains("slowed"))
+        .collect();
+    assert!(!slowed.is_empty(), "no slowed event: {}", r.stdout);
+    let first = slowed[0].to_string();
+    assert!(first.contains("sim"), "{first}");
+    for v in json_lines(&r.stdout) {
+        println!("gma.budget: {}", v["values"]);
+    }
+}
