@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gma_core::authz::{Action, Identity};
+use gma_core::authz::{Action, Decision, Identity};
 use gma_core::event::{schema, text, EventData};
 use gma_core::time::now_ns;
 use gma_core::Refuse;
@@ -602,11 +602,16 @@ impl ControlService {
     /// Admits and authorizes `op`; a denial is audited.
     fn authorize<T>(&self, req: &Request<T>, op: &str, target: &str) -> Result<Identity, Status> {
         let who = self.gate.admit(req).map_err(Error::from)?;
-        if let Err(e) = self.gate.authorize(&who, Action::ProducerControl, &[op]) {
-            self.control.audit(&who, op, target, "", "", "denied");
-            return Err(Error::from(e).into());
-        }
-        Ok(who)
+        // Only an allow grant steers: a summary-only grant has nothing to serve here.
+        let refusal = match self.gate.authorize(&who, Action::ProducerControl, &[op]) {
+            Ok(g) if g.decision == Decision::Allow => return Ok(who),
+            Ok(g) => self
+                .gate
+                .summary_only(&who, op, &g, "control needs an allow producer.control grant"),
+            Err(e) => e,
+        };
+        self.control.audit(&who, op, target, "", "", "denied");
+        Err(Error::from(refusal).into())
     }
 
     /// Audits the result of an allowed call and turns it into the response.
