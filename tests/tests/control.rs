@@ -66,21 +66,33 @@ impl Site {
 
     /// A producer of the simulated host with its state in `<dir>/state`.
     fn producer(&self) -> Proc {
-        Proc::producer(&[
+        let state = self.path("state");
+        self.producer_of("sim.toml", &["--state-dir", &state])
+    }
+
+    /// A producer of the simulation in `<dir>/<sim>` under the policy, with `extra` flags.
+    fn producer_of(&self, sim: &str, extra: &[&str]) -> Proc {
+        let (sim, policy) = (self.path(sim), self.path("policy.toml"));
+        let (cert, key, ca) = (
+            self.path("certs/node1.pem"),
+            self.path("certs/node1.key"),
+            self.path("ca/ca.pem"),
+        );
+        let mut args = vec![
             "--no-host-sensors",
             "--simulate",
-            &self.path("sim.toml"),
-            "--state-dir",
-            &self.path("state"),
+            &sim,
             "--access-policy",
-            &self.path("policy.toml"),
+            &policy,
             "--tls-cert",
-            &self.path("certs/node1.pem"),
+            &cert,
             "--tls-key",
-            &self.path("certs/node1.key"),
+            &key,
             "--tls-client-ca",
-            &self.path("ca/ca.pem"),
-        ])
+            &ca,
+        ];
+        args.extend_from_slice(extra);
+        Proc::producer(&args)
     }
 
     /// `gma ARGS` against `prod` as `who`.
@@ -353,25 +365,17 @@ async fn the_cpu_budget_slows_the_costliest_sensor_until_the_agent_fits() {
         "period_ms = 20\n[[generate]]\ncount = 3000\nprefix = \"n\"\nseed = 7\n",
     )
     .unwrap();
-    let prod = Proc::producer(&[
-        "--no-host-sensors",
-        "--simulate",
-        &site.path("heavy.toml"),
-        "--cpu-budget-pct",
-        &budget.to_string(),
-        "--budget-check-ms",
-        "500",
-        "--buffer-events",
-        "200000",
-        "--access-policy",
-        &site.path("policy.toml"),
-        "--tls-cert",
-        &site.path("certs/node1.pem"),
-        "--tls-key",
-        &site.path("certs/node1.key"),
-        "--tls-client-ca",
-        &site.path("ca/ca.pem"),
-    ]);
+    let prod = site.producer_of(
+        "heavy.toml",
+        &[
+            "--cpu-budget-pct",
+            &budget.to_string(),
+            "--budget-check-ms",
+            "500",
+            "--buffer-events",
+            "200000",
+        ],
+    );
     let alice = site.control(&prod, "alice").await;
 
     // Wait until a check finds the agent within its budget with sim slowed.
