@@ -307,8 +307,20 @@ impl Control {
     /// A watch that cannot start any more (a bad pattern in a hand-edited file) is logged and
     /// skipped.
     pub fn start_persisted_watches(&self) {
-        let watches = self.state.lock().watches.clone();
-        for w in watches {
+        let state = self.state.lock().clone();
+        let slots = self.slots.lock().keys().cloned().collect::<BTreeSet<String>>();
+        let stale = state
+            .periods
+            .keys()
+            .chain(state.disabled.iter())
+            .filter(|n| !n.starts_with(WATCH_PREFIX) && !slots.contains(*n));
+        for name in stale {
+            tracing::warn!(
+                sensor = %name,
+                "the control state names a sensor this producer does not run; the entry is kept and unused"
+            );
+        }
+        for w in state.watches {
             if let Err(e) = self.start_watch(&w) {
                 tracing::warn!(watch = %w.name, error = %e, "cannot start a persisted process watch");
             }
