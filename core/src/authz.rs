@@ -232,7 +232,7 @@ pub enum Action {
     MetricsRead,
     /// Steering a producer's sensors at run time (the resource is the operation:
     /// `sensors.list`, `sensor.period`, `sensor.enable`, `sensor.disable`, `watch.add`,
-    /// `watch.remove`; docs/control.md).
+    /// `watch.remove`, `rule.add`, `rule.remove`; docs/control.md).
     ProducerControl,
 }
 

@@ -65,6 +65,29 @@ pub enum AgentCommand {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// A monitor's rules (`gma monitor`), runtime ones marked.
+    Rules {
+        #[arg(long)]
+        producer: String,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Add a rule to a running monitor: FILE holds one `[[rule]]` table (docs/monitor.md).
+    RuleAdd {
+        file: std::path::PathBuf,
+        #[arg(long)]
+        producer: String,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Remove a rule added with `gma agent rule-add`.
+    RuleRemove {
+        name: String,
+        #[arg(long)]
+        producer: String,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Remove a process watch added with `gma agent watch`.
     Unwatch {
         name: String,
@@ -189,6 +212,46 @@ pub async fn run(cmd: AgentCommand) -> anyhow::Result<()> {
                 })
                 .await
                 .map_err(status("watch"))?;
+            changed(&name, r.into_inner(), output);
+        }
+        AgentCommand::Rules { producer, output } => {
+            let r = client(&producer)
+                .await?
+                .list_sensors(pb::ListSensorsRequest {})
+                .await
+                .map_err(status("rules"))?
+                .into_inner();
+            for rule in r.rules {
+                match output {
+                    Output::Json => println!("{}", json!({ "rule": rule })),
+                    Output::Table => println!("{rule}"),
+                }
+            }
+        }
+        AgentCommand::RuleAdd {
+            file,
+            producer,
+            output,
+        } => {
+            let toml = std::fs::read_to_string(&file)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+            let r = client(&producer)
+                .await?
+                .add_rule(pb::AddRuleRequest { toml })
+                .await
+                .map_err(status("rule-add"))?;
+            changed("rule", r.into_inner(), output);
+        }
+        AgentCommand::RuleRemove {
+            name,
+            producer,
+            output,
+        } => {
+            let r = client(&producer)
+                .await?
+                .remove_rule(pb::RemoveRuleRequest { name: name.clone() })
+                .await
+                .map_err(status("rule-remove"))?;
             changed(&name, r.into_inner(), output);
         }
         AgentCommand::Unwatch {

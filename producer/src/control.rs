@@ -1,6 +1,6 @@
 //! Runtime control of a producer's sensors (docs/control.md): the `Control` gRPC service lists
 //! the sensors with their periods and measured cost, sets a sensor's period, enables or
-//! disables a sensor, and adds or removes a process watch. Every call is the policy action
+//! disables a sensor, adds or removes a process watch, and (on a monitor) adds or removes a rule. Every call is the policy action
 //! `producer.control` on the resource naming the operation ([`OP_LIST`] ...), every call (allowed
 //! or denied) is published as a `gma.audit` event, and every change is written to
 //! `<state_dir>/control.json` (temporary file, fsync, rename, fsync of the directory) and
@@ -36,6 +36,24 @@ pub const OP_ENABLE: &str = "sensor.enable";
 pub const OP_DISABLE: &str = "sensor.disable";
 pub const OP_WATCH: &str = "watch.add";
 pub const OP_UNWATCH: &str = "watch.remove";
+pub const OP_RULE_ADD: &str = "rule.add";
+pub const OP_RULE_REMOVE: &str = "rule.remove";
+/// The largest rule a request may carry (TOML text).
+pub const MAX_RULE_BYTES: usize = 16 * 1024;
+/// At most this many rules added at run time.
+pub const MAX_RUNTIME_RULES: usize = 64;
+
+/// Where a monitor's rules run: the monitor role gives its producer one, so that `AddRule` and
+/// `RemoveRule` reach its engine. Errors are refusals with their code.
+pub trait RuleHost: Send + Sync {
+    /// Validates and starts the rule in `toml` (one `[[rule]]` table); returns its name and a
+    /// description.
+    fn add(&self, toml: &str) -> Result<(String, String), gma_core::Refusal>;
+    /// Stops a rule added with [`RuleHost::add`]; returns its description.
+    fn remove(&self, name: &str) -> Result<String, gma_core::Refusal>;
+    /// Every rule, described.
+    fn list(&self) -> Vec<String>;
+}
 /// The longest period a sensor may be given (1 h), ms.
 pub const MAX_PERIOD_MS: u64 = 3_600_000;
 /// At most this many process watches added at run time.
@@ -125,6 +143,16 @@ pub struct State {
     pub disabled: BTreeSet<String>,
     /// Process watches added at run time.
     pub watches: Vec<WatchSpec>,
+    /// Monitor rules added at run time: name and TOML text.
+    pub rules: Vec<RuleSpec>,
+}
+
+/// A monitor rule added at run time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    pub name: String,
+    pub toml: String,
 }
 
 /// A process watch added at run time (a `[[process]]` table without `command`).
@@ -228,6 +256,8 @@ pub struct Control {
     measured: Mutex<Option<f64>>,
     /// cpu_budget_pct, when the producer keeps one.
     pub budget_pct: Option<f64>,
+    /// A monitor's rules.
+    rule_host: Mutex<Option<Arc<dyn RuleHost>>>,
 }
 
 impl Control {
@@ -262,6 +292,7 @@ impl Control {
             slowed: Mutex::new(BTreeMap::new()),
             measured: Mutex::new(None),
             budget_pct,
+            rule_host: Mutex::new(None),
         }))
     }
 
@@ -354,6 +385,12 @@ impl Control {
             sensors: self.list(),
             agent_cpu_pct: self.measured.lock().unwrap_or(-1.0),
             cpu_budget_pct: self.budget_pct.unwrap_or(0.0),
+            rules: self
+                .rule_host
+                .lock()
+                .as_ref()
+                .map(|h| h.list())
+                .unwrap_or_default(),
         }
     }
 
@@ -552,6 +589,68 @@ impl Control {
         Ok((String::new(), w.describe()))
     }
 
+    /// Makes `host` the home of monitor rules and starts the rules persisted for it (a rule
+    /// that no longer validates is logged and skipped).
+    pub fn set_rule_host(&self, host: Arc<dyn RuleHost>) {
+        let rules = self.state.lock().rules.clone();
+        for r in rules {
+            if let Err(e) = host.add(&r.toml) {
+                tracing::warn!(rule = %r.name, error = %e, "cannot start a persisted monitor rule");
+            }
+        }
+        *self.rule_host.lock() = Some(host);
+    }
+
+    fn rule_host(&self) -> Result<Arc<dyn RuleHost>, Error> {
+        self.rule_host.lock().clone().ok_or_else(|| {
+            Error::failed_precondition("this producer runs no monitor rules; address a `gma monitor`")
+        })
+    }
+
+    /// Adds a monitor rule; returns (before, after).
+    pub async fn add_rule(&self, toml: &str) -> Result<(String, String), Error> {
+        if toml.len() > MAX_RULE_BYTES {
+            return Err(Error::invalid_argument(format!(
+                "the rule is {} bytes of TOML, at most {MAX_RULE_BYTES}",
+                toml.len()
+            )));
+        }
+        let host = self.rule_host()?;
+        let _g = self.change.lock().await;
+        if self.state.lock().rules.len() >= MAX_RUNTIME_RULES {
+            return Err(Error::resource_exhausted(format!(
+                "at most {MAX_RUNTIME_RULES} rules may be added at run time; remove one first"
+            )));
+        }
+        let (name, described) = host.add(toml)?;
+        self.state.lock().rules.push(RuleSpec {
+            name: name.clone(),
+            toml: toml.to_string(),
+        });
+        if let Err(e) = self.persist() {
+            self.state.lock().rules.retain(|r| r.name != name);
+            let _ = host.remove(&name);
+            return Err(e);
+        }
+        Ok((String::new(), described))
+    }
+
+    /// Removes a monitor rule added at run time; returns (before, after).
+    pub async fn remove_rule(&self, name: &str) -> Result<(String, String), Error> {
+        let host = self.rule_host()?;
+        let _g = self.change.lock().await;
+        if !self.state.lock().rules.iter().any(|r| r.name == name) {
+            return Err(Error::not_found(format!(
+                "no rule named {name:?} was added at run time (rules of the configuration are removed \
+                 from the configuration)"
+            )));
+        }
+        self.state.lock().rules.retain(|r| r.name != name);
+        self.persist()?;
+        let before = host.remove(name)?;
+        Ok((before, String::new()))
+    }
+
     /// Removes a process watch added at run time; returns (before, after).
     pub async fn unwatch(&self, watch: &str) -> Result<(String, String), Error> {
         let _g = self.change.lock().await;
@@ -728,6 +827,30 @@ impl pb::control_server::Control for ControlService {
         self.answer(&who, OP_WATCH, &target, result)
     }
 
+    async fn add_rule(
+        &self,
+        req: Request<pb::AddRuleRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let target = rule_name_of(&req.get_ref().toml);
+        let who = self.authorize(&req, OP_RULE_ADD, &target)?;
+        let result = self.control.add_rule(&req.get_ref().toml).await;
+        self.answer(&who, OP_RULE_ADD, &target, result)
+    }
+
+    async fn remove_rule(
+        &self,
+        req: Request<pb::RemoveRuleRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let target = req.get_ref().name.chars().take(MAX_NAME).collect::<String>();
+        let who = self.authorize(&req, OP_RULE_REMOVE, &target)?;
+        let r = req.get_ref();
+        let result = match bounded("rule name", &r.name) {
+            Ok(()) => self.control.remove_rule(&r.name).await,
+            Err(e) => Err(e),
+        };
+        self.answer(&who, OP_RULE_REMOVE, &target, result)
+    }
+
     async fn unwatch(
         &self,
         req: Request<pb::RemoveWatchRequest>,
@@ -741,6 +864,15 @@ impl pb::control_server::Control for ControlService {
         };
         self.answer(&who, OP_UNWATCH, &target, result)
     }
+}
+
+/// The `name = "..."` of a rule's TOML, for the audit event (empty when absent).
+fn rule_name_of(toml: &str) -> String {
+    toml.lines()
+        .find_map(|l| l.trim().strip_prefix("name"))
+        .and_then(|r| r.trim().strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').chars().take(MAX_NAME).collect())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -244,6 +244,8 @@ pub struct Producer {
     /// The RPC figures of this producer's server (and, for a companion producer, of the role
     /// it publishes for: see [`Producer::with_rpc_stats`]).
     pub rpc: Arc<RpcStats>,
+    /// A monitor's rules, steered through `Control/AddRule` and `RemoveRule`.
+    pub rule_host: Option<Arc<dyn control::RuleHost>>,
     sensors: Vec<Box<dyn Sensor>>,
 }
 
@@ -383,6 +385,7 @@ impl Producer {
             deriver,
             gate,
             rpc,
+            rule_host: None,
             sensors,
         })
     }
@@ -466,6 +469,7 @@ impl Producer {
             deriver,
             gate,
             rpc,
+            rule_host,
             sensors,
         } = self;
         let bound = listener.local_addr()?;
@@ -516,6 +520,9 @@ impl Producer {
             .map_err(|e| ProducerError::Config(format!("proc.event: {e}")))?;
         control.set_spawner(spawner);
         control.start_persisted_watches();
+        if let Some(host) = rule_host {
+            control.set_rule_host(host);
+        }
         if let Some(b) = config.cpu_budget_pct {
             tokio::spawn(budget::run(
                 control.clone(),

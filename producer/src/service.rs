@@ -100,6 +100,16 @@ pub const DOORS: &[Door] = &[
         &[Action::ProducerControl],
         "PERMISSION_DENIED: control needs an allow producer.control grant",
     ),
+    Door::policy(
+        "/gma.v1.Control/AddRule",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/RemoveRule",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
 ];
 
 /// Most events one Ingest request may carry.

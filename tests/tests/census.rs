@@ -563,6 +563,32 @@ fn producer_knocks(target: &str, hosts_raw: bool) -> Vec<Knock> {
                 none
             ),
         ),
+        k(
+            "/gma.v1.Control/AddRule",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                add_rule,
+                pb::AddRuleRequest {
+                    toml: "[[rule]]\nname = \"census\"\nevents = [\"x\"]\nwhen = 'a > 1'\ncommand = [\"true\"]\n".into(),
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/RemoveRule",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                remove_rule,
+                pb::RemoveRuleRequest { name: "census".into() },
+                none
+            ),
+        ),
     ]
 }
 

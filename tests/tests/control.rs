@@ -434,3 +434,171 @@ async fn the_cpu_budget_slows_the_costliest_sensor_until_the_agent_fits() {
         println!("gma.budget: {}", v["values"]);
     }
 }
+
+/// A monitor's rules through the same service: a rule added at run time fires, is listed,
+/// survives a restart of the monitor and is removed; bad rules get precise statuses. (No
+/// policy here: the monitor runs without TLS, every identity is allowed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_rule_added_at_run_time_fires_persists_and_is_removed() {
+    let tmp = tempdir();
+    let data = tmp.path().join("dir");
+    let dir = Proc::directory(&data, "127.0.0.1:0");
+    let sim = tmp.path().join("sim.toml");
+    std::fs::write(
+        &sim,
+        "period_ms = 100\n[[host]]\nname = \"db\"\ncpus = 4\nmemory_mb = 1024\nload = 1.0\n",
+    )
+    .unwrap();
+    let prod = Proc::producer(&[
+        "--directory",
+        &dir.addr,
+        "--no-host-sensors",
+        "--simulate",
+        sim.to_str().unwrap(),
+    ]);
+    let mcfg = tmp.path().join("monitor.toml");
+    let state = tmp.path().join("mstate");
+    std::fs::write(
+        &mcfg,
+        format!(
+            "source = \"ops\"\nstate_dir = \"{}\"\n\
+             [[rule]]\nname = \"configured\"\nevents = [\"host.load\"]\nwhen = 'load1 > 1000'\ncommand = [\"true\"]\n",
+            state.display()
+        ),
+    )
+    .unwrap();
+    let monitor = |cfg: &std::path::Path| {
+        Proc::start(
+            &[
+                "monitor",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--directory",
+                &dir.addr,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "gma monitor listening on",
+        )
+    };
+    let mut mon = monitor(&mcfg);
+    let mut c = ControlClient::new(connected(&mon.addr).await);
+    let rules = c
+        .list_sensors(pb::ListSensorsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .rules;
+    assert_eq!(rules, vec!["configured: host.load when load1 > 1000".to_string()]);
+
+    // Bad rules: not TOML, two tables, a bad `when`; a configuration rule cannot be removed.
+    for (toml, what) in [
+        ("[[rule]\n", "not TOML"),
+        (
+            "[[rule]]\nname = \"a\"\nevents = [\"x\"]\nwhen = 'a > 1'\ncommand = [\"true\"]\n\
+             [[rule]]\nname = \"b\"\nevents = [\"x\"]\nwhen = 'a > 1'\ncommand = [\"true\"]\n",
+            "two rules",
+        ),
+        (
+            "[[rule]]\nname = \"a\"\nevents = [\"x\"]\nwhen = 'a >'\ncommand = [\"true\"]\n",
+            "bad when",
+        ),
+    ] {
+        let e = c
+            .add_rule(pb::AddRuleRequest { toml: toml.into() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {}", e.message());
+    }
+    let e = c
+        .remove_rule(pb::RemoveRuleRequest {
+            name: "configured".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+
+    // A rule added at run time fires on the simulated host (its command writes a marker).
+    let marker = tmp.path().join("fired");
+    let rule = tmp.path().join("rule.toml");
+    std::fs::write(
+        &rule,
+        format!(
+            "[[rule]]\nname = \"busy-db\"\nevents = [\"host.load\"]\nwhen = 'load1 > 5'\nhold_down_ms = 600000\n\
+             command = [\"sh\", \"-c\", 'echo \"$GMA_RULE $GMA_SOURCE\" >> {}']\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let r = gma(
+        &[
+            "agent",
+            "rule-add",
+            rule.to_str().unwrap(),
+            "--producer",
+            &mon.addr,
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let e = c
+        .add_rule(pb::AddRuleRequest {
+            toml: std::fs::read_to_string(&rule).unwrap(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{}", e.message());
+    let r = gma(
+        &["sim", "set", "db", "load=9", "--producer", &prod.addr],
+        Duration::from_secs(20),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let read = || std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(30), || read().contains("busy-db db")),
+        "the added rule never fired; monitor log:\n{}",
+        mon.stderr_text()
+    );
+
+    // The restarted monitor runs it again (from its state_dir), and it can be removed.
+    mon.terminate();
+    let mon = monitor(&mcfg);
+    let r = gma(
+        &["agent", "rules", "--producer", &mon.addr],
+        Duration::from_secs(20),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("busy-db: host.load when load1 > 5 [runtime]"),
+        "{}",
+        r.stdout
+    );
+    let r = gma(
+        &["agent", "rule-remove", "busy-db", "--producer", &mon.addr],
+        Duration::from_secs(20),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = gma(
+        &["agent", "rules", "--producer", &mon.addr],
+        Duration::from_secs(20),
+    );
+    assert!(!r.stdout.contains("busy-db"), "{}", r.stdout);
+    let audit = gma(
+        &[
+            "query",
+            "gma.audit",
+            "--since",
+            "10m",
+            "--producer",
+            &mon.addr,
+            "--output",
+            "json",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(
+        audit.stdout.contains("rule.remove") && audit.stdout.contains("busy-db"),
+        "{}",
+        audit.stdout
+    );
+}
