@@ -230,10 +230,14 @@ pub enum Action {
     /// `producer`, `archiver`, `dashboard`, ...). A producer's sensor values (`--prometheus`)
     /// also need `producer.query` allowed raw on each event name.
     MetricsRead,
+    /// Steering a producer's sensors at run time (the resource is the operation:
+    /// `sensors.list`, `sensor.period`, `sensor.enable`, `sensor.disable`, `watch.add`,
+    /// `watch.remove`, `rule.add`, `rule.remove`; docs/control.md).
+    ProducerControl,
 }
 
 impl Action {
-    pub const ALL: [Action; 14] = [
+    pub const ALL: [Action; 15] = [
         Action::DirectorySearch,
         Action::DirectoryRegister,
         Action::DirectoryWatch,
@@ -248,6 +252,7 @@ impl Action {
         Action::Admin,
         Action::DashboardRead,
         Action::MetricsRead,
+        Action::ProducerControl,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -266,6 +271,7 @@ impl Action {
             Action::Admin => "admin",
             Action::DashboardRead => "dashboard.read",
             Action::MetricsRead => "metrics.read",
+            Action::ProducerControl => "producer.control",
         }
     }
 
@@ -281,6 +287,7 @@ impl Action {
                 | Action::Job
                 | Action::DashboardRead
                 | Action::MetricsRead
+                | Action::ProducerControl
         )
     }
 

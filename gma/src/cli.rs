@@ -36,6 +36,12 @@ pub enum Command {
     /// Push application events into a producer (fields by name; the schema is inferred when
     /// the producer has none), from the arguments or from standard input.
     Emit(crate::emit::EmitArgs),
+    /// Steer a running producer's sensors: list them with their cost, set a period, enable,
+    /// disable, add or remove a process watch (policy action producer.control; docs/control.md).
+    Agent {
+        #[command(subcommand)]
+        command: crate::agentctl::AgentCommand,
+    },
     /// Control simulated hosts of a running producer.
     Sim {
         #[command(subcommand)]
@@ -125,6 +131,7 @@ impl Command {
             | Query(_)
             | Emit(_)
             | Sim { .. }
+            | Agent { .. }
             | Cluster(_)
             | Bench(_)
             | Archive(_)

@@ -2,6 +2,7 @@
 //! (src/main.rs) calls. A library so that the end-to-end tests (`tests/`) build the same
 //! command as their own binary and run it as real processes.
 
+mod agentctl;
 mod appsim;
 mod archive;
 mod args;
@@ -91,6 +92,7 @@ async fn run(cmd: cli::Command) -> anyhow::Result<()> {
         Query(a) => tools::query(a).await,
         Emit(a) => emit::run(a).await,
         Sim { command } => tools::sim(command).await,
+        Agent { command } => agentctl::run(command).await,
         Cluster(a) => cluster::run(a.command).await,
         AppSim(a) => appsim::run(a).await,
         Rescheduler(a) => resched::run(a).await,

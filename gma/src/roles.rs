@@ -104,6 +104,15 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.prometheus.is_some() {
         cfg.prometheus = a.prometheus.clone();
     }
+    if a.state_dir.is_some() {
+        cfg.state_dir = a.state_dir.clone();
+    }
+    if a.cpu_budget_pct.is_some() {
+        cfg.cpu_budget_pct = a.cpu_budget_pct;
+    }
+    if let Some(v) = a.budget_check_ms {
+        cfg.budget_check_ms = v;
+    }
     Ok(cfg)
 }
 
@@ -408,6 +417,17 @@ pub struct ProducerArgs {
     /// Record id in the directory (default: <source>@<address>).
     #[arg(long)]
     pub id: Option<String>,
+    /// Keep the control changes (`gma agent set|enable|disable|watch`) in DIR/control.json
+    /// across restarts (docs/control.md).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Keep the agent's own CPU within this percent of one CPU by slowing its costliest
+    /// sensors (gma.budget events; docs/control.md).
+    #[arg(long)]
+    pub cpu_budget_pct: Option<f64>,
+    /// How often the CPU budget is checked, ms (default 10000).
+    #[arg(long)]
+    pub budget_check_ms: Option<u64>,
     /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
     #[arg(long)]
     pub config: Option<PathBuf>,

@@ -22,7 +22,7 @@ fn status_line(what: &str, s: &tonic::Status) -> anyhow::Error {
     anyhow!("{what}: {} ({:?})", gma_core::tls::explain(s), s.code())
 }
 
-fn rpc_err(e: gma_consumer::ConsumerError) -> anyhow::Error {
+pub(crate) fn rpc_err(e: gma_consumer::ConsumerError) -> anyhow::Error {
     match &e {
         gma_consumer::ConsumerError::Rpc(what, s) => status_line(what, s),
         _ => anyhow!("{e}"),

@@ -16,7 +16,7 @@
 //! inside); the async shell subscribes, feeds it, runs commands (one at a time per rule,
 //! queued), and publishes every firing as a `monitor.firing` event of its own producer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -107,6 +107,10 @@ pub struct MonitorConfig {
     pub source: Option<String>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<RuleConfig>,
+    /// Where the rules added at run time (`gma agent rule-add`) are kept across restarts
+    /// (`control.json`, docs/control.md); none = until the monitor stops.
+    #[serde(default)]
+    pub state_dir: Option<std::path::PathBuf>,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -774,7 +778,7 @@ pub async fn run(
                 .trim_start_matches("https://")
         )
     });
-    let producer = Producer::embedded(
+    let mut producer = Producer::embedded(
         "monitor",
         &cfg.endpoint,
         Identity {
@@ -784,10 +788,141 @@ pub async fn run(
         &[firing_schema()],
     )
     .map_err(|e| MonitorError::Producer(e.to_string()))?;
-    let engine = tokio::spawn(engine(rules, directory, id, producer.hub.clone(), source));
+    producer.config.state_dir = cfg.state_dir.clone();
+    let set = Arc::new(RuleSet {
+        directory,
+        id,
+        hub: producer.hub.clone(),
+        source,
+        running: std::sync::Mutex::new(BTreeMap::new()),
+    });
+    for rule in rules {
+        set.start(rule, false);
+    }
+    producer.rule_host = Some(set.clone());
     let r = producer.run(listener, shutdown).await;
-    engine.abort();
+    set.stop_all();
     r.map_err(|e| MonitorError::Stopped(e.to_string()))
+}
+
+/// The rules a monitor runs, one engine task each (rules are independent): those of its
+/// configuration and those added at run time through its producer's `Control` service
+/// (`AddRule`, `RemoveRule`; docs/control.md).
+pub struct RuleSet {
+    directory: String,
+    id: String,
+    hub: Arc<Hub>,
+    source: String,
+    running: std::sync::Mutex<BTreeMap<String, Running>>,
+}
+
+struct Running {
+    described: String,
+    runtime: bool,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// A rule in one line: `name: events when condition`.
+fn describe_rule(r: &Rule) -> String {
+    format!(
+        "{}: {} when {}{}",
+        r.name,
+        r.events.join(","),
+        r.when.text(),
+        if r.all_of.is_some() { " (all_of)" } else { "" }
+    )
+}
+
+impl RuleSet {
+    fn running(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn start(&self, rule: Rule, runtime: bool) -> String {
+        let described = describe_rule(&rule);
+        let name = rule.name.clone();
+        let task = tokio::spawn(engine(
+            vec![rule],
+            self.directory.clone(),
+            self.id.clone(),
+            self.hub.clone(),
+            self.source.clone(),
+        ));
+        self.running().insert(
+            name,
+            Running {
+                described: described.clone(),
+                runtime,
+                task,
+            },
+        );
+        described
+    }
+
+    fn stop_all(&self) {
+        for (_, r) in std::mem::take(&mut *self.running()) {
+            r.task.abort();
+        }
+    }
+}
+
+impl gma_producer::control::RuleHost for RuleSet {
+    fn add(&self, toml_text: &str) -> Result<(String, String), gma_core::Refusal> {
+        use gma_core::{Refusal, Refuse};
+        let cfg: MonitorConfig = toml::from_str(toml_text)
+            .map_err(|e| Refusal::invalid_argument(format!("the rule is not a valid [[rule]] table: {e}")))?;
+        if cfg.rules.len() != 1
+            || cfg.directory.is_some()
+            || cfg.listen.is_some()
+            || cfg.id.is_some()
+            || cfg.source.is_some()
+            || cfg.state_dir.is_some()
+        {
+            return Err(Refusal::invalid_argument(
+                "give exactly one [[rule]] table and nothing else (name, events, when, command, ...)",
+            ));
+        }
+        let rule = validate(&cfg)
+            .map_err(|e| Refusal::invalid_argument(e.to_string()))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Refusal::invalid_argument("give one [[rule]] table"))?;
+        if self.running().contains_key(&rule.name) {
+            return Err(Refusal::already_exists(format!(
+                "a rule named {:?} is running; remove it first or choose another name",
+                rule.name
+            )));
+        }
+        let name = rule.name.clone();
+        let described = self.start(rule, true);
+        Ok((name, described))
+    }
+
+    fn remove(&self, name: &str) -> Result<String, gma_core::Refusal> {
+        use gma_core::{Refusal, Refuse};
+        let mut running = self.running();
+        match running.get(name) {
+            Some(r) if r.runtime => {}
+            Some(_) => {
+                return Err(Refusal::failed_precondition(format!(
+                    "rule {name:?} is of the configuration: remove it from the config file"
+                )))
+            }
+            None => return Err(Refusal::not_found(format!("no rule named {name:?} runs here"))),
+        }
+        let r = running
+            .remove(name)
+            .ok_or_else(|| Refusal::not_found(format!("no rule named {name:?}")))?;
+        r.task.abort();
+        Ok(r.described)
+    }
+
+    fn list(&self) -> Vec<String> {
+        self.running()
+            .values()
+            .map(|r| format!("{}{}", r.described, if r.runtime { " [runtime]" } else { "" }))
+            .collect()
+    }
 }
 
 /// What the shell remembers per rule to keep its logs useful and short.

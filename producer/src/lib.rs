@@ -12,6 +12,10 @@
 //! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
 //! - [`registrar`]: directory registration and lease keeping.
 //! - [`error`]: the one error type and its mapping to gRPC status codes.
+//! - [`budget`]: keeps the agent's own CPU within `cpu_budget_pct` by slowing its costliest
+//!   sensors (`gma.budget` events).
+//! - [`control`]: the `Control` service (sensor periods, enable/disable, runtime process
+//!   watches), its `gma.audit` events and its state file (docs/control.md).
 //! - [`derive`]: rolling summaries and forecasts as derived series.
 //! - [`push`]: producer-initiated streams to consumers that accept them (`Consumer.Deliver`).
 //! - [`prometheus`]: the latest sensor values in Prometheus text format (`gma producer
@@ -21,6 +25,8 @@
 //! Every producer also monitors itself: its gRPC server runs behind a [`gma_core::rpc::RpcLayer`]
 //! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
 
+pub mod budget;
+pub mod control;
 pub mod derive;
 pub mod error;
 pub mod hub;
@@ -73,6 +79,14 @@ pub struct ProducerConfig {
     pub info_period_ms: u64,
     /// Per-sensor period overrides, by sensor name (`host.disk = 5000`, `sim = 500`).
     pub sensor_period_ms: std::collections::BTreeMap<String, u64>,
+    /// Where the control changes (`gma agent set|enable|disable|watch`) are kept across
+    /// restarts (`control.json`); none = they last until the producer stops.
+    pub state_dir: Option<PathBuf>,
+    /// Keep the agent's own CPU within this percent of one CPU by lengthening the periods of
+    /// its costliest sensors (and restoring them when it fits); none = no budget.
+    pub cpu_budget_pct: Option<f64>,
+    /// How often the budget is checked.
+    pub budget_check_ms: u64,
     /// Directory lease TTL.
     pub lease_ttl_ms: u64,
     /// Events kept for resuming consumers (the resume window).
@@ -144,6 +158,9 @@ impl Default for ProducerConfig {
             period_ms: 1000,
             info_period_ms: 60_000,
             sensor_period_ms: Default::default(),
+            state_dir: None,
+            cpu_budget_pct: None,
+            budget_check_ms: 10_000,
             lease_ttl_ms: 10_000,
             buffer_events: 100_000,
             host_sensors: true,
@@ -235,6 +252,8 @@ pub struct Producer {
     /// The RPC figures of this producer's server (and, for a companion producer, of the role
     /// it publishes for: see [`Producer::with_rpc_stats`]).
     pub rpc: Arc<RpcStats>,
+    /// A monitor's rules, steered through `Control/AddRule` and `RemoveRule`.
+    pub rule_host: Option<Arc<dyn control::RuleHost>>,
     sensors: Vec<Box<dyn Sensor>>,
 }
 
@@ -244,6 +263,18 @@ impl Producer {
         if config.period_ms == 0 || config.period_ms > 3_600_000 {
             return Err(ProducerError::Config(
                 "period_ms must be within 1..=3600000".into(),
+            ));
+        }
+        if let Some(b) = config.cpu_budget_pct {
+            if !(b > 0.0 && b <= 10_000.0) {
+                return Err(ProducerError::Config(format!(
+                    "cpu_budget_pct {b} must be within (0, 10000] (percent of one CPU)"
+                )));
+            }
+        }
+        if config.budget_check_ms < 100 || config.budget_check_ms > 3_600_000 {
+            return Err(ProducerError::Config(
+                "budget_check_ms must be within 100..=3600000".into(),
             ));
         }
         if config.buffer_events == 0 || config.buffer_events > 50_000_000 {
@@ -373,6 +404,7 @@ impl Producer {
             deriver,
             gate,
             rpc,
+            rule_host: None,
             sensors,
         })
     }
@@ -456,6 +488,7 @@ impl Producer {
             deriver,
             gate,
             rpc,
+            rule_host,
             sensors,
         } = self;
         let bound = listener.local_addr()?;
@@ -466,20 +499,56 @@ impl Producer {
             .unwrap_or_else(|| gma_core::addr::advertised(bound));
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
-        let mut sensor_tasks = Vec::new();
+        let control = control::Control::new(
+            hub.clone(),
+            config.source.clone().unwrap_or_default(),
+            Duration::from_millis(config.period_ms),
+            config.state_dir.clone(),
+            config.cpu_budget_pct,
+        )?;
+        let sensor_tasks = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let spawner: control::Spawner = {
+            let (hub, counters, stop_rx, tasks) = (
+                hub.clone(),
+                counters.clone(),
+                stop_rx.clone(),
+                sensor_tasks.clone(),
+            );
+            Arc::new(move |sensor, slot, setting| {
+                let task = tokio::spawn(sensor_loop(
+                    sensor,
+                    slot,
+                    setting,
+                    hub.clone(),
+                    counters.clone(),
+                    stop_rx.clone(),
+                ));
+                tasks.lock().push(task);
+            })
+        };
         for sensor in sensors {
             let period = config
                 .sensor_period_ms
                 .get(sensor.name())
                 .map(|ms| Duration::from_millis(*ms))
                 .unwrap_or_else(|| sensor.period());
-            sensor_tasks.push(tokio::spawn(sensor_loop(
-                sensor,
-                period,
-                hub.clone(),
-                counters.clone(),
+            let (slot, setting) = control.register(sensor.name(), period);
+            spawner(sensor, slot, setting);
+        }
+        hub.add_schemas(&gma_sensors::process::process_schemas())
+            .map_err(|e| ProducerError::Config(format!("proc.event: {e}")))?;
+        control.set_spawner(spawner);
+        control.start_persisted_watches();
+        if let Some(host) = rule_host {
+            control.set_rule_host(host);
+        }
+        if let Some(b) = config.cpu_budget_pct {
+            tokio::spawn(budget::run(
+                control.clone(),
+                b,
+                Duration::from_millis(config.budget_check_ms),
                 stop_rx.clone(),
-            )));
+            ));
         }
         tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
         if config.endpoint.rpc_events_ms() > 0 {
@@ -558,7 +627,8 @@ impl Producer {
             let _ = stopping.send(true);
             let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
             // A sensor in the middle of a sample publishes it before it stops.
-            for t in sensor_tasks {
+            let tasks = std::mem::take(&mut *sensor_tasks.lock());
+            for t in tasks {
                 let _ = tokio::time::timeout_at(deadline, t).await;
             }
             registry.drain();
@@ -577,6 +647,13 @@ impl Producer {
             .add_service(
                 pb::ingest_server::IngestServer::new(service::IngestService {
                     hub: hub.clone(),
+                    gate: gate.clone(),
+                })
+                .max_decoding_message_size(max),
+            )
+            .add_service(
+                pb::control_server::ControlServer::new(control::ControlService {
+                    control,
                     gate: gate.clone(),
                 })
                 .max_decoding_message_size(max),
@@ -636,20 +713,39 @@ pub async fn run(
 
 async fn sensor_loop(
     mut sensor: Box<dyn Sensor>,
-    period: Duration,
+    slot: Arc<control::Slot>,
+    mut setting: watch::Receiver<control::Setting>,
     hub: Arc<Hub>,
     counters: Arc<AgentCounters>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(period);
+    let mut cur = *setting.borrow_and_update();
+    let mut tick = tokio::time::interval(cur.period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = Vec::new();
     let mut errors: u64 = 0;
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tick.tick(), if cur.enabled => {}
+            changed = setting.changed() => {
+                // The sender is gone: the control removed this sensor (a runtime watch).
+                if changed.is_err() {
+                    return;
+                }
+                let next = *setting.borrow_and_update();
+                if next.period != cur.period {
+                    // The new period counts from now: the next sample is at most one new
+                    // period away.
+                    let start = tokio::time::Instant::now() + next.period;
+                    tick = tokio::time::interval_at(start, next.period);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                }
+                cur = next;
+                continue;
+            }
             _ = stop.changed() => return,
         }
+        let began = std::time::Instant::now();
         buf.clear();
         let sampled = if sensor.blocking() {
             // It runs host commands (each bounded by its timeout): off the async workers.
@@ -672,6 +768,7 @@ async fn sensor_loop(
         } else {
             sensor.sample(now_ns(), &mut buf)
         };
+        slot.record(began.elapsed());
         match sampled {
             Ok(()) => {
                 let values: usize = buf.iter().map(|e| e.numbers.len() + e.strings.len()).sum();

@@ -40,7 +40,8 @@ use crate::subscription::{
 
 /// The doors of a producer (and of every role built on one: relay, monitor, rescheduler,
 /// netprobe, simres, federation endpoint, the companions of the directory and archiver):
-/// `Producer`, `Ingest` and `Simulator` (docs/security.md, Producers).
+/// `Producer`, `Ingest`, `Simulator` and `Control` (docs/security.md, Producers;
+/// docs/control.md).
 pub const DOORS: &[Door] = &[
     Door::policy(
         "/gma.v1.Producer/Query",
@@ -73,6 +74,41 @@ pub const DOORS: &[Door] = &[
         "/gma.v1.Simulator/Set",
         &[Action::Admin],
         "PERMISSION_DENIED: sim.set needs an allow admin grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/ListSensors",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/SetPeriod",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/SetEnabled",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/Watch",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/Unwatch",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/AddRule",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
+    ),
+    Door::policy(
+        "/gma.v1.Control/RemoveRule",
+        &[Action::ProducerControl],
+        "PERMISSION_DENIED: control needs an allow producer.control grant",
     ),
 ];
 

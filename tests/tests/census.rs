@@ -355,6 +355,7 @@ fn now_s() -> i64 {
 
 /// The knocks on the doors of the producer service at `target` (every role built on one).
 fn producer_knocks(target: &str, hosts_raw: bool) -> Vec<Knock> {
+    use pb::control_client::ControlClient;
     use pb::ingest_client::IngestClient;
     use pb::producer_client::ProducerClient;
     use pb::simulator_client::SimulatorClient;
@@ -487,6 +488,104 @@ fn producer_knocks(target: &str, hosts_raw: bool) -> Vec<Knock> {
                     host: "h1".into(),
                     values: [("queue_waiting".to_string(), 0.0)].into(),
                 },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/ListSensors",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                list_sensors,
+                pb::ListSensorsRequest {},
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/SetPeriod",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                set_period,
+                pb::SetPeriodRequest {
+                    sensor: "sim".into(),
+                    period_ms: 1000,
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/SetEnabled",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                set_enabled,
+                pb::SetEnabledRequest {
+                    sensor: "sim".into(),
+                    enabled: true,
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/Watch",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                watch,
+                pb::ProcessWatchRequest {
+                    name: "census".into(),
+                    comm: "census".into(),
+                    ..Default::default()
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/Unwatch",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                unwatch,
+                pb::RemoveWatchRequest {
+                    name: "census".into()
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/AddRule",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                add_rule,
+                pb::AddRuleRequest {
+                    toml: "[[rule]]\nname = \"census\"\nevents = [\"x\"]\nwhen = 'a > 1'\ncommand = [\"true\"]\n".into(),
+                },
+                none
+            ),
+        ),
+        k(
+            "/gma.v1.Control/RemoveRule",
+            "",
+            false,
+            grpc!(
+                unary,
+                ControlClient<Channel>,
+                remove_rule,
+                pb::RemoveRuleRequest { name: "census".into() },
                 none
             ),
         ),
@@ -1935,13 +2034,13 @@ fn fds_rpcs() -> Vec<String> {
 fn every_rpc_and_every_http_route_has_a_door() {
     let rpcs = fds_rpcs();
     let groups = binary_doors();
-    // The descriptor set holds every service: 15 of them, raft included; and the 3 standard
+    // The descriptor set holds every service: 16 of them, raft included; and the 3 standard
     // services of every gRPC listener (health, reflection v1 and v1alpha).
     let services: std::collections::BTreeSet<&str> = rpcs
         .iter()
         .filter_map(|r| r.rsplit_once('/').map(|(s, _)| s))
         .collect();
-    assert_eq!(services.len(), 18, "{services:?}");
+    assert_eq!(services.len(), 19, "{services:?}");
     let problems = static_problems(&rpcs, &groups);
     assert!(
         problems.is_empty(),

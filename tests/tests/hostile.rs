@@ -658,6 +658,8 @@ async fn malformed_protobufs(dir: &str, prod: &str, f: &mut Findings) {
             "/gma.v1.Simulator/Set",
             [ld(1, b"hostA"), ld(2, &ld(1, bad[3]))].concat(),
         ),
+        (&p, "/gma.v1.Control/SetPeriod", ld(1, bad[0])),
+        (&p, "/gma.v1.Control/Watch", ld(1, bad[2])),
     ];
     for (ch, path, bytes) in utf8 {
         let r = call_raw(ch, path, bytes).await;

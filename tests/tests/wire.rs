@@ -247,7 +247,12 @@ print(json.dumps(out))
 "#;
 
 /// The services of a producer, which every role built on one serves too.
-const PRODUCER: [&str; 3] = ["gma.v1.Producer", "gma.v1.Ingest", "gma.v1.Simulator"];
+const PRODUCER: [&str; 4] = [
+    "gma.v1.Producer",
+    "gma.v1.Ingest",
+    "gma.v1.Simulator",
+    "gma.v1.Control",
+];
 
 #[test]
 fn every_grpc_role_lists_its_services_by_reflection_and_is_serving() {
