@@ -16,6 +16,7 @@ use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
 use tokio::sync::watch;
 
+pub use crate::control::Cost;
 use crate::control::{Control, MAX_PERIOD_MS};
 
 pub const GMA_BUDGET: &str = "gma.budget";
@@ -47,18 +48,6 @@ pub fn budget_schema() -> pb::EventSchema {
             ),
         ],
     )
-}
-
-/// One sensor over the last check.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Cost {
-    pub name: String,
-    /// Its samples' wall time over the check, percent of the check.
-    pub cost_pct: f64,
-    pub period_ms: u64,
-    /// The period it had before the budget slowed it (none: not slowed).
-    pub base_ms: Option<u64>,
-    pub enabled: bool,
 }
 
 /// A period change the budget asks for.

@@ -260,6 +260,18 @@ pub struct Control {
     rule_host: Mutex<Option<Arc<dyn RuleHost>>>,
 }
 
+/// One sensor over the last budget check (what [`Control::costs`] measures).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cost {
+    pub name: String,
+    /// Its samples' wall time over the check, percent of the check.
+    pub cost_pct: f64,
+    pub period_ms: u64,
+    /// The period it had before the budget slowed it (none: not slowed).
+    pub base_ms: Option<u64>,
+    pub enabled: bool,
+}
+
 impl Control {
     /// The control of a producer whose source is `source`, with the state read from `state_dir`
     /// (none: changes are kept until the producer stops).
@@ -277,7 +289,7 @@ impl Control {
         for (name, ms) in &state.periods {
             check_period(*ms).map_err(|e| Error::Config(format!("state file, sensor {name:?}: {e}")))?;
         }
-        hub.add_schemas(&[audit_schema(), crate::budget::budget_schema()])
+        hub.add_schemas(&[audit_schema()])
             .map_err(|e| Error::Config(format!("gma.audit: {e}")))?;
         Ok(Arc::new(Control {
             slots: Mutex::new(BTreeMap::new()),
@@ -422,11 +434,7 @@ impl Control {
 
     /// Each sensor's sampling since the last call (`prev` keeps the totals), as a share of
     /// `wall_s` seconds, with its period and whether the budget slowed it.
-    pub fn costs(
-        &self,
-        prev: &mut std::collections::HashMap<String, u64>,
-        wall_s: f64,
-    ) -> Vec<crate::budget::Cost> {
+    pub fn costs(&self, prev: &mut std::collections::HashMap<String, u64>, wall_s: f64) -> Vec<Cost> {
         let slowed = self.slowed.lock().clone();
         let slots: Vec<Arc<Slot>> = self.slots.lock().values().cloned().collect();
         prev.retain(|k, _| slots.iter().any(|s| &s.name == k));
@@ -436,7 +444,7 @@ impl Control {
                 let total = s.sample_ns.load(Ordering::Relaxed);
                 let before = prev.insert(s.name.clone(), total).unwrap_or(total);
                 let set = s.setting();
-                crate::budget::Cost {
+                Cost {
                     name: s.name.clone(),
                     cost_pct: total.saturating_sub(before) as f64 / 1e9 / wall_s.max(1e-3) * 100.0,
                     period_ms: set.period.as_millis() as u64,

@@ -506,6 +506,8 @@ impl Producer {
             config.state_dir.clone(),
             config.cpu_budget_pct,
         )?;
+        hub.add_schemas(&[budget::budget_schema()])
+            .map_err(|e| ProducerError::Config(format!("gma.budget: {e}")))?;
         let sensor_tasks = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let spawner: control::Spawner = {
             let (hub, counters, stop_rx, tasks) = (
