@@ -71,6 +71,10 @@ pub enum BenchScenario {
     Slurm {
         #[arg(long, default_value_t = 50)]
         jobs: usize,
+        /// Pause before each submission (both paths), to which a phase spread evenly over one
+        /// second is added (the same phases in both paths).
+        #[arg(long, default_value_t = 1000)]
+        gap_ms: u64,
         /// The slurm.conf of an existing cluster to use instead of starting one.
         #[arg(long)]
         slurm_conf: Option<std::path::PathBuf>,

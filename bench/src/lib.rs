@@ -53,9 +53,10 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchScenario::Resched { trials, output } => crate::resched::run(trials, output).await,
         BenchScenario::Slurm {
             jobs,
+            gap_ms,
             slurm_conf,
             output,
-        } => crate::slurm::run(jobs, slurm_conf, output).await,
+        } => crate::slurm::run(jobs, gap_ms, slurm_conf, output).await,
         BenchScenario::Archive {
             samples,
             duration,

@@ -7,8 +7,12 @@
 //! broker (a directory, the Slurm adapter and the broker, each a `gma` process: rank, reserve,
 //! `sbatch --reservation`, follow to the end). Submit time is the wall clock just before the
 //! `sbatch` call or the `RunJob` call; start time is the job's own timestamp (Slurm's
-//! SubmitTime/StartTime have 1 s resolution). Each job ends before the next is submitted, so
-//! every job finds the cluster idle. Slurm's scheduler parameters set how soon it looks at a
+//! SubmitTime/StartTime have 1 s resolution). Each job ends before the next is submitted, and
+//! the i-th submission of either path waits `--gap-ms` (default 1 s) plus a phase that spreads
+//! the submissions evenly over one second (the same phases in both paths): on the throw-away
+//! cluster a job starts at Slurm's next once-a-second pass, so a submission at a fixed phase
+//! of that pass (e.g. the moment the previous job left the queue) would measure the phase, not
+//! the path. Slurm's scheduler parameters set how soon it looks at a
 //! new job, so the report states them (`scontrol show config`).
 
 use std::path::{Path, PathBuf};
@@ -264,10 +268,24 @@ async fn fabric(
     Ok((vec![dir, adapter, broker], addr))
 }
 
-pub async fn run(jobs: usize, slurm_conf: Option<PathBuf>, output: Output) -> anyhow::Result<()> {
+pub async fn run(
+    jobs: usize,
+    gap_ms: u64,
+    slurm_conf: Option<PathBuf>,
+    output: Output,
+) -> anyhow::Result<()> {
     if jobs == 0 {
         bail!("--jobs must be positive");
     }
+    if gap_ms > 600_000 {
+        bail!("--gap-ms must be at most 600000");
+    }
+    // The i-th submission of either path waits gap + phase(i): the phases spread evenly over a
+    // second (golden-ratio steps), the same in both paths, so neither meets Slurm's
+    // once-a-second pass at a fixed phase.
+    let gap = |i: usize| {
+        Duration::from_millis(gap_ms) + Duration::from_secs_f64((i as f64 * 0.618_033_988_749_895).fract())
+    };
     let target = match slurm_conf {
         Some(conf) => Target { conf, _cluster: None },
         None => {
@@ -293,6 +311,7 @@ pub async fn run(jobs: usize, slurm_conf: Option<PathBuf>, output: Output) -> an
 
     let (mut plain_ids, mut plain) = (Vec::new(), Vec::new());
     for i in 0..jobs {
+        tokio::time::sleep(gap(i)).await;
         let (id, s) = plain_job(&conf, &job_dir, i).await?;
         plain_ids.push(id);
         plain.push(s);
@@ -301,6 +320,7 @@ pub async fn run(jobs: usize, slurm_conf: Option<PathBuf>, output: Output) -> an
     let mut client = pb::broker_client::BrokerClient::new(gma_consumer::connect(&baddr).await?);
     let (mut broker_ids, mut broker) = (Vec::new(), Vec::new());
     for i in 0..jobs {
+        tokio::time::sleep(gap(i)).await;
         let (id, s) = broker_job(&mut client, &job_dir, i).await?;
         broker_ids.push(id);
         broker.push(s);
@@ -310,6 +330,7 @@ pub async fn run(jobs: usize, slurm_conf: Option<PathBuf>, output: Output) -> an
     let v = serde_json::json!({
         "scenario": "slurm",
         "jobs": jobs,
+        "gap_ms": gap_ms,
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
         "cluster": if target._cluster.is_some() { "throw-away (started by the bench)" } else { "existing (--slurm-conf)" },
         "scheduler_type": sched_type,
@@ -324,7 +345,7 @@ pub async fn run(jobs: usize, slurm_conf: Option<PathBuf>, output: Output) -> an
         Output::Json => crate::report::emit(v),
         Output::Table => {
             println!(
-                "submit -> job start, {jobs} jobs each way, one after the other ({} build; {sched_type}, SchedulerParameters={sched_params})",
+                "submit -> job start, {jobs} jobs each way, one after the other, {gap_ms} ms + a phase spread over 1 s before each submission ({} build; {sched_type}, SchedulerParameters={sched_params})",
                 v["build"].as_str().unwrap_or("")
             );
             println!(

@@ -246,8 +246,9 @@ fn slurm() {
         return;
     };
     let conf = cluster.conf.to_str().unwrap().to_string();
-    let o = &bench(&["slurm", "--jobs", "3", "--slurm-conf", &conf])[0];
+    let o = &bench(&["slurm", "--jobs", "3", "--gap-ms", "100", "--slurm-conf", &conf])[0];
     assert_eq!(o["jobs"].as_u64(), Some(3), "{o}");
+    assert_eq!(o["gap_ms"].as_u64(), Some(100), "{o}");
     assert!(
         o["scheduler_parameters"]
             .as_str()
