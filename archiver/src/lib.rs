@@ -7,6 +7,8 @@
 //!   write-ahead log with group commit (both gma-durable logs), resume points, queries with
 //!   in-scan downsampling, retention, stats.
 //! - [`keep`]: the keep-policy (every abnormal event, a sampling of normal ones).
+//! - [`promlabels`]: an archived series' Prometheus metric name and labels (PromQL API, remote
+//!   write).
 //! - [`provenance`]: optionally, each event's producer run and seq stored with it.
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
@@ -22,6 +24,7 @@ use parking_lot::Mutex;
 pub mod chunk;
 pub mod error;
 pub mod keep;
+pub mod promlabels;
 pub mod provenance;
 pub mod server;
 pub mod service;
