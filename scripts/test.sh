@@ -4,7 +4,8 @@
 # protoc-bin-vendored crate; the browser test's Chromium is Debian's `chromium` package and the
 # namespace tests' `ip` and `tc` come from `iproute2`, and the Python client test's python3 and
 # venv from `python3`/`python3-venv`, and the Slurm tests' batch system from `slurmctld`,
-# `slurmd`, `slurm-client` and `munge`, and the SNMP tests' agent from `snmpd` and `snmp`, installed here when missing (idempotent, quiet).
+# `slurmd`, `slurm-client` and `munge`, and the SNMP tests' agent from `snmpd` and `snmp`, and the Prometheus tests' server and promtool
+# from `prometheus`, installed here when missing (idempotent, quiet).
 # Under CI=true a test whose capability is missing fails with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,21 @@ if ! command -v snmpd >/dev/null 2>&1 || ! command -v snmpset >/dev/null 2>&1; t
     apt_install snmpd snmp
     if command -v systemctl >/dev/null 2>&1; then
         $SUDO systemctl disable snmpd >/dev/null 2>&1 || true
+    fi
+fi
+
+# The Prometheus tests (PromQL over the archive with promtool; remote write into a real
+# prometheus started under a temp dir on 127.0.0.1) use Debian's `prometheus` package
+# (prometheus + promtool). Same rule: no daemon started system-wide.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    echo "== installing prometheus (Debian package: prometheus, promtool) for the Prometheus tests"
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+        $SUDO chmod +x /usr/sbin/policy-rc.d
+    fi
+    apt_install prometheus
+    if command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl disable prometheus >/dev/null 2>&1 || true
     fi
 fi
 
