@@ -9,6 +9,8 @@
 //! - [`keep`]: the keep-policy (every abnormal event, a sampling of normal ones).
 //! - [`promlabels`]: an archived series' Prometheus metric name and labels (PromQL API, remote
 //!   write).
+//! - [`remote_write`]: forwarding what is archived to a Prometheus-compatible store (remote
+//!   write 1.0), with its own durable resume point.
 //! - [`provenance`]: optionally, each event's producer run and seq stored with it.
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
@@ -26,6 +28,7 @@ pub mod error;
 pub mod keep;
 pub mod promlabels;
 pub mod provenance;
+pub mod remote_write;
 pub mod server;
 pub mod service;
 pub mod store;

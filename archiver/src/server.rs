@@ -95,6 +95,9 @@ pub struct ArchiverConfig {
     /// the setting it was created with.
     pub provenance: bool,
     pub store: StoreTuning,
+    /// `[remote_write]`: forward what is archived to a Prometheus-compatible store
+    /// ([`crate::remote_write`], docs/remote-write.md).
+    pub remote_write: Option<crate::remote_write::RemoteWriteConfig>,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -120,6 +123,7 @@ impl Default for ArchiverConfig {
             keep: Vec::new(),
             provenance: false,
             store: StoreTuning::default(),
+            remote_write: None,
             endpoint: Default::default(),
         }
     }
@@ -133,6 +137,7 @@ struct Checked {
     keeper: Keeper,
     gate: Gate,
     store: StoreOptions,
+    remote_write: Option<crate::remote_write::Settings>,
 }
 
 impl ArchiverConfig {
@@ -165,6 +170,12 @@ impl ArchiverConfig {
             ));
         }
         let keeper = Keeper::new(&self.keep)?;
+        let remote_write = self
+            .remote_write
+            .as_ref()
+            .map(|r| r.check())
+            .transpose()
+            .map_err(bad)?;
         self.endpoint.validate().map_err(|e| bad(e.to_string()))?;
         let policy = load_policy(self.endpoint.access_policy.as_ref()).map_err(|e| bad(e.to_string()))?;
         Ok(Checked {
@@ -177,6 +188,7 @@ impl ArchiverConfig {
                 checkpoint_interval: Duration::from_secs(self.store.checkpoint_interval_s),
                 ..StoreOptions::default()
             },
+            remote_write,
         })
     }
 
@@ -247,6 +259,7 @@ pub async fn run_with_rpc(
         keeper,
         gate,
         store: store_opts,
+        remote_write,
     } = config.check()?;
     let bound = listener.local_addr()?;
     let tls = config
@@ -275,6 +288,24 @@ pub async fn run_with_rpc(
     );
     let counters = Arc::new(Counters::default());
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Held by ingest from a group's appends until they are durable (remote write lists the
+    // series under it, so it never sends what a crash could take back).
+    let durable_gate = Arc::new(tokio::sync::Mutex::new(()));
+    let forwarder = match remote_write {
+        Some(settings) => Some(
+            crate::remote_write::spawn(
+                crate::remote_write::Forwarder {
+                    settings,
+                    store: store.clone(),
+                    gate: durable_gate.clone(),
+                    data_dir: config.data_dir.clone(),
+                },
+                stop_rx.clone(),
+            )
+            .map_err(ArchiverError::Config)?,
+        ),
+        None => None,
+    };
 
     let ingest = config.directory.clone().map(|directory| {
         let sub = Subscriber::start(
@@ -306,6 +337,7 @@ pub async fn run_with_rpc(
             keeper,
             config.provenance.then(Stamper::default),
             counters.clone(),
+            durable_gate.clone(),
             stop_rx.clone(),
         ))
     });
@@ -359,7 +391,7 @@ pub async fn run_with_rpc(
     if let Some(t) = ingest {
         let _ = t.await;
     }
-    for t in [registrar, retention_task].into_iter().flatten() {
+    for t in [registrar, retention_task, forwarder].into_iter().flatten() {
         let _ = t.await;
     }
     // Everything received is made durable and the log folded into chunks.
@@ -377,6 +409,7 @@ async fn ingest_loop(
     mut keeper: Keeper,
     mut stamper: Option<Stamper>,
     counters: Arc<Counters>,
+    durable_gate: Arc<tokio::sync::Mutex<()>>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -392,6 +425,7 @@ async fn ingest_loop(
                 _ => break,
             }
         }
+        let durable = durable_gate.lock().await;
         let mut samples = 0u64;
         let mut failed = false;
         for d in group {
@@ -456,6 +490,7 @@ async fn ingest_loop(
             tracing::error!(error = %e, "cannot flush the store; stopping ingest");
             return;
         }
+        drop(durable);
         counters.ingested(samples);
         metrics::counter!(crate::telemetry::SAMPLES).increment(samples);
         if store.needs_checkpoint() {

@@ -15,4 +15,19 @@ gma_core::metric_names! {
     /// ... and events whose stream it had to resolve (the first of each series in a batch).
     counter SERIES_CACHE_MISSES = "gma_archiver_series_cache_misses_total",
         "appended events whose stream had to be resolved (first of its series in a batch)";
+    // ---- remote write (crate::remote_write) ----
+    counter RW_SENT = "gma_archiver_remote_write_samples_sent_total",
+        "samples the remote-write receiver acknowledged (2xx)";
+    counter RW_FAILED = "gma_archiver_remote_write_samples_failed_total",
+        "samples dropped because the receiver refused their request (4xx other than 429)";
+    counter RW_RESEND_REFUSED = "gma_archiver_remote_write_resend_refused_total",
+        "samples of a request re-sent after a restart that the receiver refused (it had most likely stored them already)";
+    counter RW_SKIPPED = "gma_archiver_remote_write_samples_skipped_total",
+        "samples never sent: older than remote_write.max_backlog, or a second value in one millisecond";
+    counter RW_RETRIES = "gma_archiver_remote_write_retries_total",
+        "attempts that failed with 5xx, 429, a connection error or a timeout (the request is sent again)";
+    gauge RW_PENDING = "gma_archiver_remote_write_samples_pending",
+        "samples archived and not yet acknowledged by the receiver (recounted at most every 5 s while behind)";
+    gauge RW_LAST_ACK = "gma_archiver_remote_write_last_ack_timestamp_seconds",
+        "timestamp of the newest sample the receiver acknowledged";
 }

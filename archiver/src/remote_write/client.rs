@@ -1,0 +1,140 @@
+//! The HTTP/1.1 POST of one remote-write request, on one kept-alive connection (hyper's client
+//! connection; reconnected after any failure). Plain `http://` only.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::{Request, StatusCode, Uri};
+use hyper_util::rt::TokioIo;
+
+/// How much of an error response's body is kept for the log.
+const ERROR_BODY_BYTES: usize = 1024;
+
+/// The answer to one attempt.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    /// 2xx.
+    Acked,
+    /// 5xx, 429, a connection failure or a timeout: the same request is tried again.
+    Retry(String),
+    /// Any other status: the remote refuses the request; retrying cannot help.
+    Refused(StatusCode, String),
+}
+
+/// A remote-write endpoint.
+pub struct Client {
+    uri: Uri,
+    /// `host:port` to connect to.
+    authority: String,
+    headers: HeaderMap,
+    timeout: Duration,
+    conn: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Client {
+    /// `headers` are added to every request (after the protocol's own).
+    pub fn new(uri: Uri, headers: HeaderMap, timeout: Duration) -> Result<Client, String> {
+        if uri.scheme_str() != Some("http") {
+            return Err(format!(
+                "remote_write.url {uri}: only http:// is supported (for https, put a TLS-terminating proxy on loopback in front)"
+            ));
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("remote_write.url {uri}: no host"))?;
+        let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+        let mut all = HeaderMap::new();
+        for (k, v) in [
+            ("content-encoding", "snappy"),
+            ("content-type", "application/x-protobuf"),
+            ("x-prometheus-remote-write-version", "0.1.0"),
+            ("user-agent", crate::remote_write::USER_AGENT),
+        ] {
+            all.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        if let Some(a) = uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                all.insert(hyper::header::HOST, v);
+            }
+        }
+        all.extend(headers);
+        Ok(Client {
+            uri,
+            authority,
+            headers: all,
+            timeout,
+            conn: None,
+        })
+    }
+
+    /// Sends `body` once (within the timeout).
+    pub async fn post(&mut self, body: Bytes) -> Outcome {
+        match tokio::time::timeout(self.timeout, self.attempt(body)).await {
+            Ok(Ok((status, _))) if status.is_success() => Outcome::Acked,
+            Ok(Ok((status, text))) => {
+                if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+                    Outcome::Retry(format!("{status}: {text}"))
+                } else {
+                    Outcome::Refused(status, text)
+                }
+            }
+            Ok(Err(e)) => {
+                self.conn = None;
+                Outcome::Retry(e)
+            }
+            Err(_) => {
+                self.conn = None;
+                Outcome::Retry(format!("no answer within {:?}", self.timeout))
+            }
+        }
+    }
+
+    async fn attempt(&mut self, body: Bytes) -> Result<(StatusCode, String), String> {
+        let mut conn = match self.conn.take() {
+            Some(c) if !c.is_closed() => c,
+            _ => self.connect().await?,
+        };
+        conn.ready().await.map_err(|e| format!("connection: {e}"))?;
+        let target = self.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut req = Request::post(target)
+            .body(Full::new(body))
+            .map_err(|e| format!("request: {e}"))?;
+        *req.headers_mut() = self.headers.clone();
+        let resp = conn.send_request(req).await.map_err(|e| format!("send: {e}"))?;
+        let status = resp.status();
+        // The body is read (up to a bound) so the connection can carry the next request.
+        let text = match Limited::new(resp.into_body(), 64 * 1024).collect().await {
+            Ok(b) => {
+                let b = b.to_bytes();
+                String::from_utf8_lossy(&b[..b.len().min(ERROR_BODY_BYTES)])
+                    .trim()
+                    .to_string()
+            }
+            Err(e) => {
+                // The connection is in an unknown state: not reused.
+                return Ok((status, format!("(unreadable body: {e})")));
+            }
+        };
+        self.conn = Some(conn);
+        Ok((status, text))
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+        let tcp = tokio::net::TcpStream::connect(&self.authority)
+            .await
+            .map_err(|e| format!("connect {}: {e}", self.authority))?;
+        let _ = tcp.set_nodelay(true);
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("handshake with {}: {e}", self.authority))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "remote write connection closed");
+            }
+        });
+        Ok(send)
+    }
+}
