@@ -1,0 +1,287 @@
+//! Remote write from the archiver into a real Prometheus (docs/remote-write.md): a simulated
+//! host's `host.load` goes producer → archiver → Prometheus' remote-write receiver, and
+//! Prometheus' own query API returns exactly what `gma archive query` returns (values and
+//! millisecond timestamps, every numeric field), across a kill -9 of the archiver mid-stream
+//! (no gap, the resume point moves on) and across a Prometheus outage (samples wait in the
+//! archive and are delivered once it is back).
+
+#![allow(clippy::unwrap_used)]
+
+use gma_tests as common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::prometheus::{prometheus_or_skip, Prometheus};
+use common::*;
+
+const HOST: &str = "h00";
+
+fn config(tmp: &Path, url: &str) -> std::path::PathBuf {
+    let path = tmp.join("archiver.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "patterns = [\"host.load\"]\n\
+             [remote_write]\nurl = \"{url}\"\nbatch_samples = 200\ninterval_ms = 50\n\
+             min_backoff_ms = 50\nmax_backoff_ms = 400\ntimeout_ms = 2000\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn archiver(dir: &Proc, data: &Path, config: &Path) -> Proc {
+    Proc::start(
+        &[
+            "archiver",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            &dir.addr,
+            "--data",
+            data.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        "gma archiver listening on",
+    )
+}
+
+/// The resume point per field of `host.load` from `HOST`: the last millisecond Prometheus
+/// acknowledged (from the archiver's resume state, DATA/remote_write.json).
+fn acked(data: &Path) -> BTreeMap<String, i64> {
+    let Ok(text) = std::fs::read_to_string(data.join("remote_write.json")) else {
+        return BTreeMap::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["acked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["event"] == "host.load" && a["source"] == HOST)
+        .map(|a| {
+            (
+                a["field"].as_str().unwrap().to_string(),
+                a["ms"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn load1_acked(data: &Path) -> i64 {
+    acked(data).get("load1").copied().unwrap_or(i64::MIN)
+}
+
+/// What `gma archive query` returns for `host.load` from `HOST`, per field: (timestamp ns,
+/// value text). CSV output: its numbers are Rust's shortest round-trip form, parsed back
+/// exactly (serde_json's default float parsing may be one ulp off); NaN prints empty.
+fn archived(arch: &str) -> BTreeMap<String, Vec<(i64, String)>> {
+    let run = gma(
+        &[
+            "archive",
+            "query",
+            "host.load",
+            "--source",
+            HOST,
+            "--from",
+            "-1h",
+            "--output",
+            "csv",
+            "--archiver",
+            arch,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let mut out: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
+    for l in run.stdout.lines().skip(1).filter(|l| !l.is_empty()) {
+        let cols: Vec<&str> = l.splitn(5, ',').collect();
+        assert_eq!(cols.len(), 5, "{l}");
+        out.entry(cols[2].to_string())
+            .or_default()
+            .push((cols[3].parse().unwrap(), cols[4].to_string()));
+    }
+    out
+}
+
+/// A numeric value as text, NaN as "NaN" (the archive's CSV prints it empty).
+fn text(v: &str) -> String {
+    match v.parse::<f64>() {
+        Ok(x) if !x.is_nan() => x.to_string(),
+        Ok(_) => "NaN".into(),
+        Err(_) if v.is_empty() => "NaN".into(),
+        Err(e) => panic!("not a number: {v:?}: {e}"),
+    }
+}
+
+/// For every numeric field with a resume point: Prometheus holds exactly the archived samples
+/// up to it (in milliseconds; the first of each millisecond). Returns the samples compared.
+fn same_in_prometheus(prom: &Prometheus, arch: &str, data: &Path) -> usize {
+    // The resume point first: everything up to it was archived before it was sent.
+    let resume = acked(data);
+    assert!(!resume.is_empty(), "nothing acknowledged yet");
+    let archive = archived(arch);
+    let mut compared = 0;
+    for (field, upto) in &resume {
+        let mut want: Vec<(i64, String)> = Vec::new();
+        for (ns, v) in archive
+            .get(field)
+            .unwrap_or_else(|| panic!("field {field} not archived"))
+        {
+            let ms = ns.div_euclid(1_000_000);
+            if ms <= *upto && want.last().is_none_or(|l| l.0 < ms) {
+                want.push((ms, text(v)));
+            }
+        }
+        assert!(!want.is_empty(), "field {field}: nothing archived up to {upto}");
+        let from = want[0].0;
+        let selector =
+            format!("host_load_{field}{{source=\"{HOST}\",event=\"host.load\",field=\"{field}\"}}");
+        let got: Vec<(i64, String)> = prom
+            .raw_samples(&selector, from, *upto)
+            .unwrap()
+            .into_iter()
+            .map(|(t, v)| (t, text(&v.to_string())))
+            .collect();
+        if got != want {
+            let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
+            panic!(
+                "field {field}: Prometheus holds {} samples, the archive {} (range {from}..={upto}); first difference at {first_diff:?}: got {:?} want {:?}",
+                got.len(),
+                want.len(),
+                first_diff.map(|i| &got[i]),
+                first_diff.map(|i| &want[i]),
+            );
+        }
+        compared += want.len();
+    }
+    compared
+}
+
+/// The value of `name` (summed over its label sets) in the archiver's /metrics.
+fn metric(addr: &str, name: &str) -> f64 {
+    let (status, body) = http_get(addr, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(k, _)| *k == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
+        .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn prometheus_returns_what_the_archive_holds_across_an_archiver_kill() {
+    let Some(prom) = prometheus_or_skip("remote write: archiver kill") else {
+        return;
+    };
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let sim = sim_file(tmp.path(), "h", 1, 20);
+    let _prod = Proc::simulated(&dir.addr, &sim, &[]);
+    let data = tmp.path().join("arch");
+    let cfg = config(tmp.path(), &prom.write_url());
+    let mut arch = archiver(&dir, &data, &cfg);
+    let delivered = |n: i64| {
+        move |data: &Path| {
+            let a = acked(data);
+            a.len() >= 2 && a.values().all(|&ms| ms > n)
+        }
+    };
+    let start = gma_core::time::now_ns() / 1_000_000;
+    assert!(
+        wait_until(Duration::from_secs(60), || delivered(start + 1000)(&data)),
+        "nothing acknowledged by Prometheus; archiver: {}\nprometheus: {}",
+        arch.stderr_text(),
+        prom.log()
+    );
+    // kill -9 while the producer keeps publishing every 20 ms and the forwarder sends.
+    arch.kill();
+    let before = load1_acked(&data);
+    let arch = archiver(&dir, &data, &cfg);
+    assert!(
+        wait_until(Duration::from_secs(60), || delivered(before + 2000)(&data)),
+        "the resume point did not move on after the restart (was {before}); archiver: {}",
+        arch.stderr_text()
+    );
+    let after = load1_acked(&data);
+    assert!(after > before + 2000, "resume point {before} -> {after}");
+    let n = same_in_prometheus(&prom, &arch.addr, &data);
+    // Samples from both sides of the kill were compared (20 ms apart, > 2 s after it).
+    assert!(n > 2 * 100, "only {n} samples compared");
+    let metrics = printed_addr(&arch, "archiver", "metrics");
+    assert!(metric(&metrics, "gma_archiver_remote_write_samples_sent_total") > 0.0);
+    assert_eq!(
+        metric(&metrics, "gma_archiver_remote_write_samples_failed_total"),
+        0.0
+    );
+    assert!(
+        metric(&metrics, "gma_archiver_remote_write_last_ack_timestamp_seconds") * 1000.0
+            >= after as f64 - 1.0
+    );
+}
+
+#[test]
+fn samples_wait_while_prometheus_is_down_and_arrive_when_it_is_back() {
+    let Some(mut prom) = prometheus_or_skip("remote write: outage") else {
+        return;
+    };
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let sim = sim_file(tmp.path(), "h", 1, 20);
+    let _prod = Proc::simulated(&dir.addr, &sim, &[]);
+    let data = tmp.path().join("arch");
+    let cfg = config(tmp.path(), &prom.write_url());
+    let arch = archiver(&dir, &data, &cfg);
+    let metrics = printed_addr(&arch, "archiver", "metrics");
+    assert!(
+        wait_until(Duration::from_secs(60), || load1_acked(&data) > i64::MIN),
+        "nothing acknowledged by Prometheus; archiver: {}",
+        arch.stderr_text()
+    );
+    prom.stop();
+    // Attempts fail and are retried; the resume point stays while samples pile up in the
+    // archive.
+    assert!(
+        wait_until(Duration::from_secs(30), || metric(
+            &metrics,
+            "gma_archiver_remote_write_retries_total"
+        ) >= 2.0),
+        "no failed attempt counted; archiver: {}",
+        arch.stderr_text()
+    );
+    let held = load1_acked(&data);
+    let newest_archived = |arch: &str| {
+        archived(arch)
+            .get("load1")
+            .and_then(|v| v.last())
+            .map_or(i64::MIN, |s| s.0 / 1_000_000)
+    };
+    assert!(wait_until(Duration::from_secs(30), || newest_archived(
+        &arch.addr
+    ) > held + 2000));
+    assert_eq!(
+        load1_acked(&data),
+        held,
+        "the resume point moved while Prometheus was down"
+    );
+    assert!(metric(&metrics, "gma_archiver_remote_write_samples_pending") > 0.0);
+    let waiting = newest_archived(&arch.addr);
+    prom.start_again().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || load1_acked(&data) >= waiting),
+        "the backlog was not delivered after Prometheus came back (resume {} < {waiting}); archiver: {}",
+        load1_acked(&data),
+        arch.stderr_text()
+    );
+    let n = same_in_prometheus(&prom, &arch.addr, &data);
+    assert!(n > 100, "only {n} samples compared");
+    assert_eq!(
+        metric(&metrics, "gma_archiver_remote_write_samples_failed_total"),
+        0.0
+    );
+}
