@@ -205,3 +205,121 @@ pub fn pending(store: &Store, candidates: &[Candidate]) -> Result<u64, StoreErro
     }
     Ok(n)
 }
+
+#[cfg(test)]
+mod tests {
+    use gma_core::event::dbl;
+    use gma_core::pattern::Pattern;
+
+    use super::*;
+    use crate::store::testkit::{cpu, ev, opts, rp, series};
+
+    const MS: i64 = NS_PER_MS;
+
+    fn candidates(store: &Store, acked: &[(&str, &str, i64)]) -> Vec<Candidate> {
+        store
+            .series(&Pattern::any(), None)
+            .into_iter()
+            .filter(|s| !s.is_string)
+            .map(|s| Candidate {
+                acked: acked
+                    .iter()
+                    .find(|(src, f, _)| *src == s.source && *f == s.field)
+                    .map(|a| a.2),
+                series: s,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_follow_resume_points_one_sample_per_millisecond_text_fields_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), opts(4)).unwrap();
+        let a = cpu("a");
+        // 10 ms apart, plus a second value inside millisecond 3 (not sent: Prometheus holds
+        // one value per millisecond) and an out-of-order one at 5.5 ms.
+        let mut events: Vec<_> = (1..=10)
+            .map(|i| ev(&a, i as u64, i * 10 * MS, &[i as f64, -(i as f64)], &["x"]))
+            .collect();
+        events.push(ev(&a, 11, 30 * MS + 400_000, &[99.0, 99.0], &["x"]));
+        events.push(ev(&a, 12, 55 * MS, &[5.5, -5.5], &["x"]));
+        store.append("p", rp(1, 12), &events).unwrap();
+
+        let c = candidates(&store, &[]);
+        assert_eq!(c.len(), 2, "the text field is not a candidate");
+        let built = build(&store, &c, 1000, None).unwrap();
+        assert!(!built.full);
+        assert_eq!(built.repeats, 2, "one repeat per numeric series");
+        let sys = &built.batch.series[0];
+        assert_eq!(sys.key.field, "sys");
+        let times: Vec<i64> = sys.samples.iter().map(|s| s.0).collect();
+        assert_eq!(times, [10, 20, 30, 40, 50, 55, 60, 70, 80, 90, 100]);
+        assert_eq!(
+            sys.samples[2],
+            (30, -3.0),
+            "the first value of a millisecond is sent"
+        );
+
+        // A budget cuts the batch; the next one starts after the resume point.
+        let built = build(&store, &c, 7, None).unwrap();
+        assert!(built.full);
+        assert_eq!(built.batch.samples(), 7);
+        let bounds = built.batch.bounds();
+        assert_eq!(bounds, [(sys.key.clone(), 10, 60)]);
+        assert_eq!(
+            rebuild(&store, &bounds).unwrap(),
+            built.batch,
+            "a rebuild is exact"
+        );
+        let c = candidates(&store, &[("a", "sys", 60)]);
+        let built = build(&store, &c, 7, None).unwrap();
+        let first = &built.batch.series[0];
+        assert_eq!(
+            first.samples.iter().map(|s| s.0).collect::<Vec<_>>(),
+            [70, 80, 90, 100]
+        );
+        assert_eq!(built.batch.series[1].key.field, "user");
+        assert_eq!(built.batch.series[1].samples.len(), 3);
+        assert_eq!(pending(&store, &c).unwrap(), 4 + 11);
+
+        // A floor skips (and counts) what lies before it.
+        let c = candidates(&store, &[("a", "sys", 100)]);
+        let built = build(&store, &c, 1000, Some(45)).unwrap();
+        assert_eq!(built.skipped.len(), 1);
+        assert_eq!(built.skipped[0].1, 44);
+        assert_eq!(
+            built.skipped[0].2, 4,
+            "10, 20, 30, 40 (the repeat in 30 is a repeat)"
+        );
+        let user = &built.batch.series[0];
+        assert_eq!(user.samples.first().map(|s| s.0), Some(50));
+    }
+
+    #[test]
+    fn a_source_with_pattern_characters_reads_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), opts(64)).unwrap();
+        let fields = || vec![dbl("v", "", "")];
+        let star = series("app.m", "h*", 1, fields());
+        let other = series("app.m", "h1", 1, fields());
+        store
+            .append(
+                "p",
+                rp(1, 2),
+                &[ev(&star, 1, MS, &[1.0], &[]), ev(&other, 2, 2 * MS, &[2.0], &[])],
+            )
+            .unwrap();
+        let key = SeriesKey {
+            event: "app.m".into(),
+            source: "h*".into(),
+            field: "v".into(),
+        };
+        let mut got = Vec::new();
+        scan_series(&store, &key, 0, 10, &mut |t, v| {
+            got.push((t, v));
+            true
+        })
+        .unwrap();
+        assert_eq!(got, [(1, 1.0)]);
+    }
+}

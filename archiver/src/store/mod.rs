@@ -107,7 +107,7 @@ mod query;
 mod recover;
 mod retention;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
