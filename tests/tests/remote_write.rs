@@ -285,3 +285,52 @@ fn samples_wait_while_prometheus_is_down_and_arrive_when_it_is_back() {
         0.0
     );
 }
+
+/// A figure, not a check: how fast a backlog drains into Prometheus. 20 simulated hosts
+/// publish `host.load` every 20 ms into the archive while Prometheus is down; the producer
+/// stops, Prometheus starts, and the time until the forwarder has nothing pending gives the
+/// catch-up rate. `cargo nextest run -p gma-tests --test remote_write --run-ignored only
+/// --no-capture` (docs/remote-write.md quotes it with its date and build).
+#[test]
+#[ignore]
+fn catch_up_rate() {
+    let Some(mut prom) = prometheus_or_skip("remote write: catch-up rate") else {
+        return;
+    };
+    prom.stop();
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let sim = sim_file(tmp.path(), "h", 20, 20);
+    let mut prod = Proc::simulated(&dir.addr, &sim, &[]);
+    let data = tmp.path().join("arch");
+    let cfg = tmp.path().join("archiver.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "patterns = [\"host.load\"]\n[remote_write]\nurl = \"{}\"\nmin_backoff_ms = 50\nmax_backoff_ms = 200\n",
+            prom.write_url()
+        ),
+    )
+    .unwrap();
+    let arch = archiver(&dir, &data, &cfg);
+    let metrics = printed_addr(&arch, "archiver", "metrics");
+    assert!(wait_until(Duration::from_secs(120), || metric(&metrics, "gma_archiver_samples_total") >= 300_000.0));
+    prod.kill();
+    let archived_total = metric(&metrics, "gma_archiver_samples_total");
+    let t0 = std::time::Instant::now();
+    prom.start_again().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(600), || metric(&metrics, "gma_archiver_remote_write_samples_pending") == 0.0
+            && metric(&metrics, "gma_archiver_remote_write_samples_sent_total") > 0.0),
+        "not caught up; archiver: {}",
+        arch.stderr_text()
+    );
+    let took = t0.elapsed();
+    let sent = metric(&metrics, "gma_archiver_remote_write_samples_sent_total");
+    println!(
+        "remote write catch-up: {sent} samples (archive held {archived_total} incl. text fields) sent in {took:.2?} = {:.0} samples/s",
+        sent / took.as_secs_f64()
+    );
+    let n = same_in_prometheus(&prom, &arch.addr, &data);
+    println!("checked {n} samples of {HOST} against Prometheus");
+}
