@@ -178,6 +178,22 @@ impl Proc {
         Proc::producer(&args)
     }
 
+    /// `gma archiver --listen 127.0.0.1:0 --directory DIRECTORY --data DATA EXTRA...`, waiting
+    /// for `gma archiver listening on`.
+    pub fn archiver(directory: &str, data: &Path, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "archiver",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            directory,
+            "--data",
+            data.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, "gma archiver listening on")
+    }
+
     /// `gma ROLE --listen 127.0.0.1:0 --directory DIRECTORY --config CONFIG`, waiting for
     /// `gma ROLE listening on` (broker, federation, rescheduler, slurm).
     pub fn role(role: &str, directory: &str, config: &Path) -> Proc {

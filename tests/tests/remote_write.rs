@@ -10,7 +10,7 @@
 use gma_tests as common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::prometheus::{prometheus_or_skip, Prometheus};
@@ -18,38 +18,53 @@ use common::*;
 
 const HOST: &str = "h00";
 
-fn config(tmp: &Path, url: &str) -> std::path::PathBuf {
-    let path = tmp.join("archiver.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "patterns = [\"host.load\"]\n\
-             [remote_write]\nurl = \"{url}\"\nbatch_samples = 200\ninterval_ms = 50\n\
-             min_backoff_ms = 50\nmax_backoff_ms = 400\ntimeout_ms = 2000\n"
-        ),
-    )
-    .unwrap();
-    path
+/// A directory, a producer of `hosts` simulated hosts publishing `host.load` every 20 ms, and
+/// the config of an archiver of `host.load` forwarding to `url` (more `[remote_write]` keys in
+/// `rw`).
+struct Fabric {
+    dir: Proc,
+    prod: Proc,
+    data: PathBuf,
+    cfg: PathBuf,
+    /// Last: removed after the processes are gone.
+    _tmp: tempfile::TempDir,
 }
 
-fn archiver(dir: &Proc, data: &Path, config: &Path) -> Proc {
-    Proc::start(
-        &[
-            "archiver",
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            &dir.addr,
-            "--data",
-            data.to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        "gma archiver listening on",
-    )
+impl Fabric {
+    fn new(url: &str, hosts: usize, rw: &str) -> Fabric {
+        let tmp = tempdir();
+        let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+        let sim = sim_file(tmp.path(), "h", hosts, 20);
+        let prod = Proc::simulated(&dir.addr, &sim, &[]);
+        let cfg = tmp.path().join("archiver.toml");
+        std::fs::write(
+            &cfg,
+            format!("patterns = [\"host.load\"]\n[remote_write]\nurl = \"{url}\"\n{rw}"),
+        )
+        .unwrap();
+        Fabric {
+            data: tmp.path().join("arch"),
+            _tmp: tmp,
+            dir,
+            prod,
+            cfg,
+        }
+    }
+
+    /// Starts the archiver (again: same data), with its /metrics.
+    fn archiver(&self) -> Proc {
+        let cfg = self.cfg.to_str().unwrap();
+        Proc::archiver(
+            &self.dir.addr,
+            &self.data,
+            &["--config", cfg, "--metrics-listen", "127.0.0.1:0"],
+        )
+    }
 }
+
+/// Short batches and backoffs: many requests, quick retries.
+const BRISK: &str =
+    "batch_samples = 200\ninterval_ms = 50\nmin_backoff_ms = 50\nmax_backoff_ms = 400\ntimeout_ms = 2000\n";
 
 /// The resume point per field of `host.load` from `HOST`: the last millisecond Prometheus
 /// acknowledged (from the archiver's resume state, DATA/remote_write.json).
@@ -179,13 +194,9 @@ fn prometheus_returns_what_the_archive_holds_across_an_archiver_kill() {
     let Some(prom) = prometheus_or_skip("remote write: archiver kill") else {
         return;
     };
-    let tmp = tempdir();
-    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-    let sim = sim_file(tmp.path(), "h", 1, 20);
-    let _prod = Proc::simulated(&dir.addr, &sim, &[]);
-    let data = tmp.path().join("arch");
-    let cfg = config(tmp.path(), &prom.write_url());
-    let mut arch = archiver(&dir, &data, &cfg);
+    let f = Fabric::new(&prom.write_url(), 1, BRISK);
+    let data = f.data.clone();
+    let mut arch = f.archiver();
     let delivered = |n: i64| {
         move |data: &Path| {
             let a = acked(data);
@@ -202,7 +213,7 @@ fn prometheus_returns_what_the_archive_holds_across_an_archiver_kill() {
     // kill -9 while the producer keeps publishing every 20 ms and the forwarder sends.
     arch.kill();
     let before = load1_acked(&data);
-    let arch = archiver(&dir, &data, &cfg);
+    let arch = f.archiver();
     assert!(
         wait_until(Duration::from_secs(60), || delivered(before + 2000)(&data)),
         "the resume point did not move on after the restart (was {before}); archiver: {}",
@@ -230,13 +241,9 @@ fn samples_wait_while_prometheus_is_down_and_arrive_when_it_is_back() {
     let Some(mut prom) = prometheus_or_skip("remote write: outage") else {
         return;
     };
-    let tmp = tempdir();
-    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-    let sim = sim_file(tmp.path(), "h", 1, 20);
-    let _prod = Proc::simulated(&dir.addr, &sim, &[]);
-    let data = tmp.path().join("arch");
-    let cfg = config(tmp.path(), &prom.write_url());
-    let arch = archiver(&dir, &data, &cfg);
+    let f = Fabric::new(&prom.write_url(), 1, BRISK);
+    let data = f.data.clone();
+    let arch = f.archiver();
     let metrics = printed_addr(&arch, "archiver", "metrics");
     assert!(
         wait_until(Duration::from_secs(60), || load1_acked(&data) > i64::MIN),
@@ -298,29 +305,27 @@ fn catch_up_rate() {
         return;
     };
     prom.stop();
-    let tmp = tempdir();
-    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-    let sim = sim_file(tmp.path(), "h", 20, 20);
-    let mut prod = Proc::simulated(&dir.addr, &sim, &[]);
-    let data = tmp.path().join("arch");
-    let cfg = tmp.path().join("archiver.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "patterns = [\"host.load\"]\n[remote_write]\nurl = \"{}\"\nmin_backoff_ms = 50\nmax_backoff_ms = 200\n",
-            prom.write_url()
-        ),
-    )
-    .unwrap();
-    let arch = archiver(&dir, &data, &cfg);
+    let mut f = Fabric::new(
+        &prom.write_url(),
+        20,
+        "min_backoff_ms = 50\nmax_backoff_ms = 200\n",
+    );
+    let data = f.data.clone();
+    let arch = f.archiver();
     let metrics = printed_addr(&arch, "archiver", "metrics");
-    assert!(wait_until(Duration::from_secs(120), || metric(&metrics, "gma_archiver_samples_total") >= 300_000.0));
-    prod.kill();
+    assert!(wait_until(Duration::from_secs(120), || metric(
+        &metrics,
+        "gma_archiver_samples_total"
+    ) >= 300_000.0));
+    f.prod.kill();
     let archived_total = metric(&metrics, "gma_archiver_samples_total");
     let t0 = std::time::Instant::now();
     prom.start_again().unwrap();
     assert!(
-        wait_until(Duration::from_secs(600), || metric(&metrics, "gma_archiver_remote_write_samples_pending") == 0.0
+        wait_until(Duration::from_secs(600), || metric(
+            &metrics,
+            "gma_archiver_remote_write_samples_pending"
+        ) == 0.0
             && metric(&metrics, "gma_archiver_remote_write_samples_sent_total") > 0.0),
         "not caught up; archiver: {}",
         arch.stderr_text()
