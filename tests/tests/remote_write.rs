@@ -236,6 +236,88 @@ fn prometheus_returns_what_the_archive_holds_across_an_archiver_kill() {
     );
 }
 
+/// The crash window between the receiver's commit and the archiver's record of the
+/// acknowledgement, made certain: after a kill -9 the resume state is rewritten so that the last
+/// second Prometheus acknowledged is again "in flight". The restarted archiver sends it again,
+/// Prometheus refuses it (it holds those samples: out of order), the refusal is counted as a
+/// re-send, not a failure, and forwarding goes on with nothing lost.
+#[test]
+fn a_request_prometheus_already_stored_is_resent_after_a_crash_and_nothing_is_lost() {
+    let Some(prom) = prometheus_or_skip("remote write: re-sent request") else {
+        return;
+    };
+    let f = Fabric::new(&prom.write_url(), 1, BRISK);
+    let data = f.data.clone();
+    let start = gma_core::time::now_ns() / 1_000_000;
+    let mut arch = f.archiver();
+    // More than a second acknowledged per series: the re-sent second holds many samples.
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let a = acked(&data);
+            a.len() >= 2 && a.values().all(|&ms| ms > start + 1500)
+        }),
+        "nothing acknowledged by Prometheus; archiver: {}",
+        arch.stderr_text()
+    );
+    arch.kill();
+    let path = data.join("remote_write.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    // Per series: in flight = its last acknowledged second (and whatever was in flight at the
+    // kill), acknowledged = just before.
+    let mut in_flight: BTreeMap<(String, String, String), (i64, i64)> = BTreeMap::new();
+    let key = |v: &serde_json::Value| {
+        (
+            v["event"].as_str().unwrap().to_string(),
+            v["source"].as_str().unwrap().to_string(),
+            v["field"].as_str().unwrap().to_string(),
+        )
+    };
+    for f in state["in_flight"].as_array().into_iter().flatten() {
+        in_flight.insert(
+            key(f),
+            (f["first_ms"].as_i64().unwrap(), f["last_ms"].as_i64().unwrap()),
+        );
+    }
+    for a in state["acked"].as_array_mut().unwrap() {
+        let ms = a["ms"].as_i64().unwrap();
+        let e = in_flight.entry(key(a)).or_insert((ms - 1000, ms));
+        e.0 = ms - 1000;
+        e.1 = e.1.max(ms);
+        a["ms"] = (ms - 1001).into();
+    }
+    state["in_flight"] = in_flight
+        .iter()
+        .map(|((event, source, field), (first, last))| {
+            serde_json::json!({"event": event, "source": source, "field": field, "first_ms": first, "last_ms": last})
+        })
+        .collect();
+    std::fs::write(&path, serde_json::to_string(&state).unwrap()).unwrap();
+    let before = in_flight.values().map(|v| v.1).max().unwrap();
+
+    let arch = f.archiver();
+    let metrics = printed_addr(&arch, "archiver", "metrics");
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let a = acked(&data);
+            a.len() >= 2 && a.values().all(|&ms| ms > before + 1000)
+        }),
+        "the resume point did not move on after the restart; archiver: {}",
+        arch.stderr_text()
+    );
+    assert!(
+        metric(&metrics, "gma_archiver_remote_write_resend_refused_total") > 0.0,
+        "the re-sent request was not refused: {}",
+        arch.stderr_text()
+    );
+    assert_eq!(
+        metric(&metrics, "gma_archiver_remote_write_samples_failed_total"),
+        0.0
+    );
+    let n = same_in_prometheus(&prom, &arch.addr, &data);
+    assert!(n > 100, "only {n} samples compared");
+}
+
 #[test]
 fn samples_wait_while_prometheus_is_down_and_arrive_when_it_is_back() {
     let Some(mut prom) = prometheus_or_skip("remote write: outage") else {
