@@ -7,7 +7,7 @@
 //! [`prometheus_or_skip`] turns "cannot start" into a failure under `CI=true` and a skip message
 //! elsewhere. scripts/test.sh installs `prometheus` when missing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -20,6 +20,8 @@ pub struct Prometheus {
     pub dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
+    /// HTTPS: the CA of its certificate (queries go through `curl --cacert`).
+    ca: Option<PathBuf>,
 }
 
 fn free_tcp_port() -> Result<u16, String> {
@@ -46,6 +48,16 @@ impl Prometheus {
     /// Starts a server and waits until it is ready (at most 30 s). The port is found free by
     /// binding port 0 first; a lost race is retried on another port.
     pub fn start() -> Result<Prometheus, String> {
+        Prometheus::start_with(None)
+    }
+
+    /// [`Prometheus::start`] serving HTTPS only, with `cert`/`key` (PEM), whose CA is `ca`
+    /// (`--web.config.file`); its readiness is its log line, its queries go through curl.
+    pub fn start_tls(cert: &Path, key: &Path, ca: &Path) -> Result<Prometheus, String> {
+        Prometheus::start_with(Some((cert, key, ca)))
+    }
+
+    fn start_with(tls: Option<(&Path, &Path, &Path)>) -> Result<Prometheus, String> {
         if !which("prometheus") {
             return Err("prometheus is not installed (apt-get install prometheus)".into());
         }
@@ -55,10 +67,25 @@ impl Prometheus {
             "global: {scrape_interval: 15s, evaluation_interval: 15s}\nscrape_configs: []\n",
         )
         .map_err(|e| format!("prometheus.yml: {e}"))?;
+        if let Some((cert, key, _)) = tls {
+            if !which("curl") {
+                return Err("curl is not installed (apt-get install curl)".into());
+            }
+            std::fs::write(
+                dir.path().join("web.yml"),
+                format!(
+                    "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+                    cert.display(),
+                    key.display()
+                ),
+            )
+            .map_err(|e| format!("web.yml: {e}"))?;
+        }
         let mut p = Prometheus {
             dir,
             port: 0,
             child: None,
+            ca: tls.map(|t| t.2.to_path_buf()),
         };
         let mut last = String::new();
         for _ in 0..3 {
@@ -78,7 +105,14 @@ impl Prometheus {
     fn launch(&mut self) -> Result<(), String> {
         let log = std::fs::File::create(self.dir.path().join("prometheus.log"))
             .map_err(|e| format!("log file: {e}"))?;
-        let child = Command::new("prometheus")
+        let mut cmd = Command::new("prometheus");
+        if self.ca.is_some() {
+            cmd.arg(format!(
+                "--web.config.file={}",
+                self.dir.path().join("web.yml").display()
+            ));
+        }
+        let child = cmd
             .arg(format!(
                 "--config.file={}",
                 self.dir.path().join("prometheus.yml").display()
@@ -97,7 +131,10 @@ impl Prometheus {
             if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
                 return true;
             }
-            http_get(&addr, "/-/ready").is_ok_and(|(s, _)| s == 200)
+            match self.ca {
+                None => http_get(&addr, "/-/ready").is_ok_and(|(s, _)| s == 200),
+                Some(_) => self.log().contains("Server is ready to receive web requests."),
+            }
         });
         let exited = matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(Some(_))));
         if !ready || exited {
@@ -122,7 +159,30 @@ impl Prometheus {
 
     /// The remote-write receiver's URL.
     pub fn write_url(&self) -> String {
-        format!("http://{}/api/v1/write", self.address())
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}/api/v1/write", self.address())
+    }
+
+    /// `GET path`: (status, body); over HTTPS with curl.
+    fn get(&self, path: &str) -> Result<(u16, String), String> {
+        let Some(ca) = &self.ca else {
+            return http_get(&self.address(), path).map_err(|e| format!("GET {path}: {e}"));
+        };
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", "--cacert"])
+            .arg(ca)
+            .arg(format!("https://{}{path}", self.address()))
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text
+            .rsplit_once('\n')
+            .ok_or_else(|| format!("curl {path}: {}", String::from_utf8_lossy(&out.stderr)))?;
+        let code = code
+            .trim()
+            .parse()
+            .map_err(|_| format!("curl {path}: {}", String::from_utf8_lossy(&out.stderr)))?;
+        Ok((code, body.to_string()))
     }
 
     /// Kills the server (SIGKILL) and waits for it: the port refuses connections.
@@ -148,7 +208,7 @@ impl Prometheus {
             time_ms.div_euclid(1000),
             time_ms.rem_euclid(1000)
         );
-        let (status, body) = http_get(&self.address(), &path).map_err(|e| format!("GET {path}: {e}"))?;
+        let (status, body) = self.get(&path)?;
         let v: serde_json::Value =
             serde_json::from_str(&body).map_err(|e| format!("GET {path}: {status}: {e}: {body}"))?;
         if status != 200 || v["status"] != "success" {

@@ -375,6 +375,66 @@ fn samples_wait_while_prometheus_is_down_and_arrive_when_it_is_back() {
     );
 }
 
+/// An https receiver: Prometheus serving TLS only (a certificate of a CA made with
+/// `gma certs`). With another CA in `ca_file` the archiver refuses the server (attempts fail,
+/// nothing is sent); with the right one everything arrives, exactly.
+#[test]
+fn https_receiver_with_its_ca_and_not_with_another() {
+    let pki = tempdir();
+    make_certs(pki.path(), &["ca", "other"], &[("ca", "prom", "gma")]);
+    let (cert, key) = (
+        pki.path().join("certs/prom.pem"),
+        pki.path().join("certs/prom.key"),
+    );
+    let prom = match Prometheus::start_tls(&cert, &key, &pki.path().join("ca/ca.pem")) {
+        Ok(p) => p,
+        Err(e) => {
+            common::netns::missing_capability("an https Prometheus", &e);
+            return;
+        }
+    };
+    assert!(prom.write_url().starts_with("https://"));
+    let rw = |ca: &str| format!("{BRISK}ca_file = \"{}\"\n", pki.path().join(ca).display());
+    let f = Fabric::new(&prom.write_url(), 1, &rw("other/ca.pem"));
+    let data = f.data.clone();
+    let mut arch = f.archiver();
+    let metrics = printed_addr(&arch, "archiver", "metrics");
+    assert!(
+        wait_until(Duration::from_secs(30), || metric(
+            &metrics,
+            "gma_archiver_remote_write_retries_total"
+        ) >= 2.0),
+        "no failed attempt against a server of another CA; archiver: {}",
+        arch.stderr_text()
+    );
+    assert_eq!(
+        metric(&metrics, "gma_archiver_remote_write_samples_sent_total"),
+        0.0
+    );
+    assert!(arch.stderr_text().contains("tls with"), "{}", arch.stderr_text());
+    arch.kill();
+    std::fs::write(
+        &f.cfg,
+        std::fs::read_to_string(&f.cfg)
+            .unwrap()
+            .replace("other/ca.pem", "ca/ca.pem"),
+    )
+    .unwrap();
+    let start = gma_core::time::now_ns() / 1_000_000;
+    let arch = f.archiver();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let a = acked(&data);
+            a.len() >= 2 && a.values().all(|&ms| ms > start + 1000)
+        }),
+        "nothing acknowledged over https; archiver: {}\nprometheus: {}",
+        arch.stderr_text(),
+        prom.log()
+    );
+    let n = same_in_prometheus(&prom, &arch.addr, &data);
+    assert!(n > 50, "only {n} samples compared");
+}
+
 /// A figure, not a check: how fast a backlog drains into Prometheus. 20 simulated hosts
 /// publish `host.load` every 20 ms into the archive while Prometheus is down; the producer
 /// stops, Prometheus starts, and the time until the forwarder has nothing pending gives the

@@ -1,6 +1,7 @@
 //! The HTTP/1.1 POST of one remote-write request, on one kept-alive connection (hyper's client
-//! connection; reconnected after any failure). Plain `http://` only.
+//! connection; reconnected after any failure), over TCP or TLS (rustls).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,6 +10,9 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::rustls::ClientConfig;
 
 /// How much of an error response's body is kept for the log.
 const ERROR_BODY_BYTES: usize = 1024;
@@ -29,6 +33,8 @@ pub struct Client {
     uri: Uri,
     /// `host:port` to connect to.
     authority: String,
+    /// https: the TLS configuration and the name the certificate must hold.
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     headers: HeaderMap,
     timeout: Duration,
     conn: Option<SendRequest<Full<Bytes>>>,
@@ -36,16 +42,32 @@ pub struct Client {
 
 impl Client {
     /// `headers` are added to every request (after the protocol's own).
-    pub fn new(uri: Uri, headers: HeaderMap, timeout: Duration) -> Result<Client, String> {
-        if uri.scheme_str() != Some("http") {
-            return Err(format!(
-                "remote_write.url {uri}: only http:// is supported (for https, put a TLS-terminating proxy on loopback in front)"
-            ));
-        }
+    /// `tls` is required for an https `uri` and refused for http.
+    pub fn new(
+        uri: Uri,
+        tls: Option<Arc<ClientConfig>>,
+        headers: HeaderMap,
+        timeout: Duration,
+    ) -> Result<Client, String> {
         let host = uri
             .host()
             .ok_or_else(|| format!("remote_write.url {uri}: no host"))?;
-        let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+        let (tls, default_port) = match (uri.scheme_str(), tls) {
+            (Some("http"), None) => (None, 80),
+            (Some("https"), Some(cfg)) => {
+                // `[::1]` in a URL is `::1` in a certificate.
+                let name = host.trim_start_matches('[').trim_end_matches(']');
+                let name = ServerName::try_from(name.to_string())
+                    .map_err(|e| format!("remote_write.url {uri}: {e}"))?;
+                (Some((tokio_rustls::TlsConnector::from(cfg), name)), 443)
+            }
+            _ => {
+                return Err(format!(
+                    "remote_write.url {uri}: http:// without TLS settings or https:// with them"
+                ))
+            }
+        };
+        let authority = format!("{host}:{}", uri.port_u16().unwrap_or(default_port));
         let mut all = HeaderMap::new();
         for (k, v) in [
             ("content-encoding", "snappy"),
@@ -64,6 +86,7 @@ impl Client {
         Ok(Client {
             uri,
             authority,
+            tls,
             headers: all,
             timeout,
             conn: None,
@@ -127,7 +150,24 @@ impl Client {
             .await
             .map_err(|e| format!("connect {}: {e}", self.authority))?;
         let _ = tcp.set_nodelay(true);
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        match &self.tls {
+            None => self.http(tcp).await,
+            Some((connector, name)) => {
+                let tls = connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|e| format!("tls with {}: {e}", self.authority))?;
+                self.http(tls).await
+            }
+        }
+    }
+
+    /// HTTP/1.1 over `io`; the connection runs in its own task.
+    async fn http<T>(&self, io: T) -> Result<SendRequest<Full<Bytes>>, String>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|e| format!("handshake with {}: {e}", self.authority))?;
         tokio::spawn(async move {

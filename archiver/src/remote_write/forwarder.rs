@@ -41,6 +41,7 @@ pub fn spawn(f: Forwarder, stop: watch::Receiver<bool>) -> Result<JoinHandle<()>
     let state = State::load(&f.data_dir, &f.settings.url)?;
     let client = Client::new(
         f.settings.uri.clone(),
+        f.settings.tls.clone(),
         f.settings.headers.clone(),
         f.settings.timeout,
     )?;

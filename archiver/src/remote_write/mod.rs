@@ -21,12 +21,14 @@ pub mod state;
 pub mod wire;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
+use tokio_rustls::rustls::{self, ClientConfig};
 
 pub use forwarder::{spawn, Forwarder};
 
@@ -41,8 +43,14 @@ pub const MAX_BATCH_SAMPLES: usize = 100_000;
 #[serde(deny_unknown_fields, default)]
 pub struct RemoteWriteConfig {
     /// The receiver, e.g. `http://127.0.0.1:9090/api/v1/write` (Prometheus with
-    /// `--web.enable-remote-write-receiver`). http:// only.
+    /// `--web.enable-remote-write-receiver`), or `https://...` with `ca_file`.
     pub url: String,
+    /// https: PEM certificate(s) the receiver's certificate must chain to (for a public CA, the
+    /// system bundle, e.g. /etc/ssl/certs/ca-certificates.crt). Required for https.
+    pub ca_file: Option<PathBuf>,
+    /// https: a client certificate (PEM chain) and its key, for receivers that require one.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
     /// Most samples per request.
     pub batch_samples: usize,
     /// The bound of the backlog: samples older than this (against the clock) that were never
@@ -66,6 +74,9 @@ impl Default for RemoteWriteConfig {
     fn default() -> Self {
         RemoteWriteConfig {
             url: String::new(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
             batch_samples: 2000,
             max_backlog: "1h".into(),
             min_backoff_ms: 100,
@@ -92,6 +103,8 @@ pub struct BasicAuth {
 pub struct Settings {
     pub url: String,
     pub uri: hyper::Uri,
+    /// Set for https.
+    pub tls: Option<Arc<ClientConfig>>,
     pub headers: HeaderMap,
     pub batch_samples: usize,
     /// `None`: no bound.
@@ -121,12 +134,13 @@ impl RemoteWriteConfig {
                 self.url
             )
         })?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
             return Err(format!(
-                "remote_write.url {:?}: must be http://HOST[:PORT]/PATH (https is not supported: put a TLS-terminating proxy on loopback in front)",
+                "remote_write.url {:?}: must be http(s)://HOST[:PORT]/PATH",
                 self.url
             ));
         }
+        let tls = self.tls(uri.scheme_str() == Some("https"))?;
         if self.batch_samples == 0 || self.batch_samples > MAX_BATCH_SAMPLES {
             return Err(format!(
                 "remote_write.batch_samples must lie in 1..={MAX_BATCH_SAMPLES}"
@@ -196,6 +210,7 @@ impl RemoteWriteConfig {
         Ok(Settings {
             url: self.url.clone(),
             uri,
+            tls,
             headers,
             batch_samples: self.batch_samples,
             max_backlog_ms,
@@ -204,6 +219,59 @@ impl RemoteWriteConfig {
             timeout: Duration::from_millis(self.timeout_ms),
             interval: Duration::from_millis(self.interval_ms),
         })
+    }
+}
+
+/// The PEM certificates of `path` (at least one).
+fn pem_certs(key: &str, path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+    use rustls_pki_types::pem::PemObject;
+    let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("remote_write.{key} {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "remote_write.{key} {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+impl RemoteWriteConfig {
+    /// The TLS client configuration of an https URL.
+    fn tls(&self, https: bool) -> Result<Option<Arc<ClientConfig>>, String> {
+        if !https {
+            if self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some() {
+                return Err("remote_write: ca_file, cert_file and key_file need an https:// url".into());
+            }
+            return Ok(None);
+        }
+        let ca = self.ca_file.as_ref().ok_or(
+            "remote_write: an https url needs ca_file (the PEM CA of the receiver's certificate; for a public CA the system bundle, e.g. /etc/ssl/certs/ca-certificates.crt)",
+        )?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in pem_certs("ca_file", ca)? {
+            roots
+                .add(c)
+                .map_err(|e| format!("remote_write.ca_file {}: {e}", ca.display()))?;
+        }
+        let builder = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("remote_write: tls: {e}"))?
+            .with_root_certificates(roots);
+        let cfg = match (&self.cert_file, &self.key_file) {
+            (None, None) => builder.with_no_client_auth(),
+            (Some(c), Some(k)) => {
+                use rustls_pki_types::pem::PemObject;
+                let key = rustls_pki_types::PrivateKeyDer::from_pem_file(k)
+                    .map_err(|e| format!("remote_write.key_file {}: {e}", k.display()))?;
+                builder
+                    .with_client_auth_cert(pem_certs("cert_file", c)?, key)
+                    .map_err(|e| format!("remote_write.cert_file {}: {e}", c.display()))?
+            }
+            _ => return Err("remote_write: give both cert_file and key_file, or neither".into()),
+        };
+        Ok(Some(Arc::new(cfg)))
     }
 }
 
@@ -224,7 +292,16 @@ mod tests {
         assert_eq!(s.headers["x-scope-orgid"], "t1");
         assert_eq!(s.headers["authorization"], "Basic dTpw");
         for (text, want) in [
-            ("url = \"https://x/api/v1/write\"", "https is not supported"),
+            ("url = \"https://x/api/v1/write\"", "needs ca_file"),
+            (
+                "url = \"http://x/w\"\nca_file = \"/etc/hostname\"",
+                "need an https",
+            ),
+            (
+                "url = \"https://x/w\"\nca_file = \"/nonexistent/ca.pem\"",
+                "ca_file /nonexistent/ca.pem",
+            ),
+            ("url = \"ftp://x/w\"", "must be http(s)"),
             ("url = \"nope\"", "remote_write.url"),
             ("url = \"http://x/w\"\nbatch_samples = 0", "batch_samples"),
             ("url = \"http://x/w\"\nmax_backlog = \"soon\"", "max_backlog"),
