@@ -178,3 +178,112 @@ impl Client {
         Ok(send)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A peer that answers each request on its connections with the next status of `statuses`
+    /// and hands the request heads (and body lengths) it read to the test.
+    async fn peer(statuses: Vec<u16>) -> (String, tokio::sync::mpsc::UnboundedReceiver<(String, usize)>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut statuses = statuses.into_iter();
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 4096];
+                    let Ok(n) = s.read(&mut chunk).await else { break };
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if buf.len() < end + 4 + len {
+                        continue;
+                    }
+                    buf.drain(..end + 4 + len);
+                    tx.send((head, len)).unwrap();
+                    let Some(status) = statuses.next() else { return };
+                    let body = "nope";
+                    let resp = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    s.write_all(resp.as_bytes()).await.unwrap();
+                }
+            }
+        });
+        (addr, rx)
+    }
+
+    fn client(addr: &str) -> Client {
+        let cfg: crate::remote_write::RemoteWriteConfig = toml::from_str(&format!(
+            "url = \"http://{addr}/api/v1/write\"\nheaders = {{ X-Scope-OrgID = \"t1\" }}\n[basic_auth]\nusername = \"u\"\npassword = \"p\"\n"
+        ))
+        .unwrap();
+        let s = cfg.check().unwrap();
+        Client::new(s.uri, s.tls, s.headers, Duration::from_secs(5)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn statuses_map_to_ack_retry_and_refusal_and_the_protocol_headers_are_sent() {
+        let (addr, mut heads) = peer(vec![204, 429, 503, 400, 200]).await;
+        let mut c = client(&addr);
+        let body = Bytes::from_static(b"0123456789");
+        assert_eq!(c.post(body.clone()).await, Outcome::Acked);
+        let (head, len) = heads.recv().await.unwrap();
+        assert_eq!(len, 10);
+        let lower = head.to_ascii_lowercase();
+        assert!(lower.starts_with("post /api/v1/write http/1.1"), "{head}");
+        for h in [
+            "content-encoding: snappy",
+            "content-type: application/x-protobuf",
+            "x-prometheus-remote-write-version: 0.1.0",
+            "x-scope-orgid: t1",
+            "authorization: basic dtpw",
+            &format!("host: {addr}"),
+        ] {
+            assert!(lower.contains(h), "{h} missing in {head}");
+        }
+        assert!(matches!(c.post(body.clone()).await, Outcome::Retry(m) if m.contains("429")));
+        assert!(matches!(c.post(body.clone()).await, Outcome::Retry(m) if m.contains("503")));
+        assert_eq!(
+            c.post(body.clone()).await,
+            Outcome::Refused(StatusCode::BAD_REQUEST, "nope".into())
+        );
+        assert_eq!(c.post(body.clone()).await, Outcome::Acked);
+        // Every request reached the peer.
+        for _ in 0..4 {
+            heads.recv().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_receiver_that_is_not_there_is_retried() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut c = client(&format!("127.0.0.1:{port}"));
+        assert!(matches!(c.post(Bytes::new()).await, Outcome::Retry(m) if m.contains("connect")));
+    }
+}
