@@ -80,6 +80,11 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
         $SUDO systemctl disable prometheus >/dev/null 2>&1 || true
     fi
 fi
+# The https remote-write test queries its TLS-only prometheus with curl.
+if ! command -v curl >/dev/null 2>&1; then
+    echo "== installing curl for the https remote-write test"
+    apt_install curl
+fi
 
 # One clean build, not an incremental cache beside it (it doubles the target dir's size).
 export CARGO_INCREMENTAL=0
