@@ -83,13 +83,18 @@ struct Loop {
 }
 
 async fn run(f: Forwarder, state: State, client: Client, mut stop: watch::Receiver<bool>) {
+    // The gauge starts from the resume state (the newest acknowledged before a restart).
+    let last_ack = state.acked.values().copied().max().unwrap_or(i64::MIN);
+    if last_ack > i64::MIN {
+        metrics::gauge!(t::RW_LAST_ACK).set(last_ack as f64 / 1000.0);
+    }
     let mut l = Loop {
         f,
         state,
         client,
         cursor: 0,
         pending: 0,
-        last_ack: i64::MIN,
+        last_ack,
         last_census: None,
     };
     while !*stop.borrow() {
