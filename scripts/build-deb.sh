@@ -4,10 +4,10 @@
 #
 #   scripts/build-deb.sh          release build of `gma` (about 6 minutes from a warm cache on
 #                                 2 cores), package in target/debian/
-#   scripts/build-deb.sh --ci     no build: packages the debug `gma` command the test suite
-#                                 already built (target/debug/gma-e2e, which is `gma::main`,
-#                                 see tests/Cargo.toml) into target/debian/ci/, with fast
-#                                 compression. Same files, units, configs and scripts as the
+#   scripts/build-deb.sh --ci [BIN]  no build: packages the debug `gma` command the test
+#                                 suite already built (BIN, default target/debug/gma-e2e, which
+#                                 is `gma::main`, see tests/Cargo.toml) into target/debian/ci/,
+#                                 with fast compression. Same files, units, configs and scripts as the
 #                                 release package; only the binary is a debug build.
 #
 # Installs cargo-deb (pinned) into the cargo home when it is missing (about 2 minutes of
@@ -28,7 +28,7 @@ case "${1:-}" in
     deb=$(cargo deb -p gma --output "$target_dir/debian/")
     ;;
 --ci)
-    built="$target_dir/debug/gma-e2e"
+    built=${2:-$target_dir/debug/gma-e2e}
     if [ ! -x "$built" ]; then
         echo "build-deb: $built is missing: build the test binary first" \
             "(cargo build -p gma-tests --bin gma-e2e, or run the tests)" >&2
@@ -42,7 +42,7 @@ case "${1:-}" in
     deb=$(cargo deb -p gma --no-build --profile deb-ci --fast --output "$target_dir/debian/ci/")
     ;;
 *)
-    echo "usage: scripts/build-deb.sh [--ci]" >&2
+    echo "usage: scripts/build-deb.sh [--ci [BIN]]" >&2
     exit 2
     ;;
 esac
