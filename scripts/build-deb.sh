@@ -4,6 +4,7 @@
 #
 #   scripts/build-deb.sh          release build of `gma` (about 6 minutes from a warm cache on
 #                                 2 cores), package in target/debian/
+#   scripts/build-deb.sh --install-cargo-deb   only install cargo-deb (scripts/test.sh)
 #   scripts/build-deb.sh --ci [BIN]  no build: packages the debug `gma` command the test
 #                                 suite already built (BIN, default target/debug/gma-e2e, which
 #                                 is `gma::main`, see tests/Cargo.toml) into target/debian/ci/,
@@ -20,6 +21,9 @@ CARGO_DEB_VERSION=3.8.0
 if ! cargo deb --version 2>/dev/null | grep -qF "$CARGO_DEB_VERSION"; then
     echo "== installing cargo-deb $CARGO_DEB_VERSION (cargo install, into the cargo home)" >&2
     CARGO_INCREMENTAL=0 cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked >&2
+fi
+if [ "${1:-}" = --install-cargo-deb ]; then
+    exit 0
 fi
 
 target_dir=${CARGO_TARGET_DIR:-target}
@@ -42,7 +46,7 @@ case "${1:-}" in
     deb=$(cargo deb -p gma --no-build --profile deb-ci --fast --output "$target_dir/debian/ci/")
     ;;
 *)
-    echo "usage: scripts/build-deb.sh [--ci [BIN]]" >&2
+    echo "usage: scripts/build-deb.sh [--ci [BIN] | --install-cargo-deb]" >&2
     exit 2
     ;;
 esac
