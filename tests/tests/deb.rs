@@ -105,7 +105,9 @@ fn expand(value: &str, instance: &str) -> String {
                 Some('%') => out.push('%'),
                 other => panic!("unit specifier %{other:?} in {value:?}: the test only expands %i"),
             },
-            '"' | '\'' | '$' | '\\' => panic!("{value:?}: quoting and variables are not expanded by this test"),
+            '"' | '\'' | '$' | '\\' => {
+                panic!("{value:?}: quoting and variables are not expanded by this test")
+            }
             c => out.push(c),
         }
     }
@@ -125,15 +127,27 @@ fn service_line(unit_file: &Path, instance: &str) -> ServiceLine {
             section = line.to_string();
             continue;
         }
-        assert!(!line.ends_with('\\'), "{}: continued lines are not parsed", unit_file.display());
+        assert!(
+            !line.ends_with('\\'),
+            "{}: continued lines are not parsed",
+            unit_file.display()
+        );
         if section == "[Service]" {
             let (k, v) = line.split_once('=').unwrap();
             keys.entry(k.trim().into()).or_default().push(v.trim().into());
         }
     }
     let one = |k: &str| -> String {
-        let v = keys.get(k).unwrap_or_else(|| panic!("{}: no {k}=", unit_file.display()));
-        assert_eq!(v.len(), 1, "{}: {k}= given {} times", unit_file.display(), v.len());
+        let v = keys
+            .get(k)
+            .unwrap_or_else(|| panic!("{}: no {k}=", unit_file.display()));
+        assert_eq!(
+            v.len(),
+            1,
+            "{}: {k}= given {} times",
+            unit_file.display(),
+            v.len()
+        );
         expand(&v[0], instance)
     };
     let exec = one("ExecStart");
@@ -156,7 +170,10 @@ fn service_line(unit_file: &Path, instance: &str) -> ServiceLine {
                 .collect::<Vec<_>>()
         })
         .collect();
-    assert!(!keys.contains_key("EnvironmentFile"), "EnvironmentFile= is not read by this test");
+    assert!(
+        !keys.contains_key("EnvironmentFile"),
+        "EnvironmentFile= is not read by this test"
+    );
     ServiceLine {
         argv: exec.split_whitespace().map(String::from).collect(),
         user: one("User"),
@@ -218,7 +235,10 @@ impl Drop for PurgeOnDrop {
 fn the_package_installs_its_roles_serve_and_it_uninstalls() {
     for tool in ["dpkg", "dpkg-query", "systemd-analyze", "setpriv"] {
         if !have(tool) {
-            missing_capability("installing the Debian package", &format!("{tool} is not installed"));
+            missing_capability(
+                "installing the Debian package",
+                &format!("{tool} is not installed"),
+            );
             return;
         }
     }
@@ -288,7 +308,10 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
     verify.insert(0, "verify".into());
     let args: Vec<&str> = verify.iter().map(String::as_str).collect();
     let (ok, out, err) = run("systemd-analyze", &args);
-    assert!(ok && out.trim().is_empty() && err.trim().is_empty(), "systemd-analyze {args:?}:\n{out}\n{err}");
+    assert!(
+        ok && out.trim().is_empty() && err.trim().is_empty(),
+        "systemd-analyze {args:?}:\n{out}\n{err}"
+    );
 
     // The sandboxing holds by systemd's own measure: an exposure of at most 2.0 of 10 for every
     // unit (they score 1.7, the agent 1.8, on systemd 252); a unit that lost its hardening
@@ -299,7 +322,10 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
             &["security", "--offline=yes", "--threshold=20", unit],
         );
         let overall = out.lines().find(|l| l.contains("Overall exposure")).unwrap_or("");
-        assert!(ok, "systemd-analyze security {unit}: above 2.0 ({overall}):\n{out}\n{err}");
+        assert!(
+            ok,
+            "systemd-analyze security {unit}: above 2.0 ({overall}):\n{out}\n{err}"
+        );
     }
 
     // Free ports instead of the shipped ones (see the module doc), in the installed files.
@@ -333,7 +359,10 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
         let uid = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap()
             .lines()
-            .find_map(|l| l.strip_prefix("Uid:").map(|u| u.split_whitespace().next().unwrap().to_string()))
+            .find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|u| u.split_whitespace().next().unwrap().to_string())
+            })
             .unwrap();
         assert_eq!(uid, gma_uid.to_string(), "pid {pid} does not run as the gma user");
     }
@@ -341,21 +370,32 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
     // The agent registers with the installed directory, with its host sensors' events.
     let mut last = String::new();
     let mut agent_source = String::new();
-    let registered = wait_until(Duration::from_secs(60), || match search(&dir, "host.cpu", false) {
-        Ok(records) => {
-            let rec = records.iter().find(|r| r["address"] == format!("http://{agent}"));
-            if let Some(r) = rec {
-                agent_source = r["id"].as_str().unwrap_or("").split('@').next().unwrap_or("").to_string();
+    let registered = wait_until(Duration::from_secs(60), || {
+        match search(&dir, "host.cpu", false) {
+            Ok(records) => {
+                let rec = records.iter().find(|r| r["address"] == format!("http://{agent}"));
+                if let Some(r) = rec {
+                    agent_source = r["id"]
+                        .as_str()
+                        .unwrap_or("")
+                        .split('@')
+                        .next()
+                        .unwrap_or("")
+                        .to_string();
+                }
+                last = serde_json::to_string(&records).unwrap();
+                rec.is_some()
             }
-            last = serde_json::to_string(&records).unwrap();
-            rec.is_some()
-        }
-        Err(e) => {
-            last = e;
-            false
+            Err(e) => {
+                last = e;
+                false
+            }
         }
     });
-    assert!(registered, "the agent on {agent} never registered host.cpu in {dir}; last: {last}");
+    assert!(
+        registered,
+        "the agent on {agent} never registered host.cpu in {dir}; last: {last}"
+    );
     // ... and answers a query through it.
     let answered = wait_until(Duration::from_secs(30), || {
         let (ok, out, err) = run(
@@ -365,7 +405,10 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
         last = format!("{out}{err}");
         ok && out.contains(&format!("\"{agent_source}\""))
     });
-    assert!(answered, "gma query host.load gave no event of {agent_source}; last: {last}");
+    assert!(
+        answered,
+        "gma query host.load gave no event of {agent_source}; last: {last}"
+    );
 
     // The other roles registered too (their own producer records, the archiver's consumer).
     for (pattern, id, consumers) in [
@@ -401,7 +444,10 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
     // Reinstalling (an upgrade in place) keeps the edited configs and the user.
     must("dpkg", &["-i", deb.to_str().unwrap()]);
     let agent_conf = std::fs::read_to_string("/etc/gma/agent.toml").unwrap();
-    assert!(agent_conf.contains(&agent), "the reinstall replaced the edited agent.toml: {agent_conf}");
+    assert!(
+        agent_conf.contains(&agent),
+        "the reinstall replaced the edited agent.toml: {agent_conf}"
+    );
     assert_eq!(uid_of("gma"), Some(gma_uid), "the reinstall changed the gma user");
 
     // Remove: the program and units go; configs, state and the user stay (Debian's `remove`).
@@ -410,8 +456,14 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
     for u in UNITS {
         assert!(!Path::new(UNIT_DIR).join(u).exists(), "{u} left after dpkg -r");
     }
-    assert!(Path::new("/etc/gma/agent.toml").exists(), "dpkg -r keeps the conffiles");
-    assert!(Path::new("/var/lib/gma/directory-1").exists(), "dpkg -r keeps the state");
+    assert!(
+        Path::new("/etc/gma/agent.toml").exists(),
+        "dpkg -r keeps the conffiles"
+    );
+    assert!(
+        Path::new("/var/lib/gma/directory-1").exists(),
+        "dpkg -r keeps the state"
+    );
     assert!(uid_of("gma").is_some(), "dpkg -r keeps the gma user");
     assert_eq!(package_status().as_deref(), Some("deinstall ok config-files"));
 
@@ -421,6 +473,9 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
         assert!(!Path::new(p).exists(), "{p} left after dpkg --purge");
     }
     assert!(uid_of("gma").is_none(), "the gma user is left after dpkg --purge");
-    assert!(!run("getent", &["group", "gma"]).0, "the gma group is left after dpkg --purge");
+    assert!(
+        !run("getent", &["group", "gma"]).0,
+        "the gma group is left after dpkg --purge"
+    );
     assert_eq!(package_status(), None, "dpkg still knows gma after --purge");
 }
