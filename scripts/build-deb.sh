@@ -2,8 +2,8 @@
 # Builds the Debian package of the fabric with cargo-deb (metadata: [package.metadata.deb] in
 # gma/Cargo.toml; units, configs and maintainer scripts: packaging/debian/; docs/packaging.md).
 #
-#   scripts/build-deb.sh          release build of `gma` (about 6 minutes from a warm cache on
-#                                 2 cores), package in target/debian/
+#   scripts/build-deb.sh          release build of `gma` (13 min of CPU from a cold release
+#                                 cache; docs/packaging.md), package in target/debian/
 #   scripts/build-deb.sh --install-cargo-deb   only install cargo-deb (scripts/test.sh)
 #   scripts/build-deb.sh --ci [BIN]  no build: packages the debug `gma` command the test
 #                                 suite already built (BIN, default target/debug/gma-e2e, which
