@@ -86,6 +86,16 @@ if ! command -v curl >/dev/null 2>&1; then
     apt_install curl
 fi
 
+# The Debian package test (tests/tests/deb.rs) builds the .deb with cargo-deb (pinned in
+# scripts/build-deb.sh; `cargo install` into the cargo home when missing: about 2 minutes of
+# compiling from crates.io, once), installs it with dpkg and checks its units with
+# systemd-analyze (Debian's `systemd`).
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    echo "== installing systemd (systemd-analyze) for the Debian package test"
+    apt_install systemd
+fi
+scripts/build-deb.sh --install-cargo-deb
+
 # One clean build, not an incremental cache beside it (it doubles the target dir's size).
 export CARGO_INCREMENTAL=0
 
