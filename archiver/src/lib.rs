@@ -9,6 +9,7 @@
 //! - [`keep`]: the keep-policy (every abnormal event, a sampling of normal ones).
 //! - [`promlabels`]: an archived series' Prometheus metric name and labels (PromQL API, remote
 //!   write).
+//! - [`promql`]: the Prometheus HTTP query API (PromQL over the archive) on `http_listen`.
 //! - [`provenance`]: optionally, each event's producer run and seq stored with it.
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
@@ -25,6 +26,7 @@ pub mod chunk;
 pub mod error;
 pub mod keep;
 pub mod promlabels;
+pub mod promql;
 pub mod provenance;
 pub mod server;
 pub mod service;
