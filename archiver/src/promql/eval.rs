@@ -181,7 +181,9 @@ impl Steps {
     /// A range query's steps, checked like Prometheus checks them.
     pub fn range(start: i64, end: i64, step: i64) -> Result<Steps, Error> {
         if end < start {
-            return Err(Error::BadData("end timestamp must not be before start time".into()));
+            return Err(Error::BadData(
+                "end timestamp must not be before start time".into(),
+            ));
         }
         if step <= 0 {
             return Err(Error::BadData(
@@ -290,10 +292,7 @@ pub fn evaluate(
             let t = steps.start;
             let series = ev.load(&ms.vs, t - range, t)?;
             Ok(Value::Matrix(
-                series
-                    .into_iter()
-                    .filter(|s| !s.samples.is_empty())
-                    .collect(),
+                series.into_iter().filter(|s| !s.samples.is_empty()).collect(),
             ))
         }
         e => ev.eval(e),
@@ -441,11 +440,7 @@ impl Eval<'_> {
                     lo += 1;
                 }
                 let w = &s.samples[lo..hi];
-                values.push(if w.is_empty() {
-                    None
-                } else {
-                    f(w, t - range, t, k)
-                });
+                values.push(if w.is_empty() { None } else { f(w, t - range, t, k) });
             }
             if values.iter().any(Option::is_some) {
                 rows.push(Row {
@@ -464,7 +459,9 @@ impl Eval<'_> {
             match args.get(i).map(|a| &**a) {
                 Some(Expr::MatrixSelector(ms)) => Ok(ms),
                 Some(Expr::Subquery(_)) => Err(unsupported("subqueries")),
-                _ => Err(Error::BadData(format!("{name}: expected a range vector argument"))),
+                _ => Err(Error::BadData(format!(
+                    "{name}: expected a range vector argument"
+                ))),
             }
         };
         let rows = match name {
@@ -647,12 +644,7 @@ fn arith(op: &str) -> Option<fn(f64, f64) -> f64> {
 fn with_scalar(r: Row, c: &[f64], f: impl Fn(f64, f64) -> f64) -> Row {
     Row {
         labels: drop_name(r.labels),
-        values: r
-            .values
-            .iter()
-            .zip(c)
-            .map(|(v, s)| v.map(|v| f(v, *s)))
-            .collect(),
+        values: r.values.iter().zip(c).map(|(v, s)| v.map(|v| f(v, *s))).collect(),
     }
 }
 
@@ -713,7 +705,11 @@ pub fn extrapolated_rate(
     }
     let threshold = average * 1.1;
     let mut interval = sampled;
-    interval += if to_start < threshold { to_start } else { average / 2.0 };
+    interval += if to_start < threshold {
+        to_start
+    } else {
+        average / 2.0
+    };
     interval += if to_end < threshold { to_end } else { average / 2.0 };
     let mut v = result * (interval / sampled);
     if let Some(range) = per_second {
@@ -815,7 +811,14 @@ mod tests {
     fn counter() -> Mem {
         Mem(vec![(
             labels("c", "a"),
-            vec![(0, 0.0), (10_000, 10.0), (20_000, 20.0), (30_000, 30.0), (40_000, 5.0), (50_000, 15.0)],
+            vec![
+                (0, 0.0),
+                (10_000, 10.0),
+                (20_000, 20.0),
+                (30_000, 30.0),
+                (40_000, 5.0),
+                (50_000, 15.0),
+            ],
         )])
     }
 
@@ -831,7 +834,10 @@ mod tests {
         assert_eq!(v, Value::Vector(vec![]));
         // Steps of a range.
         let v = run(&a, "c", Steps::range(0, 20_000, 5_000).unwrap()).unwrap();
-        assert_eq!(one(v), vec![Some(0.0), Some(0.0), Some(10.0), Some(10.0), Some(20.0)]);
+        assert_eq!(
+            one(v),
+            vec![Some(0.0), Some(0.0), Some(10.0), Some(10.0), Some(20.0)]
+        );
     }
 
     #[test]
@@ -874,7 +880,10 @@ mod tests {
         // Far ends extrapolate half an interval: window [0, 200 s] with samples 100..120 s of
         // a counter at 1000, 1010, 1020: increase 20 over 20 s; to start 100 s (> 11) → +5 s;
         // to end 80 s → +5 s: 20 * 30/20 = 30.
-        let b = Mem(vec![(labels("d", "a"), vec![(100_000, 1000.0), (110_000, 1010.0), (120_000, 1020.0)])]);
+        let b = Mem(vec![(
+            labels("d", "a"),
+            vec![(100_000, 1000.0), (110_000, 1010.0), (120_000, 1020.0)],
+        )]);
         let v = run(&b, "increase(d[200s])", Steps::instant(200_000)).unwrap();
         assert_eq!(one(v), vec![Some(30.0)]);
         // One sample: no result.
@@ -917,7 +926,11 @@ mod tests {
         l2.push(("zone".into(), "x".into()));
         let mut l3 = labels("m", "c");
         l3.push(("zone".into(), "y".into()));
-        let a = Mem(vec![(l1, vec![(0, 1.0)]), (l2, vec![(0, 3.0)]), (l3, vec![(0, 10.0)])]);
+        let a = Mem(vec![
+            (l1, vec![(0, 1.0)]),
+            (l2, vec![(0, 3.0)]),
+            (l3, vec![(0, 10.0)]),
+        ]);
         let at = Steps::instant(0);
         for (q, want) in [
             ("sum(m)", 14.0),
@@ -951,7 +964,10 @@ mod tests {
         };
         let mut got: Vec<_> = r.iter().map(|r| (r.labels[1].1.clone(), r.values[0])).collect();
         got.sort_by(|x, y| x.0.cmp(&y.0));
-        assert_eq!(got, vec![("b".to_string(), Some(3.0)), ("c".to_string(), Some(10.0))]);
+        assert_eq!(
+            got,
+            vec![("b".to_string(), Some(3.0)), ("c".to_string(), Some(10.0))]
+        );
         assert_eq!(r[0].labels[0].0, METRIC_NAME);
         let Value::Vector(r) = run(&a, "topk by (zone) (1, m)", at).unwrap() else {
             panic!()

@@ -36,7 +36,11 @@ pub const DOORS: &[Door] = &[
     Door::policy("POST /api/v1/series", &[Action::ArchiveQuery], SUMMARY),
     Door::policy("GET /api/v1/labels", &[Action::ArchiveQuery], SUMMARY),
     Door::policy("POST /api/v1/labels", &[Action::ArchiveQuery], SUMMARY),
-    Door::policy("GET /api/v1/label/{name}/values", &[Action::ArchiveQuery], SUMMARY),
+    Door::policy(
+        "GET /api/v1/label/{name}/values",
+        &[Action::ArchiveQuery],
+        SUMMARY,
+    ),
     Door::open("GET /api/v1/status/buildinfo", "served (versions only, no data)"),
 ];
 
@@ -114,7 +118,11 @@ pub fn parse_duration(s: &str, what: &str) -> Result<i64, Error> {
     }
     promql_parser::util::parse_duration(s)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .map_err(|_| Error::BadData(format!("invalid parameter \"{what}\": cannot parse \"{s}\" to a valid duration")))
+        .map_err(|_| {
+            Error::BadData(format!(
+                "invalid parameter \"{what}\": cannot parse \"{s}\" to a valid duration"
+            ))
+        })
 }
 
 fn now_ms() -> i64 {
@@ -173,7 +181,9 @@ fn metric(labels: &[(String, String)]) -> Json {
 }
 
 /// Runs the blocking evaluation `f` off the async runtime.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Result<T, Error> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("query task failed: {e}")))?
@@ -199,9 +209,7 @@ impl Reader {
             .unwrap_or_else(Pattern::any);
         let mut by_event: BTreeMap<String, Vec<SeriesRef>> = BTreeMap::new();
         for s in st.store.series(&name, None) {
-            if s.is_string
-                || s.last_ts.div_euclid(1_000_000) < from
-                || s.first_ts.div_euclid(1_000_000) > to
+            if s.is_string || s.last_ts.div_euclid(1_000_000) < from || s.first_ts.div_euclid(1_000_000) > to
             {
                 continue;
             }
@@ -417,8 +425,14 @@ async fn matched(
     let mut selectors = Vec::new();
     for (_, m) in p.iter().filter(|(k, _)| k == "match[]") {
         match promql_parser::parser::parse(m) {
-            Ok(promql_parser::parser::Expr::VectorSelector(vs)) => selectors.push(eval::selector_matchers(&vs)?),
-            Ok(_) => return Err(Error::BadData(format!("invalid parameter \"match[]\": {m:?} is not a series selector"))),
+            Ok(promql_parser::parser::Expr::VectorSelector(vs)) => {
+                selectors.push(eval::selector_matchers(&vs)?)
+            }
+            Ok(_) => {
+                return Err(Error::BadData(format!(
+                    "invalid parameter \"match[]\": {m:?} is not a series selector"
+                )))
+            }
             Err(e) => return Err(Error::BadData(format!("invalid parameter \"match[]\": {e}"))),
         }
     }
