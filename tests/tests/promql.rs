@@ -46,35 +46,7 @@ fn promtool() -> Option<String> {
 
 /// Pushes `items` as events `name` (one double field `v`) from source `job1`.
 fn push(producer: &str, name: &str, items: &[(i64, f64)]) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let ch = gma_consumer::connect(producer).await.unwrap();
-        let mut c = pb::ingest_client::IngestClient::new(ch);
-        let schema = pb::EventSchema {
-            name: name.into(),
-            version: 1,
-            fields: vec![gma_core::event::dbl("v", "", "")],
-            description: String::new(),
-        };
-        let events = items
-            .iter()
-            .map(|(ts, v)| pb::Event {
-                name: name.into(),
-                source: "job1".into(),
-                timestamp_ns: *ts,
-                seq: 0,
-                values: vec![pb::Value {
-                    kind: Some(pb::value::Kind::Number(*v)),
-                }],
-            })
-            .collect();
-        c.push(pb::IngestRequest {
-            events,
-            schemas: vec![schema],
-        })
-        .await
-        .unwrap();
-    });
+    push_from(producer, name, "job1", items)
 }
 
 /// `gma archive query NAME --from --to --output json`: (timestamp ns, value) per sample.
@@ -336,4 +308,320 @@ fn s_at(sent: &[(i64, f64)], t: i64) -> f64 {
         .find(|(ts, _)| *ts <= t * 1_000_000_000)
         .unwrap()
         .1
+}
+
+/// A remote-write client of Prometheus made of the standard library only (protobuf encoded by
+/// hand, a snappy block of literals): reads `[[labels..], [[ts_ms, value], ...]]` series as
+/// JSON on stdin and writes them to `http://127.0.0.1:PORT/api/v1/write`.
+const REMOTE_WRITE_PY: &str = r#"
+import json, struct, sys, urllib.request
+def vi(n):
+    o = bytearray()
+    while True:
+        b = n & 0x7f; n >>= 7; o.append(b | (0x80 if n else 0))
+        if not n: return bytes(o)
+def ld(num, p): return vi(num << 3 | 2) + vi(len(p)) + p
+def series(labels, samples):
+    ls = b"".join(ld(1, ld(1, k.encode()) + ld(2, v.encode())) for k, v in sorted(labels.items()))
+    ss = b"".join(ld(2, vi(1 << 3 | 1) + struct.pack("<d", v) + vi(2 << 3) + vi(t)) for t, v in samples)
+    return ld(1, ls + ss)
+def snappy(d):
+    o = bytearray(vi(len(d)))
+    for i in range(0, len(d), 65536):
+        c = d[i:i+65536]; n = len(c) - 1
+        o += (bytes([n << 2]) if n < 60 else bytes([240, n]) if n < 256 else bytes([244]) + struct.pack("<H", n)) + c
+    return bytes(o)
+body = snappy(b"".join(series(l, s) for l, s in json.load(sys.stdin)))
+req = urllib.request.Request("http://127.0.0.1:%s/api/v1/write" % sys.argv[1], data=body, method="POST",
+    headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+             "X-Prometheus-Remote-Write-Version": "0.1.0"})
+print(urllib.request.urlopen(req, timeout=10).status)
+"#;
+
+/// (time, value) samples.
+type Samples = Vec<(i64, f64)>;
+
+/// Every series of a promtool JSON answer: (labels, (ms, value) points), sorted.
+fn promtool_series(out: &str) -> Vec<(String, Vec<(i64, f64)>)> {
+    let v: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let pair = |p: &serde_json::Value| {
+        (
+            (p[0].as_f64().unwrap() * 1000.0).round() as i64,
+            p[1].as_str().unwrap().parse::<f64>().unwrap(),
+        )
+    };
+    let mut s: Vec<(String, Vec<(i64, f64)>)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let points = match s.get("values") {
+                Some(vs) => vs.as_array().unwrap().iter().map(pair).collect(),
+                None => vec![pair(&s["value"])],
+            };
+            (s["metric"].to_string(), points)
+        })
+        .collect();
+    s.sort_by(|a, b| a.0.cmp(&b.0));
+    s
+}
+
+/// The evaluator against Prometheus itself: the same samples written to a real `prometheus`
+/// (remote-write receiver) and archived give the same `promtool query range` answers for
+/// rate, increase, the *_over_time functions, aggregations, topk and arithmetic.
+#[test]
+fn the_archive_answers_promql_like_prometheus_itself() {
+    let Some(promtool) = promtool() else { return };
+    let prometheus_ok = Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let python_ok = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !prometheus_ok || !python_ok {
+        assert!(
+            !in_ci(),
+            "CI=true and prometheus or python3 is missing (scripts/test.sh installs prometheus)"
+        );
+        eprintln!("SKIPPED: prometheus or python3 is missing; under CI=true this fails");
+        return;
+    }
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let prod = Proc::producer(&["--no-host-sensors", "--directory", &dir.addr]);
+    let data = tmp.path().join("arch");
+    let arch = Proc::start(
+        &[
+            "archiver",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            &dir.addr,
+            "--data",
+            data.to_str().unwrap(),
+            "--pattern",
+            "app.*",
+            "--http-listen",
+            "127.0.0.1:0",
+        ],
+        "gma archiver listening on",
+    );
+    let ours = format!("http://{}", printed_addr(&arch, "archiver", "promql"));
+
+    // A real Prometheus with its remote-write receiver, on a free port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = tmp.path().join("prometheus.yml");
+    std::fs::write(&cfg, "global: {scrape_interval: 1h}\n").unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let prom = Command::new("prometheus")
+        .args([
+            &format!("--config.file={}", cfg.display()),
+            &format!("--storage.tsdb.path={}", tmp.path().join("prom").display()),
+            &format!("--web.listen-address=127.0.0.1:{port}"),
+            "--web.enable-remote-write-receiver",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let prom = Kill(prom);
+    let theirs = format!("http://127.0.0.1:{port}");
+    assert!(
+        wait_until(Duration::from_secs(30), || http_get(
+            &format!("127.0.0.1:{port}"),
+            "/-/ready"
+        )
+        .is_ok_and(|r| r.0 == 200)),
+        "prometheus did not become ready"
+    );
+
+    // Two counters with irregular intervals and resets, and a gauge, 25 minutes ago onwards.
+    let base_ms = (gma_core::time::now_ns() / 1_000_000 / 1000 - 1_500) * 1000;
+    // (event, source, samples in ms)
+    let mut all: Vec<(&str, &str, Samples)> = Vec::new();
+    for (source, seed) in [("job1", 3i64), ("job2", 7i64)] {
+        let mut v = 0.0;
+        let mut t = base_ms;
+        let mut counter = Vec::new();
+        for i in 0..100i64 {
+            t += 3_000 + ((i * seed * 7919) % 9_000);
+            v = if (i + seed) % 47 == 0 {
+                2.0
+            } else {
+                v + ((i * seed) % 13) as f64 + 0.5
+            };
+            counter.push((t, v));
+        }
+        all.push(("app.counter", source, counter));
+        let gauge = (0..120i64)
+            .map(|i| {
+                (
+                    base_ms + i * 10_000 + seed * 100,
+                    // Distinct per source: no ties for topk to break differently.
+                    ((i * seed * 31) % 97) as f64 / 8.0 + seed as f64 / 1000.0,
+                )
+            })
+            .collect();
+        all.push(("app.gauge", source, gauge));
+    }
+    let mut series_json = Vec::new();
+    for (event, source, samples) in &all {
+        let events: Vec<(i64, f64)> = samples.iter().map(|(t, v)| (t * 1_000_000, *v)).collect();
+        push_from(&prod.addr, event, source, &events);
+        // The labels of docs/promql.md's mapping, written out here.
+        let labels = serde_json::json!({
+            "__name__": format!("{}_v", event.replace('.', "_")),
+            "event": event,
+            "field": "v",
+            "source": source,
+        });
+        series_json.push(serde_json::json!([labels, samples]));
+    }
+    let mut py = Command::new("python3")
+        .args(["-c", REMOTE_WRITE_PY, &port.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = py.stdin.take().unwrap();
+        stdin
+            .write_all(&serde_json::to_vec(&series_json).unwrap())
+            .unwrap();
+    }
+    let py = py.wait_with_output().unwrap();
+    assert!(
+        py.status.success(),
+        "remote write failed: {}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let total: usize = all.iter().map(|s| s.2.len()).sum();
+    let count_q = "sum(count_over_time({__name__=~\"app_.*\"}[1h]))";
+    let end_s = (base_ms / 1000 + 1_500).to_string();
+    let counted = |server: &str| {
+        let (code, out, _) = run_promtool(
+            &promtool,
+            &[
+                "query", "instant", "-o", "json", "--time", &end_s, server, count_q,
+            ],
+        );
+        if code != 0 {
+            return 0;
+        }
+        promtool_series(&out)
+            .first()
+            .map(|s| s.1[0].1 as usize)
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || counted(&ours) == total
+            && counted(&theirs) == total),
+        "not every sample arrived: ours {}, prometheus {}, want {total}",
+        counted(&ours),
+        counted(&theirs)
+    );
+
+    let (start, end) = (
+        (base_ms / 1000 + 60).to_string(),
+        (base_ms / 1000 + 1_400).to_string(),
+    );
+    for q in [
+        "app_gauge_v",
+        "app_counter_v{source=~\"job.\"}",
+        "rate(app_counter_v[1m])",
+        "increase(app_counter_v[2m])",
+        "rate(app_gauge_v[90s])",
+        "avg_over_time(app_gauge_v[3m])",
+        "min_over_time(app_gauge_v[1m])",
+        "max_over_time(app_counter_v[2m])",
+        "sum_over_time(app_gauge_v[1m])",
+        "count_over_time(app_counter_v[1m])",
+        "quantile_over_time(0.3, app_gauge_v[5m])",
+        "sum by (source) (rate(app_counter_v[1m]))",
+        "avg without (source) (app_gauge_v)",
+        "max(app_gauge_v)",
+        "min by (event) (app_gauge_v)",
+        "count(app_counter_v)",
+        "topk(1, app_gauge_v)",
+        "app_gauge_v * 2 - 1",
+        "(-app_gauge_v) / 4 + 2 ^ 3",
+        "100 % app_gauge_v",
+    ] {
+        let args = |server: &str| {
+            run_promtool(
+                &promtool,
+                &[
+                    "query", "range", "-o", "json", "--start", &start, "--end", &end, "--step", "7s", server,
+                    q,
+                ],
+            )
+        };
+        let (c1, o1, e1) = args(&ours);
+        let (c2, o2, e2) = args(&theirs);
+        assert_eq!((c1, c2), (0, 0), "{q}: ours {e1}; prometheus {e2}");
+        let (a, b) = (promtool_series(&o1), promtool_series(&o2));
+        assert_eq!(
+            a.iter().map(|s| &s.0).collect::<Vec<_>>(),
+            b.iter().map(|s| &s.0).collect::<Vec<_>>(),
+            "{q}: series differ"
+        );
+        assert!(!a.is_empty(), "{q}: no result");
+        for ((l, x), (_, y)) in a.iter().zip(&b) {
+            assert_eq!(x.len(), y.len(), "{q} {l}: point counts differ");
+            for (p, r) in x.iter().zip(y) {
+                assert_eq!(p.0, r.0, "{q} {l}: timestamps differ");
+                let close = (p.1 - r.1).abs() <= 1e-9 * p.1.abs().max(r.1.abs()).max(1.0)
+                    || (p.1.is_nan() && r.1.is_nan());
+                assert!(close, "{q} {l} at {}: ours {}, prometheus {}", p.0, p.1, r.1);
+            }
+        }
+    }
+    drop(prom);
+}
+
+/// Pushes `items` as events `name` (one double field `v`) from `source`.
+fn push_from(producer: &str, name: &str, source: &str, items: &[(i64, f64)]) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let ch = gma_consumer::connect(producer).await.unwrap();
+        let mut c = pb::ingest_client::IngestClient::new(ch);
+        let schema = pb::EventSchema {
+            name: name.into(),
+            version: 1,
+            fields: vec![gma_core::event::dbl("v", "", "")],
+            description: String::new(),
+        };
+        let events = items
+            .iter()
+            .map(|(ts, v)| pb::Event {
+                name: name.into(),
+                source: source.into(),
+                timestamp_ns: *ts,
+                seq: 0,
+                values: vec![pb::Value {
+                    kind: Some(pb::value::Kind::Number(*v)),
+                }],
+            })
+            .collect();
+        c.push(pb::IngestRequest {
+            events,
+            schemas: vec![schema],
+        })
+        .await
+        .unwrap();
+    });
 }

@@ -328,9 +328,7 @@ impl Eval<'_> {
                         Ok(Value::Scalar(a.iter().zip(&c).map(|(x, y)| f(*x, *y)).collect()))
                     }
                     (Value::Vector(rows), Value::Scalar(c)) => Ok(Value::Vector(
-                        rows.into_iter()
-                            .map(|r| with_scalar(r, &c, |x, y| f(x, y)))
-                            .collect(),
+                        rows.into_iter().map(|r| with_scalar(r, &c, f)).collect(),
                     )),
                     (Value::Scalar(c), Value::Vector(rows)) => Ok(Value::Vector(
                         rows.into_iter()
@@ -369,7 +367,7 @@ impl Eval<'_> {
                     over = true;
                     return false;
                 }
-                if budget.loaded % 4096 == 0 && Instant::now() > budget.deadline {
+                if budget.loaded.is_multiple_of(4096) && Instant::now() > budget.deadline {
                     late = true;
                     return false;
                 }
