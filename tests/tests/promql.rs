@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use common::netns::in_ci;
 use common::*;
-use gma_proto::v1 as pb;
 
 /// Anyone may query the archive's `app.*` series; nobody `secret.*`.
 const POLICY: &str = r#"default = "deny"
@@ -46,7 +45,7 @@ fn promtool() -> Option<String> {
 
 /// Pushes `items` as events `name` (one double field `v`) from source `job1`.
 fn push(producer: &str, name: &str, items: &[(i64, f64)]) {
-    push_from(producer, name, "job1", items)
+    push_numbers(producer, name, "job1", items)
 }
 
 /// `gma archive query NAME --from --to --output json`: (timestamp ns, value) per sample.
@@ -89,24 +88,10 @@ fn run_promtool(bin: &str, args: &[&str]) -> (i32, String, String) {
 }
 
 /// promtool's JSON answer as (unix ms, value) per series, series by their `source` label.
-fn promtool_points(out: &str) -> Vec<(String, Vec<(i64, f64)>)> {
-    let v: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let pair = |p: &serde_json::Value| {
-        (
-            (p[0].as_f64().unwrap() * 1000.0).round() as i64,
-            p[1].as_str().unwrap().parse::<f64>().unwrap(),
-        )
-    };
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            let points = match s.get("values") {
-                Some(vs) => vs.as_array().unwrap().iter().map(pair).collect(),
-                None => vec![pair(&s["value"])],
-            };
-            (s["metric"]["source"].as_str().unwrap_or("").to_string(), points)
-        })
+fn promtool_points(out: &str) -> Vec<(String, Samples)> {
+    promtool_series(out)
+        .into_iter()
+        .map(|(m, points)| (m["source"].as_str().unwrap_or("").to_string(), points))
         .collect()
 }
 
@@ -341,8 +326,9 @@ print(urllib.request.urlopen(req, timeout=10).status)
 /// (time, value) samples.
 type Samples = Vec<(i64, f64)>;
 
-/// Every series of a promtool JSON answer: (labels, (ms, value) points), sorted.
-fn promtool_series(out: &str) -> Vec<(String, Vec<(i64, f64)>)> {
+/// Every series of a promtool JSON answer (vector or matrix): (labels, (ms, value) points),
+/// sorted by labels.
+fn promtool_series(out: &str) -> Vec<(serde_json::Value, Samples)> {
     let v: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let pair = |p: &serde_json::Value| {
         (
@@ -350,7 +336,7 @@ fn promtool_series(out: &str) -> Vec<(String, Vec<(i64, f64)>)> {
             p[1].as_str().unwrap().parse::<f64>().unwrap(),
         )
     };
-    let mut s: Vec<(String, Vec<(i64, f64)>)> = v
+    let mut s: Vec<(serde_json::Value, Samples)> = v
         .as_array()
         .unwrap()
         .iter()
@@ -359,10 +345,10 @@ fn promtool_series(out: &str) -> Vec<(String, Vec<(i64, f64)>)> {
                 Some(vs) => vs.as_array().unwrap().iter().map(pair).collect(),
                 None => vec![pair(&s["value"])],
             };
-            (s["metric"].to_string(), points)
+            (s["metric"].clone(), points)
         })
         .collect();
-    s.sort_by(|a, b| a.0.cmp(&b.0));
+    s.sort_by_key(|a| a.0.to_string());
     s
 }
 
@@ -479,7 +465,7 @@ fn the_archive_answers_promql_like_prometheus_itself() {
     let mut series_json = Vec::new();
     for (event, source, samples) in &all {
         let events: Vec<(i64, f64)> = samples.iter().map(|(t, v)| (t * 1_000_000, *v)).collect();
-        push_from(&prod.addr, event, source, &events);
+        push_numbers(&prod.addr, event, source, &events);
         // The labels of docs/promql.md's mapping, written out here.
         let labels = serde_json::json!({
             "__name__": format!("{}_v", event.replace('.', "_")),
@@ -591,37 +577,4 @@ fn the_archive_answers_promql_like_prometheus_itself() {
         }
     }
     drop(prom);
-}
-
-/// Pushes `items` as events `name` (one double field `v`) from `source`.
-fn push_from(producer: &str, name: &str, source: &str, items: &[(i64, f64)]) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let ch = gma_consumer::connect(producer).await.unwrap();
-        let mut c = pb::ingest_client::IngestClient::new(ch);
-        let schema = pb::EventSchema {
-            name: name.into(),
-            version: 1,
-            fields: vec![gma_core::event::dbl("v", "", "")],
-            description: String::new(),
-        };
-        let events = items
-            .iter()
-            .map(|(ts, v)| pb::Event {
-                name: name.into(),
-                source: source.into(),
-                timestamp_ns: *ts,
-                seq: 0,
-                values: vec![pb::Value {
-                    kind: Some(pb::value::Kind::Number(*v)),
-                }],
-            })
-            .collect();
-        c.push(pb::IngestRequest {
-            events,
-            schemas: vec![schema],
-        })
-        .await
-        .unwrap();
-    });
 }

@@ -31,6 +31,10 @@ pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
 /// Most steps of a range query (Prometheus' limit: 11,000 points per series).
 pub const MAX_STEPS: i64 = 11_000;
 
+/// Prometheus' refusal of a range selector at the top of a range query.
+pub const RANGE_VECTOR_IN_RANGE_QUERY: &str =
+    "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector";
+
 /// A series' labels, sorted by name.
 pub type Labels = Vec<(String, String)>;
 
@@ -283,10 +287,7 @@ pub fn evaluate(
     match expr {
         Expr::MatrixSelector(ms) => {
             if steps.len() != 1 {
-                return Err(Error::BadData(
-                    "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector"
-                        .into(),
-                ));
+                return Err(Error::BadData(RANGE_VECTOR_IN_RANGE_QUERY.into()));
             }
             let range = duration_ms(&ms.range);
             let t = steps.start;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, Path, RawQuery, State};
+use axum::extract::{FromRequest, Path, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -308,6 +308,42 @@ fn parse_query(p: &[(String, String)]) -> Result<promql_parser::parser::Expr, Er
     promql_parser::parser::parse(q).map_err(|e| Error::BadData(format!("invalid parameter \"query\": {e}")))
 }
 
+/// A request to a data route: the routes' shared state, who asks, and the parameters (query
+/// string, then form body).
+struct Req {
+    st: Arc<Shared>,
+    peer: Peer,
+    p: Vec<(String, String)>,
+}
+
+impl FromRequest<Arc<Shared>> for Req {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, st: &Arc<Shared>) -> Result<Req, Response> {
+        let peer = req
+            .extensions()
+            .get::<Peer>()
+            .cloned()
+            .ok_or_else(|| Error::Internal("request without its peer".into()).into_response())?;
+        let raw = req.uri().query().map(str::to_string);
+        let body = Bytes::from_request(req, st)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let p = params(raw, &body).map_err(IntoResponse::into_response)?;
+        Ok(Req {
+            st: st.clone(),
+            peer,
+            p,
+        })
+    }
+}
+
+impl Req {
+    fn reader(&self) -> Result<(Reader, Budget), Error> {
+        reader(&self.st, &self.peer, &self.p)
+    }
+}
+
 fn respond(r: Result<Json, Error>) -> Response {
     match r {
         Ok(data) => success(data),
@@ -315,111 +351,87 @@ fn respond(r: Result<Json, Error>) -> Response {
     }
 }
 
-async fn query(
-    State(st): State<Arc<Shared>>,
-    Extension(peer): Extension<Peer>,
-    RawQuery(raw): RawQuery,
-    body: Bytes,
-) -> Response {
-    respond(
-        async {
-            let p = params(raw, &body)?;
-            let expr = parse_query(&p)?;
-            let t = match param(&p, "time") {
-                Some(t) => parse_time(t, "time")?,
-                None => now_ms(),
-            };
-            let (reader, mut budget) = reader(&st, &peer, &p)?;
-            let v = blocking(move || eval::evaluate(&reader, &expr, Steps::instant(t), &mut budget)).await?;
-            Ok(match v {
-                Value::Scalar(s) => json!({"resultType": "scalar", "result": point(t, s[0])}),
-                Value::Vector(rows) => {
-                    let result: Vec<Json> = rows
-                        .iter()
-                        .filter_map(|r| {
-                            r.values[0].map(|v| json!({"metric": metric(&r.labels), "value": point(t, v)}))
-                        })
-                        .collect();
-                    json!({"resultType": "vector", "result": result})
-                }
-                Value::Matrix(m) => {
-                    let result: Vec<Json> = m
-                        .iter()
-                        .map(|s| {
-                            json!({
-                                "metric": metric(&s.labels),
-                                "values": s.samples.iter().map(|(t, v)| point(*t, *v)).collect::<Vec<_>>(),
-                            })
-                        })
-                        .collect();
-                    json!({"resultType": "matrix", "result": result})
-                }
-            })
-        }
-        .await,
-    )
+async fn query(r: Req) -> Response {
+    respond(instant_query(r).await)
 }
 
-async fn query_range(
-    State(st): State<Arc<Shared>>,
-    Extension(peer): Extension<Peer>,
-    RawQuery(raw): RawQuery,
-    body: Bytes,
-) -> Response {
-    respond(
-        async {
-            let p = params(raw, &body)?;
-            let need = |n: &str| {
-                param(&p, n).ok_or_else(|| Error::BadData(format!("invalid parameter \"{n}\": missing")))
-            };
-            let start = parse_time(need("start")?, "start")?;
-            let end = parse_time(need("end")?, "end")?;
-            let step = parse_duration(need("step")?, "step")?;
-            let steps = Steps::range(start, end, step)?;
-            let expr = parse_query(&p)?;
-            let (reader, mut budget) = reader(&st, &peer, &p)?;
-            let v = blocking(move || eval::evaluate(&reader, &expr, steps, &mut budget)).await?;
-            let rows = match v {
-                Value::Scalar(s) => vec![eval::Row {
-                    labels: Vec::new(),
-                    values: s.into_iter().map(Some).collect(),
-                }],
-                Value::Vector(rows) => rows,
-                Value::Matrix(_) => {
-                    return Err(Error::BadData(
-                        "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector"
-                            .into(),
-                    ))
-                }
-            };
-            let mut result: Vec<(Vec<(String, String)>, Json)> = rows
-                .into_iter()
-                .map(|r| {
-                    let values: Vec<Json> = r
-                        .values
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(k, v)| v.map(|v| point(steps.at(k), v)))
-                        .collect();
-                    let m = json!({"metric": metric(&r.labels), "values": values});
-                    (r.labels, m)
+async fn instant_query(r: Req) -> Result<Json, Error> {
+    let expr = parse_query(&r.p)?;
+    let t = match param(&r.p, "time") {
+        Some(t) => parse_time(t, "time")?,
+        None => now_ms(),
+    };
+    let (reader, mut budget) = r.reader()?;
+    let v = blocking(move || eval::evaluate(&reader, &expr, Steps::instant(t), &mut budget)).await?;
+    Ok(match v {
+        Value::Scalar(s) => json!({"resultType": "scalar", "result": point(t, s[0])}),
+        Value::Vector(rows) => {
+            let result: Vec<Json> = rows
+                .iter()
+                .filter_map(|r| {
+                    r.values[0].map(|v| json!({"metric": metric(&r.labels), "value": point(t, v)}))
                 })
                 .collect();
-            result.sort_by(|a, b| a.0.cmp(&b.0));
-            Ok(json!({"resultType": "matrix", "result": result.into_iter().map(|r| r.1).collect::<Vec<_>>()}))
+            json!({"resultType": "vector", "result": result})
         }
-        .await,
-    )
+        Value::Matrix(m) => {
+            let result: Vec<Json> = m
+                .iter()
+                .map(|s| {
+                    json!({
+                        "metric": metric(&s.labels),
+                        "values": s.samples.iter().map(|(t, v)| point(*t, *v)).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            json!({"resultType": "matrix", "result": result})
+        }
+    })
+}
+
+async fn query_range(r: Req) -> Response {
+    respond(range_query(r).await)
+}
+
+async fn range_query(r: Req) -> Result<Json, Error> {
+    let need =
+        |n: &str| param(&r.p, n).ok_or_else(|| Error::BadData(format!("invalid parameter \"{n}\": missing")));
+    let start = parse_time(need("start")?, "start")?;
+    let end = parse_time(need("end")?, "end")?;
+    let step = parse_duration(need("step")?, "step")?;
+    let steps = Steps::range(start, end, step)?;
+    let expr = parse_query(&r.p)?;
+    let (reader, mut budget) = r.reader()?;
+    let v = blocking(move || eval::evaluate(&reader, &expr, steps, &mut budget)).await?;
+    let rows = match v {
+        Value::Scalar(s) => vec![eval::Row {
+            labels: Vec::new(),
+            values: s.into_iter().map(Some).collect(),
+        }],
+        Value::Vector(rows) => rows,
+        Value::Matrix(_) => return Err(Error::BadData(eval::RANGE_VECTOR_IN_RANGE_QUERY.into())),
+    };
+    let mut result: Vec<(Vec<(String, String)>, Json)> = rows
+        .into_iter()
+        .map(|r| {
+            let values: Vec<Json> = r
+                .values
+                .iter()
+                .enumerate()
+                .filter_map(|(k, v)| v.map(|v| point(steps.at(k), v)))
+                .collect();
+            let m = json!({"metric": metric(&r.labels), "values": values});
+            (r.labels, m)
+        })
+        .collect();
+    result.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(json!({"resultType": "matrix", "result": result.into_iter().map(|r| r.1).collect::<Vec<_>>()}))
 }
 
 /// The series selected by every `match[]` (all series without one, when `required` is
 /// false), in `[start, end]`.
-async fn matched(
-    st: &Arc<Shared>,
-    peer: &Peer,
-    p: &[(String, String)],
-    required: bool,
-) -> Result<Vec<SeriesRef>, Error> {
+async fn matched(r: &Req, required: bool) -> Result<Vec<SeriesRef>, Error> {
+    let p = &r.p;
     let start = param(p, "start").map(|t| parse_time(t, "start")).transpose()?;
     let end = param(p, "end").map(|t| parse_time(t, "end")).transpose()?;
     let mut selectors = Vec::new();
@@ -442,7 +454,7 @@ async fn matched(
         }
         selectors.push(Vec::new());
     }
-    let (reader, _) = reader(st, peer, p)?;
+    let (reader, _) = r.reader()?;
     blocking(move || {
         let mut seen = BTreeSet::new();
         let mut out = Vec::new();
@@ -458,60 +470,34 @@ async fn matched(
     .await
 }
 
-async fn series(
-    State(st): State<Arc<Shared>>,
-    Extension(peer): Extension<Peer>,
-    RawQuery(raw): RawQuery,
-    body: Bytes,
-) -> Response {
+async fn series(r: Req) -> Response {
     respond(
-        async {
-            let p = params(raw, &body)?;
-            let s = matched(&st, &peer, &p, true).await?;
-            Ok(Json::Array(s.iter().map(|s| metric(&s.labels)).collect()))
-        }
-        .await,
+        matched(&r, true)
+            .await
+            .map(|s| Json::Array(s.iter().map(|s| metric(&s.labels)).collect())),
     )
 }
 
-async fn labels(
-    State(st): State<Arc<Shared>>,
-    Extension(peer): Extension<Peer>,
-    RawQuery(raw): RawQuery,
-    body: Bytes,
-) -> Response {
-    respond(
-        async {
-            let p = params(raw, &body)?;
-            let names: BTreeSet<String> = matched(&st, &peer, &p, false)
-                .await?
-                .into_iter()
-                .flat_map(|s| s.labels.into_iter().map(|(k, _)| k))
-                .collect();
-            Ok(json!(names))
-        }
-        .await,
-    )
+/// The values of label `name` (`None`: the label names) among the matched series.
+async fn label_set(r: Req, name: Option<String>) -> Result<Json, Error> {
+    let set: BTreeSet<String> = matched(&r, false)
+        .await?
+        .into_iter()
+        .flat_map(|s| s.labels)
+        .filter_map(|(k, v)| match &name {
+            None => Some(k),
+            Some(n) => (*n == k).then_some(v),
+        })
+        .collect();
+    Ok(json!(set))
 }
 
-async fn label_values(
-    State(st): State<Arc<Shared>>,
-    Extension(peer): Extension<Peer>,
-    Path(name): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> Response {
-    respond(
-        async {
-            let p = params(raw, &Bytes::new())?;
-            let values: BTreeSet<String> = matched(&st, &peer, &p, false)
-                .await?
-                .into_iter()
-                .filter_map(|s| s.labels.into_iter().find(|(k, _)| *k == name).map(|(_, v)| v))
-                .collect();
-            Ok(json!(values))
-        }
-        .await,
-    )
+async fn labels(r: Req) -> Response {
+    respond(label_set(r, None).await)
+}
+
+async fn label_values(Path(name): Path<String>, r: Req) -> Response {
+    respond(label_set(r, Some(name)).await)
 }
 
 async fn buildinfo() -> Response {
