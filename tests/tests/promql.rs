@@ -27,6 +27,31 @@ resources = ["app.*"]
 effect = "allow"
 "#;
 
+/// A directory, a producer and an archiver of `app.*` (and `extra` flags) serving PromQL:
+/// (directory, producer, archiver, the PromQL address).
+fn fabric(tmp: &tempfile::TempDir, extra: &[&str]) -> (Proc, Proc, Proc, String) {
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let prod = Proc::producer(&["--no-host-sensors", "--directory", &dir.addr]);
+    let data = tmp.path().join("arch");
+    let mut args = vec![
+        "archiver",
+        "--listen",
+        "127.0.0.1:0",
+        "--directory",
+        &dir.addr,
+        "--data",
+        data.to_str().unwrap(),
+        "--pattern",
+        "app.*",
+        "--http-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let arch = Proc::start(&args, "gma archiver listening on");
+    let http = printed_addr(&arch, "archiver", "promql");
+    (dir, prod, arch, http)
+}
+
 /// `promtool`, or None (skip) outside CI.
 fn promtool() -> Option<String> {
     let ok = Command::new("promtool")
@@ -101,30 +126,15 @@ fn promtool_reads_the_archive_like_gma_archive_query() {
     let tmp = tempdir();
     let policy = tmp.path().join("policy.toml");
     std::fs::write(&policy, POLICY).unwrap();
-    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-    let prod = Proc::producer(&["--no-host-sensors", "--directory", &dir.addr]);
-    let data = tmp.path().join("arch");
-    let arch = Proc::start(
+    let (_dir, prod, arch, http) = fabric(
+        &tmp,
         &[
-            "archiver",
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            &dir.addr,
-            "--data",
-            data.to_str().unwrap(),
-            "--pattern",
-            "app.*",
             "--pattern",
             "secret.*",
-            "--http-listen",
-            "127.0.0.1:0",
             "--access-policy",
             policy.to_str().unwrap(),
         ],
-        "gma archiver listening on",
     );
-    let http = printed_addr(&arch, "archiver", "promql");
     let server = format!("http://{http}");
 
     // 120 samples 10 s apart, on whole seconds (Prometheus works in milliseconds), an hour ago:
@@ -375,26 +385,8 @@ fn the_archive_answers_promql_like_prometheus_itself() {
         return;
     }
     let tmp = tempdir();
-    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
-    let prod = Proc::producer(&["--no-host-sensors", "--directory", &dir.addr]);
-    let data = tmp.path().join("arch");
-    let arch = Proc::start(
-        &[
-            "archiver",
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            &dir.addr,
-            "--data",
-            data.to_str().unwrap(),
-            "--pattern",
-            "app.*",
-            "--http-listen",
-            "127.0.0.1:0",
-        ],
-        "gma archiver listening on",
-    );
-    let ours = format!("http://{}", printed_addr(&arch, "archiver", "promql"));
+    let (_dir, prod, _arch, http) = fabric(&tmp, &[]);
+    let ours = format!("http://{http}");
 
     // A real Prometheus with its remote-write receiver, on a free port.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
