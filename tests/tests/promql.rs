@@ -294,6 +294,41 @@ fn promtool_reads_the_archive_like_gma_archive_query() {
     assert_eq!(status, 200, "{body}");
     let b: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(b["data"], serde_json::json!(["app_metric_v"]));
+
+    // POST with a form body (Grafana's default), the parameters split between the query
+    // string and the body as Prometheus merges them.
+    let form = format!("query=sum%28app_metric_v%29&time={}", base_s + 305);
+    let (status, body) = post_form(&http, "/api/v1/query?timeout=30s", &form);
+    assert_eq!(status, 200, "{body}");
+    let b: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(b["data"]["resultType"], "vector");
+    assert_eq!(b["data"]["result"][0]["value"][1], format!("{s300}"));
+    let (status, body) = post_form(&http, "/api/v1/series", "match[]=%7Bsource%3D%22job1%22%7D");
+    assert_eq!(status, 200, "{body}");
+    let b: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        b["data"],
+        serde_json::json!([{"__name__": "app_metric_v", "event": "app.metric", "field": "v", "source": "job1"}])
+    );
+}
+
+/// `POST path` with an `application/x-www-form-urlencoded` body over plain HTTP: (status, body).
+fn post_form(addr: &str, path: &str, form: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: \
+         application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+        form.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
 }
 
 /// The value of the newest sample at or before `t` (unix s).
