@@ -144,4 +144,41 @@ mod tests {
         };
         assert!(zero.validate().is_err());
     }
+
+    #[test]
+    fn the_archiver_config_takes_http_listen_and_promql() {
+        let c: crate::ArchiverConfig = toml::from_str(
+            "data_dir = \"/tmp/x\"\nhttp_listen = \"127.0.0.1:9300\"\n[promql]\nmax_samples = 10\ntimeout_s = 5\n",
+        )
+        .unwrap_or_default();
+        assert_eq!(c.http_listen.as_deref(), Some("127.0.0.1:9300"));
+        assert_eq!(
+            c.promql,
+            PromqlConfig {
+                max_samples: 10,
+                timeout_s: 5
+            }
+        );
+        assert!(c.validate().is_ok());
+        let bad = crate::ArchiverConfig {
+            promql: PromqlConfig {
+                timeout_s: 0,
+                ..PromqlConfig::default()
+            },
+            ..c.clone()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("promql.timeout_s"));
+        // Plain HTTP off loopback is refused like the gRPC listener's plaintext.
+        let open = crate::ArchiverConfig {
+            http_listen: Some("0.0.0.0:9300".into()),
+            ..c
+        };
+        assert!(open.validate().unwrap_err().to_string().contains("http_listen"));
+        let unknown = toml::from_str::<crate::ArchiverConfig>("[promql]\nmax_sample = 1\n");
+        assert!(unknown.is_err());
+    }
 }
