@@ -11,6 +11,7 @@
 //!   write).
 //! - [`remote_write`]: forwarding what is archived to a Prometheus-compatible store (remote
 //!   write 1.0), with its own durable resume point.
+//! - [`promql`]: the Prometheus HTTP query API (PromQL over the archive) on `http_listen`.
 //! - [`provenance`]: optionally, each event's producer run and seq stored with it.
 //! - [`server`]: the role: discovery and subscriptions through the directory, ingest with group
 //!   commit, registration, retention, the `Archive` endpoint.
@@ -27,6 +28,7 @@ pub mod chunk;
 pub mod error;
 pub mod keep;
 pub mod promlabels;
+pub mod promql;
 pub mod provenance;
 pub mod remote_write;
 pub mod server;

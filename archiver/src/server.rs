@@ -98,6 +98,12 @@ pub struct ArchiverConfig {
     /// `[remote_write]`: forward what is archived to a Prometheus-compatible store
     /// ([`crate::remote_write`], docs/remote-write.md).
     pub remote_write: Option<crate::remote_write::RemoteWriteConfig>,
+    /// Where to serve the Prometheus HTTP query API (PromQL over the archive,
+    /// docs/promql.md), e.g. `127.0.0.1:9300`; none by default. Behind the endpoint's TLS
+    /// (HTTPS with its certificate, client certificates of its client CA required) and policy.
+    pub http_listen: Option<String>,
+    /// Bounds of one PromQL query (`[promql]`).
+    pub promql: crate::promql::PromqlConfig,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -124,6 +130,8 @@ impl Default for ArchiverConfig {
             provenance: false,
             store: StoreTuning::default(),
             remote_write: None,
+            http_listen: None,
+            promql: Default::default(),
             endpoint: Default::default(),
         }
     }
@@ -168,6 +176,13 @@ impl ArchiverConfig {
             return Err(bad(
                 "store.checkpoint_wal_mib and store.checkpoint_interval_s must be at least 1".into(),
             ));
+        }
+        self.promql.validate().map_err(bad)?;
+        if let Some(h) = &self.http_listen {
+            self.endpoint
+                .tls
+                .check_listen(h)
+                .map_err(|e| bad(format!("http_listen {h}: {e}")))?;
         }
         let keeper = Keeper::new(&self.keep)?;
         let remote_write = self
@@ -369,9 +384,14 @@ pub async fn run_with_rpc(
         ))
     });
 
+    let gate = Arc::new(gate);
+    let http = match &config.http_listen {
+        Some(addr) => Some(serve_promql(&config, addr, &store, &gate, stop_rx.clone()).await?),
+        None => None,
+    };
     let service = ArchiveServer::new(ArchiveService {
         store: store.clone(),
-        gate: Arc::new(gate),
+        gate: gate.clone(),
         counters: counters.clone(),
     })
     .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
@@ -391,7 +411,7 @@ pub async fn run_with_rpc(
     if let Some(t) = ingest {
         let _ = t.await;
     }
-    for t in [registrar, retention_task, forwarder].into_iter().flatten() {
+    for t in [registrar, retention_task, forwarder, http].into_iter().flatten() {
         let _ = t.await;
     }
     // Everything received is made durable and the log folded into chunks.
@@ -399,6 +419,47 @@ pub async fn run_with_rpc(
     store.checkpoint().await?;
     tracing::info!("archiver stopped");
     served.map_err(ArchiverError::from)
+}
+
+/// Serves the PromQL API ([`crate::promql`]) on `addr` until `stop`, behind the endpoint's
+/// TLS (its certificate; client certificates of its client CA required, as on the gRPC
+/// listener) and the archive's gate. Prints `gma archiver promql on ADDR` on stderr.
+async fn serve_promql(
+    config: &ArchiverConfig,
+    addr: &str,
+    store: &Arc<Store>,
+    gate: &Arc<gma_core::guard::Gate>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, ArchiverError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| ArchiverError::Config(format!("http_listen {addr}: {e}")))?;
+    let bound = listener.local_addr()?;
+    // The gRPC listener's rustls config, speaking HTTP/1.1 instead of h2.
+    let tls = config
+        .endpoint
+        .tls
+        .rustls_config(bound)
+        .map_err(|e| ArchiverError::Config(format!("http_listen: {e}")))?
+        .map(|c| {
+            let mut c = (*c).clone();
+            c.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(c)
+        });
+    let app = crate::promql::http::router(Arc::new(crate::promql::http::Shared {
+        store: store.clone(),
+        gate: gate.clone(),
+        config: config.promql.clone(),
+    }));
+    let limits = config.endpoint.limits.clone();
+    eprintln!("gma archiver promql on {bound}");
+    tracing::info!(%bound, tls = tls.is_some(), "PromQL API serving");
+    Ok(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        gma_core::conn::serve_http(listener, tls, app, &limits, "archiver-promql", shutdown).await
+    }))
 }
 
 /// Receives deliveries, applies the keep-policy, appends them to the store and makes each

@@ -77,43 +77,52 @@ fn agg_of(a: i32) -> Result<Agg, Error> {
 }
 
 impl ArchiveService {
-    /// The event names `who` may read among the series matching `name` (and `source`):
-    /// `None` = all of them (allowed raw); for a summary-only grant, the summary series it may
-    /// read, or `PERMISSION_DENIED` when there is none. A deny is `PERMISSION_DENIED` too.
     fn readable(
         &self,
         who: &Identity,
         name: &Pattern,
         source: Option<&Pattern>,
     ) -> Result<Option<BTreeSet<String>>, Error> {
-        let grant = self.gate.authorize(who, Action::ArchiveQuery, &[name.as_str()])?;
-        if grant.decision == Decision::Allow {
-            return Ok(None);
-        }
-        let names: BTreeSet<String> = self
-            .store
-            .series(name, source)
-            .into_iter()
-            .map(|s| s.name)
-            .filter(|n| self.gate.raw_allowed(who, Action::ArchiveQuery, n))
-            .collect();
-        if names.is_empty() {
-            let p = name.as_str();
-            return Err(self
-                .gate
-                .summary_only(
-                    who,
-                    p,
-                    &grant,
-                    &format!(
-                        "no archived summary series matches it; ask for {p}.avg1m, {p}.avg10m or \
-                     {p}.avg60m (archived once a producer derives them)"
-                    ),
-                )
-                .into());
-        }
-        Ok(Some(names))
+        readable(&self.store, &self.gate, who, name, source)
     }
+}
+
+/// The event names `who` may read among the series matching `name` (and `source`):
+/// `None` = all of them (allowed raw); for a summary-only grant, the summary series it may
+/// read, or `PERMISSION_DENIED` when there is none. A deny is `PERMISSION_DENIED` too. The one
+/// gate of every door reading the archive (this service, the PromQL API).
+pub(crate) fn readable(
+    store: &Store,
+    gate: &Gate,
+    who: &Identity,
+    name: &Pattern,
+    source: Option<&Pattern>,
+) -> Result<Option<BTreeSet<String>>, Error> {
+    let grant = gate.authorize(who, Action::ArchiveQuery, &[name.as_str()])?;
+    if grant.decision == Decision::Allow {
+        return Ok(None);
+    }
+    let names: BTreeSet<String> = store
+        .series(name, source)
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| gate.raw_allowed(who, Action::ArchiveQuery, n))
+        .collect();
+    if names.is_empty() {
+        let p = name.as_str();
+        return Err(gate
+            .summary_only(
+                who,
+                p,
+                &grant,
+                &format!(
+                    "no archived summary series matches it; ask for {p}.avg1m, {p}.avg10m or \
+                 {p}.avg60m (archived once a producer derives them)"
+                ),
+            )
+            .into());
+    }
+    Ok(Some(names))
 }
 
 fn patterns(name: &str, source: &str) -> Result<(Pattern, Option<Pattern>), Error> {

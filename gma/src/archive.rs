@@ -26,6 +26,10 @@ pub struct ArchiverArgs {
     /// TOML config (docs/archiver.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Serve the Prometheus HTTP query API (PromQL over the archive, docs/promql.md) on ADDR
+    /// (or `http_listen` in --config); behind the archiver's TLS and policy.
+    #[arg(long)]
+    pub http_listen: Option<String>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -40,6 +44,9 @@ pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     }
     if !a.patterns.is_empty() {
         cfg.patterns = a.patterns;
+    }
+    if let Some(h) = a.http_listen {
+        cfg.http_listen = Some(h);
     }
     cfg.validate().map_err(|e| anyhow!("{e}"))?;
     let listener = open_endpoint("archiver", &cfg.listen, &cfg.endpoint).await?;

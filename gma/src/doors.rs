@@ -86,6 +86,13 @@ pub fn groups() -> Vec<Group> {
             doors: gma_producer::prometheus::DOORS,
             routes: crate::telemetry::PROMETHEUS_ROUTES.to_vec(),
         },
+        Group {
+            name: "promql",
+            kind: "http",
+            served_by: "gma archiver --http-listen (the Prometheus query API)",
+            doors: gma_archiver::promql::http::DOORS,
+            routes: gma_archiver::promql::http::routes(),
+        },
     ]
 }
 

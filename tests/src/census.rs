@@ -403,6 +403,23 @@ pub fn raw_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     out
 }
 
+/// Raw data in an answer of the archiver's Prometheus query API (`--http-listen`): a result
+/// or a listed series whose `event` label is not a summary, or such a name among the values of
+/// the `event` label.
+pub fn raw_in_promql(text: &str) -> Vec<String> {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    let data = &v["data"];
+    let items = data["result"].as_array().or(data.as_array());
+    raw_names(items.into_iter().flatten().filter_map(|it| {
+        it["metric"]["event"]
+            .as_str()
+            .or(it["event"].as_str())
+            .or(it.as_str())
+    }))
+}
+
 /// Raw data in a dashboard JSON document: a snapshot, one message of the live stream, a
 /// history answer (`series` with points) or a series listing.
 pub fn raw_in_dashboard_json(v: &Value) -> Vec<String> {

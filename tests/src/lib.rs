@@ -541,3 +541,40 @@ pub fn sim_file(dir: &Path, prefix: &str, hosts: usize, period_ms: u64) -> PathB
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// Pushes `items` (timestamp ns, value) to the producer at `producer` as events `name` of
+/// source `source` with one double field `v` (schema version 1).
+pub fn push_numbers(producer: &str, name: &str, source: &str, items: &[(i64, f64)]) {
+    use gma_proto::v1 as pb;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let ch = gma_consumer::connect(producer)
+            .await
+            .expect("connect to the producer");
+        let mut c = pb::ingest_client::IngestClient::new(ch);
+        let schema = pb::EventSchema {
+            name: name.into(),
+            version: 1,
+            fields: vec![gma_core::event::dbl("v", "", "")],
+            description: String::new(),
+        };
+        let events = items
+            .iter()
+            .map(|(ts, v)| pb::Event {
+                name: name.into(),
+                source: source.into(),
+                timestamp_ns: *ts,
+                seq: 0,
+                values: vec![pb::Value {
+                    kind: Some(pb::value::Kind::Number(*v)),
+                }],
+            })
+            .collect();
+        c.push(pb::IngestRequest {
+            events,
+            schemas: vec![schema],
+        })
+        .await
+        .expect("push");
+    });
+}

@@ -199,6 +199,19 @@ pub fn https(
     headers: &[(&str, &str)],
     enough: impl Fn(&str) -> bool,
 ) -> Result<(u16, String), String> {
+    https_request(site, "GET", addr, path, who, headers, enough)
+}
+
+/// [`https`] with another method (`POST` with an empty body: parameters in `path`).
+pub fn https_request(
+    site: &Secure,
+    method: &str,
+    addr: &str,
+    path: &str,
+    who: Option<&str>,
+    headers: &[(&str, &str)],
+    enough: impl Fn(&str) -> bool,
+) -> Result<(u16, String), String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -233,7 +246,10 @@ pub fn https(
     // the response loop, which has its own deadline) only once the request is sent.
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, tcp);
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if method != "GET" {
+        req.push_str("Content-Length: 0\r\n");
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }

@@ -10,7 +10,6 @@ use gma_tests as common;
 use std::time::Duration;
 
 use common::*;
-use gma_proto::v1 as pb;
 
 fn archiver(dir: &Proc, data: &std::path::Path, extra: &[&str]) -> Proc {
     let mut args = vec![
@@ -35,35 +34,7 @@ fn archive(args: &[&str], archiver: &str) -> Run {
 
 /// Pushes `values` as `app.metric` events (field `v`) with the given timestamps.
 fn push(producer: &str, items: &[(i64, f64)]) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let ch = gma_consumer::connect(producer).await.unwrap();
-        let mut c = pb::ingest_client::IngestClient::new(ch);
-        let schema = pb::EventSchema {
-            name: "app.metric".into(),
-            version: 1,
-            fields: vec![gma_core::event::dbl("v", "", "")],
-            description: String::new(),
-        };
-        let events = items
-            .iter()
-            .map(|(ts, v)| pb::Event {
-                name: "app.metric".into(),
-                source: "job1".into(),
-                timestamp_ns: *ts,
-                seq: 0,
-                values: vec![pb::Value {
-                    kind: Some(pb::value::Kind::Number(*v)),
-                }],
-            })
-            .collect();
-        c.push(pb::IngestRequest {
-            events,
-            schemas: vec![schema],
-        })
-        .await
-        .unwrap();
-    });
+    push_numbers(producer, "app.metric", "job1", items)
 }
 
 /// The points of a query that may find nothing yet (NOT_FOUND before the first sample).

@@ -8,7 +8,7 @@
 //!   door table of docs/security.md is those lists.
 //! - **Dynamic**: the roles that serve those doors run as real processes with mTLS and one
 //!   policy (a 1-member directory with `[[members]]`, a producer of simulated hosts with
-//!   `--prometheus`, an archiver with `--metrics-listen`, a broker, a simres, the dashboard, a
+//!   `--prometheus`, an archiver with `--metrics-listen` and `--http-listen` (PromQL), a broker, a simres, the dashboard, a
 //!   netprobe, a federation endpoint, a sink, `gma app-sim`, a relay, a monitor, a
 //!   rescheduler); every door is called, with a meaningful request per RPC (and the attacker's
 //!   variants of the data doors), as (a) no certificate, (b) a certificate of another CA, (c)
@@ -75,6 +75,7 @@ type CallFn = Arc<dyn Fn(Channel) -> BoxFuture<Outcome> + Send + Sync>;
 enum Call {
     Grpc(CallFn),
     Http {
+        method: &'static str,
         path: String,
         detect: fn(&str) -> Vec<String>,
         enough: fn(&str) -> bool,
@@ -1641,6 +1642,7 @@ fn knocks(lease: u64) -> Vec<Knock> {
         target: target.to_string(),
         inside_raw,
         call: Call::Http {
+            method: "GET",
             path: path.to_string(),
             detect,
             enough,
@@ -1739,6 +1741,94 @@ fn knocks(lease: u64) -> Vec<Knock> {
             true,
             "/metrics",
             raw_in_sensor_scrape,
+            whole,
+        ),
+    ]);
+    // The archiver's Prometheus query API (--http-listen), GET and POST.
+    let enc = |q: &str| -> String {
+        q.bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    let now = gma_core::time::now_ns() / 1_000_000_000;
+    let host = enc(r#"{event=~"host.load.*"}"#);
+    let range = format!(
+        "/api/v1/query_range?query={host}&start={}&end={}&step=60",
+        now - 600,
+        now + 600
+    );
+    let paths = [
+        (
+            ["GET /api/v1/query", "POST /api/v1/query"],
+            "host.load.*",
+            format!("/api/v1/query?query={host}"),
+            true,
+        ),
+        (
+            ["GET /api/v1/query", "POST /api/v1/query"],
+            "sum by (event)",
+            format!(
+                "/api/v1/query?query={}",
+                enc(r#"sum by (event) ({event=~"host.load.*"})"#)
+            ),
+            true,
+        ),
+        (
+            ["GET /api/v1/query_range", "POST /api/v1/query_range"],
+            "host.load.*",
+            range,
+            true,
+        ),
+        (
+            ["GET /api/v1/series", "POST /api/v1/series"],
+            "host.load.*",
+            format!("/api/v1/series?match[]={host}"),
+            true,
+        ),
+        (
+            ["GET /api/v1/labels", "POST /api/v1/labels"],
+            "",
+            "/api/v1/labels".to_string(),
+            false,
+        ),
+    ];
+    for (doors, variant, path, raw) in paths {
+        for (door, method) in doors.into_iter().zip(["GET", "POST"]) {
+            out.push(Knock {
+                door,
+                variant,
+                target: "promql@archiver".into(),
+                inside_raw: raw,
+                call: Call::Http {
+                    method,
+                    path: path.clone(),
+                    // Label names are no data.
+                    detect: if raw { raw_in_promql } else { no_body },
+                    enough: whole,
+                },
+            });
+        }
+    }
+    out.extend([
+        http(
+            "GET /api/v1/label/{name}/values",
+            "event",
+            "promql@archiver",
+            true,
+            "/api/v1/label/event/values",
+            raw_in_promql,
+            whole,
+        ),
+        http(
+            "GET /api/v1/status/buildinfo",
+            "",
+            "promql@archiver",
+            false,
+            "/api/v1/status/buildinfo",
+            no_body,
             whole,
         ),
     ]);
@@ -1961,11 +2051,16 @@ fn run_census(
                             }
                             Err(e) => Outcome::Handshake(e.clone()),
                         },
-                        Call::Http { path, detect, enough } => {
-                            let (path, detect, enough) = (path.clone(), *detect, *enough);
+                        Call::Http {
+                            method,
+                            path,
+                            detect,
+                            enough,
+                        } => {
+                            let (method, path, detect, enough) = (*method, path.clone(), *detect, *enough);
                             tokio::task::spawn_blocking(move || {
                                 let name = who.cert().map(|c| c.1);
-                                match https(&site, &addr, &path, name, &[], enough) {
+                                match https_request(&site, method, &addr, &path, name, &[], enough) {
                                     Err(e) => Outcome::Handshake(e),
                                     Ok((s, body)) if (200..300).contains(&s) => Outcome::Served {
                                         raw: detect(&body),
@@ -2053,7 +2148,7 @@ fn every_rpc_and_every_http_route_has_a_door() {
     );
     // The HTTP groups name the routes their routers serve.
     let http: Vec<&Group> = groups.iter().filter(|g| g.kind == "http").collect();
-    assert_eq!(http.len(), 3, "dashboard, metrics, prometheus");
+    assert_eq!(http.len(), 4, "dashboard, metrics, prometheus, promql");
     assert!(http.iter().all(|g| !g.routes.is_empty()));
 }
 
@@ -2346,6 +2441,8 @@ fn start_fabric() -> Fabric {
                 &arch_data,
                 "--metrics-listen",
                 any,
+                "--http-listen",
+                any,
             ]
             .map(String::from)
             .to_vec(),
@@ -2464,6 +2561,10 @@ fn start_fabric() -> Fabric {
     addrs.insert(
         "metrics@archiver".into(),
         printed_addr(get("archiver"), "archiver", "metrics"),
+    );
+    addrs.insert(
+        "promql@archiver".into(),
+        printed_addr(get("archiver"), "archiver", "promql"),
     );
     let prod = addrs["producer"].clone();
     let arch = addrs["archiver"].clone();
