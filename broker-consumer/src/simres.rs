@@ -209,7 +209,7 @@ impl SimresConfig {
 }
 
 /// `rm.slots`: the free capacity a manager offers, as slots (Singh et al.; docs/provisioning.md).
-pub const SLOTS_EVENT: &str = "rm.slots";
+pub const SLOTS_EVENT: &str = crate::provision::offers::SLOTS_EVENT;
 /// How far ahead slots are offered when the manager has no horizon.
 const OFFER_HORIZON_S: i64 = 86_400;
 

@@ -295,3 +295,143 @@ fn the_synthetic_slot_experiment_prints_its_figures_for_the_papers_plan_and_ours
         assert_eq!(v["alpha_sweep"].as_array().unwrap().len(), 11);
     }
 }
+
+/// Whether every slot `v` (a `gma broker provision --output json` answer) offers leaves room
+/// for what `owner`'s reservations `held` take of resources of `total` processors.
+fn offer_excludes(
+    v: &serde_json::Value,
+    held: &BTreeSet<(String, u64, i64, i64)>,
+    total: &dyn Fn(&str) -> u64,
+) -> bool {
+    v["offered"].as_array().unwrap().iter().all(|o| {
+        let (res, cpus, s, e) = slot_of(o);
+        let taken: u64 = held
+            .iter()
+            .filter(|(r, _, a, b)| *r == res && *a < e && s < *b)
+            .map(|h| h.1)
+            .sum();
+        cpus + taken <= total(&res)
+    })
+}
+
+#[test]
+fn the_broker_follows_the_slots_a_manager_publishes_and_plans_on_them() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let m = start_simres(
+        tmp.path(),
+        "m",
+        "horizon_s = 14400\nslot_s = 900\n[prices]\nbig = 2\n[[resource]]\nname = \"big\"\ncpus = 16\n\
+         [[resource]]\nname = \"small\"\ncpus = 4\n[[resource.background]]\nstart_in_s = 0\nduration_s = 1800\n",
+        &["--directory", &dir.addr],
+    );
+    let broker = Proc::start(
+        &["broker", "--listen", "127.0.0.1:0", "--directory", &dir.addr],
+        "gma broker listening on",
+    );
+    let montage = example("montage-4.toml");
+    let through_broker = |extra: &[&str]| {
+        let base = [
+            "--workflow",
+            montage.as_str(),
+            "--broker",
+            broker.addr.as_str(),
+            "--output",
+            "json",
+        ];
+        provision(&[&base[..], extra].concat())
+    };
+    // The manager published its snapshot when it started; the broker, started after it,
+    // still gets it (its slot subscription starts from the oldest events held).
+    let mut last = None;
+    let ok = wait_until(T, || {
+        let r = through_broker(&["--alpha", "0.5"]);
+        let done = r.code == 0;
+        last = Some(r);
+        done
+    });
+    let r = last.unwrap();
+    assert!(
+        ok,
+        "the broker never held the manager's slots: {}\n{}",
+        r.stdout, r.stderr
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["offer"], "broker");
+    let offered = v["offered"].as_array().unwrap();
+    // What the manager offers: both resources, "small" only after its background block, at
+    // the manager's prices.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(offered.iter().any(|o| o["resource"] == "big"), "{v}");
+    for o in offered {
+        let (res, cpus, s, e) = slot_of(o);
+        assert!(e - s <= 900 && e <= now + 14_400, "{o}");
+        match res.as_str() {
+            "big" => assert_eq!((cpus, o["price"].as_f64()), (16, Some(2.0)), "{o}"),
+            "small" => {
+                assert_eq!((cpus, o["price"].as_f64()), (4, Some(1.0)), "{o}");
+                assert!(s >= t0 + 1800, "offered during the background block: {o}");
+            }
+            _ => panic!("unknown resource {o}"),
+        }
+    }
+    // Reserving the chosen plan: the addresses come with the offers (no --simres given).
+    let r = through_broker(&["--alpha", "0.5", "--reserve", "--owner", "prov"]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let want: BTreeSet<_> = v["chosen"]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(slot_of)
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(held(&m.addr, "prov"), want);
+    // The manager publishes a new snapshot; the broker follows it: its offer leaves the
+    // reserved processors out.
+    let total = |r: &str| if r == "big" { 16 } else { 4 };
+    let mut last = None;
+    let ok = wait_until(T, || {
+        let r = through_broker(&["--alpha", "1"]);
+        let done = r.code == 0
+            && serde_json::from_str::<serde_json::Value>(&r.stdout)
+                .is_ok_and(|v| offer_excludes(&v, &want, &total));
+        last = Some(r);
+        done
+    });
+    let r = last.unwrap();
+    assert!(
+        ok,
+        "the broker's offer still holds reserved processors: {}\n{}",
+        r.stdout, r.stderr
+    );
+    let r = through_broker(&["--alpha", "1", "--reserve", "--owner", "prov2"]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(!held(&m.addr, "prov2").is_empty());
+    assert_eq!(held(&m.addr, "prov"), want);
+    // --slots and --broker are two offers: refused together.
+    let r = provision(&[
+        "--workflow",
+        &montage,
+        "--alpha",
+        "0",
+        "--broker",
+        &broker.addr,
+        "--slots",
+        &montage,
+    ]);
+    assert!(
+        r.code != 0 && r.stderr.contains("cannot be used with"),
+        "{}",
+        r.stderr
+    );
+    drop(broker);
+    drop(m);
+}

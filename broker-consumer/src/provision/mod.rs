@@ -4,6 +4,7 @@
 //!
 //! - [`format`]: the workflow and slot-offer files (TOML), validated with precise errors.
 //! - [`free`]: slots cut from a resource manager's calendar (its free processors).
+//! - [`offers`]: the newest complete `rm.slots` snapshot per manager, as a broker follows them.
 //! - [`heft`]: slot-aware HEFT, the makespan of a workflow on a set of slots (∞ = `None`).
 //! - [`moga`]: the multi-objective GA over (allocation cost, makespan) with its Pareto
 //!   archive, the exact front by brute force for small offers, and the α trade-off choice.
@@ -15,6 +16,7 @@ pub mod format;
 pub mod free;
 pub mod heft;
 pub mod moga;
+pub mod offers;
 pub mod synthetic;
 
 pub use format::{FormatError, Offer, Slot, Workflow};
