@@ -13,14 +13,13 @@
 //!   when its last parent ends and waits in the queue behind the background jobs that arrived
 //!   before it (a background job arriving at the same second goes first).
 //! - **Provisioned**: at `t0` the site's free capacity (the holes of the schedule of the jobs
-//!   that arrived before `t0`, from `t0` to `t0 + horizon_s`, cut every `slot_s` and at every
-//!   job boundary: [`free_slots`](super::free::free_slots)) is offered as slots; MOGA plans
-//!   the workflow on them and α picks a plan, whose slots are then reserved (background jobs
-//!   arriving later go around them). Runtimes are exact, so the workflow runs as planned: its
-//!   makespan is the plan's. The plan's cost is reported two ways: the slots bought whole
-//!   (what the planner minimises), and trimmed as the paper charges a divisible slot: per
-//!   slot, the most processors the schedule uses at once over the span from its first task's
-//!   start to its last task's end.
+//!   that arrived before `t0`, from `t0` to `t0 + horizon_s`, as maximal bands:
+//!   [`free_bands`](super::free::free_bands)) is offered as slots; MOGA plans the workflow on
+//!   them and α picks a plan, whose slots are then reserved (background jobs arriving later go
+//!   around them). Runtimes are exact, so the workflow runs as planned: its makespan is the
+//!   plan's. Its cost is the planner's (with `MogaConfig::divisible`, the paper's charge for a
+//!   divisible slot: what the schedule uses of it), and also reported with the slots bought
+//!   whole.
 //!
 //! Both are measured from `t0`. Best effort's allocation cost is the work itself
 //! (`Σ runtime × processors`, the paper's AC_BE).
@@ -32,8 +31,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::format::{Offer, Workflow, MAX_SLOTS};
-use super::free::{free_slots, Capacity};
-use super::heft::{Problem, Schedule};
+use super::free::{free_bands, Capacity};
+use super::heft::Problem;
 use super::moga::{choose, moga, MogaConfig};
 
 /// The site and its background load.
@@ -48,9 +47,8 @@ pub struct SiteConfig {
     pub t0_s: i64,
     /// Background jobs keep arriving until `t0 + tail_s`.
     pub tail_s: i64,
-    /// Provisioned: slots are offered up to `t0 + horizon_s`, cut every `slot_s`.
+    /// Provisioned: slots are offered up to `t0 + horizon_s`.
     pub horizon_s: i64,
-    pub slot_s: i64,
     pub seed: u64,
 }
 
@@ -64,7 +62,6 @@ impl Default for SiteConfig {
             t0_s: 2 * 86_400,
             tail_s: 7 * 86_400,
             horizon_s: 86_400,
-            slot_s: 1800,
             seed: 1,
         }
     }
@@ -146,11 +143,6 @@ impl Profile {
             .fold(at_a, u32::max)
     }
 
-    /// The most processors held at once over `[a, b)`.
-    fn used(&self, a: i64, b: i64) -> u32 {
-        Profile::peak(&self.steps(), a, b)
-    }
-
     /// Places a job arriving at `from`: the earliest start at which `cpus` are free for
     /// `runtime_s` (conservative backfilling). Returns the start.
     pub fn place(&mut self, from: i64, runtime_s: i64, cpus: u32) -> i64 {
@@ -220,46 +212,18 @@ pub fn offer_at_t0(cfg: &SiteConfig, jobs: &[Job]) -> Result<Offer, super::Forma
         site.place(j.arrival_s, j.runtime_s, j.cpus);
     }
     site.held.retain(|h| h.1 > cfg.t0_s);
-    let mut slots = free_slots(
+    let mut slots = free_bands(
         cfg.t0_s,
-        cfg.slot_s,
-        &[Capacity {
+        &Capacity {
             resource: "site".into(),
             cpus: cfg.processors,
             until_s: cfg.t0_s + cfg.horizon_s,
             reserved: site.held,
             price: 1.0,
-        }],
+        },
     );
     slots.truncate(MAX_SLOTS);
     Offer::new(cfg.t0_s, 100.0, 0, slots)
-}
-
-/// The paper's charge for divisible slots: per slot the schedule uses, the most processors
-/// used at once times the span from the first use to the last, in SU (price 1).
-pub fn trimmed_cost(p: &Problem, s: &Schedule) -> f64 {
-    let mut total = 0.0;
-    for slot in s.used_slots() {
-        let uses: Vec<(i64, i64, u32)> = s
-            .placements
-            .iter()
-            .flat_map(|pl| {
-                pl.parts
-                    .iter()
-                    .filter(|&&(i, _)| i == slot)
-                    .map(move |&(_, n)| (pl.start_s, pl.end_s, n))
-            })
-            .collect();
-        let first = uses.iter().map(|u| u.0).min().unwrap_or(0);
-        let last = uses.iter().map(|u| u.1).max().unwrap_or(0);
-        let prof = Profile {
-            processors: u32::MAX,
-            held: uses,
-        };
-        let n = prof.used(first, last.max(first + 1));
-        total += p.offer.slots[slot].price * f64::from(n) * (last - first) as f64 / 3600.0;
-    }
-    total
 }
 
 /// One provisioned run's plan for one α.
@@ -267,10 +231,10 @@ pub fn trimmed_cost(p: &Problem, s: &Schedule) -> f64 {
 pub struct Provisioned {
     pub alpha: f64,
     pub makespan_s: i64,
-    /// The slots bought whole (the planner's objective).
+    /// The planner's cost (divisible or whole, as configured).
     pub cost_su: f64,
-    /// Charged as divisible slots.
-    pub trimmed_su: f64,
+    /// The plan's slots bought whole.
+    pub whole_su: f64,
     pub slots: usize,
 }
 
@@ -310,14 +274,11 @@ pub fn trial(
     for &alpha in alphas {
         let Some(i) = choose(&out.front, alpha) else { break };
         let plan = &out.front[i];
-        let Some(s) = problem.schedule(&plan.slots) else {
-            continue;
-        };
         provisioned.push(Provisioned {
             alpha,
             makespan_s: plan.makespan_s,
             cost_su: plan.cost,
-            trimmed_su: trimmed_cost(&problem, &s),
+            whole_su: problem.cost(&plan.slots),
             slots: plan.slots.len(),
         });
     }
@@ -405,7 +366,6 @@ mod tests {
             processors: 4,
             t0_s: 1000,
             horizon_s: 10_000,
-            slot_s: 500,
             ..SiteConfig::default()
         };
         let jobs = [
@@ -428,14 +388,18 @@ mod tests {
             (1000, 1),
             "the hole beside the first job"
         );
+        assert_eq!(offer.slots[0].end_s, 5000, "a band: free until the job ends");
         let p = Problem::new(wf, offer);
-        let out = moga(&p, &MogaConfig::default());
+        let cfg = MogaConfig {
+            divisible: true,
+            ..MogaConfig::default()
+        };
+        let out = moga(&p, &cfg);
         let fastest = &out.front[choose(&out.front, 0.0).unwrap()];
         assert_eq!(fastest.makespan_s, 300);
-        let s = p.schedule(&fastest.slots).unwrap();
-        let trimmed = trimmed_cost(&p, &s);
-        assert!((trimmed - 300.0 / 3600.0).abs() < 1e-9, "{trimmed}");
-        assert!(fastest.cost >= trimmed);
+        // Charged for one processor over the 300 s the chain uses of the slot.
+        assert!((fastest.cost - 300.0 / 3600.0).abs() < 1e-9, "{}", fastest.cost);
+        assert!(p.cost(&fastest.slots) > fastest.cost);
     }
 
     #[test]
