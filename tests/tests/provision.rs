@@ -268,6 +268,8 @@ fn the_synthetic_slot_experiment_prints_its_figures_for_the_papers_plan_and_ours
     let runs = json_lines(&[
         "bench",
         "provision",
+        "--part",
+        "a",
         "--seeds",
         "2",
         "--population",
@@ -434,4 +436,42 @@ fn the_broker_follows_the_slots_a_manager_publishes_and_plans_on_them() {
     );
     drop(broker);
     drop(m);
+}
+
+#[test]
+fn provisioned_and_best_effort_execution_print_their_figures_across_alpha() {
+    let out = json_lines(&[
+        "bench",
+        "provision",
+        "--part",
+        "b",
+        "--seeds",
+        "2",
+        "--population",
+        "10",
+        "--generations",
+        "2",
+        "--output",
+        "json",
+    ]);
+    let names: Vec<_> = out.iter().map(|v| v["workflow"].as_str().unwrap()).collect();
+    assert_eq!(names, ["montage-4", "montage-25"]);
+    for v in &out {
+        assert_eq!(v["part"], "b");
+        let work = v["best_effort"]["cost_su"].as_f64().unwrap();
+        assert!(work > 0.0, "{v}");
+        assert!(v["best_effort"]["makespan_mean_s"].as_f64().unwrap() > 0.0, "{v}");
+        let rows = v["provisioned"].as_array().unwrap();
+        let alphas: Vec<f64> = rows.iter().map(|r| r["alpha"].as_f64().unwrap()).collect();
+        assert_eq!(alphas, [0.0, 0.25, 0.5, 0.75, 1.0]);
+        for r in rows {
+            assert_eq!(r["runs"], 2, "{v}");
+            let cost = r["cost_mean_su"].as_f64().unwrap();
+            // Charged for what the schedule uses, a plan never costs less than the work.
+            assert!(cost >= work - 0.002, "{r} below the work {work}");
+            assert!(r["whole_mean_su"].as_f64().unwrap() >= cost - 0.002, "{r}");
+            assert!(r["faster_than_best_effort"].as_u64().unwrap() <= 2);
+        }
+        assert_eq!(v["trials"].as_array().unwrap().len(), 2);
+    }
 }

@@ -146,6 +146,7 @@ pub fn execution(
                         "seed": t.seed, "background_jobs": t.background_jobs,
                         "offered_utilization": num(t.offered_utilization), "slots": t.slots_offered,
                         "pareto": t.pareto, "best_effort_s": t.best_effort_s,
+                        "provisioned_s": t.provisioned.iter().map(|p| p.makespan_s).collect::<Vec<_>>(),
                     })).collect::<Vec<_>>(),
                     "seconds": num(secs),
                 })
@@ -183,8 +184,14 @@ pub fn execution(
                 }
                 for t in &trials {
                     println!(
-                        "  seed {}: {} background jobs (utilization offered {:.2}), {} slots, Pareto set {}, best effort {} s",
-                        t.seed, t.background_jobs, t.offered_utilization, t.slots_offered, t.pareto, t.best_effort_s
+                        "  seed {}: {} background jobs (utilization offered {:.2}), {} slots, Pareto set {}, best effort {} s, provisioned {:?} s",
+                        t.seed,
+                        t.background_jobs,
+                        t.offered_utilization,
+                        t.slots_offered,
+                        t.pareto,
+                        t.best_effort_s,
+                        t.provisioned.iter().map(|p| p.makespan_s).collect::<Vec<_>>()
                     );
                 }
             }

@@ -388,7 +388,13 @@ mod tests {
             (1000, 1),
             "the hole beside the first job"
         );
-        assert_eq!(offer.slots[0].end_s, 5000, "a band: free until the job ends");
+        // Bands: the free processor stays free to the horizon; three more from 5000.
+        let bands: Vec<(i64, i64, u32)> = offer
+            .slots
+            .iter()
+            .map(|s| (s.start_s, s.end_s, s.processors))
+            .collect();
+        assert_eq!(bands, [(1000, 11_000, 1), (5000, 11_000, 3)]);
         let p = Problem::new(wf, offer);
         let cfg = MogaConfig {
             divisible: true,

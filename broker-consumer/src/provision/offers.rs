@@ -18,6 +18,48 @@ pub const SLOTS_EVENT: &str = "rm.slots";
 /// Most resource managers whose offers are kept.
 pub const MAX_MANAGERS: usize = 1024;
 
+/// The events of one `rm.slots` snapshot of `source` (the schema `simres::slots_schema`): one
+/// per slot, all with `version` and the snapshot's count; an empty snapshot is one event with
+/// count 0. At most [`MAX_SLOTS`] slots are published (the first ones).
+pub fn snapshot_events(
+    source: &str,
+    ts_ns: i64,
+    version: u64,
+    mut slots: Vec<Slot>,
+) -> Vec<gma_core::event::EventData> {
+    slots.truncate(MAX_SLOTS);
+    let count = slots.len() as f64;
+    let event = |numbers: Vec<f64>, strings: Vec<String>| gma_core::event::EventData {
+        name: SLOTS_EVENT.into(),
+        source: source.to_string(),
+        timestamp_ns: ts_ns,
+        numbers,
+        strings,
+    };
+    if slots.is_empty() {
+        return vec![event(
+            vec![0.0, 0.0, 0.0, 0.0, version as f64, 0.0],
+            vec![String::new(), String::new()],
+        )];
+    }
+    slots
+        .into_iter()
+        .map(|s| {
+            event(
+                vec![
+                    s.start_s as f64,
+                    s.end_s as f64,
+                    f64::from(s.processors),
+                    s.price,
+                    version as f64,
+                    count,
+                ],
+                vec![s.resource, s.id],
+            )
+        })
+        .collect()
+}
+
 /// One slot event, as read from `rm.slots` (numbers as published).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlotEvent {
