@@ -1,7 +1,8 @@
 //! The Slurm adapter publishes its free slots (`rm.slots`, issue 22, item 1) computed from
 //! Slurm's nodes and reservations: against a real throw-away Slurm cluster, a reservation made
 //! in Slurm directly (not through the adapter) disappears from the offer, the adapter's price
-//! is on every slot, and a broker following `rm.slots` plans a workflow on the node's slots.
+//! is on every slot, a deleted one comes back, and a broker following `rm.slots` plans a
+//! workflow on the node's slots.
 //!
 //! Without Slurm (not installed, not root) the test prints a skip message; under `CI=true` it
 //! fails with the reason.
@@ -148,7 +149,7 @@ fn the_slurm_adapter_offers_its_free_slots_around_slurm_reservations() {
                 && s.iter().any(|x| x.2 == re && x.1 == cpus)
         })
     });
-    let cleanup = cluster.cmd("scontrol", &["delete", "reservation", "ReservationName=outside"]);
+    let cleanup = cluster.cmd("scontrol", &["delete", "ReservationName=outside"]);
     assert!(
         ok,
         "the offer does not leave out {rs}..{re}: {last:?}; {}",
@@ -163,6 +164,65 @@ fn the_slurm_adapter_offers_its_free_slots_around_slurm_reservations() {
             .is_some_and(|(v, s)| *v > v2 && s.iter().any(|x| x.2 <= rs && rs < x.3))
     });
     assert!(ok, "the window is not offered again: {last:?}");
+    // A broker following rm.slots holds the node's slots: a workflow is planned on them.
+    let broker = Proc::start(
+        &["broker", "--listen", "127.0.0.1:0", "--directory", &dir.addr],
+        "gma broker listening on",
+    );
+    let wf = tmp.path().join("wf.toml");
+    std::fs::write(
+        &wf,
+        "[[task]]\nid = \"a\"\nruntime_s = 600\nprocessors = 1\n\
+         [[task]]\nid = \"b\"\nruntime_s = 600\nprocessors = 2\n\
+         [[edge]]\nfrom = \"a\"\nto = \"b\"\n",
+    )
+    .unwrap();
+    let plan = |_: ()| {
+        gma(
+            &[
+                "broker",
+                "provision",
+                "--workflow",
+                wf.to_str().unwrap(),
+                "--broker",
+                &broker.addr,
+                "--alpha",
+                "0",
+                "--output",
+                "json",
+            ],
+            T,
+        )
+    };
+    let mut r = plan(());
+    let ok = wait_until(T, || {
+        r = plan(());
+        r.code == 0
+    });
+    assert!(ok, "no plan on the broker's slots: {}\n{}", r.stdout, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["offer"], "broker");
+    for o in v["offered"].as_array().unwrap() {
+        assert_eq!(
+            (o["resource"].as_str(), o["price"].as_f64()),
+            (Some(node.as_str()), Some(3.5)),
+            "{o}"
+        );
+    }
+    // Both tasks scheduled on the node, b after a on both of its CPUs.
+    assert!(v["chosen"]["makespan_s"].as_i64().unwrap() >= 1200, "{v}");
+    let sched = v["chosen"]["schedule"].as_array().unwrap();
+    let b = sched.iter().find(|t| t["task"] == "b").unwrap();
+    let a = sched.iter().find(|t| t["task"] == "a").unwrap();
+    assert!(b["start_s"].as_i64() >= a["end_s"].as_i64(), "{v}");
+    let b_cpus: u64 = b["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["processors"].as_u64().unwrap())
+        .sum();
+    assert_eq!(b_cpus, 2, "{v}");
+    drop(broker);
     drop(adapter);
     drop(dir);
 }
