@@ -236,7 +236,9 @@ async fn offer_from_broker(a: &ProvisionArgs, broker: &str) -> anyhow::Result<(O
     if !(0..=86_400).contains(&a.lead_s) {
         bail!("--lead-s must be within 0..=86400");
     }
-    let mut c = crate::broker::client(broker).await?;
+    let ch = gma_consumer::connect(broker).await?;
+    let mut c =
+        pb::broker_client::BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
     let view = match tokio::time::timeout(CALL, c.view(pb::BrokerViewRequest {})).await {
         Ok(Ok(r)) => r.into_inner(),
         Ok(Err(s)) => bail!("broker {broker}: {} ({:?})", s.message(), s.code()),

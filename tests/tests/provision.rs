@@ -316,6 +316,26 @@ fn offer_excludes(
     })
 }
 
+/// Runs `plan` until it succeeds with an answer meeting `good`, which it returns; fails
+/// naming `what` with the last output when it never does.
+fn plan_until(
+    plan: impl Fn() -> Run,
+    good: impl Fn(&serde_json::Value) -> bool,
+    what: &str,
+) -> serde_json::Value {
+    let mut last = None;
+    let ok = wait_until(T, || {
+        let r = plan();
+        let done =
+            r.code == 0 && serde_json::from_str::<serde_json::Value>(&r.stdout).is_ok_and(|v| good(&v));
+        last = Some(r);
+        done
+    });
+    let r = last.unwrap();
+    assert!(ok, "{what}: {}\n{}", r.stdout, r.stderr);
+    serde_json::from_str(&r.stdout).unwrap()
+}
+
 #[test]
 fn the_broker_follows_the_slots_a_manager_publishes_and_plans_on_them() {
     let tmp = tempdir();
@@ -349,20 +369,11 @@ fn the_broker_follows_the_slots_a_manager_publishes_and_plans_on_them() {
     };
     // The manager published its snapshot when it started; the broker, started after it,
     // still gets it (its slot subscription starts from the oldest events held).
-    let mut last = None;
-    let ok = wait_until(T, || {
-        let r = through_broker(&["--alpha", "0.5"]);
-        let done = r.code == 0;
-        last = Some(r);
-        done
-    });
-    let r = last.unwrap();
-    assert!(
-        ok,
-        "the broker never held the manager's slots: {}\n{}",
-        r.stdout, r.stderr
+    let v = plan_until(
+        || through_broker(&["--alpha", "0.5"]),
+        |_| true,
+        "the broker never held the manager's slots",
     );
-    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["offer"], "broker");
     let offered = v["offered"].as_array().unwrap();
     // What the manager offers: both resources, "small" only after its background block, at
@@ -399,20 +410,10 @@ fn the_broker_follows_the_slots_a_manager_publishes_and_plans_on_them() {
     // The manager publishes a new snapshot; the broker follows it: its offer leaves the
     // reserved processors out.
     let total = |r: &str| if r == "big" { 16 } else { 4 };
-    let mut last = None;
-    let ok = wait_until(T, || {
-        let r = through_broker(&["--alpha", "1"]);
-        let done = r.code == 0
-            && serde_json::from_str::<serde_json::Value>(&r.stdout)
-                .is_ok_and(|v| offer_excludes(&v, &want, &total));
-        last = Some(r);
-        done
-    });
-    let r = last.unwrap();
-    assert!(
-        ok,
-        "the broker's offer still holds reserved processors: {}\n{}",
-        r.stdout, r.stderr
+    plan_until(
+        || through_broker(&["--alpha", "1"]),
+        |v| offer_excludes(v, &want, &total),
+        "the broker's offer still holds reserved processors",
     );
     let r = through_broker(&["--alpha", "1", "--reserve", "--owner", "prov2"]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);

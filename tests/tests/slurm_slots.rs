@@ -18,9 +18,12 @@ use common::*;
 
 const T: Duration = Duration::from_secs(120);
 
-/// The newest complete `rm.slots` snapshot `producer` holds: (version, slots as
-/// (resource, processors, start, end, price)); None when there is none yet.
-fn newest_snapshot(producer: &str) -> Option<(f64, Vec<(String, u64, i64, i64, f64)>)> {
+/// One offered slot: (resource, processors, start, end, price).
+type Offered = (String, u64, i64, i64, f64);
+
+/// The newest complete `rm.slots` snapshot `producer` holds: (version, its slots); None when
+/// there is none yet.
+fn newest_snapshot(producer: &str) -> Option<(f64, Vec<Offered>)> {
     let r = gma(
         &[
             "query",

@@ -103,6 +103,15 @@ pub fn background(cfg: &SiteConfig) -> Vec<Job> {
     }
 }
 
+/// The background work of `jobs` as a fraction of the site over the run.
+pub fn offered_utilization(cfg: &SiteConfig, jobs: &[Job]) -> f64 {
+    let span = (cfg.t0_s + cfg.tail_s) as f64 * f64::from(cfg.processors);
+    jobs.iter()
+        .map(|j| j.runtime_s as f64 * f64::from(j.cpus))
+        .sum::<f64>()
+        / span
+}
+
 /// The site's schedule: what each placed job holds, (start, end, processors).
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
@@ -260,12 +269,7 @@ pub fn trial(
     alphas: &[f64],
 ) -> Result<Trial, super::FormatError> {
     let jobs = background(cfg);
-    let span = (cfg.t0_s + cfg.tail_s) as f64 * f64::from(cfg.processors);
-    let offered_utilization = jobs
-        .iter()
-        .map(|j| j.runtime_s as f64 * f64::from(j.cpus))
-        .sum::<f64>()
-        / span;
+    let offered_utilization = offered_utilization(cfg, &jobs);
     let best_effort_s = best_effort(cfg, &jobs, wf);
     let offer = offer_at_t0(cfg, &jobs)?;
     let problem = Problem::new(wf.clone(), offer);
@@ -412,12 +416,7 @@ mod tests {
     fn background_offers_about_the_utilization_asked() {
         let cfg = SiteConfig::default();
         let jobs = background(&cfg);
-        let span = (cfg.t0_s + cfg.tail_s) as f64 * f64::from(cfg.processors);
-        let u = jobs
-            .iter()
-            .map(|j| j.runtime_s as f64 * f64::from(j.cpus))
-            .sum::<f64>()
-            / span;
+        let u = offered_utilization(&cfg, &jobs);
         assert!((0.7..1.0).contains(&u), "{u}");
         assert!(jobs.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
     }

@@ -274,7 +274,10 @@ mod tests {
         }
     }
 
-    fn starts(b: &mut SlotBook, now: i64) -> Vec<(String, u64, Vec<(i64, i64, u32)>)> {
+    /// (manager, version, slots as (start, end, processors)).
+    type Seen = (String, u64, Vec<(i64, i64, u32)>);
+
+    fn starts(b: &mut SlotBook, now: i64) -> Vec<Seen> {
         b.offers(now)
             .into_iter()
             .map(|o| {

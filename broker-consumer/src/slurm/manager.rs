@@ -113,7 +113,7 @@ struct SlotsPublished {
     read_at: Option<std::time::Instant>,
     published_at: Option<std::time::Instant>,
     /// The capacities the last snapshot was cut from (node, usable cpus, reserved windows).
-    caps: Option<Vec<(String, u32, Vec<(i64, i64, u32)>)>>,
+    caps: Option<Vec<NodeCapacity>>,
     version: u64,
 }
 
@@ -1186,6 +1186,10 @@ impl SlurmManager {
     }
 }
 
+/// One offered node for `rm.slots`: its name, the CPUs usable now and the windows
+/// reservations hold on it (start, end, cpus).
+type NodeCapacity = (String, u32, Vec<(i64, i64, u32)>);
+
 /// How far ahead the adapter offers slots.
 const SLOTS_HORIZON_S: i64 = 86_400;
 
@@ -1195,7 +1199,7 @@ fn slot_capacities(
     offered: &[SlurmNode],
     now: &[SlurmNode],
     reservations: &[SlurmReservation],
-) -> Vec<(String, u32, Vec<(i64, i64, u32)>)> {
+) -> Vec<NodeCapacity> {
     offered
         .iter()
         .map(|n| {
@@ -1370,7 +1374,7 @@ mod tests {
                 ("n2".to_string(), 0, vec![(300, 400, 1), (500, 600, 4)]),
             ]
         );
-        let caps = slot_capacities(&[n2.clone()], &[n2], &[]);
+        let caps = slot_capacities(std::slice::from_ref(&n2), std::slice::from_ref(&n2), &[]);
         assert_eq!(caps, [("n2".to_string(), 4, vec![])]);
     }
 
