@@ -45,6 +45,24 @@ fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `gma bench provision --part PART` at a small size (2 seeds, population 10, 2 generations).
+fn bench_part(part: &str) -> Vec<serde_json::Value> {
+    json_lines(&[
+        "bench",
+        "provision",
+        "--part",
+        part,
+        "--seeds",
+        "2",
+        "--population",
+        "10",
+        "--generations",
+        "2",
+        "--output",
+        "json",
+    ])
+}
+
 /// `gma broker provision ARGS...`.
 fn provision(args: &[&str]) -> Run {
     let mut all = vec!["broker", "provision"];
@@ -265,20 +283,7 @@ fn a_plan_refused_in_part_is_released_whole_and_bad_files_are_named() {
 
 #[test]
 fn the_synthetic_slot_experiment_prints_its_figures_for_the_papers_plan_and_ours() {
-    let runs = json_lines(&[
-        "bench",
-        "provision",
-        "--part",
-        "a",
-        "--seeds",
-        "2",
-        "--population",
-        "10",
-        "--generations",
-        "2",
-        "--output",
-        "json",
-    ]);
+    let runs = bench_part("a");
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(
         (runs[0]["drop_unused"].as_bool(), runs[1]["drop_unused"].as_bool()),
@@ -441,20 +446,7 @@ fn the_broker_follows_the_slots_a_manager_publishes_and_plans_on_them() {
 
 #[test]
 fn provisioned_and_best_effort_execution_print_their_figures_across_alpha() {
-    let out = json_lines(&[
-        "bench",
-        "provision",
-        "--part",
-        "b",
-        "--seeds",
-        "2",
-        "--population",
-        "10",
-        "--generations",
-        "2",
-        "--output",
-        "json",
-    ]);
+    let out = bench_part("b");
     let names: Vec<_> = out.iter().map(|v| v["workflow"].as_str().unwrap()).collect();
     assert_eq!(names, ["montage-4", "montage-25"]);
     for v in &out {
