@@ -246,9 +246,17 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// The synthetic-slot MOGA experiment of Singh, Kesselman and Deelman (§3): slots
-    /// offered, plans evaluated, feasible, Pareto-optimal per seed, and the α sweep.
+    /// Singh, Kesselman and Deelman: (a) the synthetic-slot MOGA experiment (§3): slots
+    /// offered, plans evaluated, feasible, Pareto-optimal per seed, and the α sweep; (b)
+    /// provisioned vs best-effort execution of the Montage-shaped workflows on a batch site
+    /// with background load, across α (§5–6).
     Provision {
+        /// a, b or both.
+        #[arg(long, value_enum, default_value = "both")]
+        part: crate::provision::Part,
+        /// Part (b): the site's background utilization.
+        #[arg(long, default_value_t = 0.85)]
+        utilization: f64,
         #[arg(long, default_value_t = 3)]
         seeds: u64,
         #[arg(long, default_value_t = 60)]

@@ -171,11 +171,13 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             output,
         } => crate::broker::placement(hosts, jobs, utilization, seeds, output),
         BenchScenario::Provision {
+            part,
+            utilization,
             seeds,
             population,
             generations,
             output,
-        } => crate::provision::provision(seeds, population, generations, output),
+        } => crate::provision::provision(part, utilization, seeds, population, generations, output),
         BenchScenario::Dashboard {
             duration,
             hosts,

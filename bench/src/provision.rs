@@ -2,7 +2,9 @@
 //! Deelman §3; docs/provisioning.md): per seed, the slots offered, the plans MOGA evaluated,
 //! how many were feasible and the size of its Pareto set (the paper: 124 slots, 1,742 feasible
 //! plans, 40 Pareto-optimal), and for the first seed the plan chosen across α (the paper's
-//! Fig. 2).
+//! Fig. 2). Part (b), provisioned against best-effort execution: [`exec`].
+
+pub mod exec;
 
 use std::time::Instant;
 
@@ -16,10 +18,30 @@ fn num(v: f64) -> serde_json::Value {
     json!((v * 1000.0).round() / 1000.0)
 }
 
-pub fn provision(seeds: u64, population: usize, generations: usize, output: Output) -> anyhow::Result<()> {
-    // The paper's plan (every drawn slot paid for), then ours (unused slots dropped).
-    for drop_unused in [false, true] {
-        run(seeds, population, generations, drop_unused, output)?;
+/// Which part of the replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    A,
+    B,
+    Both,
+}
+
+pub fn provision(
+    part: Part,
+    utilization: f64,
+    seeds: u64,
+    population: usize,
+    generations: usize,
+    output: Output,
+) -> anyhow::Result<()> {
+    if part != Part::B {
+        // The paper's plan (every drawn slot paid for), then ours (unused slots dropped).
+        for drop_unused in [false, true] {
+            run(seeds, population, generations, drop_unused, output)?;
+        }
+    }
+    if part != Part::A {
+        exec::execution(utilization, seeds, population, generations, output)?;
     }
     Ok(())
 }

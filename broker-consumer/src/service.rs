@@ -3,7 +3,10 @@
 //! It discovers every producer of `host.load`, `host.info`, `host.cpu`, `site.load` and
 //! `net.bw.forecast` (the link bandwidth forecasts of `gma netprobe`) through the directory,
 //! subscribes with the `latest` policy (a slow broker gets the newest value of each series,
-//! never a backlog), and keeps the [`LiveView`]. `Select` ranks the view's current
+//! never a backlog), and keeps the [`LiveView`]. It follows the slot offers of resource
+//! managers (`rm.slots`) on a subscription of their own that loses nothing silently (a snapshot
+//! is many events of one series, which `latest` would conflate) and starts from the oldest
+//! events the manager still holds (its current snapshot was published before the broker came). `Select` ranks the view's current
 //! snapshot with the pure [`rank()`](crate::rank::rank) — a decision never waits on a
 //! producer — and `Coallocate` runs the coallocation algorithm against the resource managers
 //! that publish `reservation.state` (found through the directory) or are configured. Every
@@ -77,6 +80,7 @@ impl Default for BrokerConfig {
                 "host.cpu",
                 "site.load",
                 crate::view::NET_BW_FORECAST,
+                crate::provision::offers::SLOTS_EVENT,
             ]
             .map(String::from)
             .to_vec(),
@@ -539,6 +543,9 @@ pub fn stats_to_proto(s: &CoStats) -> pb::CoallocateStats {
     }
 }
 
+/// Most slot offers one `View` answer carries (about 1.5 MB), the earliest managers' first.
+pub const MAX_VIEW_SLOTS: usize = 16_384;
+
 /// The doors of the `Broker` service.
 pub const DOORS: &[Door] = &[
     Door::policy(
@@ -721,6 +728,28 @@ impl Broker for BrokerService {
                 })
                 .collect(),
             max_age_ms: max_age,
+            slots: self
+                .core
+                .view
+                .slot_offers(now / 1_000_000_000)
+                .into_iter()
+                .flat_map(|o| {
+                    let age_ms = u64::try_from(now.saturating_sub(o.published_ns) / 1_000_000).unwrap_or(0);
+                    o.slots.into_iter().map(move |s| pb::ViewedSlot {
+                        manager: o.manager.clone(),
+                        address: o.address.clone(),
+                        version: o.version,
+                        slot: s.id,
+                        resource: s.resource,
+                        start_s: s.start_s,
+                        end_s: s.end_s,
+                        processors: s.processors,
+                        price: s.price,
+                        age_ms,
+                    })
+                })
+                .take(MAX_VIEW_SLOTS)
+                .collect(),
         }))
     }
 
@@ -771,12 +800,44 @@ pub async fn run(
         directory: Some(directory.clone()),
         reservations: config.reservations.clone(),
     });
-    let follow = tokio::spawn(follow(
-        view,
-        directory,
-        config.follow.clone(),
-        config.source.clone(),
-    ));
+    let (slot_patterns, load_patterns): (Vec<String>, Vec<String>) = config
+        .follow
+        .iter()
+        .cloned()
+        .partition(|p| p == crate::provision::offers::SLOTS_EVENT);
+    let mut followers = Vec::new();
+    if !load_patterns.is_empty() {
+        let sub = Subscriber::follow(
+            directory.clone(),
+            StreamOptions {
+                patterns: load_patterns,
+                consumer_id: format!("{}-{}", config.source, std::process::id()),
+                policy: pb::SlowPolicy::Latest,
+                ..StreamOptions::default()
+            },
+        );
+        followers.push(tokio::spawn(follow(view.clone(), sub)));
+    }
+    if !slot_patterns.is_empty() {
+        let sub = Subscriber::start(
+            gma_consumer::subscriber::SubscriberOptions {
+                directory: directory.clone(),
+                stream: StreamOptions {
+                    patterns: slot_patterns,
+                    consumer_id: format!("{}-slots-{}", config.source, std::process::id()),
+                    policy: pb::SlowPolicy::DropOldest,
+                    ..StreamOptions::default()
+                },
+                capacity: 256,
+                default_resume: Some(gma_consumer::stream::ResumePoint {
+                    epoch: 0,
+                    next_seq: 1,
+                }),
+            },
+            HashMap::new(),
+        );
+        followers.push(tokio::spawn(follow(view, sub)));
+    }
     let service = BrokerService {
         core,
         gate: producer.gate.clone(),
@@ -790,23 +851,17 @@ pub async fn run(
             )
         })
         .await;
-    follow.abort();
+    for f in followers {
+        f.abort();
+    }
     r.map_err(|e| BrokerError::Producer(e.to_string()))
 }
 
-/// Follows the load streams into the view until aborted.
-async fn follow(view: Arc<LiveView>, directory: String, patterns: Vec<String>, source: String) {
-    let mut sub = Subscriber::follow(
-        directory,
-        StreamOptions {
-            patterns,
-            consumer_id: format!("{source}-{}", std::process::id()),
-            policy: pb::SlowPolicy::Latest,
-            ..StreamOptions::default()
-        },
-    );
+/// Follows the streams of `sub` into the view until aborted.
+async fn follow(view: Arc<LiveView>, mut sub: Subscriber) {
     while let Some(d) = sub.recv().await {
         match d {
+            Delivery::Discovered { producer, address } => view.set_address(&producer, &address),
             Delivery::Events { producer, events, .. } => {
                 for e in &events {
                     view.apply(&producer, e);

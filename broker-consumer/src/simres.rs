@@ -209,7 +209,7 @@ impl SimresConfig {
 }
 
 /// `rm.slots`: the free capacity a manager offers, as slots (Singh et al.; docs/provisioning.md).
-pub const SLOTS_EVENT: &str = "rm.slots";
+pub const SLOTS_EVENT: &str = crate::provision::offers::SLOTS_EVENT;
 /// How far ahead slots are offered when the manager has no horizon.
 const OFFER_HORIZON_S: i64 = 86_400;
 
@@ -450,42 +450,12 @@ impl Manager {
                 price,
             })
             .collect();
-        let mut slots = free_slots(now_s, self.slot_s, &caps);
-        slots.truncate(crate::provision::format::MAX_SLOTS);
+        let slots = free_slots(now_s, self.slot_s, &caps);
         let version = self
             .slots_version
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let (ts, count) = (now_ns(), slots.len() as f64);
-        let event = |numbers: Vec<f64>, strings: Vec<String>| EventData {
-            name: SLOTS_EVENT.into(),
-            source: self.source.clone(),
-            timestamp_ns: ts,
-            numbers,
-            strings,
-        };
-        if slots.is_empty() {
-            return vec![event(
-                vec![0.0, 0.0, 0.0, 0.0, version as f64, 0.0],
-                vec![String::new(), String::new()],
-            )];
-        }
-        slots
-            .into_iter()
-            .map(|s| {
-                event(
-                    vec![
-                        s.start_s as f64,
-                        s.end_s as f64,
-                        f64::from(s.processors),
-                        s.price,
-                        version as f64,
-                        count,
-                    ],
-                    vec![s.resource, s.id],
-                )
-            })
-            .collect()
+        crate::provision::offers::snapshot_events(&self.source, now_ns(), version, slots)
     }
 
     /// Checks a window request and applies the clock (no start in the past) and the horizon.

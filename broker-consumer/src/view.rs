@@ -14,6 +14,10 @@
 //! bandwidth) come from `[[resources]]` annotations in the broker config, matched by host-name
 //! pattern.
 //!
+//! `rm.slots` (the free slots resource managers offer, Singh et al.) is kept apart too: the
+//! newest complete snapshot per manager ([`crate::provision::offers`], read with
+//! [`LiveView::slot_offers`]).
+//!
 //! Reads never wait on a producer: [`LiveView::snapshot`] hands out the current rows as shared
 //! pointers (rebuilt only after a change), so a decision costs no copy of the table.
 
@@ -27,6 +31,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 
 use crate::error::Error;
+use crate::provision::offers::{ManagerOffer, SlotBook, SlotEvent, SLOTS_EVENT};
 use crate::rank::{Resource, Snapshot};
 
 /// The forecast of every measured link (`gma netprobe`), series `<src>/<dst>`.
@@ -107,6 +112,8 @@ struct Inner {
 /// The broker's table of resources.
 pub struct LiveView {
     inner: Mutex<Inner>,
+    /// The slot offers (`rm.slots`), apart from the load table: planning reads them rarely.
+    slots: Mutex<SlotBook>,
     annotations: Vec<(Pattern, Annotation)>,
 }
 
@@ -123,6 +130,7 @@ impl LiveView {
         }
         Ok(LiveView {
             inner: Mutex::new(Inner::default()),
+            slots: Mutex::new(SlotBook::default()),
             annotations: compiled,
         })
     }
@@ -163,6 +171,20 @@ impl LiveView {
         let ev = e.as_ref();
         let num = |f: &str| ev.number(f).unwrap_or(f64::NAN);
         let name = e.series.source.as_str();
+        if e.series.name == SLOTS_EVENT {
+            let text = |f: &str| ev.text(f).unwrap_or_default().to_string();
+            let slot = SlotEvent {
+                start_s: num("start_s"),
+                end_s: num("end_s"),
+                processors: num("processors"),
+                price: num("price"),
+                version: num("version"),
+                count: num("count"),
+                resource: text("resource"),
+                slot: text("slot"),
+            };
+            return self.slots.lock().apply(producer, name, e.timestamp_ns, &slot);
+        }
         let mut g = self.inner.lock();
         let inner = &mut *g;
         match e.series.name.as_str() {
@@ -323,8 +345,20 @@ impl LiveView {
         }
     }
 
-    /// Forgets every resource learned from `producer` (it left the directory). Returns how many.
+    /// Records where `producer` serves (the address its slot offers are reserved at).
+    pub fn set_address(&self, producer: &str, address: &str) {
+        self.slots.lock().set_address(producer, address);
+    }
+
+    /// The slot offers followed from `rm.slots` as of `now_s` (ended slots dropped).
+    pub fn slot_offers(&self, now_s: i64) -> Vec<ManagerOffer> {
+        self.slots.lock().offers(now_s)
+    }
+
+    /// Forgets every resource (and slot offer) learned from `producer` (it left the
+    /// directory). Returns how many resources.
     pub fn remove_producer(&self, producer: &str) -> usize {
+        self.slots.lock().remove_producer(producer);
         let mut g = self.inner.lock();
         let inner = &mut *g;
         let hosts = inner.by_producer.remove(producer).unwrap_or_default();

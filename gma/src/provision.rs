@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use gma_broker::provision::free::{free_slots, Capacity};
-use gma_broker::provision::{choose, moga, MogaConfig, Offer, Outcome, Plan, Problem, Schedule, Workflow};
+use gma_broker::provision::{
+    choose, moga, MogaConfig, Offer, Outcome, Plan, Problem, Schedule, Slot, Workflow,
+};
 use gma_broker::remote::RemoteReserver;
 use gma_broker::reserve::{Answer, Reservation, ReserveRequest, Reserver};
 use gma_proto::v1::{self as pb, reservations_client::ReservationsClient};
@@ -30,9 +32,13 @@ pub struct ProvisionArgs {
     #[arg(long)]
     alpha: f64,
     /// Slot offers (TOML: [[slot]] resource, start_s, end_s, processors, price). Without it the
-    /// offer is the free capacity of the --simres managers.
-    #[arg(long)]
+    /// offer is what --broker holds, or the free capacity of the --simres managers.
+    #[arg(long, conflicts_with = "broker")]
     slots: Option<PathBuf>,
+    /// A broker (gma broker) following the managers' rm.slots: plan on the slot offers it holds,
+    /// and reserve (--reserve) at the managers that offered them.
+    #[arg(long)]
+    broker: Option<String>,
     /// Resource managers (gma simres), ADDR[,ADDR...]: where the offer comes from (unless
     /// --slots) and where --reserve reserves.
     #[arg(long = "simres", value_delimiter = ',')]
@@ -93,16 +99,22 @@ pub async fn run(a: ProvisionArgs) -> anyhow::Result<()> {
     if a.population < 2 || a.population > 10_000 || a.generations > 10_000 {
         bail!("--population must be within 2..=10000 and --generations at most 10000");
     }
-    if a.reserve && a.simres.is_empty() {
-        bail!("--reserve needs the resource managers: give --simres ADDR[,ADDR...]");
+    if a.reserve && a.simres.is_empty() && a.broker.is_none() {
+        bail!("--reserve needs the resource managers: give --simres ADDR[,ADDR...] or --broker ADDR");
     }
     let workflow = Workflow::from_toml(&read(&a.workflow, "workflow")?)
         .map_err(|e| anyhow!("invalid workflow file {}: {e}", a.workflow.display()))?;
-    let offer = match &a.slots {
-        Some(path) => Offer::from_toml(&read(path, "slot")?)
-            .map_err(|e| anyhow!("invalid slot file {}: {e}", path.display()))?,
-        None if a.simres.is_empty() => bail!("give the offer: --slots FILE or --simres ADDR"),
-        None => offer_from_managers(&a).await?,
+    let (offer, managers) = match (&a.slots, &a.broker) {
+        (Some(path), _) => (
+            Offer::from_toml(&read(path, "slot")?)
+                .map_err(|e| anyhow!("invalid slot file {}: {e}", path.display()))?,
+            a.simres.clone(),
+        ),
+        (None, Some(broker)) => offer_from_broker(&a, broker).await?,
+        (None, None) if a.simres.is_empty() => {
+            bail!("give the offer: --slots FILE, --broker ADDR or --simres ADDR")
+        }
+        (None, None) => (offer_from_managers(&a).await?, a.simres.clone()),
     };
     let problem = Problem::new(workflow, offer);
     let cfg = MogaConfig {
@@ -126,11 +138,17 @@ pub async fn run(a: ProvisionArgs) -> anyhow::Result<()> {
         .schedule(&chosen.slots)
         .ok_or_else(|| anyhow!("the chosen plan is no longer feasible (a bug: please report)"))?;
     let held = if a.reserve {
-        reserve(&a, &problem, chosen).await?
+        reserve(&managers, &a.owner, &problem, chosen).await?
     } else {
         Vec::new()
     };
+    let source = match (&a.slots, &a.broker) {
+        (Some(_), _) => "file",
+        (None, Some(_)) => "broker",
+        (None, None) => "managers",
+    };
     let report = Report {
+        source,
         p: &problem,
         out: &out,
         pick,
@@ -211,9 +229,64 @@ async fn offer_from_managers(a: &ProvisionArgs) -> anyhow::Result<Offer> {
         .map_err(|e| anyhow!("the managers' free capacity is no valid offer: {e}"))
 }
 
-/// Reserves every slot of the plan whole; on any refusal or failure releases what it got.
-async fn reserve(a: &ProvisionArgs, p: &Problem, plan: &Plan) -> anyhow::Result<Vec<Reservation>> {
-    let rm = RemoteReserver::connect(&a.simres)
+/// The slot offers `broker` holds (followed from the managers' `rm.slots`), from now +
+/// lead, and the managers to reserve at: `--simres` when given, else the addresses the
+/// offers came from.
+async fn offer_from_broker(a: &ProvisionArgs, broker: &str) -> anyhow::Result<(Offer, Vec<String>)> {
+    if !(0..=86_400).contains(&a.lead_s) {
+        bail!("--lead-s must be within 0..=86400");
+    }
+    let ch = gma_consumer::connect(broker).await?;
+    let mut c =
+        pb::broker_client::BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+    let view = match tokio::time::timeout(CALL, c.view(pb::BrokerViewRequest {})).await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(s)) => bail!("broker {broker}: {} ({:?})", s.message(), s.code()),
+        Err(_) => bail!("broker {broker} did not answer within {CALL:?}"),
+    };
+    let now_s = gma_core::time::now_ns() / 1_000_000_000;
+    let from_s = now_s + a.lead_s;
+    let mut managers = a.simres.clone();
+    let mut slots = Vec::new();
+    for v in view.slots {
+        if v.end_s <= from_s {
+            continue;
+        }
+        if a.simres.is_empty() && !v.address.is_empty() && !managers.contains(&v.address) {
+            managers.push(v.address.clone());
+        }
+        slots.push(Slot {
+            id: v.slot,
+            resource: v.resource,
+            start_s: v.start_s.max(from_s),
+            end_s: v.end_s,
+            processors: v.processors,
+            price: v.price,
+            fee: 0.0,
+        });
+    }
+    if slots.is_empty() {
+        bail!(
+            "broker {broker} holds no slot offers ending after {from_s}: are resource managers publishing rm.slots, and does the broker follow it?"
+        );
+    }
+    let offer = Offer::new(now_s, 100.0, 0, slots)
+        .map_err(|e| anyhow!("the broker's slot offers are no valid offer: {e}"))?;
+    Ok((offer, managers))
+}
+
+/// Reserves every slot of the plan whole at `managers`; on any refusal or failure releases
+/// what it got.
+async fn reserve(
+    managers: &[String],
+    owner: &str,
+    p: &Problem,
+    plan: &Plan,
+) -> anyhow::Result<Vec<Reservation>> {
+    if managers.is_empty() {
+        bail!("no resource manager to reserve at: the offers carry no address; give --simres ADDR");
+    }
+    let rm = RemoteReserver::connect(managers)
         .await
         .map_err(|e| anyhow!("{e}"))?;
     let mut held: Vec<Reservation> = Vec::new();
@@ -227,7 +300,7 @@ async fn reserve(a: &ProvisionArgs, p: &Problem, plan: &Plan) -> anyhow::Result<
             earliest_s: s.start_s,
             latest_s: s.start_s,
             flexible: false,
-            owner: a.owner.clone(),
+            owner: owner.to_string(),
         };
         match rm.reserve(&req).await {
             Ok(Answer::Granted(r)) => held.push(r),
@@ -247,7 +320,7 @@ async fn reserve(a: &ProvisionArgs, p: &Problem, plan: &Plan) -> anyhow::Result<
     let Some(why) = failure else { return Ok(held) };
     let mut leaked = Vec::new();
     for r in &held {
-        if let Err(e) = rm.release(&r.id, &a.owner).await {
+        if let Err(e) = rm.release(&r.id, owner).await {
             leaked.push(format!("{} ({e})", r.id));
         }
     }
@@ -273,6 +346,8 @@ fn plan_json(p: &Problem, plan: &Plan) -> serde_json::Value {
 
 /// What a run found and did, for printing.
 struct Report<'a> {
+    /// Where the offer came from: file, broker or managers.
+    source: &'static str,
     p: &'a Problem,
     out: &'a Outcome,
     pick: usize,
@@ -285,6 +360,7 @@ struct Report<'a> {
 impl Report<'_> {
     fn json(&self) -> serde_json::Value {
         let Report {
+            source,
             p,
             out,
             pick,
@@ -299,6 +375,11 @@ impl Report<'_> {
             "workflow": wf.name,
             "tasks": wf.tasks.len(),
             "offered_slots": p.slots(),
+            "offer": source,
+            "offered": p.offer.slots.iter().map(|sl| json!({
+                "id": sl.id, "resource": sl.resource, "start_s": sl.start_s, "end_s": sl.end_s,
+                "processors": sl.processors, "price": sl.price,
+            })).collect::<Vec<_>>(),
             "alpha": alpha,
             "evaluations": out.evaluations,
             "feasible": out.feasible,
@@ -336,8 +417,9 @@ impl Report<'_> {
             wf.work_s() as f64 / 3600.0
         );
         println!(
-            "{} slots offered; MOGA evaluated {} plans ({} feasible) in {} ms; Pareto set of {}:",
+            "{} slots offered ({}); MOGA evaluated {} plans ({} feasible) in {} ms; Pareto set of {}:",
             p.slots(),
+            self.source,
             out.evaluations,
             out.feasible,
             self.took.as_millis(),

@@ -45,6 +45,24 @@ fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `gma bench provision --part PART` at a small size (2 seeds, population 10, 2 generations).
+fn bench_part(part: &str) -> Vec<serde_json::Value> {
+    json_lines(&[
+        "bench",
+        "provision",
+        "--part",
+        part,
+        "--seeds",
+        "2",
+        "--population",
+        "10",
+        "--generations",
+        "2",
+        "--output",
+        "json",
+    ])
+}
+
 /// `gma broker provision ARGS...`.
 fn provision(args: &[&str]) -> Run {
     let mut all = vec!["broker", "provision"];
@@ -265,18 +283,7 @@ fn a_plan_refused_in_part_is_released_whole_and_bad_files_are_named() {
 
 #[test]
 fn the_synthetic_slot_experiment_prints_its_figures_for_the_papers_plan_and_ours() {
-    let runs = json_lines(&[
-        "bench",
-        "provision",
-        "--seeds",
-        "2",
-        "--population",
-        "10",
-        "--generations",
-        "2",
-        "--output",
-        "json",
-    ]);
+    let runs = bench_part("a");
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(
         (runs[0]["drop_unused"].as_bool(), runs[1]["drop_unused"].as_bool()),
@@ -293,5 +300,171 @@ fn the_synthetic_slot_experiment_prints_its_figures_for_the_papers_plan_and_ours
             assert!(run["pareto"].as_u64().unwrap() >= 1, "{run}");
         }
         assert_eq!(v["alpha_sweep"].as_array().unwrap().len(), 11);
+    }
+}
+
+/// Whether every slot `v` (a `gma broker provision --output json` answer) offers leaves room
+/// for what `owner`'s reservations `held` take of resources of `total` processors.
+fn offer_excludes(
+    v: &serde_json::Value,
+    held: &BTreeSet<(String, u64, i64, i64)>,
+    total: &dyn Fn(&str) -> u64,
+) -> bool {
+    v["offered"].as_array().unwrap().iter().all(|o| {
+        let (res, cpus, s, e) = slot_of(o);
+        let taken: u64 = held
+            .iter()
+            .filter(|(r, _, a, b)| *r == res && *a < e && s < *b)
+            .map(|h| h.1)
+            .sum();
+        cpus + taken <= total(&res)
+    })
+}
+
+/// Runs `plan` until it succeeds with an answer meeting `good`, which it returns; fails
+/// naming `what` with the last output when it never does.
+fn plan_until(
+    plan: impl Fn() -> Run,
+    good: impl Fn(&serde_json::Value) -> bool,
+    what: &str,
+) -> serde_json::Value {
+    let mut last = None;
+    let ok = wait_until(T, || {
+        let r = plan();
+        let done =
+            r.code == 0 && serde_json::from_str::<serde_json::Value>(&r.stdout).is_ok_and(|v| good(&v));
+        last = Some(r);
+        done
+    });
+    let r = last.unwrap();
+    assert!(ok, "{what}: {}\n{}", r.stdout, r.stderr);
+    serde_json::from_str(&r.stdout).unwrap()
+}
+
+#[test]
+fn the_broker_follows_the_slots_a_manager_publishes_and_plans_on_them() {
+    let tmp = tempdir();
+    let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let m = start_simres(
+        tmp.path(),
+        "m",
+        "horizon_s = 14400\nslot_s = 900\n[prices]\nbig = 2\n[[resource]]\nname = \"big\"\ncpus = 16\n\
+         [[resource]]\nname = \"small\"\ncpus = 4\n[[resource.background]]\nstart_in_s = 0\nduration_s = 1800\n",
+        &["--directory", &dir.addr],
+    );
+    let broker = Proc::start(
+        &["broker", "--listen", "127.0.0.1:0", "--directory", &dir.addr],
+        "gma broker listening on",
+    );
+    let montage = example("montage-4.toml");
+    let through_broker = |extra: &[&str]| {
+        let base = [
+            "--workflow",
+            montage.as_str(),
+            "--broker",
+            broker.addr.as_str(),
+            "--output",
+            "json",
+        ];
+        provision(&[&base[..], extra].concat())
+    };
+    // The manager published its snapshot when it started; the broker, started after it,
+    // still gets it (its slot subscription starts from the oldest events held).
+    let v = plan_until(
+        || through_broker(&["--alpha", "0.5"]),
+        |_| true,
+        "the broker never held the manager's slots",
+    );
+    assert_eq!(v["offer"], "broker");
+    let offered = v["offered"].as_array().unwrap();
+    // What the manager offers: both resources, "small" only after its background block, at
+    // the manager's prices.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(offered.iter().any(|o| o["resource"] == "big"), "{v}");
+    for o in offered {
+        let (res, cpus, s, e) = slot_of(o);
+        assert!(e - s <= 900 && e <= now + 14_400, "{o}");
+        match res.as_str() {
+            "big" => assert_eq!((cpus, o["price"].as_f64()), (16, Some(2.0)), "{o}"),
+            "small" => {
+                assert_eq!((cpus, o["price"].as_f64()), (4, Some(1.0)), "{o}");
+                assert!(s >= t0 + 1800, "offered during the background block: {o}");
+            }
+            _ => panic!("unknown resource {o}"),
+        }
+    }
+    // Reserving the chosen plan: the addresses come with the offers (no --simres given).
+    let r = through_broker(&["--alpha", "0.5", "--reserve", "--owner", "prov"]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let want: BTreeSet<_> = v["chosen"]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(slot_of)
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(held(&m.addr, "prov"), want);
+    // The manager publishes a new snapshot; the broker follows it: its offer leaves the
+    // reserved processors out.
+    let total = |r: &str| if r == "big" { 16 } else { 4 };
+    plan_until(
+        || through_broker(&["--alpha", "1"]),
+        |v| offer_excludes(v, &want, &total),
+        "the broker's offer still holds reserved processors",
+    );
+    let r = through_broker(&["--alpha", "1", "--reserve", "--owner", "prov2"]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(!held(&m.addr, "prov2").is_empty());
+    assert_eq!(held(&m.addr, "prov"), want);
+    // --slots and --broker are two offers: refused together.
+    let r = provision(&[
+        "--workflow",
+        &montage,
+        "--alpha",
+        "0",
+        "--broker",
+        &broker.addr,
+        "--slots",
+        &montage,
+    ]);
+    assert!(
+        r.code != 0 && r.stderr.contains("cannot be used with"),
+        "{}",
+        r.stderr
+    );
+    drop(broker);
+    drop(m);
+}
+
+#[test]
+fn provisioned_and_best_effort_execution_print_their_figures_across_alpha() {
+    let out = bench_part("b");
+    let names: Vec<_> = out.iter().map(|v| v["workflow"].as_str().unwrap()).collect();
+    assert_eq!(names, ["montage-4", "montage-25"]);
+    for v in &out {
+        assert_eq!(v["part"], "b");
+        let work = v["best_effort"]["cost_su"].as_f64().unwrap();
+        assert!(work > 0.0, "{v}");
+        assert!(v["best_effort"]["makespan_mean_s"].as_f64().unwrap() > 0.0, "{v}");
+        let rows = v["provisioned"].as_array().unwrap();
+        let alphas: Vec<f64> = rows.iter().map(|r| r["alpha"].as_f64().unwrap()).collect();
+        assert_eq!(alphas, [0.0, 0.25, 0.5, 0.75, 1.0]);
+        for r in rows {
+            assert_eq!(r["runs"], 2, "{v}");
+            let cost = r["cost_mean_su"].as_f64().unwrap();
+            // Charged for what the schedule uses, a plan never costs less than the work.
+            assert!(cost >= work - 0.002, "{r} below the work {work}");
+            assert!(r["whole_mean_su"].as_f64().unwrap() >= cost - 0.002, "{r}");
+            assert!(r["faster_than_best_effort"].as_u64().unwrap() <= 2);
+        }
+        assert_eq!(v["trials"].as_array().unwrap().len(), 2);
     }
 }

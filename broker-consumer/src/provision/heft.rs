@@ -40,6 +40,35 @@ impl Schedule {
         v.dedup();
         v
     }
+
+    /// The plan's cost when its slots are **divisible** (the paper's b_i, §2): each slot the
+    /// schedule uses is charged only for the most processors used in it at once, over the
+    /// span from its first task's start to its last task's end, plus its fee.
+    pub fn divisible_cost(&self, p: &Problem) -> f64 {
+        let mut total = 0.0;
+        for slot in self.used_slots() {
+            // (time, +n at a start / -n at an end) of the tasks in this slot.
+            let mut ev: Vec<(i64, i64)> = Vec::new();
+            for pl in &self.placements {
+                for &(i, n) in &pl.parts {
+                    if i == slot {
+                        ev.push((pl.start_s, i64::from(n)));
+                        ev.push((pl.end_s, -i64::from(n)));
+                    }
+                }
+            }
+            ev.sort_unstable();
+            let (first, last) = (ev.first().map_or(0, |e| e.0), ev.last().map_or(0, |e| e.0));
+            let (mut level, mut peak) = (0i64, 0i64);
+            for (_, d) in ev {
+                level += d;
+                peak = peak.max(level);
+            }
+            let s = &p.offer.slots[slot];
+            total += s.price * peak as f64 * (last - first) as f64 / 3600.0 + s.fee;
+        }
+        total
+    }
 }
 
 /// A workflow and an offer with what HEFT computes once for every plan: the rank order, the

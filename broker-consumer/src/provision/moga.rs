@@ -107,6 +107,10 @@ pub struct MogaConfig {
     /// Drop the slots no task uses from a plan before scoring it (the paper keeps them: its
     /// plan is the bit string as drawn).
     pub drop_unused: bool,
+    /// Charge slots as divisible (the paper's b_i): a plan costs what its schedule uses of
+    /// each slot ([`Schedule::divisible_cost`](super::heft::Schedule::divisible_cost)), not
+    /// the slots whole.
+    pub divisible: bool,
 }
 
 impl Default for MogaConfig {
@@ -118,6 +122,7 @@ impl Default for MogaConfig {
             crossover: 0.9,
             share: 0.1,
             drop_unused: true,
+            divisible: false,
         }
     }
 }
@@ -151,6 +156,7 @@ fn slots_of(g: &Genome, n: usize) -> Vec<usize> {
 struct Evaluator<'a> {
     problem: &'a Problem,
     drop_unused: bool,
+    divisible: bool,
     cache: HashMap<Genome, Option<(f64, i64)>>,
     archive: Archive,
 }
@@ -164,8 +170,13 @@ impl Evaluator<'_> {
         // Slots no task uses are dropped from the plan (same schedule, lower cost).
         let plan = self.problem.schedule(&slots).map(|s| {
             let slots = if self.drop_unused { s.used_slots() } else { slots };
+            let cost = if self.divisible {
+                s.divisible_cost(self.problem)
+            } else {
+                self.problem.cost(&slots)
+            };
             Plan {
-                cost: self.problem.cost(&slots),
+                cost,
                 slots,
                 makespan_s: s.makespan_s,
             }
@@ -275,6 +286,7 @@ pub fn moga(problem: &Problem, cfg: &MogaConfig) -> Outcome {
     let mut ev = Evaluator {
         problem,
         drop_unused: cfg.drop_unused,
+        divisible: cfg.divisible,
         cache: HashMap::new(),
         archive: Archive::default(),
     };

@@ -13,6 +13,12 @@
 //! nodes = ["n1"]                   # the nodes offered for reservation (default: every node)
 //! software = ["python3"]           # software installed for jobs (a job's requirements match it)
 //! max_jobs = 10000                 # jobs tracked at once (done jobs are forgotten after an hour)
+//! slots_poll_ms = 5000             # rm.slots: how often nodes and reservations are read for the
+//!                                  # free slots (published when they change; 0 = publish none)
+//! slot_s = 3600                    # rm.slots: free time is offered in slots of at most this
+//! price = 1.0                      # rm.slots: service units per processor-hour
+//! [prices]                         # rm.slots: per node (default: price)
+//! n1 = 2.0
 //! ```
 
 use std::path::PathBuf;
@@ -37,6 +43,15 @@ pub struct SlurmConfig {
     pub software: Vec<String>,
     pub max_jobs: usize,
     pub lease_ttl_ms: u64,
+    /// `rm.slots`: how often Slurm's nodes and reservations are read for the free slots
+    /// (0 = no slots published).
+    pub slots_poll_ms: u64,
+    /// `rm.slots`: free time is offered in slots of at most this many seconds.
+    pub slot_s: i64,
+    /// `rm.slots`: service units per processor-hour.
+    pub price: f64,
+    /// `rm.slots`: the price per node.
+    pub prices: std::collections::BTreeMap<String, f64>,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -59,6 +74,10 @@ impl Default for SlurmConfig {
             software: Vec::new(),
             max_jobs: 10_000,
             lease_ttl_ms: 10_000,
+            slots_poll_ms: 5000,
+            slot_s: 3600,
+            price: 1.0,
+            prices: Default::default(),
             endpoint: Default::default(),
         }
     }
@@ -87,6 +106,21 @@ impl SlurmConfig {
                 return bad("job_dir: must be an absolute path");
             }
         }
+        if self.slots_poll_ms != 0 && !(100..=3_600_000).contains(&self.slots_poll_ms) {
+            return bad("slots_poll_ms: must be 0 (no slots) or within 100..=3600000");
+        }
+        if !(60..=86_400).contains(&self.slot_s) {
+            return bad("slot_s: must be within 60..=86400");
+        }
+        if !(self.price.is_finite() && self.price >= 0.0) {
+            return bad("price: must be a finite number >= 0");
+        }
+        if let Some((name, _)) = self.prices.iter().find(|(_, p)| !(p.is_finite() && **p >= 0.0)) {
+            return bad(&format!("prices.{name}: must be a finite number >= 0"));
+        }
+        if self.prices.len() > 10_000 {
+            return bad("prices: at most 10000 nodes");
+        }
         for (what, list) in [("nodes", &self.nodes), ("software", &self.software)] {
             if list.len() > 10_000 || list.iter().any(|s| s.is_empty() || s.len() > 256) {
                 return bad(&format!("{what}: at most 10000 entries of 1..=256 bytes"));
@@ -108,6 +142,10 @@ mod tests {
             ("job_dir = \"rel\"\n", "job_dir"),
             ("user = \"a,b\"\n", "user"),
             ("nodes = [\"\"]\n", "nodes"),
+            ("slot_s = 5\n", "slot_s"),
+            ("slots_poll_ms = 5\n", "slots_poll_ms"),
+            ("price = -1\n", "price"),
+            ("[prices]\nn1 = nan\n", "prices.n1"),
         ] {
             let c: SlurmConfig = gma_core::config::parse_toml(text, "slurm.toml").unwrap();
             let e = c.validate().unwrap_err().to_string();

@@ -96,6 +96,25 @@ pub struct SlurmManager {
     ops: tokio::sync::Mutex<()>,
     hub: Option<Arc<Hub>>,
     source: String,
+    slots: SlotOffer,
+}
+
+/// What the adapter offers as `rm.slots` and what it last published.
+struct SlotOffer {
+    poll: Option<Duration>,
+    slot_s: i64,
+    /// Per offered node (as `nodes`).
+    prices: Vec<f64>,
+    last: Mutex<SlotsPublished>,
+}
+
+#[derive(Default)]
+struct SlotsPublished {
+    read_at: Option<std::time::Instant>,
+    published_at: Option<std::time::Instant>,
+    /// The capacities the last snapshot was cut from (node, usable cpus, reserved windows).
+    caps: Option<Vec<NodeCapacity>>,
+    version: u64,
 }
 
 fn invalid(m: impl Into<String>) -> Error {
@@ -147,6 +166,13 @@ impl SlurmManager {
         if nodes.is_empty() {
             return Err(Error::Simres("Slurm reports no node (scontrol show node)".into()));
         }
+        if let Some(name) = cfg.prices.keys().find(|n| !nodes.iter().any(|x| &x.name == *n)) {
+            return Err(Error::Simres(format!("prices.{name}: no such offered node")));
+        }
+        let prices = nodes
+            .iter()
+            .map(|n| cfg.prices.get(&n.name).copied().unwrap_or(cfg.price))
+            .collect();
         let user = if cfg.user.is_empty() {
             let out = tokio::process::Command::new("id")
                 .arg("-un")
@@ -190,6 +216,12 @@ impl SlurmManager {
             ops: tokio::sync::Mutex::new(()),
             hub,
             source: cfg.source.clone(),
+            slots: SlotOffer {
+                poll: (cfg.slots_poll_ms > 0).then(|| Duration::from_millis(cfg.slots_poll_ms)),
+                slot_s: cfg.slot_s,
+                prices,
+                last: Mutex::new(SlotsPublished::default()),
+            },
         };
         m.clean_leftovers().await;
         Ok(m)
@@ -923,6 +955,7 @@ impl SlurmManager {
         }
         self.release_ended().await;
         self.forget_old();
+        self.publish_slots().await;
         let any_held = !self.state.lock().held.is_empty();
         if any_held {
             // Under the operations lock: a move deletes and re-creates a reservation, and the
@@ -932,6 +965,73 @@ impl SlurmManager {
                 Ok(list) => self.follow_reservations(&list),
                 Err(e) => tracing::warn!(error = %e, "cannot read reservations"),
             }
+        }
+    }
+
+    /// `rm.slots`: every `slots_poll_ms`, reads Slurm's nodes and reservations and, when the
+    /// free capacity changed (or a slot length has passed since the last snapshot), publishes
+    /// a new snapshot: per offered node, its CPUs (none when the node is down, drained or
+    /// failing) minus every reservation on it (each reservation's CoreCnt, capped at the
+    /// node's CPUs; the whole node when it has none), from now to 24 h ahead, cut at every
+    /// reservation boundary and every `slot_s` (`provision::free`).
+    async fn publish_slots(&self) {
+        let (Some(poll), Some(hub)) = (self.slots.poll, self.hub.as_deref()) else {
+            return;
+        };
+        if self.slots.last.lock().read_at.is_some_and(|t| t.elapsed() < poll) {
+            return;
+        }
+        self.slots.last.lock().read_at = Some(std::time::Instant::now());
+        let args = ["show", "node", "-o"].map(String::from);
+        let nodes = match self.scontrol(&args).await {
+            Ok(t) => parse_nodes(&t),
+            Err(e) => {
+                tracing::warn!(error = %e, "rm.slots: cannot read Slurm's nodes");
+                return;
+            }
+        };
+        let reservations = match self.reservations().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "rm.slots: cannot read Slurm's reservations");
+                return;
+            }
+        };
+        let caps = slot_capacities(&self.nodes, &nodes, &reservations);
+        let now = now_s();
+        {
+            let last = self.slots.last.lock();
+            let stale = last
+                .published_at
+                .is_none_or(|t| t.elapsed().as_secs() >= self.slots.slot_s.unsigned_abs());
+            if last.caps.as_ref() == Some(&caps) && !stale {
+                return;
+            }
+        }
+        let offered: Vec<crate::provision::free::Capacity> = caps
+            .iter()
+            .zip(&self.slots.prices)
+            .map(
+                |((node, cpus, reserved), &price)| crate::provision::free::Capacity {
+                    resource: node.clone(),
+                    cpus: *cpus,
+                    until_s: now + SLOTS_HORIZON_S,
+                    reserved: reserved.clone(),
+                    price,
+                },
+            )
+            .collect();
+        let slots = crate::provision::free::free_slots(now, self.slots.slot_s, &offered);
+        let version = {
+            let mut last = self.slots.last.lock();
+            last.version += 1;
+            last.caps = Some(caps);
+            last.published_at = Some(std::time::Instant::now());
+            last.version
+        };
+        let events = crate::provision::offers::snapshot_events(&self.source, now_ns(), version, slots);
+        if let (_, Err(err)) = hub.publish(&events) {
+            tracing::warn!(error = %err, "cannot publish rm.slots");
         }
     }
 
@@ -1086,6 +1186,43 @@ impl SlurmManager {
     }
 }
 
+/// One offered node for `rm.slots`: its name, the CPUs usable now and the windows
+/// reservations hold on it (start, end, cpus).
+type NodeCapacity = (String, u32, Vec<(i64, i64, u32)>);
+
+/// How far ahead the adapter offers slots.
+const SLOTS_HORIZON_S: i64 = 86_400;
+
+/// Per offered node (in `offered` order): its name, the CPUs usable now (0 when Slurm reports
+/// it down, drained or failing, or not at all) and the windows reservations hold on it.
+fn slot_capacities(
+    offered: &[SlurmNode],
+    now: &[SlurmNode],
+    reservations: &[SlurmReservation],
+) -> Vec<NodeCapacity> {
+    offered
+        .iter()
+        .map(|n| {
+            let usable = now.iter().find(|x| x.name == n.name).is_some_and(|x| {
+                let st = x.state.to_ascii_uppercase();
+                !["DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER"]
+                    .iter()
+                    .any(|bad| st.contains(bad))
+            });
+            let mut held: Vec<(i64, i64, u32)> = reservations
+                .iter()
+                .filter(|r| on_node(&r.nodes, &n.name) && r.end_s > r.start_s)
+                .map(|r| {
+                    let cpus = if r.cores == 0 { n.cpus } else { r.cores.min(n.cpus) };
+                    (r.start_s, r.end_s, cpus)
+                })
+                .collect();
+            held.sort_unstable();
+            (n.name.clone(), if usable { n.cpus } else { 0 }, held)
+        })
+        .collect()
+}
+
 /// Whether a Slurm node list names `node` (a plain comma list; bracket ranges are compared
 /// as written).
 fn on_node(list: &str, node: &str) -> bool {
@@ -1202,6 +1339,43 @@ mod tests {
             state: "IDLE".into(),
             partitions: "debug".into(),
         }
+    }
+
+    #[test]
+    fn slot_capacities_subtract_reservations_and_offer_nothing_on_a_down_node() {
+        let n2 = SlurmNode {
+            name: "n2".into(),
+            cpus: 4,
+            ..node()
+        };
+        let res = |nodes: &str, cores: u32, start: i64, end: i64| SlurmReservation {
+            name: "r".into(),
+            start_s: start,
+            end_s: end,
+            nodes: nodes.into(),
+            cores,
+            state: "INACTIVE".into(),
+        };
+        let reservations = [
+            res("n1", 0, 100, 200),
+            res("n1,n2", 1, 300, 400),
+            res("n2", 9, 500, 600),
+            res("n3", 0, 0, 10),
+        ];
+        let down = SlurmNode {
+            state: "DOWN+NOT_RESPONDING".into(),
+            ..n2.clone()
+        };
+        let caps = slot_capacities(&[node(), n2.clone()], &[node(), down], &reservations);
+        assert_eq!(
+            caps,
+            [
+                ("n1".to_string(), 2, vec![(100, 200, 2), (300, 400, 1)]),
+                ("n2".to_string(), 0, vec![(300, 400, 1), (500, 600, 4)]),
+            ]
+        );
+        let caps = slot_capacities(std::slice::from_ref(&n2), std::slice::from_ref(&n2), &[]);
+        assert_eq!(caps, [("n2".to_string(), 4, vec![])]);
     }
 
     fn held(start: i64, end: i64) -> Reservation {

@@ -8,7 +8,8 @@
 //!   answer found by trying after whatever is in the way), claims (`sbatch --reservation`),
 //!   job states (`squeue --json`), and the read-back loop that publishes `reservation.state`
 //!   (requested, granted, confirmed, modified, claimed, released, expired) and `job.batch`
-//!   (pending, running, completed, failed, cancelled, with the exit code).
+//!   (pending, running, completed, failed, cancelled, with the exit code), and the free slots
+//!   (`rm.slots`) computed from Slurm's nodes and reservations.
 //! - [`service`]: its side of the `Reservations` service ([`crate::simres::ResourceManager`]).
 //!
 //! Only the creator of a reservation (its owner: the caller's certificate CN, as in simres)
@@ -57,7 +58,11 @@ pub async fn run_notify(
             lease_ttl_ms: config.lease_ttl_ms,
             ..Identity::new(&config.source, config.directory.clone())
         },
-        &[crate::simres::reservation_schema(), job_schema()],
+        &[
+            crate::simres::reservation_schema(),
+            job_schema(),
+            crate::simres::slots_schema(),
+        ],
     )
     .map_err(|e| Error::Producer(e.to_string()))?;
     let manager = Arc::new(SlurmManager::start(&config, Some(producer.hub.clone())).await?);
