@@ -228,6 +228,14 @@ pub enum BenchScenario {
         simres: Option<String>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Probability that another job takes capacity the coallocator releases, at once (the
+        /// runs marked "competing"); the other runs have no competition, as in the paper.
+        #[arg(long, default_value_t = 0.5)]
+        compete: f64,
+        /// Print the step-by-step trace of this trial (0-based) for the runs "ours", "ours,
+        /// competing" and "as written, competing" of each experiment.
+        #[arg(long)]
+        trace_trial: Option<u32>,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

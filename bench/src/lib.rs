@@ -153,6 +153,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             scenario,
             simres,
             seed,
+            compete,
+            trace_trial,
             output,
         } => {
             use gma_broker::replay::Scenario;
@@ -161,7 +163,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 CoallocScenario::Heterogeneous => vec![Scenario::Heterogeneous],
                 CoallocScenario::Both => vec![Scenario::Homogeneous, Scenario::Heterogeneous],
             };
-            crate::broker::coalloc(trials, scenarios, simres, seed, output).await
+            crate::broker::coalloc(trials, scenarios, simres, seed, compete, trace_trial, output).await
         }
         BenchScenario::Placement {
             hosts,

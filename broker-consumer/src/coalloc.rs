@@ -66,6 +66,8 @@ pub struct CoOptions {
     pub modify: ModifyMode,
     /// Record every step (window, create, modify, release, exchange) as a line of text.
     pub trace: bool,
+    /// Times in the trace are seconds after this instant.
+    pub origin_s: i64,
 }
 
 /// A coallocation request.
@@ -148,10 +150,10 @@ enum NoFit {
 }
 
 /// One answer as a trace shows it.
-fn show(a: &Answer) -> String {
+fn show(a: &Answer, origin: i64) -> String {
     match a {
-        Answer::Granted(r) => format!("granted {} [{}, {})", r.id, r.start_s, r.end_s),
-        Answer::Retry { from_s, .. } => format!("refused, free from {from_s}"),
+        Answer::Granted(r) => format!("granted {} [{}, {})", r.id, r.start_s - origin, r.end_s - origin),
+        Answer::Retry { from_s, .. } => format!("refused, free from {}", from_s - origin),
         Answer::Never(why) => format!("never ({why})"),
     }
 }
@@ -349,10 +351,14 @@ impl<'a, R: Reserver> Run<'a, R> {
     /// release, so `NotFound` is not an error here.
     async fn release(&mut self, res: &Reservation) -> Result<(), ReserveError> {
         self.stats.releases += 1;
+        let o = self.opts.origin_s;
         self.note(|_| {
             format!(
                 "    release {} on {} [{}, {})",
-                res.id, res.resource, res.start_s, res.end_s
+                res.id,
+                res.resource,
+                res.start_s - o,
+                res.end_s - o
             )
         });
         match self.r.release(&res.id, &self.req.owner).await {
@@ -382,10 +388,12 @@ impl<'a, R: Reserver> Run<'a, R> {
             .await?;
         self.note(|s| {
             format!(
-                "  modify {} on {} into [{lo}, {hi}]: {}{}",
+                "  modify {} on {} into [{}, {}]: {}{}",
                 s.name(job),
                 old.resource,
-                show(&m.answer),
+                lo - s.opts.origin_s,
+                hi - s.opts.origin_s,
+                show(&m.answer, s.opts.origin_s),
                 if m.original_released {
                     " (original lost)"
                 } else {
@@ -423,7 +431,16 @@ impl<'a, R: Reserver> Run<'a, R> {
         let mut earliest: Option<i64> = None;
         for cand in self.candidates_of(job) {
             let a = self.r.reserve(&self.request(job, &cand, lo, hi)).await?;
-            self.note(|s| format!("  create {} on {cand} in [{lo}, {hi}]: {}", s.name(job), show(&a)));
+            self.note(|s| {
+                let o = s.opts.origin_s;
+                format!(
+                    "  create {} on {cand} in [{}, {}]: {}",
+                    s.name(job),
+                    lo - o,
+                    hi - o,
+                    show(&a, o)
+                )
+            });
             match a {
                 Answer::Granted(res) => {
                     self.stats.creates += 1;
@@ -529,9 +546,11 @@ impl<'a, R: Reserver> Run<'a, R> {
         let a = self.r.reserve(&self.request(last, free, lo, hi)).await?;
         self.note(|s| {
             format!(
-                "  create {} on {free} in [{lo}, {hi}]: {}",
+                "  create {} on {free} in [{}, {}]: {}",
                 s.name(last),
-                show(&a)
+                lo - s.opts.origin_s,
+                hi - s.opts.origin_s,
+                show(&a, s.opts.origin_s)
             )
         });
         match a {
@@ -566,11 +585,12 @@ impl<'a, R: Reserver> Run<'a, R> {
                 .await?;
             self.note(|s| {
                 format!(
-                    "  modify {}'s reservation on {} for {} at {start}: {}{}",
+                    "  modify {}'s reservation on {} for {} at {}: {}{}",
                     s.name(giver),
                     given.resource,
                     s.name(taker),
-                    show(&m.answer),
+                    start - s.opts.origin_s,
+                    show(&m.answer, s.opts.origin_s),
                     if m.original_released {
                         " (original lost)"
                     } else {
@@ -624,7 +644,15 @@ impl<'a, R: Reserver> Run<'a, R> {
                 hi: t_l.min(big_t_l),
                 t_l,
             };
-            self.note(|s| format!("iteration {}: window [{t_e}, {}]", s.stats.iterations, w.hi));
+            self.note(|s| {
+                let o = s.opts.origin_s;
+                format!(
+                    "iteration {}: window [{}, {}]",
+                    s.stats.iterations,
+                    t_e - o,
+                    w.hi - o
+                )
+            });
             tracing::debug!(
                 iteration = self.stats.iterations,
                 t_e,
@@ -676,7 +704,7 @@ impl<'a, R: Reserver> Run<'a, R> {
             let Some(next) = best else {
                 return Ok(Err(NoFit::Final { t_e, t_l }));
             };
-            self.note(|_| format!("  T_best {next}: the window moves"));
+            self.note(|s| format!("  T_best {}: the window moves", next - s.opts.origin_s));
             if next <= t_l {
                 return Ok(Err(NoFit::Stuck { next, t_l }));
             }

@@ -107,10 +107,11 @@ impl ReplayConfig {
         }
     }
 
-    fn options(&self, trace: bool) -> CoOptions {
+    fn options(&self, trace: bool, origin_s: i64) -> CoOptions {
         CoOptions {
             modify: self.modify,
             trace,
+            origin_s,
         }
     }
 }
@@ -409,7 +410,7 @@ impl<R: Reserver> Reserver for Competing<'_, R> {
 }
 
 /// Puts the competitor's takes into the coallocator's trace, after the release that freed them.
-fn merge_trace(trace: Vec<String>, taken: &[(String, Reservation)]) -> Vec<String> {
+fn merge_trace(trace: Vec<String>, taken: &[(String, Reservation)], origin: i64) -> Vec<String> {
     let mut out = Vec::with_capacity(trace.len() + taken.len());
     for line in trace {
         let freed = line
@@ -422,7 +423,10 @@ fn merge_trace(trace: Vec<String>, taken: &[(String, Reservation)]) -> Vec<Strin
             for (_, r) in taken.iter().filter(|(i, _)| *i == id) {
                 out.push(format!(
                     "    another job takes {} [{}, {}) at once ({})",
-                    r.resource, r.start_s, r.end_s, r.id
+                    r.resource,
+                    r.start_s - origin,
+                    r.end_s - origin,
+                    r.id
                 ));
             }
         }
@@ -494,7 +498,7 @@ pub async fn run_trial<R: Reserver>(
     let owner = &t.request.owner;
     let comp = Competing::new(r, cfg, t.index, owner);
     let started = Instant::now();
-    let (outcome, steps) = coallocate_with(&t.request, &comp, cfg.options(trace)).await;
+    let (outcome, steps) = coallocate_with(&t.request, &comp, cfg.options(trace, t.base_s)).await;
     let elapsed = started.elapsed();
     let taken = comp.finish().await;
     let outcome = match (outcome, taken) {
@@ -539,7 +543,7 @@ pub async fn run_trial<R: Reserver>(
         elapsed,
         leaked,
         taken: taken.len(),
-        trace: merge_trace(steps, &taken),
+        trace: merge_trace(steps, &taken, t.base_s),
     })
 }
 
