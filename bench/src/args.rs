@@ -236,6 +236,10 @@ pub enum BenchScenario {
         /// competing" and "as written, competing" of each experiment.
         #[arg(long)]
         trace_trial: Option<u32>,
+        /// CPUs per machine: 1 is the paper's set-up as written (one job per machine); more lets
+        /// jobs share a machine (a background reservation still takes the whole machine).
+        #[arg(long, default_value_t = 1)]
+        machine_cpus: u32,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -323,8 +323,12 @@ pub async fn coalloc(
     seed: u64,
     compete: f64,
     trace_trial: Option<u32>,
+    machine_cpus: u32,
     output: Output,
 ) -> anyhow::Result<()> {
+    if machine_cpus == 0 {
+        bail!("--machine-cpus must be at least 1");
+    }
     if !(0.0..=1.0).contains(&compete) {
         bail!("--compete must be a probability within [0, 1], got {compete}");
     }
@@ -333,19 +337,23 @@ pub async fn coalloc(
             bail!("--trace-trial {n} is not one of the {trials} trials (0..{trials})");
         }
     }
-    let base = ReplayConfig::default();
+    let base = ReplayConfig {
+        machine_cpus,
+        ..ReplayConfig::default()
+    };
     let names = machine_names(&base);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (addr, server) = match simres {
         Some(a) => (a, None),
         None => {
-            // A simres with the paper's machines (one job each at a time), over real gRPC.
+            // A simres with the paper's machines (one job each at a time unless --machine-cpus),
+            // over real gRPC.
             let cfg = SimresConfig {
                 resources: names
                     .iter()
                     .map(|n| ResourceSpec {
                         name: n.clone(),
-                        cpus: 1,
+                        cpus: machine_cpus,
                         memory_mb: 2048.0,
                         arch: "x86_64".into(),
                         background: Vec::new(),
@@ -366,7 +374,7 @@ pub async fn coalloc(
         .with_context(|| format!("resource manager {addr}"))?;
     for n in &names {
         if reserver.manager_of(n).is_none() {
-            bail!("the resource manager at {addr} does not offer machine {n:?} (the replay needs {names:?}, 1 CPU each)");
+            bail!("the resource manager at {addr} does not offer machine {n:?} (the replay needs {names:?}, {machine_cpus} CPU(s) each)");
         }
     }
     // Trials run a day ahead (the manager refuses windows in the past).
@@ -380,6 +388,7 @@ pub async fn coalloc(
                 trials,
                 seed,
                 scenario,
+                machine_cpus,
                 flexible: v.flexible,
                 modify: v.modify,
                 compete: v.compete,
@@ -459,12 +468,12 @@ pub async fn coalloc(
                 })
                 .collect();
             crate::report::emit(
-                json!({"scenario": "coalloc", "simres": addr, "compete": compete, "results": v}),
+                json!({"scenario": "coalloc", "simres": addr, "compete": compete, "machine_cpus": machine_cpus, "results": v}),
             );
         }
         Output::Table => {
             println!(
-                "coallocation replay against gma simres at {addr}, {trials} trials per run (4 jobs x 4 one-CPU machines, 4 h window, epsilon 5 min, 1 h jobs, one 20-min background reservation per machine; heterogeneous: the last job can use one machine only; separate draws per experiment):"
+                "coallocation replay against gma simres at {addr}, {trials} trials per run (4 one-CPU jobs x 4 machines of {machine_cpus} CPU(s), 4 h window, epsilon 5 min, 1 h jobs, one 20-min background reservation per machine; heterogeneous: the last job can use one machine only; separate draws per experiment):"
             );
             println!();
             println!(

@@ -155,6 +155,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             seed,
             compete,
             trace_trial,
+            machine_cpus,
             output,
         } => {
             use gma_broker::replay::Scenario;
@@ -163,7 +164,17 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 CoallocScenario::Heterogeneous => vec![Scenario::Heterogeneous],
                 CoallocScenario::Both => vec![Scenario::Homogeneous, Scenario::Heterogeneous],
             };
-            crate::broker::coalloc(trials, scenarios, simres, seed, compete, trace_trial, output).await
+            crate::broker::coalloc(
+                trials,
+                scenarios,
+                simres,
+                seed,
+                compete,
+                trace_trial,
+                machine_cpus,
+                output,
+            )
+            .await
         }
         BenchScenario::Placement {
             hosts,

@@ -66,6 +66,9 @@ pub struct ReplayConfig {
     /// Whether jobs must end inside the window (`T_l = base + window_s − job_s`) or only
     /// start inside it (`T_l = base + window_s`).
     pub job_must_end_in_window: bool,
+    /// CPUs per machine (the jobs take one each, a background reservation the whole machine).
+    /// 1 is the paper's set-up as written; more lets jobs share a machine.
+    pub machine_cpus: u32,
     /// The jobs' [`CoJob::flexible`].
     pub flexible: bool,
     /// How the coallocator modifies reservations.
@@ -91,6 +94,7 @@ impl Default for ReplayConfig {
             job_s: 3600,
             background_s: 1200,
             job_must_end_in_window: true,
+            machine_cpus: 1,
             flexible: true,
             modify: ModifyMode::Atomic,
             compete: 0.0,
@@ -124,6 +128,8 @@ pub struct Trial {
     /// One background block per machine: (machine, start); each lasts `background_s`.
     pub background: Vec<(String, i64)>,
     pub background_s: i64,
+    /// CPUs of every machine; a background block takes all of them.
+    pub machine_cpus: u32,
     pub request: CoRequest,
 }
 
@@ -132,9 +138,10 @@ pub fn machine_names(cfg: &ReplayConfig) -> Vec<String> {
     (0..cfg.machines).map(|i| format!("m{i}")).collect()
 }
 
-/// An in-memory manager with one single-CPU calendar per machine.
-pub fn memory_machines(names: &[String]) -> MemoryReserver {
-    MemoryReserver::with_resources(names.iter().map(|n| (n.as_str(), 1)))
+/// An in-memory manager with one calendar of `cfg.machine_cpus` CPUs per machine.
+pub fn memory_machines(cfg: &ReplayConfig) -> MemoryReserver {
+    let names = machine_names(cfg);
+    MemoryReserver::with_resources(names.iter().map(|n| (n.as_str(), cfg.machine_cpus.max(1))))
 }
 
 /// Trial `index` of `cfg`, placed at `base_s`. Deterministic in `(cfg.experiment_seed(), index)`:
@@ -178,6 +185,7 @@ pub fn trial(cfg: &ReplayConfig, index: u32, base_s: i64, machine_names: &[Strin
         base_s,
         background,
         background_s: cfg.background_s,
+        machine_cpus: cfg.machine_cpus.max(1),
         request: CoRequest {
             jobs,
             window_start_s: base_s,
@@ -225,7 +233,8 @@ fn perfect_matching(options: &[Vec<usize>], machines: usize) -> bool {
 
 /// Brute force: is there any window `[w, w + ε]` inside `[T_e, T_l]` in which every job can
 /// start (offset-corrected) on a distinct one of its candidates, free of background for the
-/// job's duration? Assumes single-CPU machines (the paper's setup) and only background load.
+/// job's duration? Jobs take one CPU, background blocks a whole machine, and a machine of
+/// `machine_cpus` CPUs holds that many jobs; only background load counts.
 ///
 /// Only `w = T_e` and the windows whose right end just reaches a block end need trying: as
 /// `w` grows, a (job, machine) option appears only when the window reaches the end of a
@@ -267,6 +276,8 @@ pub fn feasible(trial: &Trial) -> bool {
     ws.dedup();
     ws.into_iter().any(|w| {
         let hi = (w + eps).min(t_l);
+        // One slot per CPU: slots `mi * cap .. (mi + 1) * cap` are machine `mi`'s.
+        let cap = trial.machine_cpus.max(1) as usize;
         let options: Vec<Vec<usize>> = req
             .jobs
             .iter()
@@ -275,10 +286,11 @@ pub fn feasible(trial: &Trial) -> bool {
                     .iter()
                     .filter_map(|c| machines.iter().position(|m| m == c))
                     .filter(|&mi| earliest_free(&blocks[mi], w + j.offset_s, j.duration_s) <= hi + j.offset_s)
+                    .flat_map(|mi| mi * cap..(mi + 1) * cap)
                     .collect()
             })
             .collect();
-        perfect_matching(&options, machines.len())
+        perfect_matching(&options, machines.len() * cap)
     })
 }
 
@@ -471,7 +483,7 @@ pub async fn run_trial<R: Reserver>(
     for (machine, start_s) in &t.background {
         let req = ReserveRequest {
             resource: machine.clone(),
-            cpus: 1,
+            cpus: t.machine_cpus,
             duration_s: t.background_s,
             earliest_s: *start_s,
             latest_s: *start_s,
@@ -754,7 +766,7 @@ mod tests {
 
     async fn outcome(t: &Trial) -> TrialResult {
         let c = cfg(Scenario::Homogeneous, 1);
-        let m = memory_machines(&machine_names(&c));
+        let m = memory_machines(&c);
         let res = run_trial(&c, t, &m, false).await.unwrap();
         assert!(
             m.list("", "").await.unwrap().is_empty(),
@@ -831,7 +843,7 @@ mod tests {
 
     async fn replay(scenario: Scenario, trials: u32) -> (Vec<TrialResult>, Summary) {
         let c = cfg(scenario, trials);
-        let m = memory_machines(&machine_names(&c));
+        let m = memory_machines(&c);
         let (results, summary) = run_replay(&c, &m, BASE0).await;
         assert!(
             m.list("", "").await.unwrap().is_empty(),
@@ -890,6 +902,7 @@ mod tests {
             base_s: BASE0,
             background: Vec::new(),
             background_s: 1200,
+            machine_cpus: 1,
             request: CoRequest {
                 jobs: vec![job("J1", &["X", "Z"]), job("J2", &["X"])],
                 window_start_s: BASE0,
@@ -957,7 +970,7 @@ mod tests {
                     modify,
                     ..cfg(scenario, 150)
                 };
-                let m = memory_machines(&machine_names(&c));
+                let m = memory_machines(&c);
                 let (results, s) = run_replay(&c, &m, BASE0).await;
                 check(&results, &s, 150);
                 assert_eq!(s.taken, 0);
@@ -981,7 +994,7 @@ mod tests {
                 compete: 1.0,
                 ..cfg(Scenario::Heterogeneous, 150)
             };
-            let m = memory_machines(&machine_names(&c));
+            let m = memory_machines(&c);
             let (results, s) = run_replay(&c, &m, BASE0).await;
             println!("heterogeneous, compete 1.0, {modify:?}:\n{s}");
             check(&results, &s, 150);
@@ -1001,7 +1014,7 @@ mod tests {
                 flexible,
                 ..cfg(Scenario::Heterogeneous, 150)
             };
-            let m = memory_machines(&machine_names(&c));
+            let m = memory_machines(&c);
             let (results, s) = run_replay(&c, &m, BASE0).await;
             check(&results, &s, 150);
             if !flexible {
@@ -1010,6 +1023,54 @@ mod tests {
             rates.push(s.successes);
         }
         assert!(rates[1] < rates[0], "{rates:?}");
+    }
+
+    #[tokio::test]
+    async fn the_restriction_never_changes_feasibility_here() {
+        // One job per machine: restricting job 3 never changes feasibility (all four machines
+        // must be free). Two CPUs per machine: any two free machines do for the homogeneous
+        // experiment, the restricted one needs its own among them — never more feasible, and
+        // with one 20-minute block per machine in a 4-hour window, in practice always feasible.
+        for cpus in [1u32, 2] {
+            let homo = ReplayConfig {
+                machine_cpus: cpus,
+                ..cfg(Scenario::Homogeneous, 300)
+            };
+            let names = machine_names(&homo);
+            let (mut both, mut only_homo) = (0, 0);
+            for i in 0..300 {
+                let t = trial(&homo, i, BASE0, &names);
+                let mut restricted = t.clone();
+                if let Some(last) = restricted.request.jobs.last_mut() {
+                    last.candidates = vec![names[(i % 4) as usize].clone()];
+                }
+                match (feasible(&t), feasible(&restricted)) {
+                    (true, true) => both += 1,
+                    (true, false) => only_homo += 1,
+                    (false, true) => panic!("trial {i}: a restriction made it feasible"),
+                    (false, false) => {}
+                }
+            }
+            println!(
+                "{cpus} CPU(s) per machine: {both} of 300 feasible either way, {only_homo} only unrestricted"
+            );
+            assert!(both > 0);
+            if cpus == 1 {
+                assert_eq!(only_homo, 0);
+            }
+        }
+        // And the coallocator on two-CPU machines: clean, never beyond feasibility.
+        for scenario in [Scenario::Homogeneous, Scenario::Heterogeneous] {
+            let c = ReplayConfig {
+                machine_cpus: 2,
+                ..cfg(scenario, 100)
+            };
+            let m = memory_machines(&c);
+            let (results, s) = run_replay(&c, &m, BASE0).await;
+            check(&results, &s, 100);
+            assert!(m.list("", "").await.unwrap().is_empty());
+            assert!(m.within_capacity());
+        }
     }
 
     /// The full §5.2.2 run: `cargo test -p gma-broker --lib replay -- --ignored --nocapture`.
@@ -1022,7 +1083,7 @@ mod tests {
                     job_must_end_in_window: must_end,
                     ..cfg(scenario, 1000)
                 };
-                let m = memory_machines(&machine_names(&c));
+                let m = memory_machines(&c);
                 let (results, s) = run_replay(&c, &m, BASE0).await;
                 println!("{scenario:?}, job_must_end_in_window = {must_end}, 1000 trials:\n{s}");
                 check(&results, &s, 1000);
