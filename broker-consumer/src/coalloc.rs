@@ -1341,14 +1341,16 @@ mod tests {
     type Blocks = Vec<(u32, i64, i64)>;
 
     /// A random instance: per resource its capacity (1 or 2 CPUs) and 0 to 3 blocks (CPUs, start,
-    /// length) taken before the coallocation; whether modifies are non-atomic (3 in 10); 2 to 4
-    /// jobs of (candidate resources in rank order, CPUs (2 one in 5), memory, duration, offset
-    /// (non-zero 3 in 10)); the end of the window and epsilon.
+    /// length) taken before the coallocation; whether the managers' modifies are non-atomic (3
+    /// in 10) and whether the coallocator modifies by release-then-create (3 in 10); 2 to 4 jobs
+    /// of (candidate resources in rank order, CPUs (2 one in 5), memory, duration, offset
+    /// (non-zero 3 in 10), flexible (7 in 10)); the end of the window and epsilon.
     #[derive(Debug, Clone)]
     struct Instance {
         resources: Vec<(u32, Blocks)>,
         non_atomic: bool,
-        jobs: Vec<(Vec<usize>, u32, u32, i64, i64)>,
+        release_then_create: bool,
+        jobs: Vec<(Vec<usize>, u32, u32, i64, i64, bool)>,
         window_end_s: i64,
         epsilon_s: i64,
     }
@@ -1371,18 +1373,21 @@ mod tests {
                 0..4u32,
                 300..=3600i64,
                 prop::option::weighted(0.3, 0..=900i64).prop_map(|o| o.unwrap_or(0)),
+                prop::bool::weighted(0.7),
             );
             (
                 Just(resources),
+                prop::bool::weighted(0.3),
                 prop::bool::weighted(0.3),
                 prop::collection::vec(job, 2..=4),
                 0..=7200i64,
                 60..=600i64,
             )
                 .prop_map(
-                    |(resources, non_atomic, jobs, window_end_s, epsilon_s)| Instance {
+                    |(resources, non_atomic, release_then_create, jobs, window_end_s, epsilon_s)| Instance {
                         resources,
                         non_atomic,
+                        release_then_create,
                         jobs,
                         window_end_s,
                         epsilon_s,
@@ -1417,18 +1422,26 @@ mod tests {
                 .jobs
                 .iter()
                 .enumerate()
-                .map(|(i, (cands, cpus, mem, duration_s, offset_s))| CoJob {
+                .map(|(i, (cands, cpus, mem, duration_s, offset_s, flexible))| CoJob {
                     name: format!("J{i}"),
                     cpus: *cpus,
                     memory_mb: f64::from(*mem) * 512.0,
                     duration_s: *duration_s,
                     offset_s: *offset_s,
                     candidates: cands.iter().map(|&c| names[c].clone()).collect(),
-                    flexible: true,
+                    flexible: *flexible,
                 })
                 .collect();
             let req = request(jobs, 0, inst.window_end_s, inst.epsilon_s);
-            let out = coallocate(&req, &m).await.unwrap();
+            let opts = CoOptions {
+                modify: if inst.release_then_create {
+                    ModifyMode::ReleaseThenCreate
+                } else {
+                    ModifyMode::Atomic
+                },
+                ..CoOptions::default()
+            };
+            let out = coallocate_with(&req, &m, opts).await.0.unwrap();
             prop_assert!(m.within_capacity(), "over capacity");
             match &out {
                 CoOutcome::Failed { .. } => {
