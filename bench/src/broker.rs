@@ -27,7 +27,7 @@ use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::args::Output;
+use crate::args::{CoallocArgs, CoallocScenario, Output};
 use crate::report::{cores, proc_usage};
 
 type Stop = tokio::sync::watch::Receiver<bool>;
@@ -315,17 +315,22 @@ fn trace_text(name: &str, t: &Trial, r: &TrialResult) -> Vec<String> {
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-pub async fn coalloc(
-    trials: u32,
-    scenarios: Vec<Scenario>,
-    simres: Option<String>,
-    seed: u64,
-    compete: f64,
-    trace_trial: Option<u32>,
-    machine_cpus: u32,
-    output: Output,
-) -> anyhow::Result<()> {
+pub async fn coalloc(args: CoallocArgs) -> anyhow::Result<()> {
+    let CoallocArgs {
+        trials,
+        scenario,
+        simres,
+        seed,
+        compete,
+        trace_trial,
+        machine_cpus,
+        output,
+    } = args;
+    let scenarios = match scenario {
+        CoallocScenario::Homogeneous => vec![Scenario::Homogeneous],
+        CoallocScenario::Heterogeneous => vec![Scenario::Heterogeneous],
+        CoallocScenario::Both => vec![Scenario::Homogeneous, Scenario::Heterogeneous],
+    };
     if machine_cpus == 0 {
         bail!("--machine-cpus must be at least 1");
     }

@@ -309,6 +309,19 @@ pub struct TrialResult {
     pub trace: Vec<String>,
 }
 
+/// A request for `cpus` of `resource` over exactly `[start_s, start_s + duration_s)`.
+fn pinned(resource: &str, cpus: u32, start_s: i64, duration_s: i64, owner: &str) -> ReserveRequest {
+    ReserveRequest {
+        resource: resource.to_string(),
+        cpus,
+        duration_s,
+        earliest_s: start_s,
+        latest_s: start_s,
+        flexible: false,
+        owner: owner.to_string(),
+    }
+}
+
 /// What a [`Competing`] manager tracks during one trial.
 struct CompeteState {
     rng: ChaCha8Rng,
@@ -400,15 +413,13 @@ impl<R: Reserver> Reserver for Competing<'_, R> {
             }
         };
         if let Some(f) = grab {
-            let req = ReserveRequest {
-                resource: f.resource.clone(),
-                cpus: f.cpus,
-                duration_s: f.end_s - f.start_s,
-                earliest_s: f.start_s,
-                latest_s: f.start_s,
-                flexible: false,
-                owner: COMPETITOR_OWNER.to_string(),
-            };
+            let req = pinned(
+                &f.resource,
+                f.cpus,
+                f.start_s,
+                f.end_s - f.start_s,
+                COMPETITOR_OWNER,
+            );
             if let Answer::Granted(r) = self.inner.reserve(&req).await? {
                 self.state.lock().taken.push((id.to_string(), r));
             }
@@ -481,15 +492,13 @@ pub async fn run_trial<R: Reserver>(
 ) -> Result<TrialResult, ReplayError> {
     let mut background = Vec::with_capacity(t.background.len());
     for (machine, start_s) in &t.background {
-        let req = ReserveRequest {
-            resource: machine.clone(),
-            cpus: t.machine_cpus,
-            duration_s: t.background_s,
-            earliest_s: *start_s,
-            latest_s: *start_s,
-            flexible: false,
-            owner: BACKGROUND_OWNER.to_string(),
-        };
+        let req = pinned(
+            machine,
+            t.machine_cpus,
+            *start_s,
+            t.background_s,
+            BACKGROUND_OWNER,
+        );
         let refused = match r.reserve(&req).await {
             Ok(Answer::Granted(res)) => {
                 background.push(res);
