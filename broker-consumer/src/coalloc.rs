@@ -149,6 +149,32 @@ enum NoFit {
     PastEnd { t_e: i64, t_l: i64, end: i64 },
 }
 
+impl NoFit {
+    /// The same reason with every time counted from `origin` (for traces).
+    fn shifted(&self, origin: i64) -> NoFit {
+        let o = |t: i64| t.saturating_sub(origin);
+        match *self {
+            NoFit::GaveUp { t_e, t_l } => NoFit::GaveUp {
+                t_e: o(t_e),
+                t_l: o(t_l),
+            },
+            NoFit::Final { t_e, t_l } => NoFit::Final {
+                t_e: o(t_e),
+                t_l: o(t_l),
+            },
+            NoFit::Stuck { next, t_l } => NoFit::Stuck {
+                next: o(next),
+                t_l: o(t_l),
+            },
+            NoFit::PastEnd { t_e, t_l, end } => NoFit::PastEnd {
+                t_e: o(t_e),
+                t_l: o(t_l),
+                end: o(end),
+            },
+        }
+    }
+}
+
 /// One answer as a trace shows it.
 fn show(a: &Answer, origin: i64) -> String {
     match a {
@@ -631,6 +657,15 @@ impl<'a, R: Reserver> Run<'a, R> {
 
     /// Algorithm 1. `Ok(Err(reason))` is a failure (cleanup is the caller's).
     async fn run(&mut self) -> Result<Result<(), NoFit>, ReserveError> {
+        let out = self.search().await;
+        if let Ok(Err(why)) = &out {
+            self.note(|s| format!("failed: {}", why.shifted(s.opts.origin_s)));
+        }
+        out
+    }
+
+    /// The loop of Algorithm 1.
+    async fn search(&mut self) -> Result<Result<(), NoFit>, ReserveError> {
         let (big_t_e, big_t_l, eps) = (self.req.window_start_s, self.req.window_end_s, self.req.epsilon_s);
         let mut t_e = big_t_e;
         let mut t_l = big_t_e.saturating_add(eps);
@@ -738,11 +773,8 @@ pub async fn coallocate_with<R: Reserver>(
     }
     let mut run = Run::new(req, r, opts);
     let out = run.outcome().await;
-    if let Ok(o) = &out {
-        run.note(|_| match o {
-            CoOutcome::Success { .. } => "success".to_string(),
-            CoOutcome::Failed { reason, .. } => format!("failed: {reason}"),
-        });
+    if let Ok(CoOutcome::Success { .. }) = &out {
+        run.note(|_| "success".to_string());
     }
     (out, run.trace)
 }
@@ -1154,9 +1186,14 @@ mod tests {
         // J1 was only ever asked for on X, its machine.
         assert!(spy.reserves().iter().all(|r| r.resource == "X"), "{trace:#?}");
         assert!(m.list("", "co").await.unwrap().is_empty());
-        assert_eq!(
-            trace.last().map(|l| l.starts_with("failed")),
-            Some(true),
+        // The failure (times from the origin), then the cleanup of what was still held.
+        let failed = trace
+            .iter()
+            .position(|l| l.starts_with("failed: "))
+            .expect("a failure line");
+        assert!(trace[failed].contains("T_l = 1500"), "{trace:#?}");
+        assert!(
+            trace[failed + 1..].iter().all(|l| l.contains("release ")),
             "{trace:#?}"
         );
     }
