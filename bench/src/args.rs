@@ -21,6 +21,34 @@ pub enum CoallocScenario {
     Both,
 }
 
+/// The arguments of `gma bench coalloc`.
+#[derive(Args, Debug)]
+pub struct CoallocArgs {
+    #[arg(long, default_value_t = 1000)]
+    pub trials: u32,
+    #[arg(long, value_enum, default_value = "both")]
+    pub scenario: CoallocScenario,
+    /// Use this running gma simres (it must offer machines m0..m3 of --machine-cpus CPUs each).
+    #[arg(long)]
+    pub simres: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Probability that another job takes capacity the coallocator releases, at once (the
+    /// runs marked "competing"); the other runs have no competition, as in the paper.
+    #[arg(long, default_value_t = 0.5)]
+    pub compete: f64,
+    /// Print the step-by-step trace of this trial (0-based) for the runs "ours", "ours,
+    /// competing" and "as written, competing" of each experiment.
+    #[arg(long)]
+    pub trace_trial: Option<u32>,
+    /// CPUs per machine: 1 is the paper's set-up as written (one job per machine); more lets
+    /// jobs share a machine (a background reservation still takes the whole machine).
+    #[arg(long, default_value_t = 1)]
+    pub machine_cpus: u32,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -218,19 +246,7 @@ pub enum BenchScenario {
     },
     /// The paper's randomized coallocation experiment against a gma simres over gRPC (one is
     /// started in this process unless --simres is given): success rates and iteration counts.
-    Coalloc {
-        #[arg(long, default_value_t = 1000)]
-        trials: u32,
-        #[arg(long, value_enum, default_value = "both")]
-        scenario: CoallocScenario,
-        /// Use this running gma simres (it must offer machines m0..m3 with 1 CPU each).
-        #[arg(long)]
-        simres: Option<String>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
-    },
+    Coalloc(CoallocArgs),
     /// Placement quality: mean job completion time under ttd vs random and round-robin in a
     /// discrete-event simulation of heterogeneous hosts.
     Placement {

@@ -12,9 +12,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use gma_broker::coalloc::ModifyMode;
 use gma_broker::placement::{simulate, Placement, SimConfig};
 use gma_broker::remote::RemoteReserver;
-use gma_broker::replay::{machine_names, run_replay, ReplayConfig, Scenario, Summary};
+use gma_broker::replay::{
+    machine_names, run_replay, trace_trial as trace_trial_of, ReplayConfig, Scenario, Summary, Trial,
+    TrialResult,
+};
 use gma_broker::service::BrokerConfig;
 use gma_broker::simres::{ResourceSpec, SimresConfig};
 use gma_core::time::now_ns;
@@ -23,7 +27,7 @@ use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::args::Output;
+use crate::args::{CoallocArgs, CoallocScenario, Output};
 use crate::report::{cores, proc_usage};
 
 type Stop = tokio::sync::watch::Receiver<bool>;
@@ -223,37 +227,138 @@ fn summary_json(s: &Summary) -> serde_json::Value {
         json!({
             "count": g.count, "elapsed_ms": m(&g.elapsed_ms), "iterations": m(&g.iterations),
             "creates": m(&g.creates), "failed_creates": m(&g.failed_creates), "modifies": m(&g.modifies),
-            "failed_modifies": m(&g.failed_modifies), "augmentations": m(&g.augmentations),
+            "failed_modifies": m(&g.failed_modifies), "lost_originals": m(&g.lost_originals),
+            "augmentations": m(&g.augmentations),
             "failed_augmentations": m(&g.failed_augmentations),
         })
     };
     json!({
         "trials": s.trials, "successes": s.successes, "success_rate": s.success_rate,
         "feasible": s.feasible, "feasible_rate": s.feasible_rate, "leaked": s.leaked, "errors": s.errors,
+        "taken": s.taken,
         "success": g(&s.success), "failure": g(&s.failure),
     })
 }
 
-pub async fn coalloc(
-    trials: u32,
-    scenarios: Vec<Scenario>,
-    simres: Option<String>,
-    seed: u64,
-    output: Output,
-) -> anyhow::Result<()> {
-    let base = ReplayConfig::default();
+/// One way of running an experiment: how the coallocator modifies, whether the jobs are
+/// flexible, and how often another job takes capacity the coallocator releases.
+struct Variant {
+    name: &'static str,
+    modify: ModifyMode,
+    flexible: bool,
+    compete: f64,
+}
+
+fn variants(compete: f64) -> Vec<Variant> {
+    let v = |name, modify, flexible, compete| Variant {
+        name,
+        modify,
+        flexible,
+        compete,
+    };
+    vec![
+        v("ours", ModifyMode::Atomic, true, 0.0),
+        v("as written", ModifyMode::ReleaseThenCreate, true, 0.0),
+        v("ours, competing", ModifyMode::Atomic, true, compete),
+        v(
+            "as written, competing",
+            ModifyMode::ReleaseThenCreate,
+            true,
+            compete,
+        ),
+        v("ours, jobs not flexible", ModifyMode::Atomic, false, 0.0),
+    ]
+}
+
+/// One experiment's runs: (variant, per-trial results, summary, wall time).
+type Runs = Vec<(Variant, Vec<TrialResult>, Summary, Duration)>;
+
+/// Trials where `a` succeeded and `b` did not (first 20).
+fn only_in(a: &[TrialResult], b: &[TrialResult]) -> Vec<u32> {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.success && !y.success)
+        .map(|(x, _)| x.index)
+        .take(20)
+        .collect()
+}
+
+/// The trial's set-up and its trace, times in seconds from the trial's window start.
+fn trace_text(name: &str, t: &Trial, r: &TrialResult) -> Vec<String> {
+    let mut out = vec![format!(
+        "trial {} ({name}): {}; feasible {}",
+        t.index,
+        if r.success { "success" } else { "failure" },
+        r.feasible
+    )];
+    let bg: Vec<String> = t
+        .background
+        .iter()
+        .map(|(m, s)| format!("{m} [{}, {})", s - t.base_s, s - t.base_s + t.background_s))
+        .collect();
+    out.push(format!("  background: {}", bg.join(", ")));
+    for j in &t.request.jobs {
+        out.push(format!(
+            "  {}: {} s on {}{}",
+            j.name,
+            j.duration_s,
+            j.candidates.join("|"),
+            if j.flexible { "" } else { " (not flexible)" }
+        ));
+    }
+    out.push(format!(
+        "  start window [0, {}], epsilon {} s",
+        t.request.window_end_s - t.base_s,
+        t.request.epsilon_s
+    ));
+    out.extend(r.trace.iter().map(|l| format!("  {l}")));
+    out
+}
+
+pub async fn coalloc(args: CoallocArgs) -> anyhow::Result<()> {
+    let CoallocArgs {
+        trials,
+        scenario,
+        simres,
+        seed,
+        compete,
+        trace_trial,
+        machine_cpus,
+        output,
+    } = args;
+    let scenarios = match scenario {
+        CoallocScenario::Homogeneous => vec![Scenario::Homogeneous],
+        CoallocScenario::Heterogeneous => vec![Scenario::Heterogeneous],
+        CoallocScenario::Both => vec![Scenario::Homogeneous, Scenario::Heterogeneous],
+    };
+    if machine_cpus == 0 {
+        bail!("--machine-cpus must be at least 1");
+    }
+    if !(0.0..=1.0).contains(&compete) {
+        bail!("--compete must be a probability within [0, 1], got {compete}");
+    }
+    if let Some(n) = trace_trial {
+        if n >= trials {
+            bail!("--trace-trial {n} is not one of the {trials} trials (0..{trials})");
+        }
+    }
+    let base = ReplayConfig {
+        machine_cpus,
+        ..ReplayConfig::default()
+    };
     let names = machine_names(&base);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (addr, server) = match simres {
         Some(a) => (a, None),
         None => {
-            // A simres with the paper's machines (one job each at a time), over real gRPC.
+            // A simres with the paper's machines (one job each at a time unless --machine-cpus),
+            // over real gRPC.
             let cfg = SimresConfig {
                 resources: names
                     .iter()
                     .map(|n| ResourceSpec {
                         name: n.clone(),
-                        cpus: 1,
+                        cpus: machine_cpus,
                         memory_mb: 2048.0,
                         arch: "x86_64".into(),
                         background: Vec::new(),
@@ -274,72 +379,154 @@ pub async fn coalloc(
         .with_context(|| format!("resource manager {addr}"))?;
     for n in &names {
         if reserver.manager_of(n).is_none() {
-            bail!("the resource manager at {addr} does not offer machine {n:?} (the replay needs {names:?}, 1 CPU each)");
+            bail!("the resource manager at {addr} does not offer machine {n:?} (the replay needs {names:?}, {machine_cpus} CPU(s) each)");
         }
     }
     // Trials run a day ahead (the manager refuses windows in the past).
     let base0 = now_ns() / 1_000_000_000 + 86_400;
-    let mut results = Vec::new();
+    let mut results: Vec<(Scenario, Runs, Vec<String>)> = Vec::new();
     for scenario in scenarios {
-        let cfg = ReplayConfig {
-            trials,
-            seed,
-            scenario,
-            ..ReplayConfig::default()
-        };
-        let t0 = Instant::now();
-        let (_, summary) = run_replay(&cfg, &reserver, base0).await;
-        results.push((scenario, summary, t0.elapsed()));
+        let mut runs: Runs = Vec::new();
+        let mut traces = Vec::new();
+        for v in variants(compete) {
+            let cfg = ReplayConfig {
+                trials,
+                seed,
+                scenario,
+                machine_cpus,
+                flexible: v.flexible,
+                modify: v.modify,
+                compete: v.compete,
+                ..ReplayConfig::default()
+            };
+            let t0 = Instant::now();
+            let (res, summary) = run_replay(&cfg, &reserver, base0).await;
+            let wall = t0.elapsed();
+            if let Some(n) = trace_trial {
+                if v.compete > 0.0 || v.name == "ours" {
+                    let (t, r) = trace_trial_of(&cfg, &reserver, base0, n)
+                        .await
+                        .map_err(|e| anyhow!("tracing trial {n}: {e}"))?;
+                    traces.extend(trace_text(&format!("{scenario:?}, {}", v.name), &t, &r));
+                }
+            }
+            runs.push((v, res, summary, wall));
+        }
+        results.push((scenario, runs, traces));
     }
     let _ = stop_tx.send(true);
     if let Some(t) = server {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
     }
+    let paper_of = |sc: Scenario| {
+        if sc == Scenario::Homogeneous {
+            PAPER_HOMOGENEOUS
+        } else {
+            PAPER_HETEROGENEOUS
+        }
+    };
+    let differ = |runs: &Runs| {
+        (
+            only_in(&runs[2].1, &runs[3].1),
+            only_in(&runs[3].1, &runs[2].1),
+            runs[0]
+                .1
+                .iter()
+                .filter(|r| r.feasible && !r.success)
+                .map(|r| r.index)
+                .take(20)
+                .collect::<Vec<u32>>(),
+        )
+    };
     match output {
         Output::Json => {
             let v: Vec<serde_json::Value> = results
                 .iter()
-                .map(|(sc, s, wall)| {
-                    let paper = if *sc == Scenario::Homogeneous {
-                        PAPER_HOMOGENEOUS
-                    } else {
-                        PAPER_HETEROGENEOUS
-                    };
-                    let mut j = summary_json(s);
+                .map(|(sc, runs, traces)| {
+                    let paper = paper_of(*sc);
+                    // The top level is the "ours" run (as before); every run is under "runs".
+                    let mut j = summary_json(&runs[0].2);
                     j["scenario"] = json!(format!("{sc:?}").to_lowercase());
-                    j["wall_s"] = json!(wall.as_secs_f64());
+                    j["wall_s"] = json!(runs[0].3.as_secs_f64());
                     j["paper"] =
                         json!({"success_pct": paper.0, "iterations_avg": paper.1, "iterations_max": paper.2});
+                    j["runs"] = json!(runs
+                        .iter()
+                        .map(|(v, _, s, wall)| {
+                            let mut r = summary_json(s);
+                            r["name"] = json!(v.name);
+                            r["modify"] = json!(format!("{:?}", v.modify));
+                            r["flexible"] = json!(v.flexible);
+                            r["compete"] = json!(v.compete);
+                            r["wall_s"] = json!(wall.as_secs_f64());
+                            r
+                        })
+                        .collect::<Vec<_>>());
+                    let (ours_only, written_only, feasible_failed) = differ(runs);
+                    j["differ"] = json!({
+                        "competing_ours_only": ours_only,
+                        "competing_as_written_only": written_only,
+                        "feasible_but_ours_failed": feasible_failed,
+                    });
+                    j["trace"] = json!(traces);
                     j
                 })
                 .collect();
-            crate::report::emit(json!({"scenario": "coalloc", "simres": addr, "results": v}));
+            crate::report::emit(
+                json!({"scenario": "coalloc", "simres": addr, "compete": compete, "machine_cpus": machine_cpus, "results": v}),
+            );
         }
         Output::Table => {
             println!(
-                "coallocation replay against gma simres at {addr} (4 jobs x 4 machines, 4 h window, epsilon 5 min, 1 h jobs, one 20-min background reservation per machine):"
+                "coallocation replay against gma simres at {addr}, {trials} trials per run (4 one-CPU jobs x 4 machines of {machine_cpus} CPU(s), 4 h window, epsilon 5 min, 1 h jobs, one 20-min background reservation per machine; heterogeneous: the last job can use one machine only; separate draws per experiment):"
             );
-            for (sc, s, wall) in &results {
-                let paper = if *sc == Scenario::Homogeneous {
-                    PAPER_HOMOGENEOUS
-                } else {
-                    PAPER_HETEROGENEOUS
-                };
+            println!();
+            println!(
+                "{:<14}{:>7}{:>10}{:>8}{:>12}  | other jobs take released capacity (p {compete}):{:>6}{:>12}  | ours, jobs not flexible",
+                "experiment", "paper", "feasible", "ours", "as written", "ours", "as written"
+            );
+            for (sc, runs, _) in &results {
+                let pct = |i: usize| 100.0 * runs[i].2.success_rate;
+                println!(
+                    "{:<14}{:>6.1}%{:>9.1}%{:>7.1}%{:>11.1}%  | {:>47.1}%{:>11.1}%  | {:>6.1}%",
+                    format!("{sc:?}").to_lowercase(),
+                    paper_of(*sc).0,
+                    100.0 * runs[0].2.feasible_rate,
+                    pct(0),
+                    pct(1),
+                    pct(2),
+                    pct(3),
+                    pct(4)
+                );
+            }
+            println!("(ours: atomic modify; as written: the paper's modify, release then create)");
+            for (sc, runs, traces) in &results {
+                let paper = paper_of(*sc);
                 println!();
                 println!(
-                    "{sc:?}: success {:.1}% (paper {:.1}%), feasible {:.1}%, iterations of successes avg {:.2} max {} (paper avg {:.2} max {}), {} leaked, {} errors, {:.1} s",
-                    100.0 * s.success_rate,
-                    paper.0,
-                    100.0 * s.feasible_rate,
-                    s.success.iterations.avg,
-                    s.success.iterations.max,
-                    paper.1,
-                    paper.2,
-                    s.leaked,
-                    s.errors,
-                    wall.as_secs_f64()
+                    "{sc:?} (paper: success {:.1}%, iterations of successes avg {:.2} max {}):",
+                    paper.0, paper.1, paper.2
                 );
-                print!("{s}");
+                for (v, _, s, wall) in runs {
+                    println!();
+                    println!(
+                        "{sc:?}, {} (modify {:?}, flexible {}, compete {}), {:.1} s:",
+                        v.name,
+                        v.modify,
+                        v.flexible,
+                        v.compete,
+                        wall.as_secs_f64()
+                    );
+                    print!("{s}");
+                }
+                let (ours_only, written_only, feasible_failed) = differ(runs);
+                println!();
+                println!("{sc:?}: trials ours solves and as written does not (competing): {ours_only:?}");
+                println!("{sc:?}: trials as written solves and ours does not (competing): {written_only:?}");
+                println!("{sc:?}: feasible trials ours does not solve (no competition): {feasible_failed:?}");
+                for l in traces {
+                    println!("{l}");
+                }
             }
         }
     }

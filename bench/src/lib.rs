@@ -33,7 +33,7 @@ pub mod stream;
 
 use anyhow::{bail, Context};
 
-pub use args::{BenchArgs, BenchScenario, CoallocScenario, Output};
+pub use args::{BenchArgs, BenchScenario, CoallocArgs, CoallocScenario, Output};
 
 /// `gma bench <scenario>`: runs one scenario (or `all`) and prints its figures.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -148,21 +148,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             clients,
             output,
         } => crate::broker::broker(resources, duration, clients, output).await,
-        BenchScenario::Coalloc {
-            trials,
-            scenario,
-            simres,
-            seed,
-            output,
-        } => {
-            use gma_broker::replay::Scenario;
-            let scenarios = match scenario {
-                CoallocScenario::Homogeneous => vec![Scenario::Homogeneous],
-                CoallocScenario::Heterogeneous => vec![Scenario::Heterogeneous],
-                CoallocScenario::Both => vec![Scenario::Homogeneous, Scenario::Heterogeneous],
-            };
-            crate::broker::coalloc(trials, scenarios, simres, seed, output).await
-        }
+        BenchScenario::Coalloc(a) => crate::broker::coalloc(a).await,
         BenchScenario::Placement {
             hosts,
             jobs,

@@ -13,10 +13,18 @@
 //! waits (a reservation that cannot be moved into the current window is released at once),
 //! and it never leaks: on failure, and on any error from a manager, everything it still holds
 //! is released before it returns.
+//!
+//! Two knobs follow the paper's own discussion. A job's `flexible` flag says whether its
+//! reservation may move to another machine once it holds one (re-created on any candidate after
+//! a refused modify, or handed over by an exchange); a non-flexible job only ever moves in time
+//! on the machine it first got. [`ModifyMode::ReleaseThenCreate`] does every modify the way the
+//! paper's implementation had to on Maui (§3.3.2): release, then create; if the create is
+//! refused — say because another job took the released capacity meanwhile — the original is
+//! gone. [`coallocate_with`] can also record a step-by-step trace.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::reserve::{Answer, Reservation, ReserveError, ReserveRequest, Reserver};
+use crate::reserve::{Answer, ModifyAnswer, Reservation, ReserveError, ReserveRequest, Reserver};
 
 /// Iterations after which the coallocator gives up even if the window could still move (a
 /// manager announcing ever-later retries one second apart must not keep it busy forever).
@@ -33,6 +41,33 @@ pub struct CoJob {
     pub offset_s: i64,
     /// Resources able to run the job, ranked best first.
     pub candidates: Vec<String>,
+    /// Whether the job may move to any of its candidates once it holds a reservation (after a
+    /// refused modify, or by an exchange along an augmenting path). A non-flexible job stays on
+    /// the machine of its first reservation: it is re-created only there and never gives its
+    /// reservation to another job.
+    pub flexible: bool,
+}
+
+/// How the coallocator modifies a held reservation (Algorithm 1 step 7, Algorithm 2 step 5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ModifyMode {
+    /// The manager's `modify`: the reservation is reshaped in place or kept as it was.
+    #[default]
+    Atomic,
+    /// The paper's implementation (Maui has no modify, §3.3.2): release, then create. Between
+    /// the two the manager may give the capacity to someone else, and a refused create loses
+    /// the original reservation.
+    ReleaseThenCreate,
+}
+
+/// Options of [`coallocate_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoOptions {
+    pub modify: ModifyMode,
+    /// Record every step (window, create, modify, release, exchange) as a line of text.
+    pub trace: bool,
+    /// Times in the trace are seconds after this instant.
+    pub origin_s: i64,
 }
 
 /// A coallocation request.
@@ -58,6 +93,9 @@ pub struct CoStats {
     /// Granted modifies (Algorithm 1 step 7 and Algorithm 2 step 5).
     pub modifies: u32,
     pub failed_modifies: u32,
+    /// Refused modifies that lost the original reservation (release-then-create, or a manager
+    /// whose modify is not atomic).
+    pub lost_originals: u32,
     pub augmentations: u32,
     pub failed_augmentations: u32,
     pub releases: u32,
@@ -109,6 +147,41 @@ enum NoFit {
     Stuck { next: i64, t_l: i64 },
     #[error("the earliest possible common start window [{t_e}, {t_l}] begins after T_l = {end}")]
     PastEnd { t_e: i64, t_l: i64, end: i64 },
+}
+
+impl NoFit {
+    /// The same reason with every time counted from `origin` (for traces).
+    fn shifted(&self, origin: i64) -> NoFit {
+        let o = |t: i64| t.saturating_sub(origin);
+        match *self {
+            NoFit::GaveUp { t_e, t_l } => NoFit::GaveUp {
+                t_e: o(t_e),
+                t_l: o(t_l),
+            },
+            NoFit::Final { t_e, t_l } => NoFit::Final {
+                t_e: o(t_e),
+                t_l: o(t_l),
+            },
+            NoFit::Stuck { next, t_l } => NoFit::Stuck {
+                next: o(next),
+                t_l: o(t_l),
+            },
+            NoFit::PastEnd { t_e, t_l, end } => NoFit::PastEnd {
+                t_e: o(t_e),
+                t_l: o(t_l),
+                end: o(end),
+            },
+        }
+    }
+}
+
+/// One answer as a trace shows it.
+fn show(a: &Answer, origin: i64) -> String {
+    match a {
+        Answer::Granted(r) => format!("granted {} [{}, {})", r.id, r.start_s - origin, r.end_s - origin),
+        Answer::Retry { from_s, .. } => format!("refused, free from {}", from_s - origin),
+        Answer::Never(why) => format!("never ({why})"),
+    }
 }
 
 /// Checks a request before any reservation is made.
@@ -187,6 +260,10 @@ struct Run<'a, R> {
     /// During Algorithm 2, the reservation meant for the next job down the path: held by us,
     /// owned by no job yet, so it must be in the cleanup set.
     limbo: Option<Reservation>,
+    /// The machine a non-flexible job is bound to (that of its first reservation).
+    home: Vec<Option<String>>,
+    opts: CoOptions,
+    trace: Vec<String>,
     stats: CoStats,
 }
 
@@ -202,14 +279,71 @@ fn fold_best(best: &mut Option<i64>, w: Window, from: Option<i64>) {
 }
 
 impl<'a, R: Reserver> Run<'a, R> {
-    fn new(req: &'a CoRequest, r: &'a R) -> Self {
+    fn new(req: &'a CoRequest, r: &'a R, opts: CoOptions) -> Self {
         Run {
             req,
             r,
             order: size_order(&req.jobs),
             held: vec![None; req.jobs.len()],
             limbo: None,
+            home: vec![None; req.jobs.len()],
+            opts,
+            trace: Vec::new(),
             stats: CoStats::default(),
+        }
+    }
+
+    /// Adds a trace line (built only when tracing).
+    fn note(&mut self, line: impl FnOnce(&Self) -> String) {
+        if self.opts.trace {
+            let l = line(self);
+            self.trace.push(l);
+        }
+    }
+
+    fn name(&self, job: usize) -> &str {
+        &self.req.jobs[job].name
+    }
+
+    /// The resources `job` may take now: every candidate for a flexible job or one that holds
+    /// nothing yet, else only its home.
+    fn candidates_of(&self, job: usize) -> Vec<String> {
+        let j = &self.req.jobs[job];
+        match &self.home[job] {
+            Some(h) if !j.flexible => vec![h.clone()],
+            _ => j.candidates.clone(),
+        }
+    }
+
+    /// Records that `job` now holds `res` (binding a non-flexible job to its machine).
+    fn hold(&mut self, job: usize, res: Reservation) {
+        if !self.req.jobs[job].flexible && self.home[job].is_none() {
+            self.home[job] = Some(res.resource.clone());
+        }
+        self.held[job] = Some(res);
+    }
+
+    /// Reshapes `old` into `req` as [`CoOptions::modify`] says.
+    async fn reshape(
+        &mut self,
+        old: &Reservation,
+        req: &ReserveRequest,
+    ) -> Result<ModifyAnswer, ReserveError> {
+        match self.opts.modify {
+            ModifyMode::Atomic => self.r.modify(&old.id, req).await,
+            ModifyMode::ReleaseThenCreate => {
+                self.release(old).await?;
+                Ok(match self.r.reserve(req).await? {
+                    Answer::Granted(res) => ModifyAnswer {
+                        answer: Answer::Granted(res),
+                        original_released: false,
+                    },
+                    other => ModifyAnswer {
+                        answer: other,
+                        original_released: true,
+                    },
+                })
+            }
         }
     }
 
@@ -243,6 +377,16 @@ impl<'a, R: Reserver> Run<'a, R> {
     /// release, so `NotFound` is not an error here.
     async fn release(&mut self, res: &Reservation) -> Result<(), ReserveError> {
         self.stats.releases += 1;
+        let o = self.opts.origin_s;
+        self.note(|_| {
+            format!(
+                "    release {} on {} [{}, {})",
+                res.id,
+                res.resource,
+                res.start_s - o,
+                res.end_s - o
+            )
+        });
         match self.r.release(&res.id, &self.req.owner).await {
             Ok(()) | Err(ReserveError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
@@ -266,9 +410,23 @@ impl<'a, R: Reserver> Run<'a, R> {
     async fn move_into(&mut self, job: usize, old: Reservation, w: Window) -> Result<bool, ReserveError> {
         let (lo, hi) = self.job_window(job, w);
         let m = self
-            .r
-            .modify(&old.id, &self.request(job, &old.resource, lo, hi))
+            .reshape(&old, &self.request(job, &old.resource, lo, hi))
             .await?;
+        self.note(|s| {
+            format!(
+                "  modify {} on {} into [{}, {}]: {}{}",
+                s.name(job),
+                old.resource,
+                lo - s.opts.origin_s,
+                hi - s.opts.origin_s,
+                show(&m.answer, s.opts.origin_s),
+                if m.original_released {
+                    " (original lost)"
+                } else {
+                    ""
+                }
+            )
+        });
         match m.answer {
             Answer::Granted(res) => {
                 self.stats.modifies += 1;
@@ -277,6 +435,7 @@ impl<'a, R: Reserver> Run<'a, R> {
             }
             _ => {
                 self.stats.failed_modifies += 1;
+                self.stats.lost_originals += u32::from(m.original_released);
                 // "Implicitly cancelled": holding a reservation outside the window while
                 // waiting for others would be hold-and-wait.
                 if m.original_released {
@@ -296,11 +455,22 @@ impl<'a, R: Reserver> Run<'a, R> {
         let (lo, hi) = self.job_window(job, w);
         let off = self.req.jobs[job].offset_s;
         let mut earliest: Option<i64> = None;
-        for cand in &self.req.jobs[job].candidates {
-            match self.r.reserve(&self.request(job, cand, lo, hi)).await? {
+        for cand in self.candidates_of(job) {
+            let a = self.r.reserve(&self.request(job, &cand, lo, hi)).await?;
+            self.note(|s| {
+                let o = s.opts.origin_s;
+                format!(
+                    "  create {} on {cand} in [{}, {}]: {}",
+                    s.name(job),
+                    lo - o,
+                    hi - o,
+                    show(&a, o)
+                )
+            });
+            match a {
                 Answer::Granted(res) => {
                     self.stats.creates += 1;
-                    self.held[job] = Some(res);
+                    self.hold(job, res);
                     return Ok(Ok(()));
                 }
                 Answer::Retry { from_s, .. } => {
@@ -328,8 +498,7 @@ impl<'a, R: Reserver> Run<'a, R> {
     /// Step 13's test for one job: another job holds a reservation on one of its candidates.
     fn augmentable(&self, job: usize) -> bool {
         let h = self.holders();
-        self.req.jobs[job]
-            .candidates
+        self.candidates_of(job)
             .iter()
             .any(|c| h.get(c.as_str()).is_some_and(|js| js.iter().any(|&k| k != job)))
     }
@@ -337,7 +506,8 @@ impl<'a, R: Reserver> Run<'a, R> {
     /// Step 15: the shortest augmenting path from unplaced `start`, by BFS over jobs. Edges
     /// alternate: a candidate resource held by another job leads to that job; the path ends at
     /// a candidate nobody holds. The first hop must be a held resource (the start job's own
-    /// creates were just refused).
+    /// creates were just refused). Only flexible jobs give up their reservation, so a
+    /// non-flexible holder ends the search there.
     fn shortest_path(&self, start: usize) -> Option<Path> {
         let h = self.holders();
         let n = self.req.jobs.len();
@@ -346,7 +516,10 @@ impl<'a, R: Reserver> Run<'a, R> {
         seen[start] = true;
         let mut queue = VecDeque::from([start]);
         while let Some(x) = queue.pop_front() {
-            for cand in &self.req.jobs[x].candidates {
+            if x != start && !self.req.jobs[x].flexible {
+                continue;
+            }
+            for cand in &self.candidates_of(x) {
                 match h.get(cand.as_str()) {
                     None if x != start => {
                         let mut jobs = vec![x];
@@ -387,7 +560,26 @@ impl<'a, R: Reserver> Run<'a, R> {
             return Ok(Err(None));
         };
         let (lo, hi) = self.job_window(last, w);
-        match self.r.reserve(&self.request(last, free, lo, hi)).await? {
+        self.note(|s| {
+            let hops: Vec<String> = p
+                .jobs
+                .iter()
+                .zip(&p.resources)
+                .map(|(&j, r)| format!("{} -> {r}", s.name(j)))
+                .collect();
+            format!("  exchange along {}", hops.join(", "))
+        });
+        let a = self.r.reserve(&self.request(last, free, lo, hi)).await?;
+        self.note(|s| {
+            format!(
+                "  create {} on {free} in [{}, {}]: {}",
+                s.name(last),
+                lo - s.opts.origin_s,
+                hi - s.opts.origin_s,
+                show(&a, s.opts.origin_s)
+            )
+        });
+        match a {
             Answer::Granted(res) => {
                 self.stats.creates += 1;
                 self.limbo = Some(res);
@@ -415,9 +607,23 @@ impl<'a, R: Reserver> Run<'a, R> {
             let common = given.start_s.saturating_sub(self.req.jobs[giver].offset_s);
             let start = common.saturating_add(self.req.jobs[taker].offset_s);
             let m = self
-                .r
-                .modify(&given.id, &self.request(taker, &given.resource, start, start))
+                .reshape(&given, &self.request(taker, &given.resource, start, start))
                 .await?;
+            self.note(|s| {
+                format!(
+                    "  modify {}'s reservation on {} for {} at {}: {}{}",
+                    s.name(giver),
+                    given.resource,
+                    s.name(taker),
+                    start - s.opts.origin_s,
+                    show(&m.answer, s.opts.origin_s),
+                    if m.original_released {
+                        " (original lost)"
+                    } else {
+                        ""
+                    }
+                )
+            });
             match m.answer {
                 Answer::Granted(res) => {
                     self.stats.modifies += 1;
@@ -426,6 +632,7 @@ impl<'a, R: Reserver> Run<'a, R> {
                 }
                 other => {
                     self.stats.failed_modifies += 1;
+                    self.stats.lost_originals += u32::from(m.original_released);
                     if m.original_released {
                         // The giver's old reservation is gone; the one meant for it is its own.
                         self.held[giver] = self.limbo.take();
@@ -442,12 +649,23 @@ impl<'a, R: Reserver> Run<'a, R> {
                 }
             }
         }
-        self.held[p.jobs[0]] = self.limbo.take();
+        if let Some(res) = self.limbo.take() {
+            self.hold(p.jobs[0], res);
+        }
         Ok(Ok(()))
     }
 
     /// Algorithm 1. `Ok(Err(reason))` is a failure (cleanup is the caller's).
     async fn run(&mut self) -> Result<Result<(), NoFit>, ReserveError> {
+        let out = self.search().await;
+        if let Ok(Err(why)) = &out {
+            self.note(|s| format!("failed: {}", why.shifted(s.opts.origin_s)));
+        }
+        out
+    }
+
+    /// The loop of Algorithm 1.
+    async fn search(&mut self) -> Result<Result<(), NoFit>, ReserveError> {
         let (big_t_e, big_t_l, eps) = (self.req.window_start_s, self.req.window_end_s, self.req.epsilon_s);
         let mut t_e = big_t_e;
         let mut t_l = big_t_e.saturating_add(eps);
@@ -461,6 +679,15 @@ impl<'a, R: Reserver> Run<'a, R> {
                 hi: t_l.min(big_t_l),
                 t_l,
             };
+            self.note(|s| {
+                let o = s.opts.origin_s;
+                format!(
+                    "iteration {}: window [{}, {}]",
+                    s.stats.iterations,
+                    t_e - o,
+                    w.hi - o
+                )
+            });
             tracing::debug!(
                 iteration = self.stats.iterations,
                 t_e,
@@ -484,7 +711,13 @@ impl<'a, R: Reserver> Run<'a, R> {
                 }
             }
             // Step 13: exchanging helps only if it can place every unplaced job.
-            if !unplaced.is_empty() && unplaced.iter().all(|&j| self.augmentable(j)) {
+            let all_augmentable = unplaced.iter().all(|&j| self.augmentable(j));
+            if !unplaced.is_empty() && !all_augmentable {
+                self.note(|_| {
+                    "  no exchange: some unplaced job's candidates are held by no other job".to_string()
+                });
+            }
+            if !unplaced.is_empty() && all_augmentable {
                 for &job in &unplaced {
                     let Some(path) = self.shortest_path(job) else {
                         continue;
@@ -506,6 +739,7 @@ impl<'a, R: Reserver> Run<'a, R> {
             let Some(next) = best else {
                 return Ok(Err(NoFit::Final { t_e, t_l }));
             };
+            self.note(|s| format!("  T_best {}: the window moves", next - s.opts.origin_s));
             if next <= t_l {
                 return Ok(Err(NoFit::Stuck { next, t_l }));
             }
@@ -525,39 +759,62 @@ impl<'a, R: Reserver> Run<'a, R> {
 /// Coallocates `req` over `r`. On `Failed` and on `Err` nothing is held any more (best effort
 /// for `Err`: the failing manager may keep what it cannot be told to release).
 pub async fn coallocate<R: Reserver>(req: &CoRequest, r: &R) -> Result<CoOutcome, CoallocError> {
-    validate(req)?;
-    let mut run = Run::new(req, r);
-    match run.run().await {
-        Ok(Ok(())) => {
-            let mut reservations = Vec::with_capacity(req.jobs.len());
-            for (job, res) in req.jobs.iter().zip(run.held.iter()) {
-                match res {
-                    Some(res) => reservations.push((job.name.clone(), res.clone())),
-                    None => {
-                        // Unreachable by the loop's exit condition; never report a partial set.
-                        run.release_all().await;
-                        return Ok(CoOutcome::Failed {
-                            reason: format!("job {:?} lost its reservation", job.name),
-                            stats: run.stats,
-                        });
+    coallocate_with(req, r, CoOptions::default()).await.0
+}
+
+/// [`coallocate`] with options; the second value is the trace (empty unless `opts.trace`).
+pub async fn coallocate_with<R: Reserver>(
+    req: &CoRequest,
+    r: &R,
+    opts: CoOptions,
+) -> (Result<CoOutcome, CoallocError>, Vec<String>) {
+    if let Err(e) = validate(req) {
+        return (Err(e), Vec::new());
+    }
+    let mut run = Run::new(req, r, opts);
+    let out = run.outcome().await;
+    if let Ok(CoOutcome::Success { .. }) = &out {
+        run.note(|_| "success".to_string());
+    }
+    (out, run.trace)
+}
+
+impl<R: Reserver> Run<'_, R> {
+    async fn outcome(&mut self) -> Result<CoOutcome, CoallocError> {
+        let req = self.req;
+        let run = self;
+        match run.run().await {
+            Ok(Ok(())) => {
+                let mut reservations = Vec::with_capacity(req.jobs.len());
+                for (job, res) in req.jobs.iter().zip(run.held.iter()) {
+                    match res {
+                        Some(res) => reservations.push((job.name.clone(), res.clone())),
+                        None => {
+                            // Unreachable by the loop's exit condition; never report a partial set.
+                            run.release_all().await;
+                            return Ok(CoOutcome::Failed {
+                                reason: format!("job {:?} lost its reservation", job.name),
+                                stats: run.stats.clone(),
+                            });
+                        }
                     }
                 }
+                Ok(CoOutcome::Success {
+                    reservations,
+                    stats: run.stats.clone(),
+                })
             }
-            Ok(CoOutcome::Success {
-                reservations,
-                stats: run.stats,
-            })
-        }
-        Ok(Err(reason)) => {
-            run.release_all().await;
-            Ok(CoOutcome::Failed {
-                reason: reason.to_string(),
-                stats: run.stats,
-            })
-        }
-        Err(e) => {
-            run.release_all().await;
-            Err(CoallocError::Reserve(e))
+            Ok(Err(reason)) => {
+                run.release_all().await;
+                Ok(CoOutcome::Failed {
+                    reason: reason.to_string(),
+                    stats: run.stats.clone(),
+                })
+            }
+            Err(e) => {
+                run.release_all().await;
+                Err(CoallocError::Reserve(e))
+            }
         }
     }
 }
@@ -572,7 +829,6 @@ mod tests {
 
     use super::*;
     use crate::calendar::{Calendar, Calendars, MemoryReserver};
-    use crate::reserve::ModifyAnswer;
 
     const MIN: i64 = 60;
 
@@ -657,6 +913,7 @@ mod tests {
             duration_s,
             offset_s: 0,
             candidates: candidates.iter().map(|c| c.to_string()).collect(),
+            flexible: true,
         }
     }
 
@@ -897,6 +1154,88 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn only_flexible_jobs_give_up_their_machine_in_an_exchange() {
+        // J2 can only use X, which J1 (X or Z) takes first: an exchange moves J1 to Z — unless
+        // J1 is not flexible, when J2 is never placed and the window runs out.
+        let jobs = |flexible: bool| {
+            let mut j1 = job("J1", 1, 1000, &["X", "Z"]);
+            j1.flexible = flexible;
+            vec![j1, job("J2", 1, 1000, &["X"])]
+        };
+        let m = MemoryReserver::with_resources([("X", 1), ("Z", 1)]);
+        let (res, stats) = success(&coallocate(&request(jobs(true), 0, 1500, 300), &m).await.unwrap());
+        assert_eq!(
+            (res["J1"].resource.as_str(), res["J2"].resource.as_str()),
+            ("Z", "X")
+        );
+        assert_eq!(stats.augmentations, 1);
+
+        let m = MemoryReserver::with_resources([("X", 1), ("Z", 1)]);
+        let spy = Spy::new(&m, None);
+        let (out, trace) = coallocate_with(
+            &request(jobs(false), 0, 1500, 300),
+            &spy,
+            CoOptions {
+                trace: true,
+                ..CoOptions::default()
+            },
+        )
+        .await;
+        let stats = failed(&out.unwrap());
+        assert_eq!(stats.augment_attempts, 0, "{trace:#?}");
+        // J1 was only ever asked for on X, its machine.
+        assert!(spy.reserves().iter().all(|r| r.resource == "X"), "{trace:#?}");
+        assert!(m.list("", "co").await.unwrap().is_empty());
+        // The failure (times from the origin), then the cleanup of what was still held.
+        let failed = trace
+            .iter()
+            .position(|l| l.starts_with("failed: "))
+            .expect("a failure line");
+        assert!(trace[failed].contains("T_l = 1500"), "{trace:#?}");
+        assert!(
+            trace[failed + 1..].iter().all(|l| l.contains("release ")),
+            "{trace:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_non_flexible_job_is_re_created_only_on_its_own_machine() {
+        // J1 gets A at 0; J2 waits for C until 500, so the window moves to [200, 500]; A is
+        // busy from 100 on, so J1's modify is refused. A flexible J1 is re-created on B; a
+        // non-flexible one only tries A again and the coallocation fails.
+        let setup = || async {
+            let m = MemoryReserver::with_resources([("A", 1), ("B", 1), ("C", 1)]);
+            block(&m, "A", 1, 100, 10_000).await.unwrap();
+            block(&m, "C", 1, 0, 500).await.unwrap();
+            m
+        };
+        let jobs = |flexible: bool| {
+            let mut j1 = job("J1", 1, 100, &["A", "B"]);
+            j1.flexible = flexible;
+            vec![j1, job("J2", 1, 100, &["C"])]
+        };
+        let m = setup().await;
+        let (res, stats) = success(&coallocate(&request(jobs(true), 0, 1000, 300), &m).await.unwrap());
+        assert_eq!((res["J1"].resource.as_str(), res["J1"].start_s), ("B", 200));
+        assert_eq!((stats.iterations, stats.failed_modifies), (2, 1));
+
+        let m = setup().await;
+        let spy = Spy::new(&m, None);
+        let stats = failed(
+            &coallocate(&request(jobs(false), 0, 1000, 300), &spy)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(stats.failed_modifies, 1);
+        assert!(
+            spy.reserves().iter().all(|r| r.resource != "B"),
+            "{:?}",
+            spy.calls()
+        );
+        assert!(m.list("", "co").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
     async fn the_shortest_augmenting_path_is_used() {
         let m = MemoryReserver::with_resources(
             ["X", "Y", "Z", "W", "F1", "F2"]
@@ -1039,14 +1378,16 @@ mod tests {
     type Blocks = Vec<(u32, i64, i64)>;
 
     /// A random instance: per resource its capacity (1 or 2 CPUs) and 0 to 3 blocks (CPUs, start,
-    /// length) taken before the coallocation; whether modifies are non-atomic (3 in 10); 2 to 4
-    /// jobs of (candidate resources in rank order, CPUs (2 one in 5), memory, duration, offset
-    /// (non-zero 3 in 10)); the end of the window and epsilon.
+    /// length) taken before the coallocation; whether the managers' modifies are non-atomic (3
+    /// in 10) and whether the coallocator modifies by release-then-create (3 in 10); 2 to 4 jobs
+    /// of (candidate resources in rank order, CPUs (2 one in 5), memory, duration, offset
+    /// (non-zero 3 in 10), flexible (7 in 10)); the end of the window and epsilon.
     #[derive(Debug, Clone)]
     struct Instance {
         resources: Vec<(u32, Blocks)>,
         non_atomic: bool,
-        jobs: Vec<(Vec<usize>, u32, u32, i64, i64)>,
+        release_then_create: bool,
+        jobs: Vec<(Vec<usize>, u32, u32, i64, i64, bool)>,
         window_end_s: i64,
         epsilon_s: i64,
     }
@@ -1069,18 +1410,21 @@ mod tests {
                 0..4u32,
                 300..=3600i64,
                 prop::option::weighted(0.3, 0..=900i64).prop_map(|o| o.unwrap_or(0)),
+                prop::bool::weighted(0.7),
             );
             (
                 Just(resources),
+                prop::bool::weighted(0.3),
                 prop::bool::weighted(0.3),
                 prop::collection::vec(job, 2..=4),
                 0..=7200i64,
                 60..=600i64,
             )
                 .prop_map(
-                    |(resources, non_atomic, jobs, window_end_s, epsilon_s)| Instance {
+                    |(resources, non_atomic, release_then_create, jobs, window_end_s, epsilon_s)| Instance {
                         resources,
                         non_atomic,
+                        release_then_create,
                         jobs,
                         window_end_s,
                         epsilon_s,
@@ -1115,17 +1459,26 @@ mod tests {
                 .jobs
                 .iter()
                 .enumerate()
-                .map(|(i, (cands, cpus, mem, duration_s, offset_s))| CoJob {
+                .map(|(i, (cands, cpus, mem, duration_s, offset_s, flexible))| CoJob {
                     name: format!("J{i}"),
                     cpus: *cpus,
                     memory_mb: f64::from(*mem) * 512.0,
                     duration_s: *duration_s,
                     offset_s: *offset_s,
                     candidates: cands.iter().map(|&c| names[c].clone()).collect(),
+                    flexible: *flexible,
                 })
                 .collect();
             let req = request(jobs, 0, inst.window_end_s, inst.epsilon_s);
-            let out = coallocate(&req, &m).await.unwrap();
+            let opts = CoOptions {
+                modify: if inst.release_then_create {
+                    ModifyMode::ReleaseThenCreate
+                } else {
+                    ModifyMode::Atomic
+                },
+                ..CoOptions::default()
+            };
+            let out = coallocate_with(&req, &m, opts).await.0.unwrap();
             prop_assert!(m.within_capacity(), "over capacity");
             match &out {
                 CoOutcome::Failed { .. } => {

@@ -420,6 +420,7 @@ impl BrokerCore {
                 duration_s: j.walltime(),
                 offset_s: j.offset_s,
                 candidates,
+                flexible: true,
             });
         }
         let owner = if req.owner.is_empty() {

@@ -76,6 +76,13 @@ fn broker_coalloc_placement() {
     for r in o["results"].as_array().unwrap() {
         assert_eq!(r["leaked"], 0);
         assert_eq!(r["errors"], 0);
+        for run in r["runs"].as_array().unwrap() {
+            assert_eq!(
+                (run["leaked"].as_u64(), run["errors"].as_u64()),
+                (Some(0), Some(0)),
+                "{run}"
+            );
+        }
     }
     bench(&["placement", "--hosts", "5", "--jobs", "200", "--seeds", "1"]);
 }

@@ -387,12 +387,51 @@ fn the_coallocation_replay_runs_against_a_simres_process_without_leaks() {
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
+    let mut papers = Vec::new();
     for s in results {
         assert_eq!(s["trials"], 40, "{s}");
         assert_eq!(s["errors"], 0, "{s}");
         assert_eq!(s["leaked"], 0, "{s}");
         assert!(s["successes"].as_u64().unwrap() <= s["feasible"].as_u64().unwrap());
+        papers.push(s["paper"]["success_pct"].as_f64().unwrap());
+        // The three-way comparison: ours, the paper's algorithm as written (release then
+        // create), with and without other jobs competing for released capacity.
+        let runs = s["runs"].as_array().unwrap();
+        let names: Vec<&str> = runs.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "ours",
+                "as written",
+                "ours, competing",
+                "as written, competing",
+                "ours, jobs not flexible"
+            ]
+        );
+        for r in runs {
+            assert_eq!(
+                (r["trials"].as_u64(), r["errors"].as_u64(), r["leaked"].as_u64()),
+                (Some(40), Some(0), Some(0)),
+                "{r}"
+            );
+            assert!(
+                r["successes"].as_u64().unwrap() <= r["feasible"].as_u64().unwrap(),
+                "{r}"
+            );
+        }
+        assert!(
+            runs[3]["taken"].as_u64().unwrap() > 0,
+            "other jobs competed: {}",
+            runs[3]
+        );
     }
+    assert_eq!(papers, [86.0, 66.3]);
+    // In the homogeneous experiment an exchange never succeeds (every job can use every machine).
+    assert_eq!(
+        results[0]["success"]["augmentations"]["max"], 0.0,
+        "{}",
+        results[0]
+    );
     // Nothing is left at the manager.
     assert!(reservations(&simres.addr, "").is_empty());
 }
