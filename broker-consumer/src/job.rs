@@ -73,7 +73,7 @@ pub struct Job {
 
 pub use crate::error::JobError;
 
-fn field(field: impl Into<String>, message: impl Into<String>) -> JobError {
+pub(crate) fn field(field: impl Into<String>, message: impl Into<String>) -> JobError {
     JobError::Field {
         field: field.into(),
         message: message.into(),
@@ -323,7 +323,7 @@ pub struct CoallocFile {
 }
 
 /// `value` once `validate` accepts it.
-fn validated<T>(value: T, validate: fn(&T) -> Result<(), JobError>) -> Result<T, JobError> {
+pub(crate) fn validated<T>(value: T, validate: fn(&T) -> Result<(), JobError>) -> Result<T, JobError> {
     validate(&value)?;
     Ok(value)
 }
@@ -392,7 +392,7 @@ impl CoallocFile {
     }
 }
 
-fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Result<T, JobError> {
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Result<T, JobError> {
     gma_core::config::parse_toml(text, origin).map_err(|e| match e {
         gma_core::config::ConfigError::Parse { path, message } => JobError::Parse { path, message },
         gma_core::config::ConfigError::Read { path, source } => JobError::Read {
@@ -402,7 +402,7 @@ fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Resul
     })
 }
 
-fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
+pub(crate) fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
     let text = std::fs::read_to_string(path).map_err(|e| JobError::Read {
         path: path.display().to_string(),
         message: e.to_string(),
