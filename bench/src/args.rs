@@ -250,9 +250,9 @@ pub enum BenchScenario {
     /// route()): mean user utility (per user class), makespan and utilization of local-only,
     /// TTD forwarding and utility forwarding on the same workload, mean ± sd over seeds.
     Utility {
-        /// Jobs submitted per VO in each run.
-        #[arg(long, default_value_t = 400)]
-        jobs: usize,
+        /// Hours of arrivals (the same window at every VO).
+        #[arg(long, default_value_t = 24.0)]
+        hours: f64,
         #[arg(long, default_value_t = 5)]
         seeds: u64,
         /// Offered load of each VO (s0,s1,s2), a fraction of its CPUs at reference speed.

@@ -174,11 +174,11 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             output,
         } => crate::broker::placement(hosts, jobs, utilization, seeds, output),
         BenchScenario::Utility {
-            jobs,
+            hours,
             seeds,
             loads,
             output,
-        } => crate::utility::utility(jobs, seeds, loads, output),
+        } => crate::utility::utility(hours, seeds, loads, output),
         BenchScenario::Provision {
             seeds,
             population,

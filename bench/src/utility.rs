@@ -9,8 +9,9 @@
 //! - `s1`: 16 hosts × 4 CPUs, 16 GiB, specint 2000 (fast);
 //! - `s2`: 8 hosts × 8 CPUs, half with 64 GiB and half with 16 GiB, specint 1000 (memory).
 //!
-//! Jobs arrive at each site as a Poisson stream of the offered load given per site (fraction of
-//! its CPUs at reference speed), 1, 2 or 4 CPUs, exponential reference run time (mean 1 h),
+//! Jobs arrive at each site during the same window (`--hours`) as a Poisson stream of the
+//! offered load given per site (fraction of its CPUs at reference speed), 1, 2 or 4 CPUs,
+//! exponential reference run time (mean 1 h, at least 1 min),
 //! the user class uniform over the four, and one of two requirement sets (equal odds), each an
 //! `and` of three step functions ([design]: the paper gives no curves):
 //! - memory-hungry: memory ≥ 32 GiB → 1, ≥ 16 GiB → 0.5, else 0.2; specint: any → 1;
@@ -134,6 +135,7 @@ fn requirements(memory_hungry: bool, reference_s: f64) -> Vec<Requirement> {
 /// The figures of one run.
 #[derive(Debug, Clone, Default)]
 struct Run {
+    submitted: usize,
     jobs: usize,
     finished: usize,
     forwarded: usize,
@@ -144,7 +146,7 @@ struct Run {
     mean_completion_s: f64,
 }
 
-fn run(loads: &[f64; 3], jobs_per_site: usize, seed: u64, mode: Mode) -> Run {
+fn run(loads: &[f64; 3], hours: f64, seed: u64, mode: Mode) -> Run {
     let policy = RoutePolicy {
         policy: if mode == Mode::Utility {
             Forwarding::Utility
@@ -184,13 +186,19 @@ fn run(loads: &[f64; 3], jobs_per_site: usize, seed: u64, mode: Mode) -> Run {
     let mean_cpus = 7.0 / 3.0;
     let mean_exec_s = 3600.0;
     let mut end = T0;
+    let window_end = T0 as f64 + hours * 3600e9;
+    let mut submitted = 0;
     for (s, load) in loads.iter().enumerate() {
         let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(7_919).wrapping_add(s as u64));
         let (h, c) = shape_of(s);
         let rate = load * f64::from(h * c) / (mean_cpus * mean_exec_s);
         let mut t = T0 as f64;
-        for k in 0..jobs_per_site {
+        for k in 0.. {
             t += -rng.random_range(f64::EPSILON..1.0f64).ln() / rate * 1e9;
+            if t > window_end {
+                break;
+            }
+            submitted += 1;
             let cpus = shapes[rng.random_range(0..shapes.len())];
             let reference_s = (-rng.random_range(f64::EPSILON..1.0f64).ln() * mean_exec_s).max(60.0);
             let class = CLASSES[rng.random_range(0..CLASSES.len())];
@@ -224,7 +232,10 @@ fn run(loads: &[f64; 3], jobs_per_site: usize, seed: u64, mode: Mode) -> Run {
             break;
         }
     }
-    let mut out = Run::default();
+    let mut out = Run {
+        submitted,
+        ..Run::default()
+    };
     let (mut busy, mut last, mut util_sum, mut completion_sum) = (0.0, T0, 0.0, 0.0);
     let mut per_class = [(0.0f64, 0usize); 4];
     for evs in w.by_job().values() {
@@ -305,9 +316,9 @@ fn r3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
-pub fn utility(jobs: usize, seeds: u64, loads: Vec<f64>, output: Output) -> anyhow::Result<()> {
-    if seeds == 0 || jobs == 0 || jobs > 100_000 {
-        bail!("--seeds must be >= 1 and --jobs within 1..=100000");
+pub fn utility(hours: f64, seeds: u64, loads: Vec<f64>, output: Output) -> anyhow::Result<()> {
+    if seeds == 0 || !(hours.is_finite() && hours > 0.0 && hours <= 24.0 * 30.0) {
+        bail!("--seeds must be >= 1 and --hours within (0, 720]");
     }
     let Ok(loads) = <[f64; 3]>::try_from(loads) else {
         bail!("--loads: give three offered loads, one per site (s0,s1,s2)");
@@ -318,7 +329,7 @@ pub fn utility(jobs: usize, seeds: u64, loads: Vec<f64>, output: Output) -> anyh
     let started = std::time::Instant::now();
     let mut rows = Vec::new();
     for mode in [Mode::Local, Mode::Ttd, Mode::Utility] {
-        let runs: Vec<Run> = (1..=seeds).map(|seed| run(&loads, jobs, seed, mode)).collect();
+        let runs: Vec<Run> = (1..=seeds).map(|seed| run(&loads, hours, seed, mode)).collect();
         let col = |f: fn(&Run) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
         let classes: BTreeMap<&str, (f64, f64)> = CLASSES
             .iter()
@@ -338,11 +349,12 @@ pub fn utility(jobs: usize, seeds: u64, loads: Vec<f64>, output: Output) -> anyh
             col(|r| r.utilization),
             col(|r| r.mean_completion_s),
             col(|r| r.forwarded as f64 / r.jobs.max(1) as f64 * 100.0),
-            col(|r| (r.jobs - r.finished) as f64),
-            runs.iter().map(|r| r.jobs).sum::<usize>(),
+            col(|r| r.submitted.saturating_sub(r.finished) as f64),
+            runs.iter().map(|r| r.submitted).sum::<usize>(),
         ));
     }
     let wall = started.elapsed().as_secs_f64();
+    let per_seed = rows.first().map_or(0, |r| r.8) / seeds as usize;
     match output {
         Output::Json => {
             let modes: Vec<_> = rows
@@ -363,13 +375,14 @@ pub fn utility(jobs: usize, seeds: u64, loads: Vec<f64>, output: Output) -> anyh
                 .collect();
             println!(
                 "{}",
-                json!({"bench": "utility", "simulated": true, "loads": loads, "jobs_per_site": jobs,
-                    "seeds": seeds, "modes": modes, "wall_s": r3(wall)})
+                json!({"bench": "utility", "simulated": true, "loads": loads,
+                    "hours": hours, "seeds": seeds, "modes": modes, "wall_s": r3(wall)})
             );
         }
         Output::Table => {
             println!(
-                "simulated: 3 VOs (s0 64 CPUs slow 8 GiB; s1 64 CPUs fast 16 GiB; s2 64 CPUs, half 64 GiB), offered loads {loads:?}, {jobs} jobs per VO, {seeds} seeds (mean ± sd over seeds; {wall:.1} s wall)"
+                "simulated: 3 VOs (s0 64 CPUs slow 8 GiB; s1 64 CPUs fast 16 GiB; s2 64 CPUs, half 64 GiB), offered loads {loads:?}, arrivals during {hours} h ({} jobs per seed), {seeds} seeds (mean ± sd over seeds; {wall:.1} s wall)",
+                per_seed
             );
             println!(
                 "{:<19} {:>13} {:>13} {:>13} {:>13} {:>13} {:>12} {:>12} {:>11} {:>9} {:>10}",
@@ -414,8 +427,9 @@ mod tests {
     #[test]
     fn a_small_run_accounts_for_every_job_in_every_mode() {
         for mode in [Mode::Local, Mode::Ttd, Mode::Utility] {
-            let r = run(&[0.9, 0.4, 0.3], 30, 1, mode);
-            assert_eq!(r.jobs, 90, "{mode:?}");
+            let r = run(&[0.9, 0.4, 0.3], 3.0, 1, mode);
+            assert!(r.submitted > 20, "{mode:?} {r:?}");
+            assert_eq!(r.jobs, r.submitted, "{mode:?}: every job has events");
             assert!(r.finished <= r.jobs);
             assert!((0.0..=1.0).contains(&r.mean_utility), "{mode:?} {r:?}");
             assert!(r.utilization > 0.0 && r.utilization <= 1.0, "{mode:?} {r:?}");
