@@ -26,7 +26,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::job::{field, load_toml, parse_toml, validated, Job, JobError};
+use crate::job::{load_toml, parse_toml, validate_jobs, validated, Job, JobError};
 
 /// Most jobs in one batch.
 pub const MAX_BATCH_JOBS: usize = 1024;
@@ -205,23 +205,7 @@ impl BatchFile {
     }
 
     pub fn validate(&self) -> Result<(), JobError> {
-        if self.job.is_empty() {
-            return Err(field("job", "give at least one [[job]] table"));
-        }
-        if self.job.len() > MAX_BATCH_JOBS {
-            return Err(field("job", format!("at most {MAX_BATCH_JOBS} jobs")));
-        }
-        let mut names = std::collections::HashSet::new();
-        for (i, j) in self.job.iter().enumerate() {
-            j.validate_at(&format!("job[{i}]."))?;
-            if !names.insert(j.name.as_str()) {
-                return Err(field(
-                    format!("job[{i}].name"),
-                    format!("{:?} is used twice", j.name),
-                ));
-            }
-        }
-        Ok(())
+        validate_jobs(&self.job, MAX_BATCH_JOBS)
     }
 }
 

@@ -73,7 +73,7 @@ pub struct Job {
 
 pub use crate::error::JobError;
 
-pub(crate) fn field(field: impl Into<String>, message: impl Into<String>) -> JobError {
+fn field(field: impl Into<String>, message: impl Into<String>) -> JobError {
     JobError::Field {
         field: field.into(),
         message: message.into(),
@@ -322,6 +322,28 @@ pub struct CoallocFile {
     pub job: Vec<Job>,
 }
 
+/// The `[[job]]` tables of a file: 1 to `max`, each valid (`job[i].` in front of the field),
+/// names unique.
+pub(crate) fn validate_jobs(jobs: &[Job], max: usize) -> Result<(), JobError> {
+    if jobs.is_empty() {
+        return Err(field("job", "give at least one [[job]] table"));
+    }
+    if jobs.len() > max {
+        return Err(field("job", format!("at most {max} jobs")));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, j) in jobs.iter().enumerate() {
+        j.validate_at(&format!("job[{i}]."))?;
+        if !names.insert(j.name.as_str()) {
+            return Err(field(
+                format!("job[{i}].name"),
+                format!("{:?} is used twice", j.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `value` once `validate` accepts it.
 pub(crate) fn validated<T>(value: T, validate: fn(&T) -> Result<(), JobError>) -> Result<T, JobError> {
     validate(&value)?;
@@ -341,12 +363,7 @@ impl CoallocFile {
     }
 
     pub fn validate(&self) -> Result<(), JobError> {
-        if self.job.is_empty() {
-            return Err(field("job", "give at least one [[job]] table"));
-        }
-        if self.job.len() > MAX_COALLOC_JOBS {
-            return Err(field("job", format!("at most {MAX_COALLOC_JOBS} jobs")));
-        }
+        validate_jobs(&self.job, MAX_COALLOC_JOBS)?;
         if self.start_in_s.is_some() && self.window_start_s.is_some() {
             return Err(field("start_in_s", "give start_in_s or window_start_s, not both"));
         }
@@ -361,16 +378,6 @@ impl CoallocFile {
         }
         if self.epsilon_s.is_some_and(|s| !(1..=86_400).contains(&s)) {
             return Err(field("epsilon_s", "must be within 1..=86400 seconds"));
-        }
-        let mut names = std::collections::HashSet::new();
-        for (i, j) in self.job.iter().enumerate() {
-            j.validate_at(&format!("job[{i}]."))?;
-            if !names.insert(j.name.as_str()) {
-                return Err(field(
-                    format!("job[{i}].name"),
-                    format!("{:?} is used twice", j.name),
-                ));
-            }
         }
         Ok(())
     }

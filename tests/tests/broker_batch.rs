@@ -95,38 +95,43 @@ fn batch_heuristics_map_the_jobs_on_the_broker_s_predictions() {
     let file = file.to_str().unwrap();
 
     // Min-min: j2 (300 on fast), j3 (900 on fast), j1 (2700 on fast; 3600 on slow).
-    let (a, makespan) = batch(&broker.addr, file, "min-min");
-    assert_eq!(
-        a,
-        [
-            s("j2", "fast", 300.0),
-            s("j3", "fast", 900.0),
-            s("j1", "fast", 2700.0)
-        ]
-    );
-    assert_eq!(makespan, 2700.0);
     // Max-min: j1 (1800 on fast), then j3 on slow (1200 < 2400), j2 on slow (1800 < 2100).
-    let (a, makespan) = batch(&broker.addr, file, "max-min");
-    assert_eq!(
-        a,
-        [
-            s("j1", "fast", 1800.0),
-            s("j3", "slow", 1200.0),
-            s("j2", "slow", 1800.0)
-        ]
-    );
-    assert_eq!(makespan, 1800.0);
     // Sufferage: j1 suffers 1800 → fast; then j2 (suffers 2100 − 600) → slow; j3 → slow (1800).
-    let (a, makespan) = batch(&broker.addr, file, "sufferage");
-    assert_eq!(
-        a,
-        [
-            s("j1", "fast", 1800.0),
-            s("j2", "slow", 600.0),
-            s("j3", "slow", 1800.0)
-        ]
-    );
-    assert_eq!(makespan, 1800.0);
+    let expected = [
+        (
+            "min-min",
+            [
+                ("j2", "fast", 300.0),
+                ("j3", "fast", 900.0),
+                ("j1", "fast", 2700.0),
+            ],
+            2700.0,
+        ),
+        (
+            "max-min",
+            [
+                ("j1", "fast", 1800.0),
+                ("j3", "slow", 1200.0),
+                ("j2", "slow", 1800.0),
+            ],
+            1800.0,
+        ),
+        (
+            "sufferage",
+            [
+                ("j1", "fast", 1800.0),
+                ("j2", "slow", 600.0),
+                ("j3", "slow", 1800.0),
+            ],
+            1800.0,
+        ),
+    ];
+    for (h, mapping, want_makespan) in expected {
+        let (a, makespan) = batch(&broker.addr, file, h);
+        let want: Vec<_> = mapping.iter().map(|(j, r, t)| s(j, r, *t)).collect();
+        assert_eq!(a, want, "{h}");
+        assert_eq!(makespan, want_makespan, "{h}");
+    }
 
     // The table prints the mapping and the makespan.
     let r = gma(

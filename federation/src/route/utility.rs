@@ -168,45 +168,9 @@ pub fn route_utility(
 mod tests {
     use super::*;
     use crate::route::{debit, Forwarding};
-    use crate::summary::SiteLoad;
     use gma_broker::utility::{Interval, Operator, Requirement, UserClass};
 
-    const NOW: i64 = 100_000_000_000;
-
-    fn host(name: &str, total: f64, free: f64, mem: f64) -> Resource {
-        let mut r = Resource::unknown(name);
-        r.total_cpus = total;
-        r.free_cpus = free;
-        r.memory_mb = mem;
-        r.arch = "x86_64".into();
-        r.os = "Linux".into();
-        r.load1 = total - free;
-        r.queue_waiting = 0.0;
-        r.updated_ns = NOW;
-        r
-    }
-
-    fn summary_of(site: &str, hosts: Vec<Resource>) -> Summary {
-        let load = SiteLoad {
-            probe_start_s: [0.0; 4],
-            foreign_quota_free: 10_000,
-            accepts_foreign: true,
-            ..SiteLoad::default()
-        };
-        Summary::build(site, &Snapshot::new(NOW, hosts), 5_000, load, 15_000).stamp(site, 1, 1)
-    }
-
-    fn view<'a>(site: &'a str, s: &'a Summary) -> PeerView<'a> {
-        PeerView {
-            site,
-            advertised: s,
-            summary: s,
-            received_ns: NOW,
-            live: true,
-            link_hops: 1,
-            in_flight_cpus: 0,
-        }
-    }
+    use crate::route::tests::{host, summary_of, view, NOW};
 
     fn req(attribute: &str, steps: &[(f64, f64)]) -> Requirement {
         Requirement {
