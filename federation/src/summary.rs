@@ -5,7 +5,8 @@
 //! CPUs total / free summed / free on the best single node, a histogram of nodes by free CPUs
 //! (≥ 1, 2, 4, ..., 128), memory min/max/sum per node, load, benchmark ranges. Per site: jobs
 //! running and queued, the predicted start of probe jobs of 1, 4, 16 and 64 CPUs, the CPUs
-//! still offered to outsiders, and a validity period. No per-host data leaves the site.
+//! still offered to outsiders, and a validity period. No host name leaves the site (the two
+//! resume nodes below are anonymous figures).
 //!
 //! [`merge`] is associative and commutative, exactly (every sum is an integer: CPUs are whole,
 //! memory in MiB, load and benchmark sums in thousandths; min/max are exact on floats), so a
