@@ -262,6 +262,21 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// Vasques' decentralized utility scheduling (simulated 3 VOs, the real job manager and
+    /// route()): mean user utility (per user class), makespan and utilization of local-only,
+    /// TTD forwarding and utility forwarding on the same workload, mean ± sd over seeds.
+    Utility {
+        /// Hours of arrivals (the same window at every VO).
+        #[arg(long, default_value_t = 24.0)]
+        hours: f64,
+        #[arg(long, default_value_t = 5)]
+        seeds: u64,
+        /// Offered load of each VO (s0,s1,s2), a fraction of its CPUs at reference speed.
+        #[arg(long, value_delimiter = ',', default_value = "0.9,0.4,0.3")]
+        loads: Vec<f64>,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Singh, Kesselman and Deelman: (a) the synthetic-slot MOGA experiment (§3): slots
     /// offered, plans evaluated, feasible, Pareto-optimal per seed, and the α sweep; (b)
     /// provisioned vs best-effort execution of the Montage-shaped workflows on a batch site

@@ -12,6 +12,8 @@
 //!   grid scale, with churn), [`slurm`] (submit to job start through the broker next to a
 //!   plain `sbatch`).
 //! - [`provision`]: the synthetic-slot MOGA experiment of Singh, Kesselman and Deelman.
+//! - [`utility`]: Vasques' decentralized utility scheduling against local-only and TTD
+//!   forwarding (simulated VOs).
 //! - [`report`]: cores, CPU and RSS from /proc, the JSON line every scenario prints.
 //! - [`args`]: the command-line arguments.
 
@@ -30,6 +32,7 @@ pub mod resched;
 pub mod scale;
 pub mod slurm;
 pub mod stream;
+pub mod utility;
 
 use anyhow::{bail, Context};
 
@@ -156,6 +159,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             seeds,
             output,
         } => crate::broker::placement(hosts, jobs, utilization, seeds, output),
+        BenchScenario::Utility {
+            hours,
+            seeds,
+            loads,
+            output,
+        } => crate::utility::utility(hours, seeds, loads, output),
         BenchScenario::Provision {
             part,
             utilization,

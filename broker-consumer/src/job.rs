@@ -322,8 +322,30 @@ pub struct CoallocFile {
     pub job: Vec<Job>,
 }
 
+/// The `[[job]]` tables of a file: 1 to `max`, each valid (`job[i].` in front of the field),
+/// names unique.
+pub(crate) fn validate_jobs(jobs: &[Job], max: usize) -> Result<(), JobError> {
+    if jobs.is_empty() {
+        return Err(field("job", "give at least one [[job]] table"));
+    }
+    if jobs.len() > max {
+        return Err(field("job", format!("at most {max} jobs")));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, j) in jobs.iter().enumerate() {
+        j.validate_at(&format!("job[{i}]."))?;
+        if !names.insert(j.name.as_str()) {
+            return Err(field(
+                format!("job[{i}].name"),
+                format!("{:?} is used twice", j.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `value` once `validate` accepts it.
-fn validated<T>(value: T, validate: fn(&T) -> Result<(), JobError>) -> Result<T, JobError> {
+pub(crate) fn validated<T>(value: T, validate: fn(&T) -> Result<(), JobError>) -> Result<T, JobError> {
     validate(&value)?;
     Ok(value)
 }
@@ -341,12 +363,7 @@ impl CoallocFile {
     }
 
     pub fn validate(&self) -> Result<(), JobError> {
-        if self.job.is_empty() {
-            return Err(field("job", "give at least one [[job]] table"));
-        }
-        if self.job.len() > MAX_COALLOC_JOBS {
-            return Err(field("job", format!("at most {MAX_COALLOC_JOBS} jobs")));
-        }
+        validate_jobs(&self.job, MAX_COALLOC_JOBS)?;
         if self.start_in_s.is_some() && self.window_start_s.is_some() {
             return Err(field("start_in_s", "give start_in_s or window_start_s, not both"));
         }
@@ -361,16 +378,6 @@ impl CoallocFile {
         }
         if self.epsilon_s.is_some_and(|s| !(1..=86_400).contains(&s)) {
             return Err(field("epsilon_s", "must be within 1..=86400 seconds"));
-        }
-        let mut names = std::collections::HashSet::new();
-        for (i, j) in self.job.iter().enumerate() {
-            j.validate_at(&format!("job[{i}]."))?;
-            if !names.insert(j.name.as_str()) {
-                return Err(field(
-                    format!("job[{i}].name"),
-                    format!("{:?} is used twice", j.name),
-                ));
-            }
         }
         Ok(())
     }
@@ -392,7 +399,7 @@ impl CoallocFile {
     }
 }
 
-fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Result<T, JobError> {
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Result<T, JobError> {
     gma_core::config::parse_toml(text, origin).map_err(|e| match e {
         gma_core::config::ConfigError::Parse { path, message } => JobError::Parse { path, message },
         gma_core::config::ConfigError::Read { path, source } => JobError::Read {
@@ -402,7 +409,7 @@ fn parse_toml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Resul
     })
 }
 
-fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
+pub(crate) fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
     let text = std::fs::read_to_string(path).map_err(|e| JobError::Read {
         path: path.display().to_string(),
         message: e.to_string(),

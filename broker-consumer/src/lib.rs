@@ -5,6 +5,8 @@
 //!   benchmark-scaled execution time, load-based queue wait, stage-in/out; policies ttd, tts,
 //!   utility and cost; stale data never used as fresh.
 //! - [`utility`]: partial-utility step functions and the four user classes.
+//! - [`batch`]: Min-min, Max-min and Sufferage for a set of waiting jobs over the predicted
+//!   completion times (`gma broker select --batch`).
 //! - [`reserve`]: the advance-reservation interface (create / modify / release with the
 //!   three-way answer granted / never / retry-from) as the coallocator sees it.
 //! - [`calendar`]: per-resource reservation calendars (the simulated resource manager's
@@ -40,6 +42,7 @@
 // Tests unwrap freely: a panic there is the failure report. Library code never unwraps.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod batch;
 pub mod calendar;
 pub mod coalloc;
 pub mod costart;

@@ -17,7 +17,8 @@
 //! status_interval_ms = 2000      # federation.status events
 //! reattach_after_ms = 5000       # re-attach when every parent was silent this long
 //! [rank]                         # as the broker's
-//! [route]                        # hysteresis, min_gain_s, local_start_ok_s, forward_overhead_s,
+//! [route]                        # policy = "ttd" (default) | "utility" (Vasques' Algorithm 1),
+//!                                # hysteresis, min_gain_s, local_start_ok_s, forward_overhead_s,
 //!                                # stale_penalty, in_flight_fraction
 //! [[peer]]                       # links (more with `gma federation add`)
 //! site = "siteB"

@@ -31,6 +31,11 @@
 //!
 //! The caller applies the herd control: after each forward it debits its copy of the peer's
 //! summary ([`debit`]) until a newer summary arrives, which also counts as work in flight.
+//!
+//! That is the default policy, `policy = "ttd"`. With `policy = "utility"` steps 1, 3 and 4
+//! are Vasques' Algorithm 1 instead ([`utility`]): the job's partial utility on each local
+//! host against its utility on each candidate peer's resume; the same candidate checks (2)
+//! and the same debit apply.
 
 use gma_core::Refuse;
 use std::cmp::Ordering;
@@ -46,10 +51,42 @@ use crate::summary::{ClassStats, Summary, HIST_GRADES};
 /// amount of work spread over the site's CPUs.
 pub const MAX_REPLAYED: usize = 64;
 
+/// Which decision `route()` makes (`[route] policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Forwarding {
+    /// Forward a job that cannot start here to the peer that clearly beats the local
+    /// predicted completion (the module doc).
+    #[default]
+    Ttd,
+    /// Vasques' Algorithm 1: forward to the first peer whose resume gives the job a higher
+    /// utility than the best local host, else assign to that host ([`utility`]).
+    Utility,
+}
+
+impl Forwarding {
+    pub fn parse(s: &str) -> Option<Forwarding> {
+        Some(match s {
+            "" | "ttd" => Forwarding::Ttd,
+            "utility" => Forwarding::Utility,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Forwarding::Ttd => "ttd",
+            Forwarding::Utility => "utility",
+        }
+    }
+}
+
 /// The forwarding policy (`[route]` of the federation config).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutePolicy {
+    /// `ttd` (default) or `utility`.
+    pub policy: Forwarding,
     /// A peer must beat the local estimate by this factor: `T_peer × (1 + h) < T_local`.
     pub hysteresis: f64,
     /// ... and by at least this many seconds.
@@ -67,6 +104,7 @@ pub struct RoutePolicy {
 impl Default for RoutePolicy {
     fn default() -> Self {
         RoutePolicy {
+            policy: Forwarding::Ttd,
             hysteresis: 0.10,
             min_gain_s: 30.0,
             local_start_ok_s: 0.0,
@@ -189,6 +227,9 @@ pub struct Decision {
     pub best_peer: Option<(String, f64)>,
     /// Peers that passed every check.
     pub candidates: usize,
+    /// `utility` policy: the best local utility and the peer utility that decided (the peer
+    /// forwarded to, else the highest seen).
+    pub utility: Option<(f64, Option<(String, f64)>)>,
 }
 
 /// The local estimate for a job.
@@ -210,7 +251,7 @@ fn ranked(local: &LocalView<'_>, job: &Job) -> Vec<Ranked> {
 }
 
 /// The first ranked host (best predicted completion) with the job's CPUs free now.
-fn host_now(local: &LocalView<'_>, ranking: &[Ranked], cpus: u32) -> Option<usize> {
+pub(crate) fn host_now(local: &LocalView<'_>, ranking: &[Ranked], cpus: u32) -> Option<usize> {
     ranking.iter().position(|r| {
         !r.stale
             && local
@@ -396,7 +437,7 @@ pub fn peer_exec_s(c: &ClassStats, job: &Job) -> f64 {
 }
 
 /// FNV-1a over (job id, site): the tie-break between equal peers.
-fn tie(job: &str, site: &str) -> u64 {
+pub(crate) fn tie(job: &str, site: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in job.bytes().chain([0u8]).chain(site.bytes()) {
         h ^= u64::from(b);
@@ -418,6 +459,30 @@ pub fn peer_check(
     policy: &RoutePolicy,
     now_ns: i64,
 ) -> Result<f64, Error> {
+    peer_eligible(p, job, policy, now_ns)?;
+    let j = job.job;
+    let Some((_, exec)) = best_class(p.summary, j) else {
+        return Err(Error::failed_precondition("no class has a node that fits now"));
+    };
+    let start = p.summary.probe_start_for(j.cpus);
+    let start = if start.is_finite() { start } else { 0.0 };
+    let age_s = p.age_ms(now_ns) as f64 / 1000.0;
+    Ok(transfer(j.stage_in_s)
+        + start
+        + exec
+        + transfer(j.stage_out_s)
+        + policy.forward_overhead_s
+        + age_s * policy.stale_penalty)
+}
+
+/// The checks of step 2 that do not depend on the estimate (both policies): why `p` may not
+/// take the job.
+pub fn peer_eligible(
+    p: &PeerView<'_>,
+    job: &RouteJob<'_>,
+    policy: &RoutePolicy,
+    now_ns: i64,
+) -> Result<(), Error> {
     let j = job.job;
     if !p.live {
         return Err(Error::failed_precondition("session not live"));
@@ -456,18 +521,7 @@ pub fn peer_check(
             p.in_flight_cpus
         )));
     }
-    let Some((_, exec)) = best_class(p.summary, j) else {
-        return Err(Error::failed_precondition("no class has a node that fits now"));
-    };
-    let start = p.summary.probe_start_for(j.cpus);
-    let start = if start.is_finite() { start } else { 0.0 };
-    let age_s = p.age_ms(now_ns) as f64 / 1000.0;
-    Ok(transfer(j.stage_in_s)
-        + start
-        + exec
-        + transfer(j.stage_out_s)
-        + policy.forward_overhead_s
-        + age_s * policy.stale_penalty)
+    Ok(())
 }
 
 /// Decides where `job` goes (see the module doc). Pure and deterministic.
@@ -478,6 +532,9 @@ pub fn route(
     policy: &RoutePolicy,
     now_ns: i64,
 ) -> Decision {
+    if policy.policy == Forwarding::Utility {
+        return utility::route_utility(local, peers, job, policy, now_ns);
+    }
     let j = job.job;
     // 1. A host has the CPUs free now: run here.
     let ranking = ranked(local, j);
@@ -490,6 +547,7 @@ pub fn route(
             local_s: Some(r.stage_in_s + r.exec_s + r.stage_out_s),
             best_peer: None,
             candidates: 0,
+            utility: None,
         };
     }
     // 2. Candidates, cheapest checks first; the local estimate only when one exists.
@@ -521,6 +579,7 @@ pub fn route(
             local_s: None,
             best_peer: None,
             candidates,
+            utility: None,
         };
     };
     // 3. The local estimate; a start soon enough stays here.
@@ -534,6 +593,7 @@ pub fn route(
             local_s: Some(est.completion_s),
             best_peer,
             candidates,
+            utility: None,
         };
     }
     // 4. Forward only when the peer clearly beats local.
@@ -552,6 +612,7 @@ pub fn route(
         local_s: Some(t_local),
         best_peer,
         candidates,
+        utility: None,
     }
 }
 
@@ -566,6 +627,7 @@ pub fn debit(s: &mut Summary, cpus: u32, arch: &str) {
             continue;
         }
         c.cpus_free_sum = c.cpus_free_sum.saturating_sub(cpus);
+        debit_digests(c, cpus);
         for h in c.free_hist.iter_mut() {
             *h = h.saturating_sub(1);
         }
@@ -585,6 +647,15 @@ pub fn debit(s: &mut Summary, cpus: u32, arch: &str) {
     s.load.foreign_quota_free = s.load.foreign_quota_free.saturating_sub(cpus);
     s.load.jobs_running = s.load.jobs_running.saturating_add(1);
 }
+
+/// The resume's named nodes lose the job's CPUs too (either may have taken it).
+fn debit_digests(c: &mut crate::summary::ClassStats, cpus: u32) {
+    for d in [&mut c.least_loaded, &mut c.most_memory].into_iter().flatten() {
+        d.cpus_free = d.cpus_free.saturating_sub(cpus);
+    }
+}
+
+pub mod utility;
 
 #[cfg(test)]
 mod tests;

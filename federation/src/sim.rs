@@ -182,6 +182,18 @@ impl World {
         w
     }
 
+    /// Gives the hosts of `site` other attributes before the run (`f` gets each host's index
+    /// and row: memory, benchmarks, CPUs); free CPUs follow the total (`gma bench utility`).
+    pub fn reshape_hosts(&mut self, site: &str, f: impl Fn(usize, &mut Resource)) {
+        let now = self.now;
+        let s = &mut self.sites[self.index[site]];
+        for (i, h) in s.hosts.iter_mut().enumerate() {
+            f(i, h);
+            h.free_cpus = h.total_cpus;
+        }
+        s.snap = Snapshot::new(now, s.hosts.clone());
+    }
+
     /// Heartbeats every `every_ns` instead of implicit liveness.
     pub fn heartbeats(&mut self, every_ns: i64) {
         self.heartbeat_ns = Some(every_ns);
@@ -545,7 +557,8 @@ pub struct Outcome {
     pub mean_summary_bytes: f64,
 }
 
-fn sim_params(site: &str, policy: &RoutePolicy) -> Params {
+/// The manager's settings in the simulated world (`policy` routes).
+pub fn sim_params(site: &str, policy: &RoutePolicy) -> Params {
     let mut p = Params::new(site);
     p.rank.max_age_ms = u64::MAX / 4;
     p.route = policy.clone();

@@ -5,7 +5,8 @@
 //! CPUs total / free summed / free on the best single node, a histogram of nodes by free CPUs
 //! (≥ 1, 2, 4, ..., 128), memory min/max/sum per node, load, benchmark ranges. Per site: jobs
 //! running and queued, the predicted start of probe jobs of 1, 4, 16 and 64 CPUs, the CPUs
-//! still offered to outsiders, and a validity period. No per-host data leaves the site.
+//! still offered to outsiders, and a validity period. No host name leaves the site (the two
+//! resume nodes below are anonymous figures).
 //!
 //! [`merge`] is associative and commutative, exactly (every sum is an integer: CPUs are whole,
 //! memory in MiB, load and benchmark sums in thousandths; min/max are exact on floats), so a
@@ -18,6 +19,13 @@
 //!
 //! Free CPUs are floored to whole CPUs and count only up (fresh) nodes, so a summary never
 //! promises more than the hosts published.
+//!
+//! Vasques' resume (issue 22, notes/utility-and-provisioning.md §1.2): the average utilization
+//! is `1 − cpus_free_sum / cpus_total`; each class also names two of its up nodes anonymously
+//! ([`HostDigest`]: CPUs, free CPUs, load, memory, no name): the one with the lowest CPU
+//! occupation (`least_loaded`) and the one with the most memory (`most_memory`). Each is the
+//! maximum of a total order over its figures, so the merge stays associative and commutative.
+//! The `utility` route policy reads exactly these ([`crate::route`]).
 
 use gma_core::Refuse;
 use std::collections::{BTreeMap, BTreeSet};
@@ -96,6 +104,77 @@ impl BenchRange {
     }
 }
 
+/// One up node's figures without its name (Vasques' resume; see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostDigest {
+    /// > 0.
+    pub cpus_total: u32,
+    /// <= `cpus_total`.
+    pub cpus_free: u32,
+    pub load_milli: u64,
+    pub memory_mb: u64,
+}
+
+impl HostDigest {
+    /// Lower CPU occupation first (`free / total` higher, compared exactly), then more free
+    /// CPUs, lower load, more memory, more CPUs: a total order, so the choice is associative.
+    pub fn less_loaded(&self, o: &HostDigest) -> std::cmp::Ordering {
+        let a = u64::from(self.cpus_free) * u64::from(o.cpus_total);
+        let b = u64::from(o.cpus_free) * u64::from(self.cpus_total);
+        a.cmp(&b)
+            .then(self.cpus_free.cmp(&o.cpus_free))
+            .then(o.load_milli.cmp(&self.load_milli))
+            .then(self.memory_mb.cmp(&o.memory_mb))
+            .then(self.cpus_total.cmp(&o.cpus_total))
+    }
+
+    /// More memory first, then the [`HostDigest::less_loaded`] order.
+    pub fn more_memory(&self, o: &HostDigest) -> std::cmp::Ordering {
+        self.memory_mb.cmp(&o.memory_mb).then_with(|| self.less_loaded(o))
+    }
+
+    /// CPU occupation in `[0, 1]`.
+    pub fn occupation(&self) -> f64 {
+        1.0 - f64::from(self.cpus_free) / f64::from(self.cpus_total.max(1))
+    }
+
+    fn to_proto(self) -> pb::HostDigest {
+        pb::HostDigest {
+            cpus_total: self.cpus_total,
+            cpus_free: self.cpus_free,
+            load_milli: self.load_milli,
+            memory_mb: self.memory_mb,
+        }
+    }
+
+    fn from_proto(p: &pb::HostDigest, at: &str) -> Result<HostDigest, Error> {
+        if p.cpus_total == 0 || p.cpus_free > p.cpus_total {
+            return Err(Error::invalid_argument(format!(
+                "{at}: cpus_total must be > 0 and cpus_free <= cpus_total"
+            )));
+        }
+        Ok(HostDigest {
+            cpus_total: p.cpus_total,
+            cpus_free: p.cpus_free,
+            load_milli: p.load_milli,
+            memory_mb: p.memory_mb,
+        })
+    }
+}
+
+/// The better of two optional digests under `order` (None loses).
+fn pick(
+    a: Option<HostDigest>,
+    b: Option<HostDigest>,
+    order: fn(&HostDigest, &HostDigest) -> std::cmp::Ordering,
+) -> Option<HostDigest> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(if order(&y, &x).is_gt() { y } else { x }),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
 /// The figures of one class.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClassStats {
@@ -112,6 +191,11 @@ pub struct ClassStats {
     pub mem_sum: u64,
     pub load_milli_sum: u64,
     pub benchmarks: BTreeMap<String, BenchRange>,
+    /// The up node with the lowest CPU occupation (`None`: no up node with CPUs, or an older
+    /// sender).
+    pub least_loaded: Option<HostDigest>,
+    /// The up node with the most memory.
+    pub most_memory: Option<HostDigest>,
 }
 
 impl Default for ClassStats {
@@ -128,6 +212,8 @@ impl Default for ClassStats {
             mem_sum: 0,
             load_milli_sum: 0,
             benchmarks: BTreeMap::new(),
+            least_loaded: None,
+            most_memory: None,
         }
     }
 }
@@ -146,6 +232,8 @@ impl ClassStats {
         self.mem_max_node = self.mem_max_node.max(o.mem_max_node);
         self.mem_sum = self.mem_sum.saturating_add(o.mem_sum);
         self.load_milli_sum = self.load_milli_sum.saturating_add(o.load_milli_sum);
+        self.least_loaded = pick(self.least_loaded, o.least_loaded, HostDigest::less_loaded);
+        self.most_memory = pick(self.most_memory, o.most_memory, HostDigest::more_memory);
         for (k, v) in &o.benchmarks {
             match self.benchmarks.get_mut(k) {
                 Some(b) => b.merge(v),
@@ -298,6 +386,16 @@ impl Summary {
             c.mem_max_node = c.mem_max_node.max(mem);
             c.mem_sum = c.mem_sum.saturating_add(mem);
             c.load_milli_sum = c.load_milli_sum.saturating_add(milli(r.load1));
+            if whole(r.total_cpus) > 0 {
+                let d = Some(HostDigest {
+                    cpus_total: whole(r.total_cpus),
+                    cpus_free: free,
+                    load_milli: milli(r.load1),
+                    memory_mb: mem,
+                });
+                c.least_loaded = pick(c.least_loaded, d, HostDigest::less_loaded);
+                c.most_memory = pick(c.most_memory, d, HostDigest::more_memory);
+            }
             for (name, score) in &r.benchmarks {
                 if !(score.is_finite() && *score > 0.0) {
                     continue;
@@ -413,6 +511,8 @@ impl Summary {
                             count: b.count,
                         })
                         .collect(),
+                    least_loaded: c.least_loaded.map(HostDigest::to_proto),
+                    most_memory: c.most_memory.map(HostDigest::to_proto),
                 })
                 .collect(),
             jobs_running: self.load.jobs_running,
@@ -522,6 +622,16 @@ impl Summary {
                 mem_sum: c.memory_mb_sum,
                 load_milli_sum: c.load_milli_sum,
                 benchmarks,
+                least_loaded: c
+                    .least_loaded
+                    .as_ref()
+                    .map(|d| HostDigest::from_proto(d, &format!("classes[{i}].least_loaded")))
+                    .transpose()?,
+                most_memory: c
+                    .most_memory
+                    .as_ref()
+                    .map(|d| HostDigest::from_proto(d, &format!("classes[{i}].most_memory")))
+                    .transpose()?,
             };
             if classes.insert(key, stats).is_some() {
                 return Err(Error::invalid_argument(format!(
@@ -943,5 +1053,63 @@ mod tests {
             gma_core::event::signature(&summary_schema()),
             "site.summary v1: nodes_up double hosts, nodes_total double hosts, cpus_total double cpus, cpus_free_sum double cpus, cpus_free_max_node double cpus, jobs_running double jobs, jobs_queued double jobs, foreign_cpu_quota_free double cpus, start_1cpu_s double s, start_4cpu_s double s, start_16cpu_s double s, start_64cpu_s double s, valid_for_ms double ms, epoch double, seq double, bytes double bytes, classes string, contributing string"
         );
+    }
+
+    #[test]
+    fn the_resume_names_the_least_loaded_and_the_most_memory_node() {
+        // a: 8 CPUs, 6 free (occupation 25 %); b: 4 CPUs, 2 free (50 %), the most memory;
+        // c: stale (not up), idle and bigger than both: never named.
+        let a = host("a", "x86_64", 8.0, 6.0, 4096.0, 1000.0);
+        let b = host("b", "x86_64", 4.0, 2.0, 16384.0, 1000.0);
+        let mut c = host("c", "x86_64", 64.0, 64.0, 1_048_576.0, 1000.0);
+        c.updated_ns = 0;
+        let snap = Snapshot::new(6_000_000_000, vec![a, b, c]);
+        let s = Summary::build("s", &snap, 5000, SiteLoad::default(), 15_000);
+        let k = &s.classes[&ClassKey {
+            arch: "x86_64".into(),
+            os: "Linux".into(),
+        }];
+        let ll = k.least_loaded.unwrap();
+        assert_eq!(
+            (ll.cpus_total, ll.cpus_free, ll.load_milli, ll.memory_mb),
+            (8, 6, 2000, 4096)
+        );
+        assert_eq!(ll.occupation(), 0.25);
+        let mm = k.most_memory.unwrap();
+        assert_eq!((mm.cpus_total, mm.cpus_free, mm.memory_mb), (4, 2, 16384));
+        // Occupation is compared exactly: 1 of 2 free and 2 of 4 free are equal; then more free.
+        let x = HostDigest {
+            cpus_total: 2,
+            cpus_free: 1,
+            load_milli: 0,
+            memory_mb: 0,
+        };
+        let y = HostDigest {
+            cpus_total: 4,
+            cpus_free: 2,
+            load_milli: 0,
+            memory_mb: 0,
+        };
+        assert!(y.less_loaded(&x).is_gt());
+        // An older sender (no digest) merges with a newer one: the newer one's digest stays.
+        let mut old = s.clone();
+        for c in old.classes.values_mut() {
+            c.least_loaded = None;
+            c.most_memory = None;
+        }
+        let m = merge(&old, &s);
+        assert_eq!(m.classes.values().next().unwrap().least_loaded, Some(ll));
+        // Wire: absent stays absent; a digest with no CPUs or more free than total is refused.
+        assert_eq!(Summary::from_proto(&old.to_proto()).unwrap(), old);
+        let mut p = s.to_proto();
+        p.classes[0].least_loaded.as_mut().unwrap().cpus_free = 9;
+        let e = Summary::from_proto(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("classes[0].least_loaded: cpus_total must be > 0"),
+            "{e}"
+        );
+        let mut p = s.to_proto();
+        p.classes[0].most_memory.as_mut().unwrap().cpus_total = 0;
+        assert!(Summary::from_proto(&p).is_err());
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use clap::{Args, Subcommand, ValueEnum};
+use gma_broker::batch::{BatchFile, Heuristic};
 use gma_broker::job::{CoallocFile, Job};
 use gma_broker::rank::Policy;
 use gma_broker::service::{policy_to_proto, BrokerConfig};
@@ -54,13 +55,41 @@ impl PolicyArg {
     }
 }
 
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum HeuristicArg {
+    /// Map first the job with the smallest earliest completion.
+    MinMin,
+    /// Map first the job with the largest earliest completion.
+    MaxMin,
+    /// Map first the job that loses most if denied its best resource.
+    Sufferage,
+}
+
+impl HeuristicArg {
+    fn heuristic(self) -> Heuristic {
+        match self {
+            HeuristicArg::MinMin => Heuristic::MinMin,
+            HeuristicArg::MaxMin => Heuristic::MaxMin,
+            HeuristicArg::Sufferage => Heuristic::Sufferage,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum BrokerCommand {
-    /// Rank the resources for a job: best first, with the predicted times that ordered them.
+    /// Rank the resources for a job: best first, with the predicted times that ordered them;
+    /// or, with --batch, map a set of jobs by a batch heuristic over those predictions.
     Select {
         /// Job file (TOML; docs/broker.md).
+        #[arg(long, required_unless_present = "batch", conflicts_with = "batch")]
+        job: Option<PathBuf>,
+        /// Batch file: [[job]] tables (docs/broker.md); prints the assignment and the predicted
+        /// makespan (exit status 2 when a job has no candidate resource).
         #[arg(long)]
-        job: PathBuf,
+        batch: Option<PathBuf>,
+        /// Batch heuristic over the predicted completion times.
+        #[arg(long, value_enum, default_value = "min-min", requires = "batch")]
+        heuristic: HeuristicArg,
         #[arg(long)]
         broker: String,
         #[arg(long, value_enum, default_value = "ttd")]
@@ -149,13 +178,25 @@ pub enum SimresCommand {
 pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
     match a.command {
         Some(BrokerCommand::Select {
+            batch: Some(batch),
+            heuristic,
+            broker,
+            policy,
+            output,
+            ..
+        }) => select_batch(&batch, &broker, policy, heuristic.heuristic(), output).await,
+        Some(BrokerCommand::Select {
             job,
             broker,
             policy,
             limit,
             rejected,
             output,
-        }) => select(&job, &broker, policy, limit, rejected, output).await,
+            ..
+        }) => {
+            let job = job.ok_or_else(|| anyhow!("give --job FILE or --batch FILE"))?;
+            select(&job, &broker, policy, limit, rejected, output).await
+        }
         Some(BrokerCommand::Coallocate {
             jobs,
             broker,
@@ -389,6 +430,86 @@ async fn select(
         for x in &r.rejected {
             eprintln!("rejected {}: {}", x.resource, x.reason);
         }
+    }
+    Ok(())
+}
+
+/// `select --batch`: one Select per job (the policy's candidates and their predicted start and
+/// completion), then the heuristic over those predictions (gma_broker::batch).
+async fn select_batch(
+    path: &std::path::Path,
+    broker: &str,
+    policy: PolicyArg,
+    heuristic: Heuristic,
+    output: Output,
+) -> anyhow::Result<()> {
+    let file = BatchFile::load(path).map_err(|e| anyhow!("{e}"))?;
+    let mut c = client(broker).await?;
+    let mut per_job = Vec::with_capacity(file.job.len());
+    for job in &file.job {
+        let req = pb::SelectRequest {
+            job: Some(job.to_proto()),
+            policy: policy_to_proto(policy.policy()) as i32,
+            limit: 0,
+            include_rejected: false,
+        };
+        let r = call(broker, c.select(req), Duration::from_secs(30)).await?;
+        per_job.push(
+            r.ranked
+                .iter()
+                .map(|x| (x.resource.clone(), x.predicted_start_s, x.predicted_completion_s))
+                .collect::<Vec<_>>(),
+        );
+    }
+    let (names, cells) = gma_broker::batch::matrix(&per_job);
+    let s = gma_broker::batch::schedule(&cells, heuristic);
+    match output {
+        Output::Json => println!(
+            "{}",
+            json!({
+                "heuristic": heuristic.as_str(),
+                "policy": policy.policy().as_str(),
+                "makespan_s": s.makespan_s,
+                "assignments": s.assignments.iter().enumerate().map(|(i, a)| json!({
+                    "order": i + 1,
+                    "job": file.job[a.job].name,
+                    "resource": names[a.resource],
+                    "start_s": a.start_s,
+                    "completion_s": a.completion_s,
+                })).collect::<Vec<_>>(),
+                "unplaceable": s.unplaceable.iter().map(|j| file.job[*j].name.clone()).collect::<Vec<_>>(),
+            })
+        ),
+        Output::Table => {
+            println!(
+                "{:>5}  {:<24} {:<24} {:>10} {:>13}",
+                "order", "job", "resource", "start_s", "completion_s"
+            );
+            for (i, a) in s.assignments.iter().enumerate() {
+                println!(
+                    "{:>5}  {:<24} {:<24} {:>10.1} {:>13.1}",
+                    i + 1,
+                    file.job[a.job].name,
+                    names[a.resource],
+                    a.start_s,
+                    a.completion_s
+                );
+            }
+            println!(
+                "heuristic {}, policy {}: {} jobs on {} resources, predicted makespan {:.1} s",
+                heuristic.as_str(),
+                policy.policy().as_str(),
+                s.assignments.len(),
+                names.len(),
+                s.makespan_s
+            );
+        }
+    }
+    if !s.unplaceable.is_empty() {
+        for j in &s.unplaceable {
+            eprintln!("unplaceable {}: no candidate resource", file.job[*j].name);
+        }
+        std::process::exit(2);
     }
     Ok(())
 }

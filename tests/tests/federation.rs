@@ -50,14 +50,23 @@ fn hosts_toml(hosts: &[(&str, u32, u32)]) -> String {
 }
 
 fn fed_toml(site: &str, extra: &str) -> String {
+    fed_toml_route(site, extra, "")
+}
+
+/// `extra`: top-level keys; `route`: more keys of `[route]`.
+fn fed_toml_route(site: &str, extra: &str, route: &str) -> String {
     format!(
         "site = \"{site}\"\ntime_scale = {SCALE}\nheartbeat_ms = 200\nsummary_interval_ms = 500\n\
          push_debounce_ms = 20\nvalid_for_ms = 3000\norigin_lease_ms = 1500\nstatus_interval_ms = 500\n\
-         tick_ms = 50\nlease_ttl_ms = 2000\n{extra}\n[route]\nmin_gain_s = 30\nforward_overhead_s = 5\n"
+         tick_ms = 50\nlease_ttl_ms = 2000\n{extra}\n[route]\nmin_gain_s = 30\nforward_overhead_s = 5\n{route}\n"
     )
 }
 
 fn start_site(tmp: &Path, name: &str, hosts: &[(&str, u32, u32)], extra: &str) -> Site {
+    start_site_route(tmp, name, hosts, extra, "")
+}
+
+fn start_site_route(tmp: &Path, name: &str, hosts: &[(&str, u32, u32)], extra: &str, route: &str) -> Site {
     let d = tmp.join(name);
     std::fs::create_dir_all(&d).unwrap();
     let dir = Proc::directory(&d.join("dir"), "127.0.0.1:0");
@@ -65,7 +74,7 @@ fn start_site(tmp: &Path, name: &str, hosts: &[(&str, u32, u32)], extra: &str) -
     std::fs::write(&sim_file, hosts_toml(hosts)).unwrap();
     let sim = Proc::simulated(&dir.addr, &sim_file, &["--lease-ttl-ms", "2000"]);
     let cfg = d.join("fed.toml");
-    std::fs::write(&cfg, fed_toml(name, extra)).unwrap();
+    std::fs::write(&cfg, fed_toml_route(name, extra, route)).unwrap();
     let fed = Proc::role("federation", &dir.addr, &cfg);
     let events = Proc::start(
         &["subscribe", "*", "--producer", &fed.addr, "--output", "json"],
@@ -266,6 +275,31 @@ fn imbalance_forwards_to_idle_sites_and_every_job_completes() {
     assert!(summaries
         .iter()
         .any(|e| e["name"] == "federation.status" && e["source"] == "B/A"));
+}
+
+#[test]
+fn utility_policy_forwards_a_job_that_could_start_at_home_to_a_peer_offering_more() {
+    // Vasques' Algorithm 1 with real endpoints: A's host has 2 of 8 CPUs free, B's 4 of 4. The
+    // job (1 CPU) wants 4 free CPUs (utility 1; 1 to 3 free: 0.5): B's resume offers 1 > A's
+    // best 0.5, so A forwards it although it could start it at once (ttd would keep it).
+    let tmp = tempdir();
+    let a = start_site_route(tmp.path(), "A", &[("a1", 8, 2)], "", "policy = \"utility\"");
+    let b = start_site_route(tmp.path(), "B", &[("b1", 4, 4)], "", "policy = \"utility\"");
+    link(&[&a, &b]);
+    wait_eligible(&a, &["B"]);
+    let job = tmp.path().join("u.toml");
+    std::fs::write(
+        &job,
+        "name = \"u\"\ncpus = 1\nreference_time_s = 600\nuser_class = \"local\"\n\
+         [[utility]]\nattribute = \"free_cpus\"\nintervals = [{ min = 4, utility = 1.0 }, { min = 1, utility = 0.5 }]\n",
+    )
+    .unwrap();
+    let ids = submit(&a, job.to_str().unwrap(), 1, None);
+    assert!(wait_until(T, || all_finished(&a, &ids)), "{:#?}", jobs(&a));
+    let sites = [&a, &b];
+    wait_events(&sites, &ids);
+    let ran = exactly_once(&sites, &ids);
+    assert_eq!(ran[&ids[0]], "B", "{ran:?}");
 }
 
 #[test]

@@ -5,9 +5,9 @@ use std::cell::Cell;
 
 use proptest::prelude::*;
 
-const NOW: i64 = 100_000_000_000;
+pub(crate) const NOW: i64 = 100_000_000_000;
 
-fn host(name: &str, total: f64, free: f64, mem: f64) -> Resource {
+pub(crate) fn host(name: &str, total: f64, free: f64, mem: f64) -> Resource {
     let mut r = Resource::unknown(name);
     r.total_cpus = total;
     r.free_cpus = free;
@@ -30,7 +30,7 @@ fn job(cpus: u32, secs: f64) -> Job {
     }
 }
 
-fn summary_of(site: &str, hosts: Vec<Resource>) -> Summary {
+pub(crate) fn summary_of(site: &str, hosts: Vec<Resource>) -> Summary {
     let snap = Snapshot::new(NOW, hosts);
     let load = SiteLoad {
         probe_start_s: [0.0; 4],
@@ -41,7 +41,7 @@ fn summary_of(site: &str, hosts: Vec<Resource>) -> Summary {
     Summary::build(site, &snap, 5_000, load, 15_000).stamp(site, 1, 1)
 }
 
-fn view<'a>(site: &'a str, s: &'a Summary) -> PeerView<'a> {
+pub(crate) fn view<'a>(site: &'a str, s: &'a Summary) -> PeerView<'a> {
     PeerView {
         site,
         advertised: s,
