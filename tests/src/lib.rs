@@ -12,6 +12,7 @@ pub mod directory;
 pub mod fedsite;
 pub mod linearizable;
 pub mod netns;
+pub mod python;
 pub mod secure;
 pub mod slurm;
 pub mod slurm_fabric;
