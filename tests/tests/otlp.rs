@@ -1,9 +1,9 @@
 //! OpenTelemetry metrics into a producer (issue 23, item 4), with real processes: the Python
 //! OpenTelemetry SDK (from the kit's venv) exports a gauge, a counter and a histogram over
 //! OTLP/gRPC to `gma producer --otlp-listen`; `gma subscribe` reads the events back with the
-//! values sent, and their schemas are in the directory. Bytes that
-//! are not an OTLP request get INVALID_ARGUMENT, a point without a value is counted in
-//! `partial_success`, and the producer keeps serving after both.
+//! values sent, and their schemas are in the directory. Bytes that are not an OTLP request
+//! get INVALID_ARGUMENT, a request over 4 MiB OUT_OF_RANGE, a point without a value is counted
+//! in `partial_success`, and the producer keeps serving after all three.
 
 #![allow(clippy::unwrap_used)]
 
@@ -35,6 +35,11 @@ if step == "bad":
     except grpc.RpcError as e:
         out["malformed"] = e.code().name
         out["malformed_message"] = e.details()
+    try:
+        raw(b"\x00" * (5 << 20), timeout=20)
+        out["oversized"] = "OK"
+    except grpc.RpcError as e:
+        out["oversized"] = e.code().name
     export = ch.unary_unary(
         "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
         request_serializer=ms.ExportMetricsServiceRequest.SerializeToString,
@@ -126,6 +131,8 @@ fn the_python_opentelemetry_sdk_exports_metrics_that_gma_subscribe_reads_back() 
     // Bad input first: the producer must still serve the SDK afterwards.
     let bad = run_py(&py, tmp.path(), "otlp_client.py", CLIENT, &[&otlp, "bad"]);
     assert_eq!(bad["malformed"], "INVALID_ARGUMENT", "{bad}");
+    // Over gma_core::MAX_MESSAGE_BYTES (4 MiB): refused by the transport before decoding.
+    assert_eq!(bad["oversized"], "OUT_OF_RANGE", "{bad}");
     assert_eq!(bad["rejected"].as_i64(), Some(1), "{bad}");
     assert!(
         bad["rejected_message"].as_str().unwrap().contains("has no value"),
