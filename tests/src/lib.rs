@@ -164,6 +164,22 @@ impl Proc {
         Proc::start(&args, "gma producer listening on")
     }
 
+    /// `gma archiver` on port 0, following the producers of `directory`, storing in `data`;
+    /// `extra` are more flags (`--pattern app.*`).
+    pub fn archiver(directory: &str, data: &Path, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "archiver",
+            "--listen",
+            "127.0.0.1:0",
+            "--directory",
+            directory,
+            "--data",
+            data.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, "gma archiver listening on")
+    }
+
     /// A producer of the simulated hosts in `sim` (no host sensors), registered in
     /// `directory`; `extra` are more flags.
     pub fn simulated(directory: &str, sim: &Path, extra: &[&str]) -> Proc {
@@ -452,6 +468,14 @@ pub fn make_certs(dir: &Path, cas: &[&str], leaves: &[(&str, &str, &str)]) {
         let r = gma(&args, Duration::from_secs(20));
         assert_eq!(r.code, 0, "{}", r.stderr);
     }
+}
+
+/// `gma archive ARGS --archiver ADDR` (query, series, export, stats), at most 30 s.
+pub fn archive(args: &[&str], archiver: &str) -> Run {
+    let mut a = vec!["archive"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--archiver", archiver]);
+    gma(&a, Duration::from_secs(30))
 }
 
 /// The address a role printed as `gma <role> <what> on ADDR` on stderr (e.g. `metrics`,

@@ -66,13 +66,6 @@ fn push(producer: &str, base: i64, n: i64) -> usize {
     })
 }
 
-fn archive(args: &[&str], archiver: &str) -> Run {
-    let mut a = vec!["archive"];
-    a.extend_from_slice(args);
-    a.extend_from_slice(&["--archiver", archiver]);
-    gma(&a, Duration::from_secs(30))
-}
-
 /// The rows of `gma archive query --output json` (values are numbers, texts strings).
 fn query_rows(run: &Run) -> Vec<Row> {
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -159,21 +152,7 @@ fn a_parquet_export_read_by_pyarrow_and_duckdb_matches_archive_query() {
     let tmp = tempdir();
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let prod = Proc::producer(&["--no-host-sensors", "--directory", &dir.addr]);
-    let data = tmp.path().join("arch");
-    let arch = Proc::start(
-        &[
-            "archiver",
-            "--listen",
-            "127.0.0.1:0",
-            "--directory",
-            &dir.addr,
-            "--data",
-            data.to_str().unwrap(),
-            "--pattern",
-            "app.*",
-        ],
-        "gma archiver listening on",
-    );
+    let arch = Proc::archiver(&dir.addr, &tmp.path().join("arch"), &["--pattern", "app.*"]);
     let base = gma_core::time::now_ns() - 3_600_000_000_000;
     let n = 500;
     let events = push(&prod.addr, base, n);
