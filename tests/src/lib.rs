@@ -470,6 +470,29 @@ pub fn make_certs(dir: &Path, cas: &[&str], leaves: &[(&str, &str, &str)]) {
     }
 }
 
+/// Pushes `events` (with `schema`) into the producer at `producer` through `Ingest/Push`, in
+/// one request; the number accepted.
+pub fn push_events(
+    producer: &str,
+    schema: gma_proto::v1::EventSchema,
+    events: Vec<gma_proto::v1::Event>,
+) -> u32 {
+    use gma_proto::v1 as pb;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let ch = gma_consumer::connect(producer).await.unwrap();
+        let mut c = pb::ingest_client::IngestClient::new(ch);
+        c.push(pb::IngestRequest {
+            events,
+            schemas: vec![schema],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .accepted
+    })
+}
+
 /// `gma archive ARGS --archiver ADDR` (query, series, export, stats), at most 30 s.
 pub fn archive(args: &[&str], archiver: &str) -> Run {
     let mut a = vec!["archive"];

@@ -14,35 +14,25 @@ use gma_proto::v1 as pb;
 
 /// Pushes `values` as `app.metric` events (field `v`) with the given timestamps.
 fn push(producer: &str, items: &[(i64, f64)]) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let ch = gma_consumer::connect(producer).await.unwrap();
-        let mut c = pb::ingest_client::IngestClient::new(ch);
-        let schema = pb::EventSchema {
+    let schema = pb::EventSchema {
+        name: "app.metric".into(),
+        version: 1,
+        fields: vec![gma_core::event::dbl("v", "", "")],
+        description: String::new(),
+    };
+    let events = items
+        .iter()
+        .map(|(ts, v)| pb::Event {
             name: "app.metric".into(),
-            version: 1,
-            fields: vec![gma_core::event::dbl("v", "", "")],
-            description: String::new(),
-        };
-        let events = items
-            .iter()
-            .map(|(ts, v)| pb::Event {
-                name: "app.metric".into(),
-                source: "job1".into(),
-                timestamp_ns: *ts,
-                seq: 0,
-                values: vec![pb::Value {
-                    kind: Some(pb::value::Kind::Number(*v)),
-                }],
-            })
-            .collect();
-        c.push(pb::IngestRequest {
-            events,
-            schemas: vec![schema],
+            source: "job1".into(),
+            timestamp_ns: *ts,
+            seq: 0,
+            values: vec![pb::Value {
+                kind: Some(pb::value::Kind::Number(*v)),
+            }],
         })
-        .await
-        .unwrap();
-    });
+        .collect();
+    push_events(producer, schema, events);
 }
 
 /// The points of a query that may find nothing yet (NOT_FOUND before the first sample).

@@ -20,50 +20,40 @@ type Row = (i64, String, String, String, Option<f64>, Option<String>);
 
 /// Pushes `n` `app.job` events per source: field `v` (double) and `state` (string).
 fn push(producer: &str, base: i64, n: i64) -> usize {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let ch = gma_consumer::connect(producer).await.unwrap();
-        let mut c = pb::ingest_client::IngestClient::new(ch);
-        let schema = pb::EventSchema {
-            name: "app.job".into(),
-            version: 1,
-            fields: vec![
-                gma_core::event::dbl("v", "", ""),
-                gma_core::event::text("state", ""),
-            ],
-            description: String::new(),
-        };
-        let mut events = Vec::new();
-        for src in ["job1", "job2"] {
-            for i in 0..n {
-                let num = |v: f64| pb::Value {
-                    kind: Some(pb::value::Kind::Number(v)),
-                };
-                let txt = |s: String| pb::Value {
-                    kind: Some(pb::value::Kind::Text(s)),
-                };
-                events.push(pb::Event {
-                    name: "app.job".into(),
-                    source: src.into(),
-                    // 1 s apart with nanosecond jitter: the ns must survive the round trip.
-                    timestamp_ns: base + i * 1_000_000_000 + (i * 7_919) % 1_000_000,
-                    seq: 0,
-                    values: vec![
-                        num(((i * 37) % 101) as f64 / 4.0 - 3.0),
-                        txt(format!("s{}", i % 3)),
-                    ],
-                });
-            }
+    let schema = pb::EventSchema {
+        name: "app.job".into(),
+        version: 1,
+        fields: vec![
+            gma_core::event::dbl("v", "", ""),
+            gma_core::event::text("state", ""),
+        ],
+        description: String::new(),
+    };
+    let num = |v: f64| pb::Value {
+        kind: Some(pb::value::Kind::Number(v)),
+    };
+    let txt = |s: String| pb::Value {
+        kind: Some(pb::value::Kind::Text(s)),
+    };
+    let mut events = Vec::new();
+    for src in ["job1", "job2"] {
+        for i in 0..n {
+            events.push(pb::Event {
+                name: "app.job".into(),
+                source: src.into(),
+                // 1 s apart with nanosecond jitter: the ns must survive the round trip.
+                timestamp_ns: base + i * 1_000_000_000 + (i * 7_919) % 1_000_000,
+                seq: 0,
+                values: vec![
+                    num(((i * 37) % 101) as f64 / 4.0 - 3.0),
+                    txt(format!("s{}", i % 3)),
+                ],
+            });
         }
-        let len = events.len();
-        c.push(pb::IngestRequest {
-            events,
-            schemas: vec![schema],
-        })
-        .await
-        .unwrap();
-        len
-    })
+    }
+    let len = events.len();
+    assert_eq!(push_events(producer, schema, events) as usize, len);
+    len
 }
 
 /// The rows of `gma archive query --output json` (values are numbers, texts strings).
