@@ -234,3 +234,107 @@ pub async fn run(samples: u64, duration: Option<u64>, output: Output) -> anyhow:
     }
     Ok(())
 }
+
+/// `gma bench archive --export-parquet`: `samples` regular 1 s gauges of 1,000 hosts ingested
+/// into a store, served by an archiver (in this process), then exported whole by `gma archive
+/// export` in a child process, as Parquet and (for comparison) CSV: wall time, file size and
+/// the exporter's peak RSS, which it prints itself (VmHWM).
+pub async fn export_parquet(samples: u64, output: Output) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if samples < 3_000 {
+        anyhow::bail!("--samples must be at least 3000");
+    }
+    let me = std::process::id().to_string();
+    let (_, _, _, rows, (tmp, store)) = ingest(samples / 3, false, None, &me).await?;
+    drop(store);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let cfg = gma_archiver::ArchiverConfig {
+        listen: addr.clone(),
+        data_dir: tmp.path().to_path_buf(),
+        ..Default::default()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(gma_archiver::run(cfg, listener, async {
+        let _ = stop_rx.await;
+    }));
+    let base = 1_700_000_000_000_000_000i64;
+    let ticks = (rows / 1000 + 2) as i64;
+    let (from, to) = ((base - 1).to_string(), (base + ticks * 1_000_000_000).to_string());
+    let exe = std::env::current_exe().context("cannot find the gma binary")?;
+    let mut runs = Vec::new();
+    for format in ["parquet", "csv"] {
+        let out = tmp.path().join(format!("export.{format}"));
+        let t = Instant::now();
+        let o = tokio::process::Command::new(&exe)
+            .args([
+                "archive",
+                "--archiver",
+                &addr,
+                "export",
+                "host.load",
+                "--from",
+                &from,
+                "--to",
+                &to,
+            ])
+            .args(["--format", format, "--out"])
+            .arg(&out)
+            .output()
+            .await
+            .context("gma archive export")?;
+        let secs = t.elapsed().as_secs_f64();
+        let err = String::from_utf8_lossy(&o.stderr);
+        if !o.status.success() {
+            anyhow::bail!("gma archive export --format {format} failed: {err}");
+        }
+        // "wrote N samples of M series to FILE (peak RSS X MiB)"
+        let exported: u64 = err
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| anyhow!("no sample count in: {err}"))?;
+        let peak: f64 = err
+            .split("peak RSS ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| anyhow!("no peak RSS in: {err}"))?;
+        let bytes = std::fs::metadata(&out)?.len();
+        std::fs::remove_file(&out)?;
+        runs.push((format, exported, secs, bytes, peak));
+    }
+    let _ = stop_tx.send(());
+    server
+        .await
+        .map_err(|e| anyhow!("archiver task: {e}"))?
+        .map_err(|e| anyhow!("archiver: {e}"))?;
+    drop(tmp);
+    let j = serde_json::json!({
+        "scenario": "archive-export",
+        "machine_cores": cores(),
+        "archived_samples": rows * 3,
+        "exports": runs.iter().map(|(f, n, s, b, p)| serde_json::json!({
+            "format": f, "samples": n, "seconds": s, "file_bytes": b,
+            "bytes_per_sample": *b as f64 / (*n).max(1) as f64, "exporter_peak_rss_mib": p,
+        })).collect::<Vec<_>>(),
+    });
+    match output {
+        Output::Json => crate::report::emit(j),
+        Output::Table => {
+            println!(
+                "archive export: {} samples (1,000 hosts x 3 fields, 1 s gauges) served by an archiver, exported by a `gma archive export` process",
+                rows * 3
+            );
+            println!("  machine cores            {}", cores());
+            for (f, n, s, b, p) in &runs {
+                println!(
+                    "  {f:<8} {n} samples in {s:.2} s ({:.0} samples/s), {b} bytes ({:.2} bytes/sample), exporter peak RSS {p:.0} MiB",
+                    *n as f64 / s.max(1e-9),
+                    *b as f64 / (*n).max(1) as f64
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -126,6 +126,11 @@ pub enum BenchScenario {
         /// Stop the ingest after this many seconds if --samples is not reached by then.
         #[arg(long)]
         duration: Option<u64>,
+        /// Instead: ingest --samples into a store, serve it with an archiver, and export it all
+        /// with `gma archive export --format parquet` (a child process): its time, file size
+        /// and peak RSS (docs/parquet.md).
+        #[arg(long)]
+        export_parquet: bool,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

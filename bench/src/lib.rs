@@ -62,8 +62,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         } => crate::slurm::run(jobs, gap_ms, slurm_conf, output).await,
         BenchScenario::Archive {
             samples,
+            export_parquet: true,
+            output,
+            ..
+        } => crate::archive::export_parquet(samples, output).await,
+        BenchScenario::Archive {
+            samples,
             duration,
             output,
+            ..
         } => crate::archive::run(samples, duration, output).await,
         BenchScenario::Agent {
             duration,

@@ -97,6 +97,47 @@ fn aggregate(name: String) -> anyhow::Result<pb::Aggregate> {
 pub enum ExportFormat {
     Csv,
     Jsonl,
+    /// One row per sample: time, name, source, field, value, text (docs/parquet.md).
+    Parquet,
+}
+
+/// Where an export's samples go.
+enum ExportSink {
+    Text(std::io::BufWriter<std::fs::File>, QueryOutput),
+    Parquet(Box<crate::parquet::ParquetSink<std::io::BufWriter<std::fs::File>>>),
+}
+
+impl ExportSink {
+    fn new(file: std::fs::File, format: ExportFormat) -> anyhow::Result<Self> {
+        let mut w = std::io::BufWriter::new(file);
+        Ok(match format {
+            ExportFormat::Csv => {
+                writeln!(w, "{CSV_HEADER}")?;
+                ExportSink::Text(w, QueryOutput::Csv)
+            }
+            ExportFormat::Jsonl => ExportSink::Text(w, QueryOutput::Json),
+            ExportFormat::Parquet => ExportSink::Parquet(Box::new(
+                crate::parquet::ParquetSink::new(w).context("cannot start the parquet file")?,
+            )),
+        })
+    }
+
+    fn push(&mut self, p: &pb::SeriesPoints) -> anyhow::Result<u64> {
+        Ok(match self {
+            ExportSink::Text(w, fmt) => write_points(w, p, *fmt)?,
+            ExportSink::Parquet(s) => s.push(p).context("cannot write the parquet file")?,
+        })
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        let mut w = match self {
+            ExportSink::Text(w, _) => w,
+            ExportSink::Parquet(s) => s.finish().context("cannot write the parquet file")?,
+        };
+        w.flush()?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        Ok(())
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -396,14 +437,7 @@ pub async fn run(a: ArchiveArgs) -> anyhow::Result<()> {
                 .len() as u64;
             let file =
                 std::fs::File::create(&out).with_context(|| format!("cannot create {}", out.display()))?;
-            let mut w = std::io::BufWriter::new(file);
-            let fmt = match format {
-                ExportFormat::Csv => {
-                    writeln!(w, "{CSV_HEADER}")?;
-                    QueryOutput::Csv
-                }
-                ExportFormat::Jsonl => QueryOutput::Json,
-            };
+            let mut sink = ExportSink::new(file, format)?;
             let bar = if std::io::stderr().is_terminal() {
                 let b = indicatif::ProgressBar::new(series);
                 b.set_style(
@@ -440,13 +474,19 @@ pub async fn run(a: ArchiveArgs) -> anyhow::Result<()> {
                         }
                         last_key = Some(key);
                     }
-                    samples += write_points(&mut w, p, fmt)?;
+                    samples += sink.push(p)?;
                     bar.set_message(format!("{samples} samples"));
                 }
             }
-            w.flush()?;
+            sink.finish()?;
             bar.finish_and_clear();
-            eprintln!("wrote {samples} samples of {series} series to {}", out.display());
+            // The peak RSS of this process (docs/parquet.md states the bound it stays under).
+            let peak = gma_bench::report::peak_rss_mib(&std::process::id().to_string())
+                .map_or_else(|| "unknown".to_string(), |m| format!("{m:.0} MiB"));
+            eprintln!(
+                "wrote {samples} samples of {series} series to {} (peak RSS {peak})",
+                out.display()
+            );
         }
         ArchiveCommand::Stats { output } => {
             let s = c

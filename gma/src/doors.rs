@@ -44,6 +44,11 @@ pub fn groups() -> Vec<Group> {
              netprobe, simres, federation, the gma.rpc companions of the directory and archiver",
             gma_producer::service::DOORS,
         ),
+        grpc(
+            "otlp",
+            "gma producer --otlp-listen (OpenTelemetry metrics in)",
+            gma_producer::otlp::DOORS,
+        ),
         grpc("sink", "gma sink", gma_consumer::sink::DOORS),
         grpc("archiver", "gma archiver", gma_archiver::service::DOORS),
         grpc("broker", "gma broker", gma_broker::service::DOORS),

@@ -18,6 +18,7 @@ mod fedtree;
 mod grid;
 mod monitor;
 mod netprobe;
+mod parquet;
 mod provision;
 mod relay;
 mod resched;

@@ -104,6 +104,9 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     if a.prometheus.is_some() {
         cfg.prometheus = a.prometheus.clone();
     }
+    if a.otlp_listen.is_some() {
+        cfg.otlp_listen = a.otlp_listen.clone();
+    }
     if a.state_dir.is_some() {
         cfg.state_dir = a.state_dir.clone();
     }
@@ -124,7 +127,15 @@ pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
     }
     let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     let prometheus = cfg.prometheus.clone();
-    let p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
+    let otlp = match &cfg.otlp_listen {
+        Some(addr) => Some(bind_checked(addr, &cfg.endpoint.tls).await?),
+        None => None,
+    };
+    let mut p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
+    if let Some(l) = otlp {
+        eprintln!("gma producer otlp on {}", l.local_addr()?);
+        p = p.with_otlp(l);
+    }
     if let Some(addr) = &prometheus {
         crate::telemetry::serve_producer_values(addr, p.hub.clone(), &door).await?;
     }
@@ -435,6 +446,10 @@ pub struct ProducerArgs {
     /// (gma_host_cpu_user{source="hostA"}, ...; see docs/dashboard.md).
     #[arg(long)]
     pub prometheus: Option<String>,
+    /// Accept OpenTelemetry metrics (OTLP/gRPC) on this address, behind the producer's TLS and
+    /// access policy (`otlp_listen` in --config; docs/otlp.md).
+    #[arg(long)]
+    pub otlp_listen: Option<String>,
     #[command(flatten)]
     pub role: RoleArgs,
 }

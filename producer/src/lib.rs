@@ -20,6 +20,7 @@
 //! - [`push`]: producer-initiated streams to consumers that accept them (`Consumer.Deliver`).
 //! - [`prometheus`]: the latest sensor values in Prometheus text format (`gma producer
 //!   --prometheus ADDR`).
+//! - [`otlp`]: OTLP/gRPC metrics in (`gma producer --otlp-listen ADDR`, docs/otlp.md).
 //! - [`telemetry`]: the names of the Prometheus metrics this crate records.
 //!
 //! Every producer also monitors itself: its gRPC server runs behind a [`gma_core::rpc::RpcLayer`]
@@ -30,6 +31,7 @@ pub mod control;
 pub mod derive;
 pub mod error;
 pub mod hub;
+pub mod otlp;
 pub mod prometheus;
 pub mod push;
 pub mod registrar;
@@ -141,6 +143,9 @@ pub struct ProducerConfig {
     pub endpoint: gma_core::endpoint::Endpoint,
     /// Where the binary serves the latest sensor values as Prometheus gauges (`--prometheus`).
     pub prometheus: Option<String>,
+    /// Where the binary accepts OTLP/gRPC metrics (`--otlp-listen`, docs/otlp.md): the
+    /// producer's TLS, client CA and access policy apply there too.
+    pub otlp_listen: Option<String>,
     /// The role this producer serves (`producer`, or the role embedding it: `rescheduler`,
     /// `relay`, ...): the `gma_<role>_rpc_*` metric prefix and the `role` of `gma.rpc` events.
     #[serde(skip)]
@@ -185,6 +190,7 @@ impl Default for ProducerConfig {
             snmp_period_ms: 10_000,
             endpoint: Default::default(),
             prometheus: None,
+            otlp_listen: None,
             role: "producer".into(),
         }
     }
@@ -254,6 +260,8 @@ pub struct Producer {
     pub rpc: Arc<RpcStats>,
     /// A monitor's rules, steered through `Control/AddRule` and `RemoveRule`.
     pub rule_host: Option<Arc<dyn control::RuleHost>>,
+    /// The listener of the OTLP metrics service ([`otlp`]), if any ([`Producer::with_otlp`]).
+    otlp: Option<TcpListener>,
     sensors: Vec<Box<dyn Sensor>>,
 }
 
@@ -405,8 +413,16 @@ impl Producer {
             gate,
             rpc,
             rule_host: None,
+            otlp: None,
             sensors,
         })
+    }
+
+    /// Serves the OTLP metrics service ([`otlp`]) on `listener` too, with this producer's TLS,
+    /// limits and access policy, until the producer stops.
+    pub fn with_otlp(mut self, listener: TcpListener) -> Producer {
+        self.otlp = Some(listener);
+        self
     }
 
     /// The producer of a role's own events (a broker's decisions, a relay's site load, the
@@ -489,6 +505,7 @@ impl Producer {
             gate,
             rpc,
             rule_host,
+            otlp,
             sensors,
         } = self;
         let bound = listener.local_addr()?;
@@ -641,6 +658,28 @@ impl Producer {
             tracing::info!(cut_off = n, "producer shutting down");
             let _ = drained_tx.send(());
         };
+        let otlp_task = match otlp {
+            Some(l) => {
+                let tls = config.endpoint.tls.rustls_config(l.local_addr()?)?;
+                let server = gma_core::conn::grpc_server(&config.endpoint.limits)
+                    .layer(gma_core::rpc::RpcLayer::new(rpc.clone()));
+                let services = gma_core::conn::Services::new().add_service(otlp::OtlpMetricsServer::new(
+                    otlp::OtlpMetrics {
+                        hub: hub.clone(),
+                        gate: gate.clone(),
+                    },
+                ));
+                let incoming = gma_core::conn::Incoming::grpc(l, tls, &config.endpoint.limits, "producer");
+                let mut stop = stop_rx.clone();
+                let stopped = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                Some(tokio::spawn(gma_core::conn::serve_grpc(
+                    server, services, incoming, stopped,
+                )))
+            }
+            None => None,
+        };
         let services = gma_core::conn::Services::new()
             .add_service(
                 gma_proto::wire::producer_server::ProducerServer::new(producer)
@@ -687,6 +726,13 @@ impl Producer {
             }
         };
         let _ = stop_tx.send(true);
+        if let Some(t) = otlp_task {
+            match tokio::time::timeout(CLOSE_TIMEOUT, t).await {
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the OTLP listener failed"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "the OTLP listener's task failed"),
+                Ok(Ok(Ok(()))) | Err(_) => {}
+            }
+        }
         if let Some(t) = registrar_task {
             // The registrar removes our record on the way out (bounded by its own timeout).
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;

@@ -587,7 +587,7 @@ pub struct IngestService {
 }
 
 /// Authorizes `ingest` on event names; a summary-only grant does not let anyone publish.
-fn authorize_ingest(gate: &Gate, who: &Identity, names: &[&str]) -> Result<(), Error> {
+pub(crate) fn authorize_ingest(gate: &Gate, who: &Identity, names: &[&str]) -> Result<(), Error> {
     let grant = gate.authorize(who, Action::Ingest, names)?;
     if grant.decision != Decision::Allow {
         let name = names

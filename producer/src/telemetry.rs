@@ -21,4 +21,6 @@ gma_core::metric_names! {
         "producer-initiated streams restarted after an error";
     counter PUSH_SESSIONS = "gma_producer_push_sessions_total", "producer-initiated streams opened";
     gauge SERIES = "gma_producer_series", "distinct (name, source) series held";
+    counter OTLP_POINTS = "gma_producer_otlp_points_total",
+        "OTLP metric data points converted into events (--otlp-listen)";
 }

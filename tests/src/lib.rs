@@ -13,6 +13,7 @@ pub mod fedsite;
 pub mod linearizable;
 pub mod netns;
 pub mod prometheus;
+pub mod python;
 pub mod secure;
 pub mod slurm;
 pub mod slurm_fabric;
@@ -164,22 +165,8 @@ impl Proc {
         Proc::start(&args, "gma producer listening on")
     }
 
-    /// A producer of the simulated hosts in `sim` (no host sensors), registered in
-    /// `directory`; `extra` are more flags.
-    pub fn simulated(directory: &str, sim: &Path, extra: &[&str]) -> Proc {
-        let mut args = vec![
-            "--directory",
-            directory,
-            "--no-host-sensors",
-            "--simulate",
-            sim.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        Proc::producer(&args)
-    }
-
-    /// `gma archiver --listen 127.0.0.1:0 --directory DIRECTORY --data DATA EXTRA...`, waiting
-    /// for `gma archiver listening on`.
+    /// `gma archiver` on port 0, following the producers of `directory`, storing in `data`;
+    /// `extra` are more flags (`--pattern app.*`).
     pub fn archiver(directory: &str, data: &Path, extra: &[&str]) -> Proc {
         let mut args = vec![
             "archiver",
@@ -192,6 +179,20 @@ impl Proc {
         ];
         args.extend_from_slice(extra);
         Proc::start(&args, "gma archiver listening on")
+    }
+
+    /// A producer of the simulated hosts in `sim` (no host sensors), registered in
+    /// `directory`; `extra` are more flags.
+    pub fn simulated(directory: &str, sim: &Path, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "--directory",
+            directory,
+            "--no-host-sensors",
+            "--simulate",
+            sim.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        Proc::producer(&args)
     }
 
     /// `gma ROLE --listen 127.0.0.1:0 --directory DIRECTORY --config CONFIG`, waiting for
@@ -470,6 +471,37 @@ pub fn make_certs(dir: &Path, cas: &[&str], leaves: &[(&str, &str, &str)]) {
     }
 }
 
+/// Pushes `events` (with `schema`) into the producer at `producer` through `Ingest/Push`, in
+/// one request; the number accepted.
+pub fn push_events(
+    producer: &str,
+    schema: gma_proto::v1::EventSchema,
+    events: Vec<gma_proto::v1::Event>,
+) -> u32 {
+    use gma_proto::v1 as pb;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let ch = gma_consumer::connect(producer).await.unwrap();
+        let mut c = pb::ingest_client::IngestClient::new(ch);
+        c.push(pb::IngestRequest {
+            events,
+            schemas: vec![schema],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .accepted
+    })
+}
+
+/// `gma archive ARGS --archiver ADDR` (query, series, export, stats), at most 30 s.
+pub fn archive(args: &[&str], archiver: &str) -> Run {
+    let mut a = vec!["archive"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--archiver", archiver]);
+    gma(&a, Duration::from_secs(30))
+}
+
 /// The address a role printed as `gma <role> <what> on ADDR` on stderr (e.g. `metrics`,
 /// `prometheus`), waiting for it.
 pub fn printed_addr(p: &Proc, role: &str, what: &str) -> String {
@@ -546,35 +578,23 @@ pub fn sim_file(dir: &Path, prefix: &str, hosts: usize, period_ms: u64) -> PathB
 /// source `source` with one double field `v` (schema version 1).
 pub fn push_numbers(producer: &str, name: &str, source: &str, items: &[(i64, f64)]) {
     use gma_proto::v1 as pb;
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let ch = gma_consumer::connect(producer)
-            .await
-            .expect("connect to the producer");
-        let mut c = pb::ingest_client::IngestClient::new(ch);
-        let schema = pb::EventSchema {
+    let schema = pb::EventSchema {
+        name: name.into(),
+        version: 1,
+        fields: vec![gma_core::event::dbl("v", "", "")],
+        description: String::new(),
+    };
+    let events = items
+        .iter()
+        .map(|(ts, v)| pb::Event {
             name: name.into(),
-            version: 1,
-            fields: vec![gma_core::event::dbl("v", "", "")],
-            description: String::new(),
-        };
-        let events = items
-            .iter()
-            .map(|(ts, v)| pb::Event {
-                name: name.into(),
-                source: source.into(),
-                timestamp_ns: *ts,
-                seq: 0,
-                values: vec![pb::Value {
-                    kind: Some(pb::value::Kind::Number(*v)),
-                }],
-            })
-            .collect();
-        c.push(pb::IngestRequest {
-            events,
-            schemas: vec![schema],
+            source: source.into(),
+            timestamp_ns: *ts,
+            seq: 0,
+            values: vec![pb::Value {
+                kind: Some(pb::value::Kind::Number(*v)),
+            }],
         })
-        .await
-        .expect("push");
-    });
+        .collect();
+    push_events(producer, schema, events);
 }

@@ -11,27 +11,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn archiver(dir: &Proc, data: &std::path::Path, extra: &[&str]) -> Proc {
-    let mut args = vec![
-        "archiver",
-        "--listen",
-        "127.0.0.1:0",
-        "--directory",
-        &dir.addr,
-        "--data",
-        data.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    Proc::start(&args, "gma archiver listening on")
-}
-
-fn archive(args: &[&str], archiver: &str) -> Run {
-    let mut a = vec!["archive"];
-    a.extend_from_slice(args);
-    a.extend_from_slice(&["--archiver", archiver]);
-    gma(&a, Duration::from_secs(20))
-}
-
 /// Pushes `values` as `app.metric` events (field `v`) with the given timestamps.
 fn push(producer: &str, items: &[(i64, f64)]) {
     push_numbers(producer, "app.metric", "job1", items)
@@ -59,7 +38,7 @@ fn archived_samples_come_back_exactly_and_aggregate_like_a_reference() {
     let tmp = tempdir();
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let prod = Proc::producer(&["--no-host-sensors", "--directory", &dir.addr]);
-    let arch = archiver(&dir, &tmp.path().join("arch"), &["--pattern", "app.*"]);
+    let arch = Proc::archiver(&dir.addr, &tmp.path().join("arch"), &["--pattern", "app.*"]);
     // 600 samples, 1 s apart with nanosecond jitter, an hour ago.
     let base = gma_core::time::now_ns() - 3_600_000_000_000;
     let sent: Vec<(i64, f64)> = (0..600i64)
@@ -230,11 +209,11 @@ fn kill_9_mid_stream_loses_nothing_acknowledged_and_duplicates_nothing() {
         )
     };
     let count = |addr: &str| points_so_far(&load1(addr)).len();
-    let mut arch = archiver(&dir, &data, &["--pattern", "host.load"]);
+    let mut arch = Proc::archiver(&dir.addr, &data, &["--pattern", "host.load"]);
     assert!(wait_until(Duration::from_secs(20), || count(&arch.addr) > 100));
     arch.kill();
     // Events keep coming while the archiver is down; the producer keeps them for it.
-    let arch = archiver(&dir, &data, &["--pattern", "host.load"]);
+    let arch = Proc::archiver(&dir.addr, &data, &["--pattern", "host.load"]);
     let before = count(&arch.addr);
     assert!(wait_until(Duration::from_secs(20), || count(&arch.addr) > before + 100));
     let got = points(&load1(&arch.addr));
@@ -267,8 +246,8 @@ fn the_series_cache_hits_on_the_live_path() {
     let tmp = tempdir();
     let dir = Proc::directory(&tmp.path().join("dir"), "127.0.0.1:0");
     let prod = Proc::producer(&["--no-host-sensors", "--directory", &dir.addr]);
-    let arch = archiver(
-        &dir,
+    let arch = Proc::archiver(
+        &dir.addr,
         &tmp.path().join("arch"),
         &["--pattern", "app.*", "--metrics-listen", "127.0.0.1:0"],
     );

@@ -8,7 +8,8 @@
 //!   door table of docs/security.md is those lists.
 //! - **Dynamic**: the roles that serve those doors run as real processes with mTLS and one
 //!   policy (a 1-member directory with `[[members]]`, a producer of simulated hosts with
-//!   `--prometheus`, an archiver with `--metrics-listen` and `--http-listen` (PromQL), a broker, a simres, the dashboard, a
+//!   `--prometheus` and `--otlp-listen`, an archiver with `--metrics-listen` and `--http-listen`
+//!   (PromQL), a broker, a simres, the dashboard, a
 //!   netprobe, a federation endpoint, a sink, `gma app-sim`, a relay, a monitor, a
 //!   rescheduler); every door is called, with a meaningful request per RPC (and the attacker's
 //!   variants of the data doors), as (a) no certificate, (b) a certificate of another CA, (c)
@@ -877,6 +878,8 @@ fn knocks(lease: u64) -> Vec<Knock> {
     ] {
         out.extend(producer_knocks(target, hosts_raw));
     }
+    // The producer's OTLP door (--otlp-listen): a gauge to ingest.
+    out.push(otlp_knock());
     // The sink.
     out.extend([
         k(
@@ -1839,10 +1842,44 @@ fn knocks(lease: u64) -> Vec<Knock> {
     out
 }
 
+/// The knock on the producer's OTLP door: one gauge point (`otel.census.knock`).
+fn otlp_knock() -> Knock {
+    use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Gauge, Metric};
+    use opentelemetry_proto::tonic::metrics::v1::{NumberDataPoint, ResourceMetrics, ScopeMetrics};
+    let req = || ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics {
+                metrics: vec![Metric {
+                    name: "census.knock".into(),
+                    data: Some(metric::Data::Gauge(Gauge {
+                        data_points: vec![NumberDataPoint {
+                            value: Some(number_data_point::Value::AsDouble(1.0)),
+                            ..Default::default()
+                        }],
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    Knock {
+        door: "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+        variant: "",
+        target: "otlp".into(),
+        inside_raw: false,
+        call: grpc!(unary, MetricsServiceClient<Channel>, export, req(), none),
+    }
+}
+
 /// Every gRPC listener of the census fabric.
-const GRPC_TARGETS: [&str; 12] = [
+const GRPC_TARGETS: [&str; 13] = [
     "directory",
     "producer",
+    "otlp",
     "archiver",
     "broker",
     "simres",
@@ -2116,10 +2153,19 @@ fn all_doors() -> Vec<DoorRow> {
 /// Every RPC every role may serve: the fabric's descriptor set and the standard services
 /// (health, reflection) of every gRPC listener.
 fn fds_rpcs() -> Vec<String> {
+    let otlp_metrics = format!("/{}/", gma_producer::otlp::SERVICE_NAME);
     let mut rpcs: Vec<String> = std::iter::once(gma_proto::FILE_DESCRIPTOR_SET)
         .chain(gma_core::conn::STANDARD_DESCRIPTOR_SETS)
         .flat_map(|set| gma_proto::rpcs_of(set).expect("the descriptor set decodes"))
         .map(|r| r.path)
+        // The producer's --otlp-listen serves OTLP's metrics service (not traces or logs).
+        .chain(
+            gma_proto::rpcs_of(opentelemetry_proto::DESCRIPTORS)
+                .expect("the OTLP descriptor set decodes")
+                .into_iter()
+                .map(|r| r.path)
+                .filter(|p| p.starts_with(&otlp_metrics)),
+        )
         .collect();
     rpcs.sort();
     rpcs
@@ -2129,13 +2175,14 @@ fn fds_rpcs() -> Vec<String> {
 fn every_rpc_and_every_http_route_has_a_door() {
     let rpcs = fds_rpcs();
     let groups = binary_doors();
-    // The descriptor set holds every service: 16 of them, raft included; and the 3 standard
-    // services of every gRPC listener (health, reflection v1 and v1alpha).
+    // The descriptor set holds every service: 16 of them, raft included; the 3 standard
+    // services of every gRPC listener (health, reflection v1 and v1alpha); and OTLP's metrics
+    // service (the producer's --otlp-listen).
     let services: std::collections::BTreeSet<&str> = rpcs
         .iter()
         .filter_map(|r| r.rsplit_once('/').map(|(s, _)| s))
         .collect();
-    assert_eq!(services.len(), 19, "{services:?}");
+    assert_eq!(services.len(), 20, "{services:?}");
     let problems = static_problems(&rpcs, &groups);
     assert!(
         problems.is_empty(),
@@ -2426,6 +2473,7 @@ fn start_fabric() -> Fabric {
                 .iter()
                 .cloned()
                 .chain(["--prometheus".into(), any.into()])
+                .chain(["--otlp-listen".into(), any.into()])
                 .collect(),
             "gma producer listening on",
         ),
@@ -2558,6 +2606,7 @@ fn start_fabric() -> Fabric {
         "prometheus".into(),
         printed_addr(get("producer"), "producer", "prometheus"),
     );
+    addrs.insert("otlp".into(), printed_addr(get("producer"), "producer", "otlp"));
     addrs.insert(
         "metrics@archiver".into(),
         printed_addr(get("archiver"), "archiver", "metrics"),

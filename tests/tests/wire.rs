@@ -11,11 +11,9 @@
 //!   `grpcio-health-checking` stub: SERVING for the server and for each of its services);
 //! - a health `Watch` open on a role gets NOT_SERVING at shutdown and ends, and the role exits.
 //!
-//! Python comes from a virtual environment under the target directory (`target/tmp/pyvenv`,
-//! made once with `python3 -m venv` and `pip install grpcio grpcio-tools grpcio-reflection
-//! grpcio-health-checking`, reused after). A missing `python3` or `venv` module (the Debian
-//! package `python3-venv`, which ./scripts/test.sh installs) or an unreachable PyPI fails the
-//! test with its reason.
+//! Python comes from the kit's one virtual environment ([`gma_tests::python`]: pinned
+//! requirements, made once under `target/tmp/pyvenv`). A missing `python3` or `venv` module or
+//! an unreachable PyPI fails the test with its reason.
 
 #![allow(clippy::unwrap_used)]
 
@@ -26,71 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::python::{python, run_py};
 use common::*;
-
-const PY_PACKAGES: [&str; 4] = [
-    "grpcio",
-    "grpcio-tools",
-    "grpcio-reflection",
-    "grpcio-health-checking",
-];
-
-/// The Python of the test's virtual environment, made (once, under a file lock: tests run in
-/// parallel processes) when missing.
-fn python() -> PathBuf {
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let venv = tmp.join("pyvenv");
-    let py = venv.join("bin").join("python");
-    let ready = venv.join(".gma-ready");
-    let lock = std::fs::File::create(tmp.join("pyvenv.lock")).unwrap();
-    lock.lock().unwrap();
-    if ready.is_file() && py.is_file() {
-        return py;
-    }
-    let made = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&venv)
-        .output();
-    match made {
-        Err(e) => panic!(
-            "python3 is needed for the Python client test and could not run ({e}): run \
-             ./scripts/test.sh (it installs python3-venv when missing) or apt-get install python3-venv"
-        ),
-        Ok(o) if !o.status.success() => panic!(
-            "python3 -m venv failed (the venv module, Debian package python3-venv, is needed: run \
-             ./scripts/test.sh, which installs it, or apt-get install python3-venv): {}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Ok(_) => {}
-    }
-    let pip = Command::new(&py)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-        .args(PY_PACKAGES)
-        .output()
-        .unwrap();
-    assert!(
-        pip.status.success(),
-        "pip install {} failed (is PyPI reachable?): {}",
-        PY_PACKAGES.join(" "),
-        String::from_utf8_lossy(&pip.stderr)
-    );
-    std::fs::write(&ready, PY_PACKAGES.join("\n")).unwrap();
-    py
-}
-
-/// Runs `py script args...`; its stdout, parsed as JSON (the script prints one document).
-fn run_py(py: &Path, dir: &Path, name: &str, script: &str, args: &[&str]) -> serde_json::Value {
-    let path = dir.join(name);
-    std::fs::write(&path, script).unwrap();
-    let o = Command::new(py).arg(&path).args(args).output().unwrap();
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
-    assert!(o.status.success(), "{name} failed:\nstdout: {out}\nstderr: {err}");
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{name} printed no JSON ({e}): {out}\n{err}"))
-}
 
 /// Every `.proto` under proto/proto.
 fn proto_files() -> (PathBuf, Vec<PathBuf>) {
