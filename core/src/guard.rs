@@ -166,20 +166,27 @@ impl Gate {
     /// Charges one request to the peer of `req` and returns its identity.
     pub fn admit<T>(&self, req: &Request<T>) -> Result<Identity, Refusal> {
         let id = crate::tls::peer_identity(req);
+        self.admit_peer(&id, req.remote_addr())?;
+        Ok(id)
+    }
+
+    /// Charges one request to the peer `id` (anonymous ones by `addr`'s IP): the rate limit
+    /// of a door that is not a gRPC service (the archiver's PromQL HTTP API).
+    pub fn admit_peer(&self, id: &Identity, addr: Option<std::net::SocketAddr>) -> Result<(), Refusal> {
         let who = if id.is_anonymous() {
-            Who::Anonymous(req.remote_addr().map(|a| a.ip()))
+            Who::Anonymous(addr.map(|a| a.ip()))
         } else {
             Who::Named(id.clone())
         };
         if !self.take(who) {
             return Err(Refusal::resource_exhausted(format!(
                 "rate limit: {} made more than {} requests/s (burst {}); slow down and retry",
-                describe_peer(&id, req.remote_addr()),
+                describe_peer(id, addr),
                 self.limits.requests_per_s,
                 self.limits.burst
             )));
         }
-        Ok(id)
+        Ok(())
     }
 
     fn take(&self, who: Who) -> bool {

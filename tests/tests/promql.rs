@@ -605,3 +605,29 @@ fn the_archive_answers_promql_like_prometheus_itself() {
     }
     drop(prom);
 }
+
+/// The per-identity request rate of `[limits]` holds on the PromQL listener as on the gRPC
+/// doors: with a burst of 2 and a refill of one request per 1,000 s, the third request is 429
+/// `unavailable` naming the limit; the archiver's gRPC doors charge the same bucket (one gate,
+/// the same anonymous peer), so `gma archive stats` is refused too.
+#[test]
+fn the_promql_listener_keeps_the_request_rate_of_limits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("archiver.toml");
+    std::fs::write(&cfg, "[limits]\nrequests_per_s = 0.001\nburst = 2\n").unwrap();
+    let (_dir, _prod, arch, http) = fabric(&tmp, &["--config", cfg.to_str().unwrap()]);
+    let form = "query=1";
+    for i in 0..2 {
+        let (status, body) = post_form(&http, "/api/v1/query", form);
+        assert_eq!(status, 200, "request {i}: {body}");
+    }
+    let (status, body) = post_form(&http, "/api/v1/query", form);
+    assert_eq!(status, 429, "{body}");
+    let b: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(b["status"], "error", "{body}");
+    assert_eq!(b["errorType"], "unavailable", "{body}");
+    assert!(b["error"].as_str().unwrap().contains("rate limit"), "{body}");
+    let r = archive(&["stats"], &arch.addr);
+    assert_ne!(r.code, 0, "the gRPC door shares the bucket: {}", r.stdout);
+    assert!(r.stderr.contains("rate limit"), "{}", r.stderr);
+}

@@ -325,6 +325,10 @@ impl FromRequest<Arc<Shared>> for Req {
             .get::<Peer>()
             .cloned()
             .ok_or_else(|| Error::Internal("request without its peer".into()).into_response())?;
+        // The per-identity request rate of `[limits]`, as on the gRPC doors.
+        st.gate
+            .admit_peer(&peer.identity(), Some(peer.addr))
+            .map_err(|r| Error::Refused(r).into_response())?;
         let raw = req.uri().query().map(str::to_string);
         let body = Bytes::from_request(req, st)
             .await
