@@ -52,7 +52,9 @@
 //! Figures: loss per run and per fault, latency p50/p99/p99.9, each process's CPU and RSS at
 //! start and end, directory CPU, leader failover time, the archiver's outage and resume time
 //! against the producers' resume window, the stopped consumer's gap reports, how long each
-//! consumer took to see producer 0's new run.
+//! consumer took to see producer 0's new run; every process's RSS and CPU sampled every
+//! `--sample-every` over the run, with its RSS growth over the last half (computed, not judged).
+//! `--hosts N,M` runs one after the other; `--plot DIR` draws them (crate::plot).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
