@@ -199,15 +199,25 @@ pub enum BenchScenario {
     /// process; with churn (the archiver, a producer and the directory leader killed with
     /// SIGKILL, a producer restarted, a consumer stopped with SIGSTOP).
     Scale {
-        #[arg(long, default_value_t = 1000)]
-        hosts: u32,
+        /// Simulated hosts; several (`1000,10000`) run one after the other, and `--plot` then
+        /// also draws CPU and RSS against host count and latency against rate.
+        #[arg(long, value_delimiter = ',', default_value = "1000")]
+        hosts: Vec<u32>,
         #[arg(long, default_value_t = 4)]
         producers: u32,
         #[arg(long, default_value_t = 100)]
         consumers: u32,
-        /// Seconds of measurement (after setup).
-        #[arg(long, default_value_t = 300)]
+        /// Measurement time after setup: seconds, or with a unit (`90s`, `30m`, `1h`).
+        #[arg(long, default_value = "300", value_parser = parse_seconds)]
         duration: u64,
+        /// Sample every process's RSS and CPU at this interval (`10s`, `1m`; default D/100,
+        /// 1 to 10 s); the report gives each one's RSS growth over the last half of the run.
+        #[arg(long, value_parser = parse_seconds)]
+        sample_every: Option<u64>,
+        /// Write SVG figures into this folder: RSS over time per process (one per host count),
+        /// and with several `--hosts`, CPU/RSS against host count and latency against rate.
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
         /// No faults at all (none of those below).
         #[arg(long)]
         no_churn: bool,
@@ -374,4 +384,43 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+}
+
+/// A duration in whole seconds: `300`, `300s`, `30m`, `1h`.
+pub(crate) fn parse_seconds(v: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => {
+            return Err(format!(
+                "{v:?}: give seconds, or a number followed by s, m or h (e.g. 30m)"
+            ))
+        }
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{v:?}: give seconds, or a number followed by s, m or h (e.g. 30m)"))
+}
+
+#[cfg(test)]
+mod seconds_tests {
+    use super::parse_seconds;
+
+    #[test]
+    fn durations_take_seconds_or_a_unit() {
+        assert_eq!(parse_seconds("300"), Ok(300));
+        assert_eq!(parse_seconds("90s"), Ok(90));
+        assert_eq!(parse_seconds("30m"), Ok(1800));
+        assert_eq!(parse_seconds("1h"), Ok(3600));
+        for bad in ["", "m", "5x", "1.5m", "-3", "99999999999999999999h"] {
+            assert!(parse_seconds(bad).is_err(), "{bad:?}");
+        }
+    }
 }

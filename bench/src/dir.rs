@@ -247,6 +247,20 @@ impl Cluster {
         Ok(())
     }
 
+    /// Each member's CPU seconds over its incarnations and its current RSS in MiB (none while
+    /// it is down): one sample of a timeline.
+    pub(crate) fn usage_now(&self) -> Vec<Option<(f64, f64)>> {
+        with_usage(&self.usage, |u| {
+            u.iter()
+                .map(|m| {
+                    let pid = m.pid.as_ref()?;
+                    let (cpu, rss) = proc_usage(pid).ok()?;
+                    Some((m.cpu_done + cpu, rss))
+                })
+                .collect()
+        })
+    }
+
     /// Takes member `i` out for killing: its usage is sampled one last time first.
     pub(crate) fn take_for_kill(&mut self, i: usize) -> anyhow::Result<Child> {
         with_usage(&self.usage, |u| {

@@ -26,6 +26,7 @@ pub mod etcd;
 pub mod fanout;
 pub mod federation;
 pub mod grid;
+pub mod plot;
 pub mod provision;
 pub mod report;
 pub mod resched;
@@ -127,6 +128,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             no_producer_kill,
             consumer_stop_s,
             lossy_keep,
+            sample_every,
+            plot,
             output,
         } => {
             let faults = if no_churn {
@@ -140,17 +143,19 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                     producer_kill: !no_producer_kill,
                 }
             };
-            crate::scale::scale(crate::scale::ScaleOptions {
-                hosts,
+            let o = crate::scale::ScaleOptions {
+                hosts: 0,
                 producers,
                 consumers,
                 duration,
                 faults,
                 consumer_stop_s,
                 lossy_keep,
+                sample_every,
+                plot,
                 output,
-            })
-            .await
+            };
+            crate::scale::scale_steps(o, &hosts).await
         }
         BenchScenario::Broker {
             resources,

@@ -52,10 +52,12 @@
 //! Figures: loss per run and per fault, latency p50/p99/p99.9, each process's CPU and RSS at
 //! start and end, directory CPU, leader failover time, the archiver's outage and resume time
 //! against the producers' resume window, the stopped consumer's gap reports, how long each
-//! consumer took to see producer 0's new run.
+//! consumer took to see producer 0's new run; every process's RSS and CPU sampled every
+//! `--sample-every` over the run, with its RSS growth over the last half (computed, not judged).
+//! `--hosts N,M` runs one after the other; `--plot DIR` draws them (crate::plot).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,7 +76,8 @@ use tokio::process::Child;
 
 use crate::args::Output;
 use crate::dir::Cluster;
-use crate::report::{cores, proc_usage};
+use crate::plot::{Chart, Series};
+use crate::report::{cores, proc_usage, Point, Timeline};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The producers' resume window (`--buffer-events`), passed explicitly so the report can say
@@ -128,6 +131,10 @@ pub(crate) struct ScaleOptions {
     pub consumer_stop_s: Option<f64>,
     /// Archiver keep rule: one host.cpu event in N (shows the check finding loss).
     pub lossy_keep: Option<u64>,
+    /// Seconds between samples of every process's RSS and CPU (default: D/100, 1 to 10 s).
+    pub sample_every: Option<u64>,
+    /// Folder for the SVG figures (`--plot`).
+    pub plot: Option<PathBuf>,
     pub output: Output,
 }
 
@@ -836,7 +843,178 @@ fn account(
     runs
 }
 
-pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
+/// `gma bench scale --hosts N,M,...`: one run per host count, each reported as it ends; with
+/// `--plot`, CPU and RSS per role against host count and latency against the published rate
+/// when there are several.
+pub(crate) async fn scale_steps(o: ScaleOptions, hosts: &[u32]) -> anyhow::Result<()> {
+    if hosts.is_empty() {
+        bail!("--hosts needs at least one host count");
+    }
+    let mut reports = Vec::new();
+    for &h in hosts {
+        let r = scale(ScaleOptions {
+            hosts: h,
+            ..o.clone()
+        })
+        .await
+        .with_context(|| format!("scale run with {h} hosts"))?;
+        reports.push(r);
+    }
+    if let (Some(dir), true) = (&o.plot, reports.len() > 1) {
+        for f in plot_steps(dir, &reports)? {
+            eprintln!("gma bench scale: wrote {}", f.display());
+        }
+    }
+    Ok(())
+}
+
+/// The role a process of the scale run belongs to: producers and directory members are summed
+/// per role.
+fn role_of(process: &str) -> String {
+    if process.starts_with("scale-p") {
+        "producers (sum)".into()
+    } else if process.starts_with("directory-") {
+        "directory (sum of 3)".into()
+    } else {
+        process.to_string()
+    }
+}
+
+/// CPU (% of one core) and peak RSS per role against host count, and latency percentiles
+/// against the published rate, one point per scale run.
+fn plot_steps(dir: &Path, reports: &[serde_json::Value]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut cpu: Vec<Series> = Vec::new();
+    let mut rss: Vec<Series> = Vec::new();
+    for r in reports {
+        let hosts = r["hosts"].as_f64().unwrap_or(0.0);
+        let mut sums: Vec<(String, f64, f64)> = Vec::new();
+        for p in r["processes"].as_array().into_iter().flatten() {
+            let role = role_of(p["name"].as_str().unwrap_or("?"));
+            let secs = r["duration_s"].as_f64().unwrap_or(1.0).max(1e-9);
+            let c = 100.0 * p["cpu_seconds"].as_f64().unwrap_or(0.0) / secs;
+            let m = p["rss_mib_peak"]
+                .as_f64()
+                .or(p["rss_mib_end"].as_f64())
+                .unwrap_or(0.0);
+            match sums.iter_mut().find(|s| s.0 == role) {
+                Some(s) => (s.1, s.2) = (s.1 + c, s.2 + m),
+                None => sums.push((role, c, m)),
+            }
+        }
+        for (role, c, m) in sums {
+            for (set, v) in [(&mut cpu, c), (&mut rss, m)] {
+                match set.iter_mut().find(|s| s.name == role) {
+                    Some(s) => s.points.push((hosts, v)),
+                    None => set.push(Series {
+                        name: role.clone(),
+                        points: vec![(hosts, v)],
+                    }),
+                }
+            }
+        }
+    }
+    let lat: Vec<Series> = [("p50", "p50"), ("p99", "p99"), ("p99.9", "p999")]
+        .iter()
+        .map(|(name, key)| Series {
+            name: format!("{name} sample -> consumer"),
+            points: reports
+                .iter()
+                .map(|r| {
+                    (
+                        r["events_per_s_published"].as_f64().unwrap_or(0.0),
+                        r["latency_ms"][key].as_f64().unwrap_or(f64::NAN),
+                    )
+                })
+                .collect(),
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (name, title, x, y, series) in [
+        (
+            "scale-cpu-vs-hosts.svg",
+            "CPU per role against host count",
+            "simulated hosts",
+            "CPU, % of one core",
+            &cpu,
+        ),
+        (
+            "scale-rss-vs-hosts.svg",
+            "Peak RSS per role against host count",
+            "simulated hosts",
+            "RSS, MiB",
+            &rss,
+        ),
+        (
+            "scale-latency-vs-rate.svg",
+            "Latency sample -> consumer against published rate",
+            "events/s published",
+            "latency, ms",
+            &lat,
+        ),
+    ] {
+        let f = crate::plot::file_in(dir, name)?;
+        crate::plot::draw(
+            &f,
+            &Chart {
+                title,
+                x_label: x,
+                y_label: y,
+                series,
+            },
+        )?;
+        out.push(f);
+    }
+    Ok(out)
+}
+
+/// RSS over time of every process of one scale run.
+fn plot_timeline(dir: &Path, hosts: u32, t: &Timeline) -> anyhow::Result<PathBuf> {
+    let series: Vec<Series> = t
+        .series
+        .iter()
+        .map(|(name, v)| Series {
+            name: name.clone(),
+            points: v.iter().map(|p| (p.t_s, p.rss_mib)).collect(),
+        })
+        .collect();
+    let f = crate::plot::file_in(dir, &format!("scale-rss-over-time-{hosts}-hosts.svg"))?;
+    let title = format!("RSS per process over the run, {hosts} simulated hosts");
+    crate::plot::draw(
+        &f,
+        &Chart {
+            title: &title,
+            x_label: "seconds since the measurement began",
+            y_label: "RSS, MiB",
+            series: &series,
+        },
+    )?;
+    Ok(f)
+}
+
+/// Records one sample of every running process of the run into `t`.
+fn sample_all(t: &mut Timeline, t0: Instant, roles: &[Role], cluster: &Cluster, me: &str) {
+    let t_s = t0.elapsed().as_secs_f64();
+    for r in roles.iter().filter(|r| r.child.is_some()) {
+        t.record(
+            &r.name,
+            Point {
+                t_s,
+                cpu_s: r.cpu_total(),
+                rss_mib: r.usage.rss_end,
+            },
+        );
+    }
+    for (i, u) in cluster.usage_now().into_iter().enumerate() {
+        if let Some((cpu_s, rss_mib)) = u {
+            t.record(&format!("directory-{}", i + 1), Point { t_s, cpu_s, rss_mib });
+        }
+    }
+    if let Ok((cpu_s, rss_mib)) = proc_usage(me) {
+        t.record("bench (consumers)", Point { t_s, cpu_s, rss_mib });
+    }
+}
+
+pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> {
     let ScaleOptions {
         hosts,
         producers,
@@ -845,6 +1023,8 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         faults: plan,
         consumer_stop_s,
         lossy_keep,
+        sample_every,
+        plot,
         output,
     } = o;
     if hosts == 0 || producers == 0 || duration == 0 || producers > hosts {
@@ -1102,6 +1282,15 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
 
     let t0 = Instant::now();
     let end = t0 + d;
+    let every = Duration::from_secs(sample_every.unwrap_or(duration / 100).clamp(1, u64::MAX));
+    let every = if sample_every.is_some() {
+        every
+    } else {
+        every.min(Duration::from_secs(10))
+    };
+    let mut timeline = Timeline::new(every.as_secs_f64());
+    sample_all(&mut timeline, t0, &roles, &cluster, &me);
+    let mut next_sample = t0 + every;
     let mut faults: Vec<Fault> = Vec::new();
     let mut failover_ms = None;
     // Open faults: index into `faults` of the stopped consumer's and the killed leader's.
@@ -1114,6 +1303,12 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
         for r in &mut roles {
             r.sample();
+        }
+        if Instant::now() >= next_sample {
+            sample_all(&mut timeline, t0, &roles, &cluster, &me);
+            while next_sample <= Instant::now() {
+                next_sample += every;
+            }
         }
         let elapsed = t0.elapsed();
         let Some(&(when, step)) = steps.front() else {
@@ -1241,6 +1436,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
         }
     }
     recording.store(false, std::sync::atomic::Ordering::Relaxed);
+    sample_all(&mut timeline, t0, &roles, &cluster, &me);
     let seconds = t0.elapsed().as_secs_f64();
     let (me_cpu1, me_rss1) = proc_usage(&me)?;
     let dir_cpu = cluster.cpu_total() - dir_cpu0;
@@ -1527,9 +1723,14 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
             "consumers": recovery.len(), "p50": pct(&recovery, 0.5), "max": pct(&recovery, 1.0),
         },
         "processes": procs,
+        "rss_timeline": timeline.to_json(),
     });
+    let plotted = match &plot {
+        Some(dir) => Some(plot_timeline(dir, hosts, &timeline)?),
+        None => None,
+    };
     match output {
-        Output::Json => crate::report::emit(report),
+        Output::Json => crate::report::emit(report.clone()),
         Output::Table => {
             println!(
                 "scale: {hosts} simulated hosts in {producers} producer processes, 3-node directory, archiver, broker, {consumers} consumers, {seconds:.0} s ({} cores){}",
@@ -1592,9 +1793,23 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<()> {
             for p in &report["processes"].as_array().cloned().unwrap_or_default() {
                 println!("  {p}");
             }
+            println!(
+                "  RSS growth over the last half of the run ({} samples every {:.0} s; the issue asks < 5 %):",
+                timeline.series.iter().map(|(_, v)| v.len()).max().unwrap_or(0),
+                timeline.every_s
+            );
+            for g in timeline.growth_last_half() {
+                println!(
+                    "    {}: {:.1} -> {:.1} MiB ({:+.1} %), highest {:.1} MiB ({:+.1} %)",
+                    g.name, g.rss_mib_at_half, g.rss_mib_end, g.growth_pct, g.rss_mib_max, g.max_growth_pct
+                );
+            }
         }
     }
-    Ok(())
+    if let Some(f) = plotted {
+        eprintln!("gma bench scale: wrote {}", f.display());
+    }
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -285,3 +285,105 @@ fn slurm() {
     let queue = cluster.cmd("squeue", &["-h", "-o", "%i"]).unwrap();
     assert!(queue.trim().is_empty(), "left in the queue: {queue}");
 }
+
+/// The `<text>` contents of an SVG file, which must parse as XML.
+fn svg_texts(path: &std::path::Path) -> Vec<String> {
+    let svg = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc =
+        roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
+    assert_eq!(doc.root_element().tag_name().name(), "svg", "{}", path.display());
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(|t| t.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn scale_samples_memory_and_plots() {
+    // Two host counts, no faults, a sample every second: the RSS timeline of every process,
+    // its growth over the last half, and the figures drawn as SVG with every series named.
+    let dir = tempfile::tempdir().unwrap();
+    let plots = dir.path().join("plots");
+    let objs = bench(&[
+        "scale",
+        "--hosts",
+        "20,40",
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--duration",
+        "4s",
+        "--sample-every",
+        "1s",
+        "--no-churn",
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
+    assert_eq!(objs.len(), 2, "one report per host count");
+    let procs = [
+        "scale-p0",
+        "scale-p1",
+        "archiver",
+        "broker",
+        "directory-1",
+        "directory-2",
+        "directory-3",
+        "bench (consumers)",
+    ];
+    for (o, hosts) in objs.iter().zip([20, 40]) {
+        assert_eq!(o["hosts"], hosts, "{o}");
+        let t = &o["rss_timeline"];
+        assert_eq!(t["sample_every_s"], 1.0, "{t}");
+        let series = t["series"].as_array().unwrap();
+        for name in procs {
+            let s = series
+                .iter()
+                .find(|s| s["name"] == name)
+                .unwrap_or_else(|| panic!("no timeline of {name}: {t}"));
+            // A sample at the start, one at the end, and at least one in between.
+            let rss = s["rss_mib"].as_array().unwrap();
+            assert!(rss.len() >= 3, "{name}: {s}");
+            assert!(rss.iter().all(|v| v.as_f64().unwrap() > 0.0), "{name}: {s}");
+            assert_eq!(s["t_s"].as_array().unwrap().len(), rss.len(), "{s}");
+            let g = t["rss_growth_last_half"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["name"] == name)
+                .unwrap_or_else(|| panic!("no growth of {name}: {t}"));
+            assert!(g["growth_pct"].is_number(), "{g}");
+        }
+        let texts = svg_texts(&plots.join(format!("scale-rss-over-time-{hosts}-hosts.svg")));
+        for name in procs {
+            assert!(
+                texts.iter().any(|t| t == name),
+                "{name} not in the legend: {texts:?}"
+            );
+        }
+    }
+    for (file, names) in [
+        (
+            "scale-cpu-vs-hosts.svg",
+            &["producers (sum)", "archiver", "broker", "directory (sum of 3)"][..],
+        ),
+        (
+            "scale-rss-vs-hosts.svg",
+            &["producers (sum)", "archiver", "broker", "directory (sum of 3)"][..],
+        ),
+        (
+            "scale-latency-vs-rate.svg",
+            &[
+                "p50 sample -> consumer",
+                "p99 sample -> consumer",
+                "p99.9 sample -> consumer",
+            ][..],
+        ),
+    ] {
+        let texts = svg_texts(&plots.join(file));
+        for n in names {
+            assert!(texts.iter().any(|t| t == n), "{file}: {n} not in {texts:?}");
+        }
+    }
+}
