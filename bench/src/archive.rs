@@ -355,7 +355,13 @@ impl ArchiverProc {
         let exe = std::env::current_exe().context("cannot find the gma binary")?;
         let mut child = tokio::process::Command::new(exe)
             .args(["archiver", "--listen", "127.0.0.1:0", "--directory", directory])
-            .args(["--pattern", "host.load", "--metrics-listen", "127.0.0.1:0", "--data"])
+            .args([
+                "--pattern",
+                "host.load",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--data",
+            ])
             .arg(data)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -403,7 +409,8 @@ impl ArchiverProc {
     async fn counter(&self, name: &str) -> anyhow::Result<u64> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n").await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+            .await?;
         let mut body = String::new();
         s.read_to_string(&mut body).await?;
         Ok(body
@@ -424,13 +431,17 @@ impl ArchiverProc {
 /// store-only figure of the same run (in process, `ingest`) stands beside them.
 pub async fn live(samples: u64, output: Output) -> anyhow::Result<()> {
     if !(3_000..=90_000_000).contains(&samples) {
-        anyhow::bail!("--samples must lie in 3000..=90000000 with --live (the producer's ring holds them all)");
+        anyhow::bail!(
+            "--samples must lie in 3000..=90000000 with --live (the producer's ring holds them all)"
+        );
     }
     let me = std::process::id().to_string();
     let rows = samples / 3;
     let total = rows * 3;
     let cluster = crate::dir::Cluster::start(1).await?;
-    cluster.agreed_leader(std::time::Duration::from_secs(30), false).await?;
+    cluster
+        .agreed_leader(std::time::Duration::from_secs(30), false)
+        .await?;
     let directory = cluster.addrs.join(",");
     let p = gma_producer::Producer::new(gma_producer::ProducerConfig {
         directory: Some(directory.clone()),
@@ -476,7 +487,9 @@ pub async fn live(samples: u64, output: Output) -> anyhow::Result<()> {
         let _ = stop_rx.await;
     }));
 
-    let tmp = tempfile::Builder::new().prefix("gma-bench-archive-live-").tempdir()?;
+    let tmp = tempfile::Builder::new()
+        .prefix("gma-bench-archive-live-")
+        .tempdir()?;
     let mut arch = ArchiverProc::start(&directory, &tmp.path().join("archive")).await?;
     let started = Instant::now();
     let poll = std::time::Duration::from_millis(20);
@@ -562,7 +575,10 @@ pub async fn live(samples: u64, output: Output) -> anyhow::Result<()> {
                 "  store alone (in process) {} samples: {store_rate:.0} samples/s, {store_per_m:.3} CPU-s per million samples",
                 store_rows * 3
             );
-            println!("  live / store CPU         {:.2}x", live_per_m / store_per_m.max(1e-12));
+            println!(
+                "  live / store CPU         {:.2}x",
+                live_per_m / store_per_m.max(1e-12)
+            );
         }
     }
     Ok(())
