@@ -394,8 +394,9 @@ mod tests {
         let (a, b) = (cpu("a"), cpu("b"));
         // Events of one series share its Arc (as the decoder delivers them): one miss per
         // series per append, every other event a hit.
-        let events: Vec<_> = (0..10)
-            .map(|i| {
+        // Events `seqs` alternating between the two series.
+        let alternating = |seqs: std::ops::Range<u64>| -> Vec<_> {
+            seqs.map(|i| {
                 ev(
                     if i % 2 == 0 { &a } else { &b },
                     i + 1,
@@ -404,8 +405,9 @@ mod tests {
                     &["ok"],
                 )
             })
-            .collect();
-        let st = store.append("p1", rp(1, 11), &events).unwrap();
+            .collect()
+        };
+        let st = store.append("p1", rp(1, 11), &alternating(0..10)).unwrap();
         assert_eq!(
             (st.events, st.series_cache_misses, st.series_cache_hits),
             (10, 2, 8)
@@ -429,18 +431,7 @@ mod tests {
         );
         // The cache outlives an append: the next batch of the same decoder only hits, and the
         // events land in the streams resolved before (no new stream).
-        let events: Vec<_> = (20..30)
-            .map(|i| {
-                ev(
-                    if i % 2 == 0 { &a } else { &b },
-                    i + 1,
-                    i as i64,
-                    &[1.0, 2.0],
-                    &["ok"],
-                )
-            })
-            .collect();
-        let st = store.append("p1", rp(1, 31), &events).unwrap();
+        let st = store.append("p1", rp(1, 31), &alternating(20..30)).unwrap();
         assert_eq!(
             (
                 st.events,
