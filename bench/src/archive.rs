@@ -338,3 +338,248 @@ pub async fn export_parquet(samples: u64, output: Output) -> anyhow::Result<()> 
     }
     Ok(())
 }
+
+/// The archiver process under test: its pid, its address and its metrics address, read from
+/// the lines it prints on stderr.
+struct ArchiverProc {
+    child: tokio::process::Child,
+    pid: String,
+    addr: String,
+    metrics: String,
+}
+
+impl ArchiverProc {
+    async fn start(directory: &str, data: &std::path::Path) -> anyhow::Result<ArchiverProc> {
+        use anyhow::Context;
+        use tokio::io::AsyncBufReadExt;
+        let exe = std::env::current_exe().context("cannot find the gma binary")?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["archiver", "--listen", "127.0.0.1:0", "--directory", directory])
+            .args([
+                "--pattern",
+                "host.load",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--data",
+            ])
+            .arg(data)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the archiver")?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("the archiver exited at once"))?
+            .to_string();
+        let err = child.stderr.take().ok_or_else(|| anyhow!("no archiver stderr"))?;
+        let mut lines = tokio::io::BufReader::new(err).lines();
+        let (mut addr, mut metrics) = (None, None);
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while addr.is_none() || metrics.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = tokio::time::timeout(left, lines.next_line())
+                .await
+                .map_err(|_| anyhow!("the archiver did not start within 30 s"))??
+                .ok_or_else(|| anyhow!("the archiver exited before listening"))?;
+            if let Some(a) = line.strip_prefix("gma archiver listening on ") {
+                addr = Some(a.trim().to_string());
+            } else if let Some(a) = line.strip_prefix("gma archiver metrics on ") {
+                metrics = Some(a.trim().to_string());
+            }
+        }
+        // Keep draining its stderr so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(ArchiverProc {
+            child,
+            pid,
+            addr: addr.unwrap_or_default(),
+            metrics: metrics.unwrap_or_default(),
+        })
+    }
+
+    async fn samples(&self) -> anyhow::Result<u64> {
+        let ch = gma_consumer::connect(&self.addr).await?;
+        let mut c = pb::archive_client::ArchiveClient::new(ch);
+        Ok(c.stats(pb::ArchiveStatsRequest {}).await?.into_inner().samples)
+    }
+
+    /// The sum of the counter `name` in its Prometheus exposition.
+    async fn counter(&self, name: &str) -> anyhow::Result<u64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+            .await?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await?;
+        Ok(body
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(k, _)| *k == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
+            .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+            .sum::<f64>() as u64)
+    }
+}
+
+/// `gma bench archive --live`: the archiver's live path by itself. A producer in this process
+/// (registered in a directory process) holds `samples` (1,000 hosts × 3 doubles, the events of
+/// the store-only run) in its resume ring; then a `gma archiver` process starts, discovers it and
+/// drains the backlog through a real gRPC subscription (decode, series resolution, keep rules,
+/// append, group commit with fdatasync), as fast as it can. Its samples/s and CPU-seconds per
+/// million samples come from its own /proc between its first stored sample and the last; the
+/// store-only figure of the same run (in process, `ingest`) stands beside them.
+pub async fn live(samples: u64, output: Output) -> anyhow::Result<()> {
+    if !(3_000..=90_000_000).contains(&samples) {
+        anyhow::bail!(
+            "--samples must lie in 3000..=90000000 with --live (the producer's ring holds them all)"
+        );
+    }
+    let me = std::process::id().to_string();
+    let rows = samples / 3;
+    let total = rows * 3;
+    let cluster = crate::dir::Cluster::start(1).await?;
+    cluster
+        .agreed_leader(std::time::Duration::from_secs(30), false)
+        .await?;
+    let directory = cluster.addrs.join(",");
+    let p = gma_producer::Producer::new(gma_producer::ProducerConfig {
+        directory: Some(directory.clone()),
+        id: Some("bench-live".into()),
+        source: Some("bench-live".into()),
+        host_sensors: false,
+        buffer_events: rows as usize + 1000,
+        ..gma_producer::ProducerConfig::default()
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let all = streams(1000);
+    let schema = pb::EventSchema {
+        name: "host.load".into(),
+        version: 1,
+        fields: all[0].fields.to_vec(),
+        description: String::new(),
+    };
+    p.hub.add_schemas(&[schema]).map_err(|e| anyhow!("{e}"))?;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut batch = Vec::with_capacity(1000);
+    let mut seq = 0u64;
+    while seq < rows {
+        batch.clear();
+        for _ in 0..1000.min(rows - seq) {
+            seq += 1;
+            let s = &all[(seq as usize - 1) % all.len()];
+            let e = event(s, seq, ((seq - 1) / all.len() as u64) as i64, &mut rng, true);
+            batch.push(gma_core::event::EventData {
+                name: s.name.clone(),
+                source: s.source.clone(),
+                timestamp_ns: e.timestamp_ns,
+                numbers: e.numbers,
+                strings: Vec::new(),
+            });
+        }
+        if let (_, Err(e)) = p.hub.publish(&batch) {
+            anyhow::bail!("the producer refused the benchmark's events: {e}");
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let producer = tokio::spawn(p.run(listener, async {
+        let _ = stop_rx.await;
+    }));
+
+    let tmp = tempfile::Builder::new()
+        .prefix("gma-bench-archive-live-")
+        .tempdir()?;
+    let mut arch = ArchiverProc::start(&directory, &tmp.path().join("archive")).await?;
+    let started = Instant::now();
+    let poll = std::time::Duration::from_millis(20);
+    // From its first stored sample (discovery and subscription are not ingest) ...
+    let (t0, cpu0, first) = loop {
+        let n = arch.samples().await.unwrap_or(0);
+        if n > 0 {
+            break (Instant::now(), proc_usage(&arch.pid)?.0, n);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            anyhow::bail!("the archiver stored nothing within 60 s");
+        }
+        tokio::time::sleep(poll).await;
+    };
+    // ... to the last.
+    let mut last = (first, Instant::now());
+    let stored = loop {
+        let n = arch.samples().await?;
+        if n >= total {
+            break n;
+        }
+        if n != last.0 {
+            last = (n, Instant::now());
+        } else if last.1.elapsed() > std::time::Duration::from_secs(30) {
+            anyhow::bail!("the archiver stopped at {n} of {total} samples");
+        }
+        tokio::time::sleep(poll).await;
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let (cpu1, rss_mib) = proc_usage(&arch.pid)?;
+    let (hits, misses) = (
+        arch.counter("gma_archiver_series_cache_hits_total").await?,
+        arch.counter("gma_archiver_series_cache_misses_total").await?,
+    );
+    let st = tokio::process::Command::new("kill")
+        .args(["-TERM", &arch.pid])
+        .status()
+        .await?;
+    if st.success() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(30), arch.child.wait()).await;
+    }
+    let _ = stop_tx.send(());
+    let _ = producer.await;
+    drop(cluster);
+    let live_samples = stored - first;
+    let live_cpu = cpu1 - cpu0;
+    let live_rate = live_samples as f64 / secs.max(1e-9);
+    let live_per_m = live_cpu / live_samples.max(1) as f64 * 1e6;
+
+    // The store alone, same events, in this process.
+    let (store_s, store_cpu, _, store_rows, _) = ingest(rows, true, None, &me).await?;
+    let store_rate = (store_rows * 3) as f64 / store_s.max(1e-9);
+    let store_per_m = store_cpu / (store_rows * 3).max(1) as f64 * 1e6;
+    let j = serde_json::json!({
+        "scenario": "archive-live",
+        "machine_cores": cores(),
+        "producer": "in the benchmark process, its resume ring holding every event before the archiver starts",
+        "samples": total,
+        "live_measured_samples": live_samples,
+        "live_seconds": secs,
+        "live_samples_per_s": live_rate,
+        "live_archiver_cpu_s": live_cpu,
+        "live_archiver_cpu_s_per_m_samples": live_per_m,
+        "live_samples_per_archiver_cpu_s": live_samples as f64 / live_cpu.max(1e-9),
+        "live_archiver_rss_mib": rss_mib,
+        "series_cache_hits": hits,
+        "series_cache_misses": misses,
+        "store_samples_per_s": store_rate,
+        "store_cpu_s_per_m_samples": store_per_m,
+        "live_over_store_cpu": live_per_m / store_per_m.max(1e-12),
+    });
+    match output {
+        Output::Json => crate::report::emit(j),
+        Output::Table => {
+            println!("archive --live: a `gma archiver` process drains {total} samples (1,000 hosts x 3 fields) from a producer through gRPC");
+            println!("  machine cores            {}", cores());
+            println!(
+                "  live ingest              {live_samples} samples in {secs:.2} s: {live_rate:.0} samples/s; archiver {live_cpu:.2} CPU-s = {live_per_m:.3} CPU-s per million samples ({:.0} samples per CPU-second), RSS {rss_mib:.0} MiB",
+                live_samples as f64 / live_cpu.max(1e-9)
+            );
+            println!("  series cache             {hits} hits, {misses} misses");
+            println!(
+                "  store alone (in process) {} samples: {store_rate:.0} samples/s, {store_per_m:.3} CPU-s per million samples",
+                store_rows * 3
+            );
+            println!(
+                "  live / store CPU         {:.2}x",
+                live_per_m / store_per_m.max(1e-12)
+            );
+        }
+    }
+    Ok(())
+}

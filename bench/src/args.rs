@@ -131,6 +131,11 @@ pub enum BenchScenario {
         /// and peak RSS (docs/parquet.md).
         #[arg(long)]
         export_parquet: bool,
+        /// Instead: the live path — a `gma archiver` process (and a directory process)
+        /// drains --samples held by a producer in this process through a real subscription;
+        /// its samples/s and CPU-seconds per million samples (/proc), beside the store alone.
+        #[arg(long, conflicts_with = "export_parquet")]
+        live: bool,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -69,6 +69,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         } => crate::archive::export_parquet(samples, output).await,
         BenchScenario::Archive {
             samples,
+            live: true,
+            output,
+            ..
+        } => crate::archive::live(samples, output).await,
+        BenchScenario::Archive {
+            samples,
             duration,
             output,
             ..

@@ -1,6 +1,6 @@
 //! Appends, group-commit flushes and checkpoints (see Durability in the module documentation).
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use gma_consumer::stream::ResumePoint;
@@ -8,7 +8,9 @@ use gma_core::codec::OwnedEvent;
 
 use super::codec::{encode_checkpoint, encode_record};
 use super::layout::*;
-use super::{corrupt, AppendStats, ChunkKey, Inner, Pending, PendingChunk, Store, StoreError, Stream};
+use super::{
+    corrupt, AppendStats, ChunkKey, Inner, Pending, PendingChunk, Store, StoreError, Stream, SERIES_CACHE_CAP,
+};
 use crate::chunk::ChunkWriter;
 
 impl Store {
@@ -28,30 +30,37 @@ impl Store {
         let mut stats = AppendStats::default();
 
         // Resolve (and create) the streams, refuse events that do not fit them.
-        let mut cache: HashMap<usize, Option<u32>> = HashMap::new();
         let mut accepted: Vec<(u32, &OwnedEvent)> = Vec::with_capacity(events.len());
         for e in events {
-            let ptr = std::sync::Arc::as_ptr(&e.series) as usize;
-            let sid = match cache.get(&ptr) {
-                Some(s) => {
+            let ptr = Arc::as_ptr(&e.series) as usize;
+            let found = match inner.series_cache.get(&ptr) {
+                Some((_, s)) => {
                     stats.series_cache_hits += 1;
                     *s
                 }
                 None => {
                     stats.series_cache_misses += 1;
-                    let s = match inner.resolve(&e.series, &mut defs, &mut stats) {
+                    let sid = match inner.resolve(&e.series, &mut defs, &mut stats) {
                         Ok(s) => s,
                         Err(err) => return Err(inner.poison(err)),
                     };
-                    cache.insert(ptr, s);
+                    let s = sid.and_then(|sid| {
+                        inner
+                            .streams
+                            .get(&sid)
+                            .map(|st| (sid, st.n_doubles, st.n_strings))
+                    });
+                    if inner.series_cache.len() >= SERIES_CACHE_CAP {
+                        inner.series_cache.clear();
+                    }
+                    inner.series_cache.insert(ptr, (e.series.clone(), s));
                     s
                 }
             };
-            let fits = sid
-                .and_then(|sid| inner.streams.get(&sid))
-                .is_some_and(|st| e.numbers.len() == st.n_doubles && e.strings.len() == st.n_strings);
-            match sid {
-                Some(sid) if fits => accepted.push((sid, e)),
+            match found {
+                Some((sid, nd, ns)) if e.numbers.len() == nd && e.strings.len() == ns => {
+                    accepted.push((sid, e))
+                }
                 _ => stats.rejected += 1,
             }
         }
@@ -385,8 +394,9 @@ mod tests {
         let (a, b) = (cpu("a"), cpu("b"));
         // Events of one series share its Arc (as the decoder delivers them): one miss per
         // series per append, every other event a hit.
-        let events: Vec<_> = (0..10)
-            .map(|i| {
+        // Events `seqs` alternating between the two series.
+        let alternating = |seqs: std::ops::Range<u64>| -> Vec<_> {
+            seqs.map(|i| {
                 ev(
                     if i % 2 == 0 { &a } else { &b },
                     i + 1,
@@ -395,8 +405,9 @@ mod tests {
                     &["ok"],
                 )
             })
-            .collect();
-        let st = store.append("p1", rp(1, 11), &events).unwrap();
+            .collect()
+        };
+        let st = store.append("p1", rp(1, 11), &alternating(0..10)).unwrap();
         assert_eq!(
             (st.events, st.series_cache_misses, st.series_cache_hits),
             (10, 2, 8)
@@ -418,6 +429,23 @@ mod tests {
             (st.events, st.series_cache_misses, st.series_cache_hits),
             (10, 10, 0)
         );
+        // The cache outlives an append: the next batch of the same decoder only hits, and the
+        // events land in the streams resolved before (no new stream).
+        let st = store.append("p1", rp(1, 31), &alternating(20..30)).unwrap();
+        assert_eq!(
+            (
+                st.events,
+                st.series_cache_misses,
+                st.series_cache_hits,
+                st.new_streams
+            ),
+            (10, 0, 10, 0)
+        );
+        assert_eq!(store.stats().streams, 2);
+        // A cached series whose values do not fit its stream is still refused.
+        let bad = ev(&a, 31, 31, &[1.0], &["ok"]);
+        let st = store.append("p1", rp(1, 32), &[bad]).unwrap();
+        assert_eq!((st.events, st.rejected, st.series_cache_hits), (0, 1, 1));
     }
 
     #[tokio::test]

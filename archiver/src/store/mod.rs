@@ -224,10 +224,12 @@ pub struct AppendStats {
     pub sealed_chunks: u64,
     /// Bytes of the write-ahead record.
     pub wal_bytes: u64,
-    /// Events whose stream was found in the append's series cache (keyed on the event's
-    /// `Arc<SeriesInfo>`: the events of one series decoded by one stream share it) ...
+    /// Events whose stream was found in the store's series cache (keyed on the event's
+    /// `Arc<SeriesInfo>`: the events of one series decoded by one stream share it; kept across
+    /// appends) ...
     pub series_cache_hits: u64,
-    /// ... and events whose stream had to be resolved (the first of each series in the batch).
+    /// ... and events whose stream had to be resolved (the first of each series the store sees
+    /// from one decoder, and again after the cache was full).
     pub series_cache_misses: u64,
 }
 
@@ -341,6 +343,11 @@ impl Stream {
 struct Inner {
     streams: BTreeMap<u32, Stream>,
     by_key: HashMap<(String, String, u32), u32>,
+    /// The series appends resolved, across appends, keyed on the address of the event's
+    /// `Arc<SeriesInfo>` (the decoder shares one per series of a stream; the entry holds a
+    /// clone, so the address is not reused while cached). Streams are never removed, so an
+    /// entry stays true; at most [`SERIES_CACHE_CAP`] entries (then it starts afresh).
+    series_cache: SeriesCache,
     next_sid: u32,
     next_wal: u64,
     next_ctr: u32,
@@ -433,6 +440,14 @@ impl Inner {
         Ok(Some(sid))
     }
 }
+
+/// Most entries of the append's series cache (one per series of every followed stream; about
+/// 60 bytes each plus the `SeriesInfo` it keeps alive): past it, the cache starts afresh.
+pub const SERIES_CACHE_CAP: usize = 65_536;
+
+/// A cached resolution: the series (held so its address stays unique), and its stream's id with
+/// its doubles and strings per row, or `None` when the stored stream has other fields.
+type SeriesCache = foldhash::HashMap<usize, (Arc<SeriesInfo>, Option<(u32, usize, usize)>)>;
 
 type ChunkKey = [u8; 17];
 /// A pending chunk's bytes; `None` when it is removed.

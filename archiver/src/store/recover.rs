@@ -252,6 +252,7 @@ impl Store {
             inner: Mutex::new(Inner {
                 streams,
                 by_key,
+                series_cache: Default::default(),
                 next_sid,
                 next_wal,
                 next_ctr,
