@@ -57,19 +57,48 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchScenario {
-    /// One producer -> one consumer over loopback gRPC: max events/s, then latency at a fixed rate.
+    /// A `gma producer` process -> subscriptions in consumer processes, events pushed through
+    /// Ingest, bytes counted on the consumers' sockets, drops from the protocol's gaps; with
+    /// --in-process: one producer -> one consumer in this process, max events/s, then latency
+    /// at a fixed rate.
     Stream {
-        /// Seconds per phase.
+        /// Seconds per phase (across processes: of the measured window).
         #[arg(long, default_value_t = 5)]
         duration: u64,
-        /// Events per second for the latency phase.
+        /// Events per second for the latency phase (--in-process).
         #[arg(long, default_value_t = 10_000)]
         rate: u64,
-        /// Over mTLS, with throwaway certificates made for the run.
+        /// Over mTLS, with throwaway certificates made for the run (--in-process).
         #[arg(long)]
         tls: bool,
+        /// The older run: producer, publisher and consumer in this one process.
+        #[arg(long)]
+        in_process: bool,
+        /// Subscriptions (each its own connection), spread over --consumer-procs processes.
+        #[arg(long, default_value_t = 1)]
+        subscribers: usize,
+        #[arg(long, default_value_t = 1)]
+        consumer_procs: usize,
+        /// Events/s the publisher offers (0: as fast as the producer's Ingest takes them).
+        #[arg(long, default_value_t = 0)]
+        publish_rate: u64,
+        /// Events per Ingest push.
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
+        /// The producer's ring (resume buffer), in events.
+        #[arg(long, default_value_t = 1 << 20)]
+        buffer_events: usize,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
+    },
+    /// One consumer process of the cross-process `stream` (started by it): N subscriptions,
+    /// counted between `start` and `stop` lines on stdin, the books printed as JSON.
+    #[command(hide = true)]
+    StreamConsumer {
+        #[arg(long)]
+        addr: String,
+        #[arg(long, default_value_t = 1)]
+        subscribers: usize,
     },
     /// The directory, 1 and 3 nodes (real processes): registrations/s at 1 and 64 clients,
     /// Search and Watch latency percentiles, leader failover time.

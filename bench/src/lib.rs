@@ -4,7 +4,10 @@
 //! executable (`std::env::current_exe()`, the `gma` binary or the tests' `gma-e2e`) with its
 //! role subcommands. How to run them and the figures: docs/PERFORMANCE.md.
 //!
-//! - [`stream`]: `stream` (one producer -> one consumer, optionally over mTLS) and `agent`.
+//! - [`stream`]: `stream --in-process` (one producer -> one consumer, optionally over mTLS)
+//!   and `agent`.
+//! - [`wire`]: `stream` across processes (the default): a `gma producer`, consumer processes,
+//!   a counting proxy on the consumers' sockets, per-seq books.
 //! - [`fanout`]: `fanout`, `stall`, `filter`, `forecast`.
 //! - [`dir`]: `directory` (1 and 3 real nodes); [`etcd`]: the directory and etcd side by side.
 //! - [`archive`], [`broker`] (`broker`, `coalloc`, `placement`), [`resched`], [`dashboard`],
@@ -33,6 +36,7 @@ pub mod scale;
 pub mod slurm;
 pub mod stream;
 pub mod utility;
+pub mod wire;
 
 use anyhow::{bail, Context};
 
@@ -45,8 +49,35 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             duration,
             rate,
             tls,
+            in_process: true,
             output,
+            ..
         } => stream::stream(duration, rate, tls, output).await,
+        BenchScenario::Stream { tls: true, .. } => {
+            bail!("--tls is for the in-process run: add --in-process")
+        }
+        BenchScenario::Stream {
+            duration,
+            subscribers,
+            consumer_procs,
+            publish_rate,
+            batch,
+            buffer_events,
+            output,
+            ..
+        } => {
+            wire::run(wire::Options {
+                duration,
+                subscribers,
+                consumer_procs,
+                publish_rate,
+                batch,
+                buffer_events,
+                output,
+            })
+            .await
+        }
+        BenchScenario::StreamConsumer { addr, subscribers } => wire::consumer(addr, subscribers).await,
         BenchScenario::Directory {
             duration,
             trials,
