@@ -85,6 +85,9 @@ pub enum BenchScenario {
         /// Events per Ingest push.
         #[arg(long, default_value_t = 5000)]
         batch: usize,
+        /// Ingest pushes the publisher keeps in flight.
+        #[arg(long, default_value_t = 4)]
+        publish_lanes: usize,
         /// The producer's ring (resume buffer), in events.
         #[arg(long, default_value_t = 1 << 20)]
         buffer_events: usize,

@@ -62,6 +62,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             consumer_procs,
             publish_rate,
             batch,
+            publish_lanes,
             buffer_events,
             output,
             ..
@@ -72,6 +73,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 consumer_procs,
                 publish_rate,
                 batch,
+                publish_lanes,
                 buffer_events,
                 output,
             })

@@ -6,7 +6,7 @@
 //! this process, which runs the publisher and a counting TCP proxy:
 //!
 //! - The publisher pushes 3-value `bench.x` events into the producer through its `Ingest`
-//!   service (batches of `--batch`, two pushes in flight), at `--publish-rate` events/s or, at
+//!   service (batches of `--batch`, `--publish-lanes` pushes in flight), at `--publish-rate` events/s or, at
 //!   0, as fast as the producer takes them. Nothing tells it where the consumers are: the only
 //!   flow control is the producer's (its ring, the drop-oldest policy, HTTP/2 windows).
 //! - Every consumer connection goes through the proxy, which copies bytes both ways and counts
@@ -48,6 +48,8 @@ pub struct Options {
     /// Events/s offered by the publisher; 0 = as fast as the producer takes them.
     pub publish_rate: u64,
     pub batch: usize,
+    /// Ingest pushes in flight.
+    pub publish_lanes: usize,
     pub buffer_events: usize,
     pub output: Output,
 }
@@ -496,14 +498,19 @@ fn sample(procs: &[&Proc], proxy: &Proxy) -> Sample {
 }
 
 pub async fn run(o: Options) -> anyhow::Result<()> {
-    if o.duration == 0 || o.subscribers == 0 || o.consumer_procs == 0 || o.batch == 0 {
-        bail!("--duration, --subscribers, --consumer-procs and --batch must be positive");
+    if o.duration == 0 || o.subscribers == 0 || o.consumer_procs == 0 || o.batch == 0 || o.publish_lanes == 0
+    {
+        bail!("--duration, --subscribers, --consumer-procs, --batch and --publish-lanes must be positive");
     }
     if o.batch > 10_000 {
         bail!("--batch is at most 10000 (the producer's Ingest limit)");
     }
     if o.consumer_procs > o.subscribers {
-        bail!("--consumer-procs ({}) is more than --subscribers ({})", o.consumer_procs, o.subscribers);
+        bail!(
+            "--consumer-procs ({}) is more than --subscribers ({})",
+            o.consumer_procs,
+            o.subscribers
+        );
     }
     if gma_core::tls::client_tls_on() {
         bail!("the cross-process bench stream runs without TLS: leave out --tls-ca/GMA_TLS_CA");
@@ -554,9 +561,17 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             ],
             true,
         )?;
-        let stdout = p.child.stdout.take().ok_or_else(|| anyhow!("no consumer stdout"))?;
+        let stdout = p
+            .child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no consumer stdout"))?;
         let stdin = p.child.stdin.take().ok_or_else(|| anyhow!("no consumer stdin"))?;
-        let stderr = p.child.stderr.take().ok_or_else(|| anyhow!("no consumer stderr"))?;
+        let stderr = p
+            .child
+            .stderr
+            .take()
+            .ok_or_else(|| anyhow!("no consumer stderr"))?;
         let err_tail = Arc::new(parking_lot::Mutex::new(String::new()));
         let tail = err_tail.clone();
         tokio::spawn(async move {
@@ -578,7 +593,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let publisher = spawn_publisher(&addr, o.publish_rate, o.batch, 2, stop_rx);
+    let publisher = spawn_publisher(&addr, o.publish_rate, o.batch, o.publish_lanes, stop_rx);
     tokio::time::sleep(Duration::from_secs(1)).await;
     if publisher.is_finished() {
         publisher.await.context("publisher")??;
@@ -589,16 +604,15 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     let s0 = sample(&all, &proxy);
     drop(all);
     for c in consumers.iter_mut() {
-        tell(&mut c.2, "start").await.context("tell a consumer to start")?;
+        tell(&mut c.2, "start")
+            .await
+            .context("tell a consumer to start")?;
     }
     tokio::time::sleep(Duration::from_secs(o.duration)).await;
     let mut all: Vec<&Proc> = vec![&producer];
     all.extend(consumers.iter().map(|c| &c.0));
     let s1 = sample(&all, &proxy);
-    let rss: Vec<(f64, Option<f64>)> = all
-        .iter()
-        .map(|p| (p.usage().1, peak_rss_mib(&p.pid)))
-        .collect();
+    let rss: Vec<(f64, Option<f64>)> = all.iter().map(|p| (p.usage().1, peak_rss_mib(&p.pid))).collect();
     drop(all);
     for c in consumers.iter_mut() {
         tell(&mut c.2, "stop").await.context("tell a consumer to stop")?;
@@ -631,7 +645,10 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     let sum = |k: &str| subs.iter().map(|s| s[k].as_u64().unwrap_or(0)).sum::<u64>();
     let window_events = sum("window_events");
     let seconds = s1.at.duration_since(s0.at).as_secs_f64();
-    let per_sub: Vec<u64> = subs.iter().map(|s| s["window_events"].as_u64().unwrap_or(0)).collect();
+    let per_sub: Vec<u64> = subs
+        .iter()
+        .map(|s| s["window_events"].as_u64().unwrap_or(0))
+        .collect();
     let min_sub = per_sub.iter().copied().min().unwrap_or(0) as f64 / seconds;
     let window_bytes = s1.bytes - s0.bytes;
     let bytes_per_event = window_bytes as f64 / window_events.max(1) as f64;
@@ -645,7 +662,10 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
         .map(|(i, name)| {
             let cpu = s1.cpu[i] - s0.cpu[i];
             let (rss_end, peak) = rss.get(i).copied().unwrap_or_else(|| {
-                (proc_usage(&me).map(|u| u.1).unwrap_or(f64::NAN), peak_rss_mib(&me))
+                (
+                    proc_usage(&me).map(|u| u.1).unwrap_or(f64::NAN),
+                    peak_rss_mib(&me),
+                )
             });
             serde_json::json!({
                 "name": name, "cpu_seconds": cpu, "cores": cpu / seconds,
@@ -660,6 +680,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
         "consumer_procs": o.consumer_procs,
         "publish_rate": o.publish_rate,
         "batch": o.batch,
+        "publish_lanes": o.publish_lanes,
         "buffer_events": o.buffer_events,
         "seconds": seconds,
         "published_total": published,
@@ -702,13 +723,21 @@ fn print_table(f: &serde_json::Value) {
         }
     );
     println!("  machine cores            {}", cores());
-    println!("  delivered                {:.0} events/s over {:.1} s (all subscriptions)", n("events_per_s"), n("seconds"));
+    println!(
+        "  delivered                {:.0} events/s over {:.1} s (all subscriptions)",
+        n("events_per_s"),
+        n("seconds")
+    );
     println!(
         "  per subscription         {:.0} events/s (slowest {:.0})",
         n("per_subscriber_events_per_s"),
         n("min_subscriber_events_per_s")
     );
-    println!("  on the socket            {:.1} bytes/event ({} bytes)", n("socket_bytes_per_event"), f["socket_bytes"]);
+    println!(
+        "  on the socket            {:.1} bytes/event ({} bytes)",
+        n("socket_bytes_per_event"),
+        f["socket_bytes"]
+    );
     println!(
         "  protocol accounting      {} received, {} dropped in {} gaps, {} unexplained, {} duplicates",
         f["received"], f["dropped"], f["gaps"], f["unexplained"], f["duplicates"]
