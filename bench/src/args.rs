@@ -79,15 +79,19 @@ pub enum BenchScenario {
         subscribers: usize,
         #[arg(long, default_value_t = 1)]
         consumer_procs: usize,
-        /// Events/s the publisher offers (0: as fast as the producer's Ingest takes them).
+        /// Events/s the source offers (0: back to back).
         #[arg(long, default_value_t = 0)]
         publish_rate: u64,
-        /// Events per Ingest push.
+        /// Events per published batch (per Ingest push with --source ingest).
         #[arg(long, default_value_t = 5000)]
         batch: usize,
-        /// Ingest pushes the publisher keeps in flight.
+        /// Ingest pushes the publisher keeps in flight (--source ingest).
         #[arg(long, default_value_t = 4)]
         publish_lanes: usize,
+        /// Where the events come from: a bench source inside the producer process, or pushed
+        /// into a `gma producer` through Ingest.
+        #[arg(long, value_enum, default_value = "generator")]
+        source: crate::wire::Source,
         /// The producer's ring (resume buffer), in events.
         #[arg(long, default_value_t = 1 << 20)]
         buffer_events: usize,
@@ -102,6 +106,17 @@ pub enum BenchScenario {
         addr: String,
         #[arg(long, default_value_t = 1)]
         subscribers: usize,
+    },
+    /// The producer process of the cross-process `stream` (started by it): the producer with a
+    /// bench source publishing into its hub.
+    #[command(hide = true)]
+    StreamProducer {
+        #[arg(long, default_value_t = 0)]
+        publish_rate: u64,
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
+        #[arg(long, default_value_t = 1 << 20)]
+        buffer_events: usize,
     },
     /// The directory, 1 and 3 nodes (real processes): registrations/s at 1 and 64 clients,
     /// Search and Watch latency percentiles, leader failover time.

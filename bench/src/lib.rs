@@ -64,10 +64,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             batch,
             publish_lanes,
             buffer_events,
+            source,
             output,
             ..
         } => {
             wire::run(wire::Options {
+                source,
                 duration,
                 subscribers,
                 consumer_procs,
@@ -79,6 +81,11 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             })
             .await
         }
+        BenchScenario::StreamProducer {
+            publish_rate,
+            batch,
+            buffer_events,
+        } => wire::producer(publish_rate, batch, buffer_events).await,
         BenchScenario::StreamConsumer { addr, subscribers } => wire::consumer(addr, subscribers).await,
         BenchScenario::Directory {
             duration,

@@ -1,24 +1,30 @@
 //! `gma bench stream` across processes (the default; `--in-process` is the older one-process
 //! run in [`crate::stream`]).
 //!
-//! Processes: a real `gma producer` (no host sensors, its ring `--buffer-events`), K consumer
-//! processes (`gma bench stream-consumer`, hidden) holding N subscriptions between them, and
-//! this process, which runs the publisher and a counting TCP proxy:
+//! Processes: a producer process, K consumer processes (`gma bench stream-consumer`, hidden)
+//! holding N subscriptions between them, and this process, which runs a counting TCP proxy
+//! (and, with `--source ingest`, the publisher):
 //!
-//! - The publisher pushes 3-value `bench.x` events into the producer through its `Ingest`
-//!   service (batches of `--batch`, `--publish-lanes` pushes in flight), at `--publish-rate` events/s or, at
-//!   0, as fast as the producer takes them. Nothing tells it where the consumers are: the only
-//!   flow control is the producer's (its ring, the drop-oldest policy, HTTP/2 windows).
-//! - Every consumer connection goes through the proxy, which copies bytes both ways and counts
-//!   them: everything gRPC, HTTP/2 and TCP payload put on the consumer's socket. Its CPU (and
-//!   the publisher's) is this process's, reported apart from the producer's and consumers'.
-//! - Each subscription (pattern `*`, drop-oldest) books every seq it receives: a seq below the
-//!   next expected one is a duplicate, a jump must be covered by the `Gap`s the producer
-//!   reported; what is neither received nor covered is `unexplained`. Drops are the gaps'.
+//! - `--source generator` (default): the producer process is `gma bench stream-producer`
+//!   (hidden): the producer library `gma producer` runs (hub, ring, subscription policies, gRPC
+//!   server), no sensors, and a bench-only thread publishing 3-value `bench.x` events into its
+//!   hub at `--publish-rate` events/s (0: back to back). The stream path alone.
+//! - `--source ingest`: the producer is a real `gma producer --no-host-sensors`, and this process
+//!   pushes the events through its `Ingest` service (batches of `--batch`, `--publish-lanes`
+//!   pushes in flight): the producer's CPU then includes decoding them.
 //!
-//! The window: once every subscription is live and the publisher has run 1 s, this process
-//! tells the consumers (a `start` line on their stdin) to count, samples /proc and the proxy
-//! counters, and after `--duration` s does the same with `stop`.
+//! Either way nothing tells the source where the consumers are: the only flow control is the
+//! producer's (its ring, the drop-oldest policy, HTTP/2 windows). Every consumer connection
+//! goes through the proxy, which copies bytes both ways and counts them: everything gRPC,
+//! HTTP/2 and TCP payload put on the consumer's socket. Its CPU is this process's, reported
+//! apart from the producer's and consumers'. Each subscription (pattern `*`, drop-oldest) books
+//! every seq it receives: a seq below the next expected one is a duplicate, a jump must be
+//! covered by the `Gap`s the producer reported; what is neither received nor covered is
+//! `unexplained`. Drops are the gaps'.
+//!
+//! The window: once every subscription is live and the source has run 1 s, this process tells
+//! the consumers (a `start` line on their stdin) to count, samples /proc and the proxy
+//! counters, and after `--duration` s samples again and tells them `stop`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,7 +47,20 @@ use crate::stream::{bench_events, bench_schema};
 const SOURCES: usize = 100;
 
 /// The options of a cross-process stream run.
+/// Where the events come from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// A bench-only source inside the producer process publishes into its hub
+    /// (`gma bench stream-producer`: the stream path alone).
+    Generator,
+    /// This process pushes them into a `gma producer` through its `Ingest` service (the
+    /// producer's CPU includes decoding them).
+    Ingest,
+}
+
+/// The options of a cross-process stream run.
 pub struct Options {
+    pub source: Source,
     pub duration: u64,
     pub subscribers: usize,
     pub consumer_procs: usize,
@@ -340,6 +359,47 @@ pub async fn consumer(addr: String, subscribers: usize) -> anyhow::Result<()> {
 }
 
 // ------------------------------------------------------------------------------------------
+// The producer process with a bench source (`gma bench stream-producer`)
+// ------------------------------------------------------------------------------------------
+
+/// `gma bench stream-producer`: the producer library `gma producer` runs (its hub, ring,
+/// subscription policy and gRPC server), with no sensors and one bench-only source: a thread
+/// that publishes `batch`-event batches of 3-value `bench.x` events into its hub at `rate`
+/// events/s (0: back to back). It knows nothing of the consumers. Prints `gma producer
+/// listening on ADDR` like `gma producer`, then runs until killed.
+pub async fn producer(rate: u64, batch: usize, buffer_events: usize) -> anyhow::Result<()> {
+    if batch == 0 {
+        bail!("--batch must be positive");
+    }
+    let (hub, addr, _stop) = crate::stream::start_producer(buffer_events).await?;
+    eprintln!("gma producer listening on {addr}");
+    let source = tokio::task::spawn_blocking(move || {
+        let mut events = bench_events(batch, SOURCES);
+        let t0 = Instant::now();
+        let mut sent = 0u64;
+        loop {
+            if rate > 0 {
+                let due = (t0.elapsed().as_secs_f64() * rate as f64) as u64;
+                if sent + batch as u64 > due {
+                    std::thread::sleep(Duration::from_micros(500));
+                    continue;
+                }
+            }
+            let ts = now_ns();
+            for (j, e) in events.iter_mut().enumerate() {
+                e.timestamp_ns = ts;
+                e.numbers[0] = (sent + j as u64) as f64;
+            }
+            if let (_, Err(e)) = hub.publish(&events) {
+                return anyhow::Error::msg(format!("bench source: {e}"));
+            }
+            sent += batch as u64;
+        }
+    });
+    Err(source.await.context("bench source")?)
+}
+
+// ------------------------------------------------------------------------------------------
 // The run
 // ------------------------------------------------------------------------------------------
 
@@ -515,9 +575,8 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     if gma_core::tls::client_tls_on() {
         bail!("the cross-process bench stream runs without TLS: leave out --tls-ca/GMA_TLS_CA");
     }
-    let mut producer = Proc::spawn(
-        "gma producer",
-        &[
+    let producer_args: Vec<String> = match o.source {
+        Source::Ingest => vec![
             "producer".into(),
             "--listen".into(),
             "127.0.0.1:0".into(),
@@ -527,8 +586,22 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             "--buffer-events".into(),
             o.buffer_events.to_string(),
         ],
-        false,
-    )?;
+        Source::Generator => vec![
+            "bench".into(),
+            "stream-producer".into(),
+            "--publish-rate".into(),
+            o.publish_rate.to_string(),
+            "--batch".into(),
+            o.batch.to_string(),
+            "--buffer-events".into(),
+            o.buffer_events.to_string(),
+        ],
+    };
+    let producer_name = match o.source {
+        Source::Ingest => "gma producer",
+        Source::Generator => "gma bench stream-producer (producer + bench source)",
+    };
+    let mut producer = Proc::spawn(producer_name, &producer_args, false)?;
     let stderr = producer
         .child
         .stderr
@@ -593,9 +666,12 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let publisher = spawn_publisher(&addr, o.publish_rate, o.batch, o.publish_lanes, stop_rx);
+    let publisher = match o.source {
+        Source::Ingest => spawn_publisher(&addr, o.publish_rate, o.batch, o.publish_lanes, stop_rx),
+        Source::Generator => tokio::spawn(async { anyhow::Ok(0) }),
+    };
     tokio::time::sleep(Duration::from_secs(1)).await;
-    if publisher.is_finished() {
+    if o.source == Source::Ingest && publisher.is_finished() {
         publisher.await.context("publisher")??;
         bail!("the publisher stopped early");
     }
@@ -654,7 +730,10 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     let bytes_per_event = window_bytes as f64 / window_events.max(1) as f64;
     let mut names: Vec<String> = vec![producer.name.clone()];
     names.extend(consumers.iter().map(|c| c.0.name.clone()));
-    names.push("gma bench (publisher and counting proxy)".into());
+    names.push(match o.source {
+        Source::Ingest => "gma bench (Ingest publisher and counting proxy)".into(),
+        Source::Generator => "gma bench (counting proxy)".into(),
+    });
     let me = std::process::id().to_string();
     let processes: Vec<serde_json::Value> = names
         .iter()
@@ -676,6 +755,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     let fig = serde_json::json!({
         "scenario": "stream",
         "mode": "processes",
+        "source": match o.source { Source::Generator => "generator", Source::Ingest => "ingest" },
         "subscribers": o.subscribers,
         "consumer_procs": o.consumer_procs,
         "publish_rate": o.publish_rate,
@@ -683,7 +763,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
         "publish_lanes": o.publish_lanes,
         "buffer_events": o.buffer_events,
         "seconds": seconds,
-        "published_total": published,
+        "ingest_published_total": published,
         "window_events": window_events,
         "events_per_s": window_events as f64 / seconds,
         "per_subscriber_events_per_s": window_events as f64 / seconds / o.subscribers as f64,
@@ -711,16 +791,17 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
 
 fn print_table(f: &serde_json::Value) {
     let n = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
+    let offered = if f["publish_rate"].as_u64() == Some(0) {
+        "back to back".to_string()
+    } else {
+        format!("{} events/s offered", f["publish_rate"])
+    };
     println!(
-        "stream across processes: gma producer -> {} subscriptions in {} consumer processes, \
-         3-value events pushed through Ingest ({}), bytes counted on the consumers' sockets",
+        "stream across processes: producer process -> {} subscriptions in {} consumer processes, \
+         3-value events from the {} source ({offered}), bytes counted on the consumers' sockets",
         f["subscribers"],
         f["consumer_procs"],
-        if f["publish_rate"].as_u64() == Some(0) {
-            "as fast as the producer takes them".to_string()
-        } else {
-            format!("{} events/s offered", f["publish_rate"])
-        }
+        f["source"].as_str().unwrap_or("?"),
     );
     println!("  machine cores            {}", cores());
     println!(
