@@ -42,18 +42,25 @@ fn stream_in_process() {
     assert!(o["latency_ms"]["p99"].is_number());
 }
 
-/// The cross-process stream: a `gma producer`, 3 subscriptions in 2 consumer processes. Every
+/// The cross-process stream: a producer process (the bench source inside it, or a `gma producer`
+/// fed through Ingest), 3 subscriptions in 2 consumer processes. Every
 /// subscription's books balance (each seq from its first to its last received once or inside a
 /// gap the producer reported, none twice), and the bytes the proxy counted on the consumers'
 /// sockets are there for the events delivered: at least one byte per event, and no more than
-/// the events' own self-describing size would be. A small ring (2,000 events) under an
-/// unthrottled publisher lets the producer drop for a slow consumer: whatever it drops must
-/// come with its gaps.
+/// the events' own self-describing size would be. A small ring (2,000 events) under a
+/// back-to-back source lets the producer drop for a slow consumer: whatever it drops must come
+/// with its gaps.
 #[test]
 fn stream_across_processes_books_balance() {
-    for (rate, ring) in [("20000", "1048576"), ("0", "2000")] {
+    for (source, rate, ring) in [
+        ("generator", "20000", "1048576"),
+        ("generator", "0", "2000"),
+        ("ingest", "0", "2000"),
+    ] {
         let o = &bench(&[
             "stream",
+            "--source",
+            source,
             "--duration",
             "1",
             "--subscribers",
@@ -68,6 +75,7 @@ fn stream_across_processes_books_balance() {
             ring,
         ])[0];
         assert_eq!(o["mode"], "processes", "{o}");
+        assert_eq!(o["source"], source, "{o}");
         let subs = o["subscriptions"].as_array().unwrap();
         assert_eq!(subs.len(), 3, "{o}");
         for s in subs {
