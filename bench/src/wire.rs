@@ -158,7 +158,7 @@ pub struct SeqBook {
     /// Sum of `dropped` of the gaps reported.
     pub gap_dropped: u64,
     pub gaps: u64,
-    /// Missing seqs no reported gap covers (after [`SeqBook::finish`]).
+    /// Seqs of the jumps the reported gaps do not wholly cover (after [`SeqBook::finish`]).
     pub unexplained: u64,
     /// Jumps not yet covered by a gap: (from, to) inclusive.
     pending: Vec<(u64, u64)>,
@@ -837,5 +837,58 @@ fn print_table(f: &serde_json::Value) {
                 p["rss_mib_end"].as_f64().unwrap_or(f64::NAN)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gap(from: u64, to: u64) -> pb::Gap {
+        pb::Gap {
+            from_seq: from,
+            to_seq: to,
+            dropped: to - from + 1,
+            reason: "buffer window exceeded".into(),
+        }
+    }
+
+    #[test]
+    fn a_book_settles_jumps_with_gaps_and_keeps_the_rest() {
+        let mut b = SeqBook::default();
+        for s in [5, 6, 7] {
+            b.see(s);
+        }
+        // A jump over 8..=10, reported as a gap with the batch.
+        for s in [11, 12] {
+            b.see(s);
+        }
+        b.gaps(&[gap(8, 10)]);
+        // A seq seen twice.
+        b.see(12);
+        // A jump over 13..=14 that no gap covers, and one over 16 covered by two gaps in part.
+        b.see(15);
+        b.gaps(&[]);
+        b.see(20);
+        b.gaps(&[gap(16, 17), gap(18, 19)]);
+        b.finish();
+        assert_eq!(b.received, 7);
+        assert_eq!(b.duplicates, 1);
+        assert_eq!(b.missing, 3 + 2 + 4);
+        assert_eq!(b.unexplained, 2);
+        assert_eq!(b.gaps, 3);
+        assert_eq!(b.gap_dropped, 3 + 2 + 2);
+        assert_eq!(b.span(), 16);
+        assert_eq!(b.received + b.missing, b.span());
+    }
+
+    #[test]
+    fn a_jump_a_gap_covers_only_in_part_is_unexplained() {
+        let mut b = SeqBook::default();
+        b.see(1);
+        b.see(10);
+        b.gaps(&[gap(2, 5)]);
+        b.finish();
+        assert_eq!(b.unexplained, 8);
     }
 }
