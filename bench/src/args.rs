@@ -49,6 +49,43 @@ pub struct CoallocArgs {
     pub output: Output,
 }
 
+/// Where the events of the cross-process `stream` come from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Source {
+    /// A bench-only source inside the producer process publishes into its hub
+    /// (`gma bench stream-producer`: the stream path alone).
+    Generator,
+    /// The bench process pushes them into a `gma producer` through its `Ingest` service (the
+    /// producer's CPU includes decoding them).
+    Ingest,
+}
+
+/// The cross-process `stream`'s own arguments.
+#[derive(Args, Debug, Clone)]
+pub struct StreamProcs {
+    /// Subscriptions (each its own connection), spread over --consumer-procs processes.
+    #[arg(long, default_value_t = 1)]
+    pub subscribers: usize,
+    #[arg(long, default_value_t = 1)]
+    pub consumer_procs: usize,
+    /// Events/s the source offers (0: back to back).
+    #[arg(long, default_value_t = 0)]
+    pub publish_rate: u64,
+    /// Events per published batch (per Ingest push with --source ingest).
+    #[arg(long, default_value_t = 5000)]
+    pub batch: usize,
+    /// Ingest pushes the publisher keeps in flight (--source ingest).
+    #[arg(long, default_value_t = 4)]
+    pub publish_lanes: usize,
+    /// Where the events come from: a bench source inside the producer process, or pushed
+    /// into a `gma producer` through Ingest.
+    #[arg(long, value_enum, default_value = "generator")]
+    pub source: Source,
+    /// The producer's ring (resume buffer), in events.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub buffer_events: usize,
+}
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -74,27 +111,8 @@ pub enum BenchScenario {
         /// The older run: producer, publisher and consumer in this one process.
         #[arg(long)]
         in_process: bool,
-        /// Subscriptions (each its own connection), spread over --consumer-procs processes.
-        #[arg(long, default_value_t = 1)]
-        subscribers: usize,
-        #[arg(long, default_value_t = 1)]
-        consumer_procs: usize,
-        /// Events/s the source offers (0: back to back).
-        #[arg(long, default_value_t = 0)]
-        publish_rate: u64,
-        /// Events per published batch (per Ingest push with --source ingest).
-        #[arg(long, default_value_t = 5000)]
-        batch: usize,
-        /// Ingest pushes the publisher keeps in flight (--source ingest).
-        #[arg(long, default_value_t = 4)]
-        publish_lanes: usize,
-        /// Where the events come from: a bench source inside the producer process, or pushed
-        /// into a `gma producer` through Ingest.
-        #[arg(long, value_enum, default_value = "generator")]
-        source: crate::wire::Source,
-        /// The producer's ring (resume buffer), in events.
-        #[arg(long, default_value_t = 1 << 20)]
-        buffer_events: usize,
+        #[command(flatten)]
+        procs: StreamProcs,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

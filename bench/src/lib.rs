@@ -58,29 +58,10 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         BenchScenario::Stream {
             duration,
-            subscribers,
-            consumer_procs,
-            publish_rate,
-            batch,
-            publish_lanes,
-            buffer_events,
-            source,
+            procs,
             output,
             ..
-        } => {
-            wire::run(wire::Options {
-                source,
-                duration,
-                subscribers,
-                consumer_procs,
-                publish_rate,
-                batch,
-                publish_lanes,
-                buffer_events,
-                output,
-            })
-            .await
-        }
+        } => wire::run(duration, procs, output).await,
         BenchScenario::StreamProducer {
             publish_rate,
             batch,

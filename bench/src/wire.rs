@@ -39,7 +39,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
 
-use crate::args::Output;
+use crate::args::{Output, Source, StreamProcs};
 use crate::report::{cores, emit, peak_rss_mib, proc_usage};
 use crate::stream::{bench_events, bench_schema};
 
@@ -47,32 +47,6 @@ use crate::stream::{bench_events, bench_schema};
 const SOURCES: usize = 100;
 
 /// The options of a cross-process stream run.
-/// Where the events come from.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Source {
-    /// A bench-only source inside the producer process publishes into its hub
-    /// (`gma bench stream-producer`: the stream path alone).
-    Generator,
-    /// This process pushes them into a `gma producer` through its `Ingest` service (the
-    /// producer's CPU includes decoding them).
-    Ingest,
-}
-
-/// The options of a cross-process stream run.
-pub struct Options {
-    pub source: Source,
-    pub duration: u64,
-    pub subscribers: usize,
-    pub consumer_procs: usize,
-    /// Events/s offered by the publisher; 0 = as fast as the producer takes them.
-    pub publish_rate: u64,
-    pub batch: usize,
-    /// Ingest pushes in flight.
-    pub publish_lanes: usize,
-    pub buffer_events: usize,
-    pub output: Output,
-}
-
 // ------------------------------------------------------------------------------------------
 // The counting proxy
 // ------------------------------------------------------------------------------------------
@@ -557,9 +531,8 @@ fn sample(procs: &[&Proc], proxy: &Proxy) -> Sample {
     }
 }
 
-pub async fn run(o: Options) -> anyhow::Result<()> {
-    if o.duration == 0 || o.subscribers == 0 || o.consumer_procs == 0 || o.batch == 0 || o.publish_lanes == 0
-    {
+pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Result<()> {
+    if duration == 0 || o.subscribers == 0 || o.consumer_procs == 0 || o.batch == 0 || o.publish_lanes == 0 {
         bail!("--duration, --subscribers, --consumer-procs, --batch and --publish-lanes must be positive");
     }
     if o.batch > 10_000 {
@@ -684,7 +657,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             .await
             .context("tell a consumer to start")?;
     }
-    tokio::time::sleep(Duration::from_secs(o.duration)).await;
+    tokio::time::sleep(Duration::from_secs(duration)).await;
     let mut all: Vec<&Proc> = vec![&producer];
     all.extend(consumers.iter().map(|c| &c.0));
     let s1 = sample(&all, &proxy);
@@ -782,7 +755,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
         "subscriptions": subs,
         "processes": processes,
     });
-    match o.output {
+    match output {
         Output::Json => emit(fig),
         Output::Table => print_table(&fig),
     }
