@@ -46,7 +46,6 @@ use crate::stream::{bench_events, bench_schema};
 /// Sources the bench events come from.
 const SOURCES: usize = 100;
 
-/// The options of a cross-process stream run.
 // ------------------------------------------------------------------------------------------
 // The counting proxy
 // ------------------------------------------------------------------------------------------
