@@ -393,7 +393,12 @@ impl Proc {
             } else {
                 std::process::Stdio::null()
             })
-            .stdout(std::process::Stdio::piped())
+            // The consumers' books come on stdout; the producer's is not read.
+            .stdout(if stdin {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
