@@ -125,6 +125,27 @@ pub enum BenchScenario {
         #[arg(long, default_value_t = 1)]
         subscribers: usize,
     },
+    /// NATS beside `stream`: a nats-server process, N subscriptions in another process, a
+    /// publisher back to back (Debian's nats-server on the PATH).
+    Nats {
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        #[arg(long, default_value_t = 1)]
+        subscribers: usize,
+        /// Bytes per message (the first 8 a sequence number).
+        #[arg(long, default_value_t = 32)]
+        payload: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The subscriber process of `nats` (started by it).
+    #[command(hide = true)]
+    NatsSub {
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value_t = 1)]
+        subscribers: usize,
+    },
     /// The producer process of the cross-process `stream` (started by it): the producer with a
     /// bench source publishing into its hub.
     #[command(hide = true)]

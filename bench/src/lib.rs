@@ -8,6 +8,7 @@
 //!   and `agent`.
 //! - [`wire`]: `stream` across processes (the default): a `gma producer`, consumer processes,
 //!   a counting proxy on the consumers' sockets, per-seq books.
+//! - [`nats`]: `nats`, NATS beside the cross-process stream (a nats-server process).
 //! - [`fanout`]: `fanout`, `stall`, `filter`, `forecast`.
 //! - [`dir`]: `directory` (1 and 3 real nodes); [`etcd`]: the directory and etcd side by side.
 //! - [`archive`], [`broker`] (`broker`, `coalloc`, `placement`), [`resched`], [`dashboard`],
@@ -29,6 +30,7 @@ pub mod etcd;
 pub mod fanout;
 pub mod federation;
 pub mod grid;
+pub mod nats;
 pub mod provision;
 pub mod report;
 pub mod resched;
@@ -62,6 +64,13 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             output,
             ..
         } => wire::run(duration, procs, output).await,
+        BenchScenario::Nats {
+            duration,
+            subscribers,
+            payload,
+            output,
+        } => crate::nats::run(duration, subscribers, payload, output).await,
+        BenchScenario::NatsSub { port, subscribers } => crate::nats::sub(port, subscribers).await,
         BenchScenario::StreamProducer {
             publish_rate,
             batch,

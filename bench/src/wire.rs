@@ -377,14 +377,14 @@ pub async fn producer(rate: u64, batch: usize, buffer_events: usize) -> anyhow::
 // ------------------------------------------------------------------------------------------
 
 /// A child `gma` process of the run.
-struct Proc {
-    name: String,
-    child: Child,
-    pid: String,
+pub(crate) struct Proc {
+    pub(crate) name: String,
+    pub(crate) child: Child,
+    pub(crate) pid: String,
 }
 
 impl Proc {
-    fn spawn(name: &str, args: &[String], stdin: bool) -> anyhow::Result<Proc> {
+    pub(crate) fn spawn(name: &str, args: &[String], stdin: bool) -> anyhow::Result<Proc> {
         let exe = std::env::current_exe().context("cannot find the gma binary")?;
         let child = tokio::process::Command::new(exe)
             .args(args)
@@ -420,7 +420,7 @@ impl Proc {
 }
 
 /// Reads `lines` until one starts with `prefix` (within `timeout`); returns the rest of it.
-async fn wait_line<R: tokio::io::AsyncBufRead + Unpin>(
+pub(crate) async fn wait_line<R: tokio::io::AsyncBufRead + Unpin>(
     lines: &mut tokio::io::Lines<R>,
     prefix: &str,
     what: &str,
@@ -510,7 +510,7 @@ fn spawn_publisher(
     })
 }
 
-async fn tell(stdin: &mut ChildStdin, what: &str) -> std::io::Result<()> {
+pub(crate) async fn tell(stdin: &mut ChildStdin, what: &str) -> std::io::Result<()> {
     stdin.write_all(format!("{what}\n").as_bytes()).await?;
     stdin.flush().await
 }
