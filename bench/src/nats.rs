@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 use crate::args::Output;
 use crate::report::{emit, proc_usage};
-use crate::wire::{tell, wait_line, Proc};
+use crate::wire::{follow_window, tell, wait_line, Proc, AFTER, BEFORE, COUNTING};
 
 const SUBJECT: &str = "bench.x";
 
@@ -42,7 +42,7 @@ struct Count {
 /// `gma bench nats-sub`: `subscribers` connections subscribed to the bench subject; `ready`,
 /// then counting between `start` and `stop` on stdin, then one JSON line.
 pub async fn sub(port: u16, subscribers: usize) -> anyhow::Result<()> {
-    let (state_tx, state_rx) = tokio::sync::watch::channel(0u8);
+    let (state_tx, state_rx) = tokio::sync::watch::channel(BEFORE);
     let mut tasks = Vec::new();
     for i in 0..subscribers {
         let mut s = connect(port).await?;
@@ -55,7 +55,7 @@ pub async fn sub(port: u16, subscribers: usize) -> anyhow::Result<()> {
             let mut chunk = vec![0u8; 1 << 18];
             loop {
                 let st = *state.borrow_and_update();
-                if st == 2 {
+                if st == AFTER {
                     break;
                 }
                 let n = tokio::select! {
@@ -90,7 +90,7 @@ pub async fn sub(port: u16, subscribers: usize) -> anyhow::Result<()> {
                         }
                         c.next = Some(seq + 1);
                         c.received += 1;
-                        if st == 1 {
+                        if st == COUNTING {
                             c.window += 1;
                         }
                         at = start + len + 2;
@@ -107,22 +107,7 @@ pub async fn sub(port: u16, subscribers: usize) -> anyhow::Result<()> {
         }));
     }
     println!("ready");
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let tx = state_tx.clone();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            match line.as_deref().map(str::trim) {
-                Ok("start") => {
-                    tx.send_replace(1);
-                }
-                Ok("stop") | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-        let _ = done_tx.send(());
-    });
-    let _ = done_rx.await;
-    state_tx.send_replace(2);
+    follow_window(&state_tx).await;
     let mut subs = Vec::new();
     for t in tasks {
         let c = tokio::time::timeout(Duration::from_secs(5), t)

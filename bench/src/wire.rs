@@ -199,9 +199,30 @@ impl SeqBook {
 // ------------------------------------------------------------------------------------------
 
 /// Window states a consumer process's subscriptions read.
-const BEFORE: u8 = 0;
-const COUNTING: u8 = 1;
-const AFTER: u8 = 2;
+pub(crate) const BEFORE: u8 = 0;
+pub(crate) const COUNTING: u8 = 1;
+pub(crate) const AFTER: u8 = 2;
+
+/// Follows the window lines on stdin (read on a thread of its own: blocking reads): `start`
+/// sets `state` to [`COUNTING`]; returns at `stop` or the end of stdin, having set [`AFTER`].
+pub(crate) async fn follow_window(state: &tokio::sync::watch::Sender<u8>) {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let tx = state.clone();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            match line.as_deref().map(str::trim) {
+                Ok("start") => {
+                    tx.send_replace(COUNTING);
+                }
+                Ok("stop") | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        let _ = done_tx.send(());
+    });
+    let _ = done_rx.await;
+    state.send_replace(AFTER);
+}
 
 struct SubResult {
     book: SeqBook,
@@ -283,23 +304,7 @@ pub async fn consumer(addr: String, subscribers: usize) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     println!("ready");
-    // stdin is read on a thread of its own (blocking reads); `stop` or its end ends the run.
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let tx = state_tx.clone();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            match line.as_deref().map(str::trim) {
-                Ok("start") => {
-                    tx.send_replace(COUNTING);
-                }
-                Ok("stop") | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-        let _ = done_tx.send(());
-    });
-    let _ = done_rx.await;
-    state_tx.send_replace(AFTER);
+    follow_window(&state_tx).await;
     let mut subs = Vec::new();
     let mut lat = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     for t in tasks {
