@@ -49,6 +49,43 @@ pub struct CoallocArgs {
     pub output: Output,
 }
 
+/// Where the events of the cross-process `stream` come from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Source {
+    /// A bench-only source inside the producer process publishes into its hub
+    /// (`gma bench stream-producer`: the stream path alone).
+    Generator,
+    /// The bench process pushes them into a `gma producer` through its `Ingest` service (the
+    /// producer's CPU includes decoding them).
+    Ingest,
+}
+
+/// The cross-process `stream`'s own arguments.
+#[derive(Args, Debug, Clone)]
+pub struct StreamProcs {
+    /// Subscriptions (each its own connection), spread over --consumer-procs processes.
+    #[arg(long, default_value_t = 1)]
+    pub subscribers: usize,
+    #[arg(long, default_value_t = 1)]
+    pub consumer_procs: usize,
+    /// Events/s the source offers (0: back to back).
+    #[arg(long, default_value_t = 0)]
+    pub publish_rate: u64,
+    /// Events per published batch (per Ingest push with --source ingest).
+    #[arg(long, default_value_t = 5000)]
+    pub batch: usize,
+    /// Ingest pushes the publisher keeps in flight (--source ingest).
+    #[arg(long, default_value_t = 4)]
+    pub publish_lanes: usize,
+    /// Where the events come from: a bench source inside the producer process, or pushed
+    /// into a `gma producer` through Ingest.
+    #[arg(long, value_enum, default_value = "generator")]
+    pub source: Source,
+    /// The producer's ring (resume buffer), in events.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub buffer_events: usize,
+}
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -57,19 +94,68 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchScenario {
-    /// One producer -> one consumer over loopback gRPC: max events/s, then latency at a fixed rate.
+    /// A `gma producer` process -> subscriptions in consumer processes, events pushed through
+    /// Ingest, bytes counted on the consumers' sockets, drops from the protocol's gaps; with
+    /// --in-process: one producer -> one consumer in this process, max events/s, then latency
+    /// at a fixed rate.
     Stream {
-        /// Seconds per phase.
+        /// Seconds per phase (across processes: of the measured window).
         #[arg(long, default_value_t = 5)]
         duration: u64,
-        /// Events per second for the latency phase.
+        /// Events per second for the latency phase (--in-process).
         #[arg(long, default_value_t = 10_000)]
         rate: u64,
-        /// Over mTLS, with throwaway certificates made for the run.
+        /// Over mTLS, with throwaway certificates made for the run (--in-process).
         #[arg(long)]
         tls: bool,
+        /// The older run: producer, publisher and consumer in this one process.
+        #[arg(long)]
+        in_process: bool,
+        #[command(flatten)]
+        procs: StreamProcs,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
+    },
+    /// One consumer process of the cross-process `stream` (started by it): N subscriptions,
+    /// counted between `start` and `stop` lines on stdin, the books printed as JSON.
+    #[command(hide = true)]
+    StreamConsumer {
+        #[arg(long)]
+        addr: String,
+        #[arg(long, default_value_t = 1)]
+        subscribers: usize,
+    },
+    /// NATS beside `stream`: a nats-server process, N subscriptions in another process, a
+    /// publisher back to back (Debian's nats-server on the PATH).
+    Nats {
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        #[arg(long, default_value_t = 1)]
+        subscribers: usize,
+        /// Bytes per message (the first 8 a sequence number).
+        #[arg(long, default_value_t = 32)]
+        payload: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The subscriber process of `nats` (started by it).
+    #[command(hide = true)]
+    NatsSub {
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value_t = 1)]
+        subscribers: usize,
+    },
+    /// The producer process of the cross-process `stream` (started by it): the producer with a
+    /// bench source publishing into its hub.
+    #[command(hide = true)]
+    StreamProducer {
+        #[arg(long, default_value_t = 0)]
+        publish_rate: u64,
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
+        #[arg(long, default_value_t = 1 << 20)]
+        buffer_events: usize,
     },
     /// The directory, 1 and 3 nodes (real processes): registrations/s at 1 and 64 clients,
     /// Search and Watch latency percentiles, leader failover time.

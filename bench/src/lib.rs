@@ -4,7 +4,11 @@
 //! executable (`std::env::current_exe()`, the `gma` binary or the tests' `gma-e2e`) with its
 //! role subcommands. How to run them and the figures: docs/PERFORMANCE.md.
 //!
-//! - [`stream`]: `stream` (one producer -> one consumer, optionally over mTLS) and `agent`.
+//! - [`stream`]: `stream --in-process` (one producer -> one consumer, optionally over mTLS)
+//!   and `agent`.
+//! - [`wire`]: `stream` across processes (the default): a `gma producer`, consumer processes,
+//!   a counting proxy on the consumers' sockets, per-seq books.
+//! - [`nats`]: `nats`, NATS beside the cross-process stream (a nats-server process).
 //! - [`fanout`]: `fanout`, `stall`, `filter`, `forecast`.
 //! - [`dir`]: `directory` (1 and 3 real nodes); [`etcd`]: the directory and etcd side by side.
 //! - [`archive`], [`broker`] (`broker`, `coalloc`, `placement`), [`resched`], [`dashboard`],
@@ -27,6 +31,7 @@ pub mod fanout;
 pub mod federation;
 pub mod grid;
 pub mod plot;
+pub mod nats;
 pub mod provision;
 pub mod report;
 pub mod resched;
@@ -34,6 +39,7 @@ pub mod scale;
 pub mod slurm;
 pub mod stream;
 pub mod utility;
+pub mod wire;
 
 use anyhow::{bail, Context};
 
@@ -46,8 +52,32 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             duration,
             rate,
             tls,
+            in_process: true,
             output,
+            ..
         } => stream::stream(duration, rate, tls, output).await,
+        BenchScenario::Stream { tls: true, .. } => {
+            bail!("--tls is for the in-process run: add --in-process")
+        }
+        BenchScenario::Stream {
+            duration,
+            procs,
+            output,
+            ..
+        } => wire::run(duration, procs, output).await,
+        BenchScenario::Nats {
+            duration,
+            subscribers,
+            payload,
+            output,
+        } => crate::nats::run(duration, subscribers, payload, output).await,
+        BenchScenario::NatsSub { port, subscribers } => crate::nats::sub(port, subscribers).await,
+        BenchScenario::StreamProducer {
+            publish_rate,
+            batch,
+            buffer_events,
+        } => wire::producer(publish_rate, batch, buffer_events).await,
+        BenchScenario::StreamConsumer { addr, subscribers } => wire::consumer(addr, subscribers).await,
         BenchScenario::Directory {
             duration,
             trials,

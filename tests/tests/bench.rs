@@ -35,11 +35,67 @@ fn bench(args: &[&str]) -> Vec<serde_json::Value> {
 }
 
 #[test]
-fn stream() {
-    let o = &bench(&["stream", "--duration", "1", "--rate", "1000"])[0];
+fn stream_in_process() {
+    let o = &bench(&["stream", "--in-process", "--duration", "1", "--rate", "1000"])[0];
     assert!(o["events_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(o["dropped"], 0);
     assert!(o["latency_ms"]["p99"].is_number());
+}
+
+/// The cross-process stream: a producer process (the bench source inside it, or a `gma producer`
+/// fed through Ingest), 3 subscriptions in 2 consumer processes. Every
+/// subscription's books balance (each seq from its first to its last received once or inside a
+/// gap the producer reported, none twice), and the bytes the proxy counted on the consumers'
+/// sockets are there for the events delivered: at least one byte per event, and no more than
+/// the events' own self-describing size would be. A small ring (2,000 events) under a
+/// back-to-back source lets the producer drop for a slow consumer: whatever it drops must come
+/// with its gaps.
+#[test]
+fn stream_across_processes_books_balance() {
+    for (source, rate, ring) in [
+        ("generator", "20000", "1048576"),
+        ("generator", "0", "2000"),
+        ("ingest", "0", "2000"),
+    ] {
+        let o = &bench(&[
+            "stream",
+            "--source",
+            source,
+            "--duration",
+            "1",
+            "--subscribers",
+            "3",
+            "--consumer-procs",
+            "2",
+            "--publish-rate",
+            rate,
+            "--batch",
+            "1000",
+            "--buffer-events",
+            ring,
+        ])[0];
+        assert_eq!(o["mode"], "processes", "{o}");
+        assert_eq!(o["source"], source, "{o}");
+        let subs = o["subscriptions"].as_array().unwrap();
+        assert_eq!(subs.len(), 3, "{o}");
+        for s in subs {
+            let n = |k: &str| s[k].as_u64().unwrap();
+            assert!(n("received") > 0, "{s}");
+            assert_eq!(n("duplicates"), 0, "{s}");
+            assert_eq!(n("unexplained"), 0, "{s}");
+            assert_eq!(n("received") + n("missing"), n("span"), "{s}");
+            // A jump is only ever settled by gaps that cover it.
+            assert!(n("gap_dropped") >= n("missing"), "{s}");
+        }
+        let events = o["window_events"].as_u64().unwrap();
+        let bytes = o["socket_bytes"].as_u64().unwrap();
+        assert!(events > 0, "{o}");
+        assert!(bytes >= events, "{o}");
+        // Name, source, timestamp, seq and three tagged doubles: over 40 bytes each in the
+        // self-describing form; the stream's encoding must not cost more than that.
+        assert!(bytes <= events * 64, "{o}");
+        assert_eq!(o["processes"].as_array().unwrap().len(), 4, "{o}");
+    }
 }
 
 #[test]
