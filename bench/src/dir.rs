@@ -133,8 +133,27 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// Attempts at starting a cluster whose pre-chosen port another process took in between.
+const PORT_ATTEMPTS: usize = 5;
+
 impl Cluster {
+    /// Starts `n` members on free ports of 127.0.0.1. The members must know each other's
+    /// addresses before they start, so the ports are chosen first and bound later; when another
+    /// process takes one in between (tests run in parallel), the cluster is started again on new
+    /// ports, at most [`PORT_ATTEMPTS`] times.
     pub(crate) async fn start(n: usize) -> anyhow::Result<Cluster> {
+        let mut attempt = 1;
+        loop {
+            match Cluster::start_once(n).await {
+                Err(e) if attempt < PORT_ATTEMPTS && format!("{e:#}").contains("Address already in use") => {
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn start_once(n: usize) -> anyhow::Result<Cluster> {
         let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
         let addrs = (0..n)
             .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
