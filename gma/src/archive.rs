@@ -10,7 +10,7 @@ use gma_archiver::ArchiverConfig;
 use gma_proto::v1::{self as pb, archive_client::ArchiveClient};
 use tonic::transport::Channel;
 
-use crate::args::{load_config, Output, RoleArgs};
+use crate::args::{Output, RoleArgs};
 use crate::runtime::{open_endpoint, with_companion};
 
 #[derive(Args, Debug)]
@@ -23,9 +23,6 @@ pub struct ArchiverArgs {
     /// Event-name patterns to archive (repeatable; default all, or `patterns` in --config).
     #[arg(long = "pattern")]
     pub patterns: Vec<String>,
-    /// TOML config (docs/archiver.md).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     /// Serve the Prometheus HTTP query API (PromQL over the archive, docs/promql.md) on ADDR
     /// (or `http_listen` in --config); behind the archiver's TLS and policy.
     #[arg(long)]
@@ -36,7 +33,7 @@ pub struct ArchiverArgs {
 
 /// `gma archiver`.
 pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
-    let mut cfg: ArchiverConfig = load_config(a.config.as_deref())?;
+    let mut cfg: ArchiverConfig = a.role.load()?;
     a.role
         .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if let Some(d) = a.data {

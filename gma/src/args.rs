@@ -2,7 +2,7 @@
 //! every serving role shares ([`RoleArgs`], [`EndpointArgs`]), the slow-consumer policy. Each
 //! subcommand's own arguments live in its module; cli.rs assembles the command.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
@@ -63,10 +63,17 @@ pub struct EndpointArgs {
     pub rpc_events_ms: Option<u64>,
 }
 
-/// The flags of a role that listens and registers in a directory: `--listen`, `--directory`
-/// and the [`EndpointArgs`]. A role command flattens it and declares its own flags only.
+/// The flags of a role that listens and registers in a directory: `--config`, `--listen`,
+/// `--directory` and the [`EndpointArgs`]. A role command flattens it and declares its own
+/// flags only; it says what its config holds with
+/// `#[command(mut_arg("config", |a| a.help("...")))]` (and `.required(true)` when the role
+/// cannot run without one), reads it with [`RoleArgs::load`] or [`RoleArgs::config_file`], and
+/// lays the shared flags over it with [`RoleArgs::apply`].
 #[derive(Args, Debug, Clone, Default)]
 pub struct RoleArgs {
+    /// TOML config of the role (its keys are in the role's documentation).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Listen address of this role's endpoint (overrides `listen` in --config; each role's
     /// default is in its documentation).
     #[arg(long, help_heading = SERVING_HEADING)]
@@ -121,6 +128,23 @@ impl EndpointArgs {
 }
 
 impl RoleArgs {
+    /// The role's config: read from --config, or the role's defaults without one.
+    pub fn load<C: serde::de::DeserializeOwned + Default>(&self) -> anyhow::Result<C> {
+        Ok(match &self.config {
+            Some(p) => gma_core::config::load_toml(p)?,
+            None => C::default(),
+        })
+    }
+
+    /// The --config a role cannot run without: its path, or an error that says how to give it
+    /// (`give {what} with --config FILE ({note})`).
+    pub fn config_file(&self, what: &str, note: &str) -> anyhow::Result<&Path> {
+        match &self.config {
+            Some(p) => Ok(p),
+            None => bail!("give {what} with --config FILE ({note})"),
+        }
+    }
+
     /// Lays the shared flags over a role's loaded config: `--listen`, `--directory`, then the
     /// endpoint flags ([`EndpointArgs::apply`]).
     pub fn apply(
@@ -160,16 +184,6 @@ impl ClientTlsArgs {
             ca: self.tls_ca.clone(),
         })
     }
-}
-
-/// Reads a role's TOML config file, or the role's defaults without one.
-pub fn load_config<C: serde::de::DeserializeOwned + Default>(
-    path: Option<&std::path::Path>,
-) -> anyhow::Result<C> {
-    Ok(match path {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => C::default(),
-    })
 }
 
 /// The directory a role registers in, required: the error says how to give it.

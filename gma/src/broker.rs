@@ -15,19 +15,17 @@ use gma_core::time::{format_rfc3339, now_ns};
 use gma_proto::v1::{self as pb, broker_client::BrokerClient, reservations_client::ReservationsClient};
 use serde_json::json;
 
-use crate::args::{load_config, require_directory, Output, RoleArgs};
+use crate::args::{require_directory, Output, RoleArgs};
 use crate::runtime::open_endpoint;
 use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 #[command(mut_arg("listen", |a| a.help("Listen address of the broker: its Broker service and its decision events (overrides `listen` in --config; default 127.0.0.1:0, any free port)")))]
+#[command(mut_arg("config", |a| a.help("TOML config (rank, resources annotations, reservations, follow, ...; docs/broker.md)")))]
 pub struct BrokerArgs {
     #[command(subcommand)]
     pub command: Option<BrokerCommand>,
-    /// TOML config (rank, resources annotations, reservations, follow, ...; docs/broker.md).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -139,12 +137,10 @@ pub enum BrokerCommand {
 #[command(args_conflicts_with_subcommands = true)]
 #[command(mut_arg("listen", |a| a.help("Listen address of the Reservations service (overrides `listen` in --config; default 127.0.0.1:7400)")))]
 #[command(mut_arg("directory", |a| a.help("Register in this directory, ADDR[,ADDR...], as a producer of reservation.state (overrides `directory` in --config)")))]
+#[command(mut_arg("config", |a| a.help("TOML config: resources, background reservations, horizon (docs/broker.md)")))]
 pub struct SimresArgs {
     #[command(subcommand)]
     pub command: Option<SimresCommand>,
-    /// TOML config: resources, background reservations, horizon (docs/broker.md).
-    #[arg(long, required = false)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -206,12 +202,12 @@ pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
         }) => coallocate(&jobs, &broker, policy, submit, output).await,
         Some(BrokerCommand::View { broker, output }) => view(&broker, output).await,
         Some(BrokerCommand::Provision(p)) => crate::provision::run(p).await,
-        None => serve(a.config, a.role).await,
+        None => serve(a.role).await,
     }
 }
 
-async fn serve(config: Option<PathBuf>, role: RoleArgs) -> anyhow::Result<()> {
-    let mut cfg: BrokerConfig = load_config(config.as_deref())?;
+async fn serve(role: RoleArgs) -> anyhow::Result<()> {
+    let mut cfg: BrokerConfig = role.load()?;
     role.apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     require_directory(&cfg.directory)?;
     let listener = open_endpoint("broker", &cfg.listen, &cfg.endpoint).await?;
@@ -290,10 +286,8 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
         }
         None => {}
     }
-    let Some(path) = a.config else {
-        bail!("give the resources with --config FILE (docs/broker.md)");
-    };
-    let mut cfg: SimresConfig = gma_core::config::load_toml(&path)?;
+    let path = a.role.config_file("the resources", "docs/broker.md")?;
+    let mut cfg: SimresConfig = gma_core::config::load_toml(path)?;
     a.role
         .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     cfg.validate()

@@ -6,21 +6,17 @@ use anyhow::anyhow;
 use clap::Args;
 use gma_dashboard::DashboardConfig;
 
-use crate::args::{load_config, RoleArgs};
+use crate::args::RoleArgs;
 use crate::runtime::open_endpoint;
 use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
 #[command(mut_arg("listen", |a| a.help("HTTP listen address of the page (overrides `listen` in --config; default 127.0.0.1:7500)")))]
+#[command(mut_arg("config", |a| a.help("TOML config (listen, directory, archiver, patterns, cluster_poll_ms, federation, federation_poll_ms, history_points, broadcast_capacity, metrics_listen, plain_http, access_policy, [tls], [auth], [limits])")))]
 pub struct DashboardArgs {
     /// An archiver's address: enables the history panel.
     #[arg(long)]
     pub archiver: Option<String>,
-    /// TOML config (listen, directory, archiver, patterns, cluster_poll_ms, federation,
-    /// federation_poll_ms, history_points,
-    /// broadcast_capacity, metrics_listen, plain_http, access_policy, [tls], [auth], [limits]).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     /// Serve plain HTTP although --tls-cert is given (it then only identifies the dashboard's
     /// own connections into the fabric): behind an authenticating proxy on the same host.
     #[arg(long)]
@@ -47,7 +43,7 @@ pub struct DashboardArgs {
 }
 
 pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
-    let mut cfg: DashboardConfig = load_config(a.config.as_deref())?;
+    let mut cfg: DashboardConfig = a.role.load()?;
     a.role.endpoint.refuse_rpc_events("the dashboard")?;
     a.role
         .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;

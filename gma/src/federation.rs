@@ -20,12 +20,10 @@ use crate::serve::shutdown_signal;
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 #[command(mut_arg("directory", |a| a.help("The site's directory, ADDR[,ADDR...] (overrides `directory` in --config)")))]
+#[command(mut_arg("config", |a| a.help("TOML config: site, directory, peers, rank, route, leases ... (docs/federation.md)")))]
 pub struct FederationArgs {
     #[command(subcommand)]
     pub command: Option<FederationCommand>,
-    /// TOML config: site, directory, peers, rank, route, leases ... (docs/federation.md).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -219,15 +217,16 @@ pub async fn run(a: FederationArgs) -> anyhow::Result<()> {
             depth,
             output,
         }) => crate::fedtree::run(&federation, depth, output).await,
-        None => serve(a.config, a.role).await,
+        None => serve(a.role).await,
     }
 }
 
-async fn serve(config: Option<PathBuf>, role: RoleArgs) -> anyhow::Result<()> {
-    let Some(path) = config else {
-        bail!("give the endpoint's config with --config FILE (site = \"...\" at least; docs/federation.md)");
-    };
-    let mut cfg: FederationConfig = gma_core::config::load_toml(&path)?;
+async fn serve(role: RoleArgs) -> anyhow::Result<()> {
+    let path = role.config_file(
+        "the endpoint's config",
+        "site = \"...\" at least; docs/federation.md",
+    )?;
+    let mut cfg: FederationConfig = gma_core::config::load_toml(path)?;
     role.apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;

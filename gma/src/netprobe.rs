@@ -2,7 +2,6 @@
 //! cliques of running netprobes through the directory).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
@@ -15,12 +14,13 @@ use gma_netprobe::NetprobeConfig;
 use gma_proto::v1::{self as pb, clique_client::CliqueClient, producer_client::ProducerClient};
 use serde_json::json;
 
-use crate::args::{load_config, require_directory, Output, RoleArgs};
+use crate::args::{require_directory, Output, RoleArgs};
 use crate::runtime::open_endpoint;
 use crate::serve::shutdown_signal;
 
 #[derive(Args, Debug)]
 #[command(mut_arg("listen", |a| a.help("Listen address: an address the other hosts of the clique can reach (overrides `listen` in --config; default 127.0.0.1:7700)")))]
+#[command(mut_arg("config", |a| a.help("TOML config (period_ms, token_timeout_ms, transfer_bytes, max_bytes_per_s, ...; docs/netprobe.md)")))]
 pub struct NetprobeArgs {
     /// The clique: netprobes of one site probe each other, one at a time.
     #[arg(long)]
@@ -30,10 +30,6 @@ pub struct NetprobeArgs {
     pub source: Option<String>,
     #[arg(long)]
     pub lease_ttl_ms: Option<u64>,
-    /// TOML config (period_ms, token_timeout_ms, transfer_bytes, max_bytes_per_s, ...;
-    /// docs/netprobe.md).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub role: RoleArgs,
 }
@@ -67,7 +63,7 @@ pub struct NetRead {
 }
 
 pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
-    let mut cfg: NetprobeConfig = load_config(a.config.as_deref())?;
+    let mut cfg: NetprobeConfig = a.role.load()?;
     a.role
         .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if let Some(s) = a.site {

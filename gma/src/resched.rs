@@ -5,9 +5,8 @@ use gma_rescheduler::service::{decision_str, ReschedulerConfig};
 use gma_rescheduler::{decide, Policy};
 
 use clap::{Args, Subcommand};
-use std::path::PathBuf;
 
-use crate::args::{load_config, require_directory, Output, RoleArgs};
+use crate::args::{require_directory, Output, RoleArgs};
 use crate::runtime::open_endpoint;
 use crate::serve::shutdown_signal;
 
@@ -47,7 +46,7 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let mut cfg: ReschedulerConfig = load_config(a.config.as_deref())?;
+    let mut cfg: ReschedulerConfig = a.role.load()?;
     // --tls-*/--access-policy override [tls]/access_policy; [tls] ca turns on TLS for the
     // directory, the producers followed and the applications' AppControl.
     a.role
@@ -62,12 +61,10 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 #[command(mut_arg("listen", |a| a.help("Listen address of the rescheduler's own producer: its decision events (overrides `listen` in --config; default 127.0.0.1:0, any free port)")))]
+#[command(mut_arg("config", |a| a.help("TOML config (cost_s, threshold, max_age_ms, opportunistic, action, ...)")))]
 pub struct ReschedulerArgs {
     #[command(subcommand)]
     pub command: Option<ReschedulerCommand>,
-    /// TOML config (cost_s, threshold, max_age_ms, opportunistic, action, ...).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub role: RoleArgs,
 }

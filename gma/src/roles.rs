@@ -8,7 +8,7 @@ use gma_producer::ProducerConfig;
 
 use clap::Args;
 
-use crate::args::{load_config, EndpointArgs, RoleArgs};
+use crate::args::{EndpointArgs, RoleArgs};
 use crate::runtime::{open_endpoint, with_companion};
 use crate::serve::{bind, bind_checked, shutdown_signal};
 
@@ -74,8 +74,8 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
 }
 
 pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
-    let mut cfg: ProducerConfig = load_config(a.config.as_deref())?;
-    if a.config.is_none() {
+    let mut cfg: ProducerConfig = a.role.load()?;
+    if a.role.config.is_none() {
         cfg.listen = "127.0.0.1:7001".into();
     }
     a.role
@@ -406,6 +406,7 @@ pub struct DirectoryArgs {
 #[derive(Args, Debug)]
 #[command(mut_arg("listen", |a| a.help("Listen address (overrides `listen` in --config; default 127.0.0.1:7001 without --config)")))]
 #[command(mut_arg("directory", |a| a.help("Directory address(es) to register with, ADDR[,ADDR...] (overrides `directory` in --config; omit to run standalone)")))]
+#[command(mut_arg("config", |a| a.help("TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...)")))]
 pub struct ProducerArgs {
     /// Source name for this host's events (default: host name).
     #[arg(long)]
@@ -439,9 +440,6 @@ pub struct ProducerArgs {
     /// How often the CPU budget is checked, ms (default 10000).
     #[arg(long)]
     pub budget_check_ms: Option<u64>,
-    /// TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     /// Serve the latest sensor values as Prometheus gauges at /metrics on this address
     /// (gma_host_cpu_user{source="hostA"}, ...; see docs/dashboard.md).
     #[arg(long)]

@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use anyhow::anyhow;
+use anyhow::{anyhow, bail};
 use clap::Args;
 use gma_consumer::sink::{HandlerError, Sink, SinkConfig, SinkHandler};
 use gma_core::codec::OwnedEvent;
@@ -26,6 +26,9 @@ use crate::serve::shutdown_signal;
 #[derive(Args, Debug)]
 #[command(mut_arg("listen", |a| a.help("Listen address for pushed streams (default 127.0.0.1:0, any free port)")))]
 #[command(mut_arg("directory", |a| a.help("Directory address(es), ADDR[,ADDR...], to register in (required)")))]
+// The sink has no config file (its flags are its settings): the shared --config is hidden and
+// refused.
+#[command(mut_arg("config", |a| a.hide(true)))]
 pub struct SinkArgs {
     /// Event-name patterns accepted (repeatable).
     #[arg(long = "accept", required = true)]
@@ -115,6 +118,9 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     // (--tls-cert/--tls-key/--tls-client-ca serve the Consumer endpoint; --tls-ca is for the
     // directory); --access-policy decides who may push (ingest).
     a.role.endpoint.refuse_rpc_events("the sink")?;
+    if a.role.config.is_some() {
+        bail!("the sink has no config file: give its settings as flags (gma sink --help)");
+    }
     let mut config = SinkConfig {
         accepts: a.accepts.clone(),
         sources: a.sources.clone(),

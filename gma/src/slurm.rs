@@ -16,11 +16,8 @@ use crate::serve::{bind_checked, shutdown_signal};
 #[derive(Args, Debug)]
 #[command(mut_arg("listen", |a| a.help("Listen address of the adapter's Reservations service (overrides `listen` in --config; default 127.0.0.1:7410)")))]
 #[command(mut_arg("directory", |a| a.help("Register in this directory, ADDR[,ADDR...], as a producer of reservation.state and job.batch (overrides `directory` in --config)")))]
+#[command(mut_arg("config", |a| a.help("TOML config: slurm_conf, nodes, user, software, job_dir ... (docs/slurm.md); without one the defaults apply (Slurm's own slurm.conf, every node)")))]
 pub struct SlurmArgs {
-    /// TOML config: slurm_conf, nodes, user, software, job_dir ... (docs/slurm.md); without
-    /// one the defaults apply (Slurm's own slurm.conf, every node).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     /// The slurm.conf of the cluster (overrides the config; default: Slurm's own).
     #[arg(long)]
     pub slurm_conf: Option<PathBuf>,
@@ -29,10 +26,7 @@ pub struct SlurmArgs {
 }
 
 pub async fn run(a: SlurmArgs) -> anyhow::Result<()> {
-    let mut cfg: SlurmConfig = match &a.config {
-        Some(p) => gma_core::config::load_toml(p)?,
-        None => SlurmConfig::default(),
-    };
+    let mut cfg: SlurmConfig = a.role.load()?;
     a.role
         .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
     if a.slurm_conf.is_some() {
