@@ -2,47 +2,50 @@
 //! (docs/control.md). Each call is the policy action `producer.control`, audited by the
 //! producer as `gma.audit`.
 
-use clap::Subcommand;
+use std::future::Future;
+
+use clap::{Args, Subcommand};
 use gma_proto::v1 as pb;
 use serde_json::json;
 
 use crate::args::Output;
 use crate::tools::rpc_err;
 
+/// The producer a `gma agent` command steers, and how it prints: every subcommand takes them.
+#[derive(Args, Debug)]
+pub struct Agent {
+    #[arg(long)]
+    producer: String,
+    #[arg(long, value_enum, default_value = "table")]
+    output: Output,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {
     /// The sensors with their periods, state and measured cost.
     Sensors {
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// Set a sensor's period: gma agent set host.cpu 250 --producer ADDR
     Set {
         sensor: String,
         /// Milliseconds, 1..=3600000.
         period_ms: u64,
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// Resume a disabled sensor.
     Enable {
         sensor: String,
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// Stop sampling a sensor (until enabled again).
     Disable {
         sensor: String,
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// Watch processes (proc.event, proc.usage): exactly one of --comm, --cmdline, --pid.
     Watch {
@@ -60,69 +63,77 @@ pub enum AgentCommand {
         cpu_pct_max: Option<f64>,
         #[arg(long)]
         rss_mb_max: Option<f64>,
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// A monitor's rules (`gma monitor`), runtime ones marked.
     Rules {
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// Add a rule to a running monitor: FILE holds one `[[rule]]` table (docs/monitor.md).
     RuleAdd {
         file: std::path::PathBuf,
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// Remove a rule added with `gma agent rule-add`.
     RuleRemove {
         name: String,
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
     /// Remove a process watch added with `gma agent watch`.
     Unwatch {
         name: String,
-        #[arg(long)]
-        producer: String,
-        #[arg(long, value_enum, default_value = "table")]
-        output: Output,
+        #[command(flatten)]
+        at: Agent,
     },
 }
 
 type Client = pb::control_client::ControlClient<tonic::transport::Channel>;
 
-async fn client(producer: &str) -> anyhow::Result<Client> {
-    let ch = gma_consumer::connect(producer).await.map_err(rpc_err)?;
-    Ok(pb::control_client::ControlClient::new(ch))
-}
+impl Agent {
+    async fn client(&self) -> anyhow::Result<Client> {
+        let ch = gma_consumer::connect(&self.producer).await.map_err(rpc_err)?;
+        Ok(pb::control_client::ControlClient::new(ch))
+    }
 
-fn changed(what: &str, r: pb::ControlResponse, output: Output) {
-    match output {
-        Output::Json => println!("{}", json!({"what": what, "before": r.before, "after": r.after})),
-        Output::Table => println!("{what}: before [{}] after [{}]", r.before, r.after),
+    /// Makes one change through the producer's `Control` service (`call` names it in a
+    /// refusal) and prints what it changed on `what`.
+    async fn change<F, Fut>(&self, what: &str, call: &'static str, rpc: F) -> anyhow::Result<()>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<pb::ControlResponse>, tonic::Status>>,
+    {
+        let r = rpc(self.client().await?)
+            .await
+            .map_err(refused(call))?
+            .into_inner();
+        match self.output {
+            Output::Json => println!("{}", json!({"what": what, "before": r.before, "after": r.after})),
+            Output::Table => println!("{what}: before [{}] after [{}]", r.before, r.after),
+        }
+        Ok(())
+    }
+
+    /// The producer's sensors, its rules and its CPU (`call` names the command in a refusal).
+    async fn sensors(&self, call: &'static str) -> anyhow::Result<pb::ListSensorsResponse> {
+        let r = self
+            .client()
+            .await?
+            .list_sensors(pb::ListSensorsRequest {})
+            .await
+            .map_err(refused(call))?;
+        Ok(r.into_inner())
     }
 }
 
 pub async fn run(cmd: AgentCommand) -> anyhow::Result<()> {
-    let status = refused;
     match cmd {
-        AgentCommand::Sensors { producer, output } => {
-            let r = client(&producer)
-                .await?
-                .list_sensors(pb::ListSensorsRequest {})
-                .await
-                .map_err(status("sensors"))?
-                .into_inner();
-            match output {
+        AgentCommand::Sensors { at } => {
+            let r = at.sensors("sensors").await?;
+            match at.output {
                 Output::Json => {
                     for s in &r.sensors {
                         println!(
@@ -161,33 +172,22 @@ pub async fn run(cmd: AgentCommand) -> anyhow::Result<()> {
                     }
                 }
             }
+            Ok(())
         }
         AgentCommand::Set {
             sensor,
             period_ms,
-            producer,
-            output,
+            at,
         } => {
-            let r = client(&producer)
-                .await?
-                .set_period(pb::SetPeriodRequest {
-                    sensor: sensor.clone(),
-                    period_ms,
-                })
+            let req = pb::SetPeriodRequest {
+                sensor: sensor.clone(),
+                period_ms,
+            };
+            at.change(&sensor, "set", |mut c| async move { c.set_period(req).await })
                 .await
-                .map_err(status("set"))?;
-            changed(&sensor, r.into_inner(), output);
         }
-        AgentCommand::Enable {
-            sensor,
-            producer,
-            output,
-        } => set_enabled(&producer, sensor, true, output).await?,
-        AgentCommand::Disable {
-            sensor,
-            producer,
-            output,
-        } => set_enabled(&producer, sensor, false, output).await?,
+        AgentCommand::Enable { sensor, at } => set_enabled(&at, sensor, true).await,
+        AgentCommand::Disable { sensor, at } => set_enabled(&at, sensor, false).await,
         AgentCommand::Watch {
             name,
             comm,
@@ -196,91 +196,61 @@ pub async fn run(cmd: AgentCommand) -> anyhow::Result<()> {
             period_ms,
             cpu_pct_max,
             rss_mb_max,
-            producer,
-            output,
+            at,
         } => {
-            let r = client(&producer)
-                .await?
-                .watch(pb::ProcessWatchRequest {
-                    name: name.clone(),
-                    comm: comm.unwrap_or_default(),
-                    cmdline: cmdline.unwrap_or_default(),
-                    pid: pid.unwrap_or(0),
-                    period_ms: period_ms.unwrap_or(0),
-                    cpu_pct_max: cpu_pct_max.unwrap_or(0.0),
-                    rss_mb_max: rss_mb_max.unwrap_or(0.0),
-                })
+            let req = pb::ProcessWatchRequest {
+                name: name.clone(),
+                comm: comm.unwrap_or_default(),
+                cmdline: cmdline.unwrap_or_default(),
+                pid: pid.unwrap_or(0),
+                period_ms: period_ms.unwrap_or(0),
+                cpu_pct_max: cpu_pct_max.unwrap_or(0.0),
+                rss_mb_max: rss_mb_max.unwrap_or(0.0),
+            };
+            at.change(&name, "watch", |mut c| async move { c.watch(req).await })
                 .await
-                .map_err(status("watch"))?;
-            changed(&name, r.into_inner(), output);
         }
-        AgentCommand::Rules { producer, output } => {
-            let r = client(&producer)
-                .await?
-                .list_sensors(pb::ListSensorsRequest {})
-                .await
-                .map_err(status("rules"))?
-                .into_inner();
-            for rule in r.rules {
-                match output {
+        AgentCommand::Rules { at } => {
+            for rule in at.sensors("rules").await?.rules {
+                match at.output {
                     Output::Json => println!("{}", json!({ "rule": rule })),
                     Output::Table => println!("{rule}"),
                 }
             }
+            Ok(())
         }
-        AgentCommand::RuleAdd {
-            file,
-            producer,
-            output,
-        } => {
+        AgentCommand::RuleAdd { file, at } => {
             let toml = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-            let r = client(&producer)
-                .await?
-                .add_rule(pb::AddRuleRequest { toml })
+            let req = pb::AddRuleRequest { toml };
+            at.change("rule", "rule-add", |mut c| async move { c.add_rule(req).await })
                 .await
-                .map_err(status("rule-add"))?;
-            changed("rule", r.into_inner(), output);
         }
-        AgentCommand::RuleRemove {
-            name,
-            producer,
-            output,
-        } => {
-            let r = client(&producer)
-                .await?
-                .remove_rule(pb::RemoveRuleRequest { name: name.clone() })
-                .await
-                .map_err(status("rule-remove"))?;
-            changed(&name, r.into_inner(), output);
+        AgentCommand::RuleRemove { name, at } => {
+            let req = pb::RemoveRuleRequest { name: name.clone() };
+            at.change(
+                &name,
+                "rule-remove",
+                |mut c| async move { c.remove_rule(req).await },
+            )
+            .await
         }
-        AgentCommand::Unwatch {
-            name,
-            producer,
-            output,
-        } => {
-            let r = client(&producer)
-                .await?
-                .unwatch(pb::RemoveWatchRequest { name: name.clone() })
+        AgentCommand::Unwatch { name, at } => {
+            let req = pb::RemoveWatchRequest { name: name.clone() };
+            at.change(&name, "unwatch", |mut c| async move { c.unwatch(req).await })
                 .await
-                .map_err(status("unwatch"))?;
-            changed(&name, r.into_inner(), output);
         }
     }
-    Ok(())
 }
 
-async fn set_enabled(producer: &str, sensor: String, enabled: bool, output: Output) -> anyhow::Result<()> {
-    let r = client(producer)
-        .await?
-        .set_enabled(pb::SetEnabledRequest {
-            sensor: sensor.clone(),
-            enabled,
-        })
+async fn set_enabled(at: &Agent, sensor: String, enabled: bool) -> anyhow::Result<()> {
+    let req = pb::SetEnabledRequest {
+        sensor: sensor.clone(),
+        enabled,
+    };
+    let call = if enabled { "enable" } else { "disable" };
+    at.change(&sensor, call, |mut c| async move { c.set_enabled(req).await })
         .await
-        .map_err(refused(if enabled { "enable" } else { "disable" }))?;
-    changed(&sensor, r.into_inner(), output);
-    Ok(())
 }
 
 /// A refusal as an error naming the call and the gRPC code (`PermissionDenied: ...`).

@@ -2,6 +2,7 @@
 //! cliques of running netprobes through the directory).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
@@ -93,6 +94,28 @@ pub async fn net(a: NetArgs) -> anyhow::Result<()> {
 
 const T: Duration = Duration::from_secs(10);
 
+/// Asks every netprobe in `found`, one after the other, each within [`T`]: the answers with the
+/// address that gave them; a netprobe that refuses or does not answer is a warning on stderr.
+async fn ask_each<R, F, Fut>(found: &[pb::ProducerRecord], ask: F) -> Vec<(String, R)>
+where
+    F: Fn(tonic::transport::Channel) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+{
+    let mut answers = Vec::new();
+    for p in found {
+        let call = async {
+            let ch = gma_consumer::connect(&p.address).await?;
+            ask(ch).await.map_err(|s| anyhow!("{}", s.message()))
+        };
+        match tokio::time::timeout(T, call).await {
+            Ok(Ok(r)) => answers.push((p.address.clone(), r.into_inner())),
+            Ok(Err(e)) => eprintln!("warning: {}: {e}", p.id),
+            Err(_) => eprintln!("warning: {}: no answer within {T:?}", p.id),
+        }
+    }
+    answers
+}
+
 /// The netprobes registered in the directory (of `site`, if given).
 async fn netprobes(dir: &str, site: Option<&str>) -> anyhow::Result<Vec<pb::ProducerRecord>> {
     let mut client = directory::client(dir).await.map_err(|e| anyhow!("{e}"))?;
@@ -121,26 +144,17 @@ async fn matrix_cmd(dir: &str, site: Option<&str>, output: Output) -> anyhow::Re
     };
     let mut events = Vec::new();
     let mut schemas = BTreeMap::new();
-    for p in &found {
-        let call = async {
-            let ch = gma_consumer::connect(&p.address)
-                .await
-                .map_err(|e| e.to_string())?;
-            ProducerClient::new(ch)
-                .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES)
-                .query(req.clone())
-                .await
-                .map_err(|s| s.message().to_string())
-        };
-        match tokio::time::timeout(T, call).await {
-            Ok(Ok(r)) => {
-                let r = r.into_inner();
-                events.extend(r.events);
-                schemas.extend(r.schemas.into_iter().map(|s| (s.name.clone(), s)));
-            }
-            Ok(Err(e)) => eprintln!("warning: {}: {e}", p.id),
-            Err(_) => eprintln!("warning: {}: no answer within {T:?}", p.id),
+    let answers = ask_each(&found, |ch| {
+        let req = req.clone();
+        async move {
+            let mut c = ProducerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+            c.query(req).await
         }
+    })
+    .await;
+    for (_, r) in answers {
+        events.extend(r.events);
+        schemas.extend(r.schemas.into_iter().map(|s| (s.name.clone(), s)));
     }
     let links = matrix::build(&events, &schemas);
     if links.is_empty() {
@@ -210,23 +224,10 @@ fn token_json(t: &Option<pb::CliqueToken>) -> serde_json::Value {
 
 async fn status_cmd(dir: &str, site: Option<&str>, output: Output) -> anyhow::Result<()> {
     let found = netprobes(dir, site).await?;
-    let mut rows = Vec::new();
-    for p in &found {
-        let call = async {
-            let ch = gma_consumer::connect(&p.address)
-                .await
-                .map_err(|e| e.to_string())?;
-            CliqueClient::new(ch)
-                .status(pb::CliqueStatusRequest {})
-                .await
-                .map_err(|s| s.message().to_string())
-        };
-        match tokio::time::timeout(T, call).await {
-            Ok(Ok(r)) => rows.push((p.address.clone(), r.into_inner())),
-            Ok(Err(e)) => eprintln!("warning: {}: {e}", p.id),
-            Err(_) => eprintln!("warning: {}: no answer within {T:?}", p.id),
-        }
-    }
+    let rows = ask_each(&found, |ch| async move {
+        CliqueClient::new(ch).status(pb::CliqueStatusRequest {}).await
+    })
+    .await;
     match output {
         Output::Json => println!(
             "{}",
