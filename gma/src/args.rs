@@ -202,6 +202,28 @@ pub enum Output {
     Json,
 }
 
+impl Output {
+    /// Prints a list: a JSON array of `json(item)`, or one `line(item)` an item and then the
+    /// count (`3 jobs`, with `noun` = "jobs").
+    pub fn print_list<T>(
+        self,
+        items: &[T],
+        noun: &str,
+        json: impl Fn(&T) -> serde_json::Value,
+        line: impl Fn(&T) -> String,
+    ) {
+        match self {
+            Output::Json => println!("{}", serde_json::Value::Array(items.iter().map(json).collect())),
+            Output::Table => {
+                for x in items {
+                    println!("{}", line(x));
+                }
+                println!("{} {noun}", items.len());
+            }
+        }
+    }
+}
+
 /// What the producer does when a subscriber falls behind.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PolicyArg {

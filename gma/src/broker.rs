@@ -236,34 +236,27 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
                 ..Default::default()
             };
             let r = call(&addr, c.list(req), Duration::from_secs(30)).await?;
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::Value::Array(
-                        r.reservations
-                            .iter()
-                            .map(|x| json!({
-                                "id": x.id, "resource": x.resource, "cpus": x.cpus, "start_s": x.start_s,
-                                "end_s": x.end_s, "owner": x.owner,
-                            }))
-                            .collect()
+            output.print_list(
+                &r.reservations,
+                "reservations",
+                |x| {
+                    json!({
+                        "id": x.id, "resource": x.resource, "cpus": x.cpus, "start_s": x.start_s,
+                        "end_s": x.end_s, "owner": x.owner,
+                    })
+                },
+                |x| {
+                    format!(
+                        "{:<20} {:<16} cpus {:<4} {} .. {}  {}",
+                        x.id,
+                        x.resource,
+                        x.cpus,
+                        format_rfc3339(x.start_s * 1_000_000_000),
+                        format_rfc3339(x.end_s * 1_000_000_000),
+                        x.owner
                     )
-                ),
-                Output::Table => {
-                    for x in &r.reservations {
-                        println!(
-                            "{:<20} {:<16} cpus {:<4} {} .. {}  {}",
-                            x.id,
-                            x.resource,
-                            x.cpus,
-                            format_rfc3339(x.start_s * 1_000_000_000),
-                            format_rfc3339(x.end_s * 1_000_000_000),
-                            x.owner
-                        );
-                    }
-                    println!("{} reservations", r.reservations.len());
-                }
-            }
+                },
+            );
             return Ok(());
         }
         Some(SimresCommand::Release {

@@ -189,23 +189,12 @@ pub async fn run(a: FederationArgs) -> anyhow::Result<()> {
                 let links = gma_federation::links::list(&d)
                     .await
                     .map_err(|e| anyhow!("{e}"))?;
-                match output {
-                    Output::Json => println!(
-                        "{}",
-                        serde_json::Value::Array(
-                            links
-                                .iter()
-                                .map(|l| json!({"site": l.site, "endpoint": l.endpoint, "role": l.role.as_str(), "hops": l.hops()}))
-                                .collect()
-                        )
-                    ),
-                    Output::Table => {
-                        for l in &links {
-                            println!("{:<20} {:<24} {:<7} hops {}", l.site, l.endpoint, l.role.as_str(), l.hops());
-                        }
-                        println!("{} links", links.len());
-                    }
-                }
+                output.print_list(
+                    &links,
+                    "links",
+                    |l| json!({"site": l.site, "endpoint": l.endpoint, "role": l.role.as_str(), "hops": l.hops()}),
+                    |l| format!("{:<20} {:<24} {:<7} hops {}", l.site, l.endpoint, l.role.as_str(), l.hops()),
+                );
                 Ok(())
             }
             (None, None) => {
@@ -413,18 +402,7 @@ pub async fn job(a: JobArgs) -> anyhow::Result<()> {
         } => {
             let mut c = scheduler(&federation).await?;
             let r = call(&federation, c.list(pb::ListJobsRequest { state })).await?;
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::Value::Array(r.jobs.iter().map(job_json).collect())
-                ),
-                Output::Table => {
-                    for j in &r.jobs {
-                        println!("{}", job_line(j));
-                    }
-                    println!("{} jobs", r.jobs.len());
-                }
-            }
+            output.print_list(&r.jobs, "jobs", job_json, job_line);
             Ok(())
         }
         JobCommand::Cancel { id, federation } => {

@@ -246,18 +246,12 @@ pub async fn run(a: GridArgs) -> anyhow::Result<()> {
         GridCommand::List { federation, output } => {
             let mut c = client(&federation).await?;
             let r = call(&federation, c.list(pb::GridListRequest {})).await?;
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::Value::Array(r.reservations.iter().map(reservation_json).collect())
-                ),
-                Output::Table => {
-                    for x in &r.reservations {
-                        println!("{}", reservation_line(x));
-                    }
-                    println!("{} reservations", r.reservations.len());
-                }
-            }
+            output.print_list(
+                &r.reservations,
+                "reservations",
+                reservation_json,
+                reservation_line,
+            );
             Ok(())
         }
     }

@@ -74,11 +74,12 @@ pub struct ProvisionArgs {
     output: Output,
 }
 
-fn parse_price(s: &str) -> Result<(String, f64), String> {
-    let (name, su) = s.split_once('=').ok_or("give NAME=SU")?;
-    let su: f64 = su.parse().map_err(|_| format!("{su:?} is not a number"))?;
+/// `--resource-price NAME=SU` (clap's value parser: its error goes into clap's message).
+fn parse_price(s: &str) -> anyhow::Result<(String, f64)> {
+    let (name, su) = s.split_once('=').ok_or_else(|| anyhow!("give NAME=SU"))?;
+    let su: f64 = su.parse().map_err(|_| anyhow!("{su:?} is not a number"))?;
     if name.is_empty() || !(su.is_finite() && su >= 0.0) {
-        return Err("give a resource name and a price >= 0".into());
+        bail!("give a resource name and a price >= 0");
     }
     Ok((name.to_string(), su))
 }

@@ -756,11 +756,11 @@ pub struct QueryArgs {
 }
 
 /// `--since`: a duration (`5m`, `90s`) in milliseconds, at least 1 ms.
-fn parse_since(s: &str) -> Result<u64, String> {
-    let ns = gma_core::time::parse_duration(s).map_err(|e| e.to_string())?;
+fn parse_since(s: &str) -> anyhow::Result<u64> {
+    let ns = gma_core::time::parse_duration(s)?;
     match u64::try_from(ns / 1_000_000) {
         Ok(ms) if ms >= 1 => Ok(ms),
-        _ => Err(format!("{s:?}: give a window of at least 1ms, e.g. 5m")),
+        _ => bail!("{s:?}: give a window of at least 1ms, e.g. 5m"),
     }
 }
 
