@@ -234,3 +234,31 @@ pub enum PolicyArg {
     /// Hold events for this subscriber (archivers), within the producer's block reserve.
     Block,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_role_reads_its_config_or_its_defaults_and_says_how_to_give_a_required_one() {
+        let none = RoleArgs::default();
+        let e = none.config_file("the resources", "docs/broker.md").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "give the resources with --config FILE (docs/broker.md)"
+        );
+        let defaults: Endpoint = none.load().expect("defaults without --config");
+        assert_eq!(defaults.rpc_events_ms, Endpoint::default().rpc_events_ms);
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("role.toml");
+        std::fs::write(&path, "rpc_events_ms = 7\n").expect("write config");
+        let given = RoleArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        assert_eq!(given.config_file("x", "y").expect("given"), path.as_path());
+        let read: Endpoint = given.load().expect("read --config");
+        assert_eq!(read.rpc_events_ms, Some(7));
+    }
+}

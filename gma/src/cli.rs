@@ -431,6 +431,36 @@ mod tests {
         assert_eq!(endpoint.rpc_events_ms, Some(6));
     }
 
+    /// `--config` is one of the shared role flags, listed with the command's own; the sink has
+    /// no config file, so it does not show it.
+    #[test]
+    fn every_role_but_the_sink_shows_config_among_its_own_flags() {
+        for role in DIRECTORY_ROLES {
+            let h = help(&[role]);
+            let own = section(&h, "Options");
+            assert_eq!(has_flag(&own, "--config"), role != "sink", "gma {role}:\n{h}");
+        }
+        for role in ["monitor", "relay"] {
+            let err = Cli::try_parse_from(["gma", role]).expect_err("--config is required");
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{role}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_sink_refuses_a_config_file() {
+        let cli =
+            Cli::try_parse_from(["gma", "sink", "--accept", "*", "--config", "s.toml"]).expect("parses");
+        let Command::Sink(a) = cli.command else {
+            panic!("not a sink")
+        };
+        let err = crate::sink::run(a).await.expect_err("no config file").to_string();
+        assert!(err.contains("the sink has no config file"), "{err}");
+    }
+
     #[test]
     fn roles_without_rpc_events_refuse_the_flag() {
         for argv in [

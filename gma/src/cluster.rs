@@ -1,8 +1,10 @@
 //! `gma cluster`: status and membership of a replicated directory.
 
+use std::future::Future;
+
 use anyhow::{anyhow, bail};
 use gma_proto::raft::raft_client::RaftClient;
-use gma_proto::raft::{AddLearnerRequest, ChangeMembershipRequest};
+use gma_proto::raft::{AddLearnerRequest, AdminReply, ChangeMembershipRequest};
 use gma_proto::v1 as pb;
 
 use clap::{Args, Subcommand};
@@ -118,14 +120,10 @@ pub async fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
             address,
         } => {
             let (leader, _, _) = leader(&directory).await?;
-            let r = raft_client(&leader)
-                .await?
-                .add_learner(AddLearnerRequest { id, address })
-                .await
-                .map_err(|s| anyhow!("add-learner: {}", s.message()))?
-                .into_inner();
-            println!("{}", r.message);
-            Ok(())
+            admin(&leader, "add-learner", |mut c| async move {
+                c.add_learner(AddLearnerRequest { id, address }).await
+            })
+            .await
         }
         ClusterCommand::Promote { directory, id } => {
             let hint = ": add it with `gma cluster add-learner` first";
@@ -167,11 +165,23 @@ async fn change_voters(
 }
 
 async fn change(leader: &str, voters: Vec<u64>, retain: bool) -> anyhow::Result<()> {
-    let r = raft_client(leader)
-        .await?
-        .change_membership(ChangeMembershipRequest { voters, retain })
+    admin(leader, "change membership", |mut c| async move {
+        c.change_membership(ChangeMembershipRequest { voters, retain })
+            .await
+    })
+    .await
+}
+
+/// Makes one membership change at the leader (`what` names it in an error) and prints the
+/// leader's reply.
+async fn admin<F, Fut>(leader: &str, what: &str, call: F) -> anyhow::Result<()>
+where
+    F: FnOnce(RaftClient<tonic::transport::Channel>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<AdminReply>, tonic::Status>>,
+{
+    let r = call(raft_client(leader).await?)
         .await
-        .map_err(|s| anyhow!("change membership: {}", s.message()))?
+        .map_err(|s| anyhow!("{what}: {}", s.message()))?
         .into_inner();
     println!("{}", r.message);
     Ok(())
