@@ -205,27 +205,16 @@ impl Role {
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
-        let exe = std::env::current_exe().context("cannot find the gma binary")?;
-        let mut child = tokio::process::Command::new(exe)
+        let mut cmd = crate::child::command()?;
+        if self.printed.is_some() {
+            cmd.stdout(Stdio::piped());
+        }
+        let mut child = cmd
             .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(if self.printed.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {}", self.name))?;
-        self.pid = child
-            .id()
-            .ok_or_else(|| anyhow!("{} exited at once", self.name))?
-            .to_string();
-        let stderr = child
-            .stderr
-            .take()
-            .ok_or_else(|| anyhow!("no stderr from {}", self.name))?;
+        self.pid = crate::child::pid(&child, &self.name)?;
+        let mut r = crate::child::stderr_lines(&mut child, &self.name)?;
         if let (Some(printed), Some(out)) = (self.printed.clone(), child.stdout.take()) {
             tokio::spawn(async move {
                 let mut r = tokio::io::BufReader::new(out).lines();
@@ -245,7 +234,6 @@ impl Role {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let prefix = self.marker.as_ref().map(|m| format!("{m} "));
         tokio::spawn(async move {
-            let mut r = tokio::io::BufReader::new(stderr).lines();
             let mut tx = Some(tx);
             while let Ok(Some(l)) = r.next_line().await {
                 if let Some(a) = prefix.as_ref().and_then(|p| l.strip_prefix(p.as_str())) {
