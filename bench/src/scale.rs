@@ -389,6 +389,22 @@ impl Role {
     }
 }
 
+/// Writes an archiver config (`listen` on port 0, id [`ARCHIVER_ID`], provenance on, then
+/// `rest`) to `conf` and starts `gma archiver --config` on it.
+async fn start_archiver(name: &str, conf: &Path, rest: String) -> anyhow::Result<Role> {
+    std::fs::write(
+        conf,
+        format!("listen = \"127.0.0.1:0\"\nid = {ARCHIVER_ID:?}\nprovenance = true\n{rest}"),
+    )?;
+    Role::start(
+        name,
+        vec!["archiver".into(), "--config".into(), conf.display().to_string()],
+        Some("gma archiver listening on"),
+        false,
+    )
+    .await
+}
+
 /// The events a `gma subscribe` gap line reports lost
 /// (`gap from P: seqs A..=B (N events lost): reason`).
 fn gap_events(line: &str) -> Option<u64> {
@@ -1067,21 +1083,15 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         None => String::new(),
     };
     let checkpoint_s = (duration / 15).clamp(1, 20);
-    let arch_conf = tmp.path().join("archiver.toml");
-    std::fs::write(
-        &arch_conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndirectory = {dirs:?}\ndata_dir = {:?}\nid = {ARCHIVER_ID:?}\nprovenance = true\n{keep}\n[store]\ncheckpoint_interval_s = {checkpoint_s}\n",
-            data.display().to_string()
-        ),
-    )?;
     let ia = roles.len();
     roles.push(
-        Role::start(
+        start_archiver(
             "archiver",
-            vec![s("archiver"), s("--config"), arch_conf.display().to_string()],
-            Some("gma archiver listening on"),
-            false,
+            &tmp.path().join("archiver.toml"),
+            format!(
+                "directory = {dirs:?}\ndata_dir = {:?}\n{keep}\n[store]\ncheckpoint_interval_s = {checkpoint_s}\n",
+                data.display().to_string()
+            ),
         )
         .await?,
     );
@@ -1513,19 +1523,10 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     // The archiver stops cleanly (flush, checkpoint) and starts again on its data, alone: the
     // read-back sees what the store reopens from disk.
     roles[ia].terminate().await?;
-    let ro_conf = tmp.path().join("archiver-readback.toml");
-    std::fs::write(
-        &ro_conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\nid = {ARCHIVER_ID:?}\nprovenance = true\n",
-            data.display().to_string()
-        ),
-    )?;
-    let mut reader = Role::start(
+    let mut reader = start_archiver(
         "archiver (read-back)",
-        vec![s("archiver"), s("--config"), ro_conf.display().to_string()],
-        Some("gma archiver listening on"),
-        false,
+        &tmp.path().join("archiver-readback.toml"),
+        format!("data_dir = {:?}\n", data.display().to_string()),
     )
     .await?;
     let read_started = Instant::now();
