@@ -154,11 +154,7 @@ impl Client {
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, E> {
         let tcp = tokio::net::TcpStream::connect(&self.authority)
             .await
-            .map_err(|source| E::Connect {
-                what: "connect",
-                authority: self.authority.clone(),
-                source,
-            })?;
+            .map_err(self.cannot("connect"))?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
             None => self.http(tcp).await,
@@ -166,13 +162,18 @@ impl Client {
                 let tls = connector
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(|source| E::Connect {
-                        what: "tls with",
-                        authority: self.authority.clone(),
-                        source,
-                    })?;
+                    .map_err(self.cannot("tls with"))?;
                 self.http(tls).await
             }
+        }
+    }
+
+    /// The error of a step (`connect`, `tls with`) that failed with the receiver.
+    fn cannot(&self, what: &'static str) -> impl FnOnce(std::io::Error) -> E + '_ {
+        move |source| E::Connect {
+            what,
+            authority: self.authority.clone(),
+            source,
         }
     }
 
