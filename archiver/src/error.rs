@@ -29,6 +29,10 @@ pub enum Error {
     /// The gRPC server failed (never reaches a client). INTERNAL.
     #[error("server error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The `[remote_write]` section is invalid, or its resume state cannot be read (the role
+    /// does not start; never reaches a client). INTERNAL.
+    #[error("invalid archiver config: {0}")]
+    RemoteWrite(#[from] crate::remote_write::RemoteWriteError),
     /// Reading a file or binding a socket failed (never reaches a client). INTERNAL.
     #[error("io error: {0}")]
     Io(#[from] std::io::Error),
@@ -59,6 +63,10 @@ mod tests {
             ),
             (Error::Config("data_dir".into()), Code::Internal),
             (Error::Io(std::io::Error::other("disk")), Code::Internal),
+            (
+                Error::from(crate::remote_write::RemoteWriteError::config("remote_write.url")),
+                Code::Internal,
+            ),
         ]);
         assert_eq!(
             Status::from(Error::Config("data_dir".into())).message(),

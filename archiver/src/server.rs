@@ -177,7 +177,7 @@ impl ArchiverConfig {
                 "store.checkpoint_wal_mib and store.checkpoint_interval_s must be at least 1".into(),
             ));
         }
-        self.promql.validate().map_err(bad)?;
+        self.promql.validate()?;
         if let Some(h) = &self.http_listen {
             self.endpoint
                 .tls
@@ -185,12 +185,7 @@ impl ArchiverConfig {
                 .map_err(|e| bad(format!("http_listen {h}: {e}")))?;
         }
         let keeper = Keeper::new(&self.keep)?;
-        let remote_write = self
-            .remote_write
-            .as_ref()
-            .map(|r| r.check())
-            .transpose()
-            .map_err(bad)?;
+        let remote_write = self.remote_write.as_ref().map(|r| r.check()).transpose()?;
         self.endpoint.validate().map_err(|e| bad(e.to_string()))?;
         let policy = load_policy(self.endpoint.access_policy.as_ref()).map_err(|e| bad(e.to_string()))?;
         Ok(Checked {
@@ -307,18 +302,15 @@ pub async fn run_with_rpc(
     // series under it, so it never sends what a crash could take back).
     let durable_gate = Arc::new(tokio::sync::Mutex::new(()));
     let forwarder = match remote_write {
-        Some(settings) => Some(
-            crate::remote_write::spawn(
-                crate::remote_write::Forwarder {
-                    settings,
-                    store: store.clone(),
-                    gate: durable_gate.clone(),
-                    data_dir: config.data_dir.clone(),
-                },
-                stop_rx.clone(),
-            )
-            .map_err(ArchiverError::Config)?,
-        ),
+        Some(settings) => Some(crate::remote_write::spawn(
+            crate::remote_write::Forwarder {
+                settings,
+                store: store.clone(),
+                gate: durable_gate.clone(),
+                data_dir: config.data_dir.clone(),
+            },
+            stop_rx.clone(),
+        )?),
         None => None,
     };
 

@@ -351,9 +351,7 @@ struct ArchiverProc {
 impl ArchiverProc {
     async fn start(directory: &str, data: &std::path::Path) -> anyhow::Result<ArchiverProc> {
         use anyhow::Context;
-        use tokio::io::AsyncBufReadExt;
-        let exe = std::env::current_exe().context("cannot find the gma binary")?;
-        let mut child = tokio::process::Command::new(exe)
+        let mut child = crate::child::command()?
             .args(["archiver", "--listen", "127.0.0.1:0", "--directory", directory])
             .args([
                 "--pattern",
@@ -363,18 +361,10 @@ impl ArchiverProc {
                 "--data",
             ])
             .arg(data)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .context("cannot start the archiver")?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("the archiver exited at once"))?
-            .to_string();
-        let err = child.stderr.take().ok_or_else(|| anyhow!("no archiver stderr"))?;
-        let mut lines = tokio::io::BufReader::new(err).lines();
+        let pid = crate::child::pid(&child, "the archiver")?;
+        let mut lines = crate::child::stderr_lines(&mut child, "the archiver")?;
         let (mut addr, mut metrics) = (None, None);
         let deadline = Instant::now() + std::time::Duration::from_secs(30);
         while addr.is_none() || metrics.is_none() {
@@ -389,8 +379,7 @@ impl ArchiverProc {
                 metrics = Some(a.trim().to_string());
             }
         }
-        // Keep draining its stderr so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        crate::child::drain(lines);
         Ok(ArchiverProc {
             child,
             pid,

@@ -477,9 +477,14 @@ pub enum BenchScenario {
     },
 }
 
-/// A duration in whole seconds: `300`, `300s`, `30m`, `1h`.
-pub(crate) fn parse_seconds(v: &str) -> Result<u64, String> {
+/// A duration in whole seconds: `300`, `300s`, `30m`, `1h` (a clap value parser).
+pub(crate) fn parse_seconds(v: &str) -> Result<u64, gma_core::Error> {
     let v = v.trim();
+    let bad = || {
+        gma_core::Error::Value(format!(
+            "{v:?}: give seconds, or a number followed by s, m or h (e.g. 30m)"
+        ))
+    };
     let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => v.split_at(i),
         None => (v, "s"),
@@ -488,16 +493,12 @@ pub(crate) fn parse_seconds(v: &str) -> Result<u64, String> {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
-        _ => {
-            return Err(format!(
-                "{v:?}: give seconds, or a number followed by s, m or h (e.g. 30m)"
-            ))
-        }
+        _ => return Err(bad()),
     };
     num.parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("{v:?}: give seconds, or a number followed by s, m or h (e.g. 30m)"))
+        .ok_or_else(bad)
 }
 
 #[cfg(test)]

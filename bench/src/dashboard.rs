@@ -13,45 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, bail};
 use hdrhistogram::Histogram;
 use std::sync::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::args::Output;
+use crate::child::spawn;
 use crate::report::{cores, proc_usage};
-
-pub(crate) struct Child {
-    pub(crate) child: tokio::process::Child,
-    pub(crate) addr: String,
-    pub(crate) pid: String,
-}
-
-pub(crate) async fn spawn(args: &[&str], marker: &str) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("cannot find the gma binary")?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(args)
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start gma {}", args[0]))?;
-    let pid = child.id().ok_or_else(|| anyhow!("exited at once"))?.to_string();
-    let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
-    let mut lines = BufReader::new(stderr).lines();
-    let prefix = format!("{marker} ");
-    let addr = loop {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .with_context(|| format!("gma {} did not start in 30 s", args[0]))??
-            .ok_or_else(|| anyhow!("gma {} exited before listening", args[0]))?;
-        if let Some(a) = line.strip_prefix(&prefix) {
-            break a.trim().to_string();
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Child { child, addr, pid })
-}
 
 async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;

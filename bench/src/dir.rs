@@ -32,7 +32,6 @@ use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
 use pb::directory_client::DirectoryClient;
-use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 use tonic::transport::Channel;
 
@@ -192,7 +191,6 @@ impl Cluster {
 
     /// Starts member `i` (node id i + 1) and waits until it listens.
     pub(crate) async fn spawn(&mut self, i: usize, init: bool) -> anyhow::Result<()> {
-        let exe = std::env::current_exe().context("cannot find the gma binary")?;
         let data = self.tmp.path().join(format!("n{}", i + 1));
         // Every benchmark client is the same anonymous identity on 127.0.0.1: the per-identity
         // rate limit (`[limits]`, 5,000 requests/s by default) would cap the benchmark, not
@@ -203,7 +201,7 @@ impl Cluster {
             data.display().to_string()
         );
         std::fs::write(&config, toml).context("cannot write the benchmark's directory config")?;
-        let mut cmd = tokio::process::Command::new(exe);
+        let mut cmd = crate::child::command()?;
         cmd.arg("directory")
             .arg("--config")
             .arg(&config)
@@ -216,24 +214,12 @@ impl Cluster {
         if init {
             cmd.arg("--init");
         }
-        let mut child = cmd
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start directory node {}", i + 1))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("directory node {} exited at once", i + 1))?
-            .to_string();
-        let stderr = child
-            .stderr
-            .take()
-            .ok_or_else(|| anyhow!("no stderr from directory node {}", i + 1))?;
+        let name = format!("directory node {}", i + 1);
+        let mut child = cmd.spawn().with_context(|| format!("cannot start {name}"))?;
+        let pid = crate::child::pid(&child, &name)?;
+        let mut lines = crate::child::stderr_lines(&mut child, &name)?;
         // Owned from here: killed on drop if it does not come up.
         self.nodes[i] = Some(child);
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
         let mut seen = Vec::new();
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         loop {
@@ -257,7 +243,7 @@ impl Cluster {
             }
             seen.push(line);
         }
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        crate::child::drain(lines);
         with_usage(&self.usage, |u| {
             u[i].pid = Some(pid);
             u[i].cpu_now = 0.0;

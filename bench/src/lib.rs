@@ -19,11 +19,14 @@
 //! - [`utility`]: Vasques' decentralized utility scheduling against local-only and TTD
 //!   forwarding (simulated VOs).
 //! - [`report`]: cores, CPU and RSS from /proc, the JSON line every scenario prints.
+//! - [`child`]: the `gma` child processes (started, found ready by their stderr line, killed on
+//!   drop).
 //! - [`args`]: the command-line arguments.
 
 pub mod archive;
 pub mod args;
 pub mod broker;
+pub mod child;
 pub mod dashboard;
 pub mod dir;
 pub mod etcd;

@@ -13,8 +13,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::args::Output;
+use crate::child::wait_line;
 use crate::report::{emit, proc_usage};
-use crate::wire::{follow_window, tell, wait_line, Proc, AFTER, BEFORE, COUNTING};
+use crate::wire::{follow_window, tell, Proc, AFTER, BEFORE, COUNTING};
 
 const SUBJECT: &str = "bench.x";
 

@@ -23,6 +23,22 @@ use crate::args::Output;
 
 const HOSTS: usize = 1000;
 
+/// Pushes one event of `schema` into the producer through `Ingest`.
+async fn push(
+    ingest: &mut pb::ingest_client::IngestClient<tonic::transport::Channel>,
+    event: &EventData,
+    schema: &pb::EventSchema,
+) -> anyhow::Result<()> {
+    ingest
+        .push(pb::IngestRequest {
+            events: vec![event.to_wire(0, &schema.fields)],
+            schemas: vec![],
+        })
+        .await
+        .map_err(|s| anyhow!("ingest: {}", s.message()))?;
+    Ok(())
+}
+
 pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
     if trials == 0 {
         bail!("--trials must be positive");
@@ -113,13 +129,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
                 String::new(),
             ],
         };
-        ingest
-            .push(pb::IngestRequest {
-                events: vec![state.to_wire(0, &sschema.fields)],
-                schemas: vec![],
-            })
-            .await
-            .map_err(|s| anyhow!("ingest: {}", s.message()))?;
+        push(&mut ingest, &state, &sschema).await?;
         let sent = now_ns();
         let request = EventData {
             name: "app.contract".into(),
@@ -128,13 +138,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
             numbers: vec![10.0, 300.0, 100.0, 3.0, 3.0, 1.5, 0.5, 0.1],
             strings: vec![app_id.clone(), "migration_request".into()],
         };
-        ingest
-            .push(pb::IngestRequest {
-                events: vec![request.to_wire(0, &cschema.fields)],
-                schemas: vec![],
-            })
-            .await
-            .map_err(|s| anyhow!("ingest: {}", s.message()))?;
+        push(&mut ingest, &request, &cschema).await?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut got = None;
         while got.is_none() {

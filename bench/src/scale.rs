@@ -205,27 +205,16 @@ impl Role {
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
-        let exe = std::env::current_exe().context("cannot find the gma binary")?;
-        let mut child = tokio::process::Command::new(exe)
+        let mut cmd = crate::child::command()?;
+        if self.printed.is_some() {
+            cmd.stdout(Stdio::piped());
+        }
+        let mut child = cmd
             .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(if self.printed.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {}", self.name))?;
-        self.pid = child
-            .id()
-            .ok_or_else(|| anyhow!("{} exited at once", self.name))?
-            .to_string();
-        let stderr = child
-            .stderr
-            .take()
-            .ok_or_else(|| anyhow!("no stderr from {}", self.name))?;
+        self.pid = crate::child::pid(&child, &self.name)?;
+        let mut r = crate::child::stderr_lines(&mut child, &self.name)?;
         if let (Some(printed), Some(out)) = (self.printed.clone(), child.stdout.take()) {
             tokio::spawn(async move {
                 let mut r = tokio::io::BufReader::new(out).lines();
@@ -245,7 +234,6 @@ impl Role {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let prefix = self.marker.as_ref().map(|m| format!("{m} "));
         tokio::spawn(async move {
-            let mut r = tokio::io::BufReader::new(stderr).lines();
             let mut tx = Some(tx);
             while let Ok(Some(l)) = r.next_line().await {
                 if let Some(a) = prefix.as_ref().and_then(|p| l.strip_prefix(p.as_str())) {
@@ -399,6 +387,22 @@ impl Role {
             .map(|(_, l)| l.clone())
             .collect()
     }
+}
+
+/// Writes an archiver config (`listen` on port 0, id [`ARCHIVER_ID`], provenance on, then
+/// `rest`) to `conf` and starts `gma archiver --config` on it.
+async fn start_archiver(name: &str, conf: &Path, rest: String) -> anyhow::Result<Role> {
+    std::fs::write(
+        conf,
+        format!("listen = \"127.0.0.1:0\"\nid = {ARCHIVER_ID:?}\nprovenance = true\n{rest}"),
+    )?;
+    Role::start(
+        name,
+        vec!["archiver".into(), "--config".into(), conf.display().to_string()],
+        Some("gma archiver listening on"),
+        false,
+    )
+    .await
 }
 
 /// The events a `gma subscribe` gap line reports lost
@@ -1079,21 +1083,15 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         None => String::new(),
     };
     let checkpoint_s = (duration / 15).clamp(1, 20);
-    let arch_conf = tmp.path().join("archiver.toml");
-    std::fs::write(
-        &arch_conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndirectory = {dirs:?}\ndata_dir = {:?}\nid = {ARCHIVER_ID:?}\nprovenance = true\n{keep}\n[store]\ncheckpoint_interval_s = {checkpoint_s}\n",
-            data.display().to_string()
-        ),
-    )?;
     let ia = roles.len();
     roles.push(
-        Role::start(
+        start_archiver(
             "archiver",
-            vec![s("archiver"), s("--config"), arch_conf.display().to_string()],
-            Some("gma archiver listening on"),
-            false,
+            &tmp.path().join("archiver.toml"),
+            format!(
+                "directory = {dirs:?}\ndata_dir = {:?}\n{keep}\n[store]\ncheckpoint_interval_s = {checkpoint_s}\n",
+                data.display().to_string()
+            ),
         )
         .await?,
     );
@@ -1525,19 +1523,10 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     // The archiver stops cleanly (flush, checkpoint) and starts again on its data, alone: the
     // read-back sees what the store reopens from disk.
     roles[ia].terminate().await?;
-    let ro_conf = tmp.path().join("archiver-readback.toml");
-    std::fs::write(
-        &ro_conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\nid = {ARCHIVER_ID:?}\nprovenance = true\n",
-            data.display().to_string()
-        ),
-    )?;
-    let mut reader = Role::start(
+    let mut reader = start_archiver(
         "archiver (read-back)",
-        vec![s("archiver"), s("--config"), ro_conf.display().to_string()],
-        Some("gma archiver listening on"),
-        false,
+        &tmp.path().join("archiver-readback.toml"),
+        format!("data_dir = {:?}\n", data.display().to_string()),
     )
     .await?;
     let read_started = Instant::now();

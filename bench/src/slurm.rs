@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context};
 use gma_proto::v1 as pb;
 
 use crate::args::Output;
-use crate::dashboard::spawn;
+use crate::child::spawn;
 
 /// A job must start and end within this.
 const JOB_DEADLINE: Duration = Duration::from_secs(120);
@@ -187,7 +187,7 @@ async fn fabric(
     conf: &Path,
     tmp: &Path,
     job_dir: &Path,
-) -> anyhow::Result<(Vec<crate::dashboard::Child>, String)> {
+) -> anyhow::Result<(Vec<crate::child::Child>, String)> {
     let data = tmp.join("dir").display().to_string();
     let dir = spawn(
         &["directory", "--listen", "127.0.0.1:0", "--data", &data],

@@ -25,7 +25,6 @@ use gma_core::tls::{ClientTls, ServerTls};
 use gma_producer::{Producer, ProducerConfig};
 use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
-use tokio::io::AsyncBufReadExt;
 
 use crate::args::Output;
 use crate::report::{cores, emit, proc_usage};
@@ -382,9 +381,8 @@ pub async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Res
     if duration < 2 {
         bail!("--duration must be at least 2 seconds");
     }
-    let exe = std::env::current_exe().context("cannot find the gma binary")?;
-    let mut child = tokio::process::Command::new(exe)
-        .args([
+    let mut agent = crate::child::spawn(
+        &[
             "producer",
             "--listen",
             "127.0.0.1:0",
@@ -392,28 +390,11 @@ pub async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Res
             &period_ms.to_string(),
             "--source",
             "bench-agent",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("cannot start the agent")?;
-    let pid = child
-        .id()
-        .ok_or_else(|| anyhow!("agent exited at once"))?
-        .to_string();
-    let stderr = child.stderr.take().ok_or_else(|| anyhow!("no agent stderr"))?;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-            .await
-            .context("agent did not start in 10 s")??
-            .ok_or_else(|| anyhow!("agent exited before listening"))?;
-        if let Some(a) = line.strip_prefix("gma producer listening on ") {
-            break a.trim().to_string();
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        ],
+        "gma producer listening on",
+    )
+    .await?;
+    let (addr, pid) = (agent.addr.clone(), agent.pid.clone());
     // Let it start up and take its first samples before measuring.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (cpu0, _) = proc_usage(&pid)?;
@@ -450,7 +431,7 @@ pub async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Res
             }
         })
         .unwrap_or(f64::NAN);
-    let _ = child.kill().await;
+    let _ = agent.child.kill().await;
     let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
     match output {
         Output::Json => emit(serde_json::json!({

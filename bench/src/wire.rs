@@ -40,6 +40,7 @@ use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
 
 use crate::args::{Output, Source, StreamProcs};
+use crate::child::{self, wait_line};
 use crate::report::{cores, emit, peak_rss_mib, proc_usage};
 use crate::stream::{bench_events, bench_schema};
 
@@ -390,28 +391,17 @@ pub(crate) struct Proc {
 
 impl Proc {
     pub(crate) fn spawn(name: &str, args: &[String], stdin: bool) -> anyhow::Result<Proc> {
-        let exe = std::env::current_exe().context("cannot find the gma binary")?;
-        let child = tokio::process::Command::new(exe)
-            .args(args)
-            .stdin(if stdin {
-                std::process::Stdio::piped()
-            } else {
-                std::process::Stdio::null()
-            })
+        let mut cmd = child::command()?;
+        if stdin {
             // The consumers' books come on stdout; the producer's is not read.
-            .stdout(if stdin {
-                std::process::Stdio::piped()
-            } else {
-                std::process::Stdio::null()
-            })
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
+            cmd.stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped());
+        }
+        let child = cmd
+            .args(args)
             .spawn()
             .with_context(|| format!("cannot start {name}"))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("{name} exited at once"))?
-            .to_string();
+        let pid = child::pid(&child, name)?;
         Ok(Proc {
             name: name.to_string(),
             child,
@@ -421,25 +411,6 @@ impl Proc {
 
     fn usage(&self) -> (f64, f64) {
         proc_usage(&self.pid).unwrap_or((f64::NAN, f64::NAN))
-    }
-}
-
-/// Reads `lines` until one starts with `prefix` (within `timeout`); returns the rest of it.
-pub(crate) async fn wait_line<R: tokio::io::AsyncBufRead + Unpin>(
-    lines: &mut tokio::io::Lines<R>,
-    prefix: &str,
-    what: &str,
-    timeout: Duration,
-) -> anyhow::Result<String> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let line = tokio::time::timeout_at(deadline, lines.next_line())
-            .await
-            .with_context(|| format!("{what}: no {prefix:?} line within {timeout:?}"))??
-            .ok_or_else(|| anyhow!("{what} exited before printing {prefix:?}"))?;
-        if let Some(rest) = line.strip_prefix(prefix) {
-            return Ok(rest.trim().to_string());
-        }
     }
 }
 
@@ -584,12 +555,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         Source::Generator => "gma bench stream-producer (producer + bench source)",
     };
     let mut producer = Proc::spawn(producer_name, &producer_args, false)?;
-    let stderr = producer
-        .child
-        .stderr
-        .take()
-        .ok_or_else(|| anyhow!("no producer stderr"))?;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let mut lines = child::stderr_lines(&mut producer.child, "gma producer")?;
     let addr = wait_line(
         &mut lines,
         "gma producer listening on ",
@@ -597,7 +563,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         Duration::from_secs(30),
     )
     .await?;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    crate::child::drain(lines);
     let proxy = Proxy::start(&addr).await?;
 
     // Consumer processes: the subscriptions spread evenly.

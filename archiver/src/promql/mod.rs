@@ -42,12 +42,13 @@ impl Default for PromqlConfig {
 
 impl PromqlConfig {
     /// Checks the bounds (for the archiver's config check).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::error::Error> {
+        let bad = |m: &str| Err(crate::error::Error::Config(m.into()));
         if self.max_samples == 0 {
-            return Err("promql.max_samples must be at least 1".into());
+            return bad("promql.max_samples must be at least 1");
         }
         if self.timeout_s == 0 {
-            return Err("promql.timeout_s must be at least 1".into());
+            return bad("promql.timeout_s must be at least 1");
         }
         Ok(())
     }
@@ -137,7 +138,7 @@ mod tests {
         assert_eq!(denied.to_string(), "bob may not");
         let invalid = Error::from(crate::store::StoreError::Invalid("bad step".into()));
         assert_eq!(invalid, Error::BadData("bad step".into()));
-        assert_eq!(PromqlConfig::default().validate(), Ok(()));
+        assert!(PromqlConfig::default().validate().is_ok());
         let zero = PromqlConfig {
             max_samples: 0,
             ..PromqlConfig::default()

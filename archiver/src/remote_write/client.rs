@@ -14,6 +14,8 @@ use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::rustls::ClientConfig;
 
+use super::RemoteWriteError as E;
+
 /// How much of an error response's body is kept for the log.
 const ERROR_BODY_BYTES: usize = 1024;
 
@@ -48,23 +50,23 @@ impl Client {
         tls: Option<Arc<ClientConfig>>,
         headers: HeaderMap,
         timeout: Duration,
-    ) -> Result<Client, String> {
+    ) -> Result<Client, E> {
         let host = uri
             .host()
-            .ok_or_else(|| format!("remote_write.url {uri}: no host"))?;
+            .ok_or_else(|| E::config(format!("remote_write.url {uri}: no host")))?;
         let (tls, default_port) = match (uri.scheme_str(), tls) {
             (Some("http"), None) => (None, 80),
             (Some("https"), Some(cfg)) => {
                 // `[::1]` in a URL is `::1` in a certificate.
                 let name = host.trim_start_matches('[').trim_end_matches(']');
                 let name = ServerName::try_from(name.to_string())
-                    .map_err(|e| format!("remote_write.url {uri}: {e}"))?;
+                    .map_err(|e| E::config(format!("remote_write.url {uri}: {e}")))?;
                 (Some((tokio_rustls::TlsConnector::from(cfg), name)), 443)
             }
             _ => {
-                return Err(format!(
+                return Err(E::config(format!(
                     "remote_write.url {uri}: http:// without TLS settings or https:// with them"
-                ))
+                )))
             }
         };
         let authority = format!("{host}:{}", uri.port_u16().unwrap_or(default_port));
@@ -106,7 +108,7 @@ impl Client {
             }
             Ok(Err(e)) => {
                 self.conn = None;
-                Outcome::Retry(e)
+                Outcome::Retry(e.to_string())
             }
             Err(_) => {
                 self.conn = None;
@@ -115,18 +117,22 @@ impl Client {
         }
     }
 
-    async fn attempt(&mut self, body: Bytes) -> Result<(StatusCode, String), String> {
+    async fn attempt(&mut self, body: Bytes) -> Result<(StatusCode, String), E> {
         let mut conn = match self.conn.take() {
             Some(c) if !c.is_closed() => c,
             _ => self.connect().await?,
         };
-        conn.ready().await.map_err(|e| format!("connection: {e}"))?;
+        conn.ready().await.map_err(|source| E::Http {
+            what: "connection".into(),
+            source,
+        })?;
         let target = self.uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut req = Request::post(target)
-            .body(Full::new(body))
-            .map_err(|e| format!("request: {e}"))?;
+        let mut req = Request::post(target).body(Full::new(body))?;
         *req.headers_mut() = self.headers.clone();
-        let resp = conn.send_request(req).await.map_err(|e| format!("send: {e}"))?;
+        let resp = conn.send_request(req).await.map_err(|source| E::Http {
+            what: "send".into(),
+            source,
+        })?;
         let status = resp.status();
         // The body is read (up to a bound) so the connection can carry the next request.
         let text = match Limited::new(resp.into_body(), 64 * 1024).collect().await {
@@ -145,10 +151,10 @@ impl Client {
         Ok((status, text))
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, E> {
         let tcp = tokio::net::TcpStream::connect(&self.authority)
             .await
-            .map_err(|e| format!("connect {}: {e}", self.authority))?;
+            .map_err(self.cannot("connect"))?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
             None => self.http(tcp).await,
@@ -156,20 +162,32 @@ impl Client {
                 let tls = connector
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(|e| format!("tls with {}: {e}", self.authority))?;
+                    .map_err(self.cannot("tls with"))?;
                 self.http(tls).await
             }
         }
     }
 
+    /// The error of a step (`connect`, `tls with`) that failed with the receiver.
+    fn cannot(&self, what: &'static str) -> impl FnOnce(std::io::Error) -> E + '_ {
+        move |source| E::Connect {
+            what,
+            authority: self.authority.clone(),
+            source,
+        }
+    }
+
     /// HTTP/1.1 over `io`; the connection runs in its own task.
-    async fn http<T>(&self, io: T) -> Result<SendRequest<Full<Bytes>>, String>
+    async fn http<T>(&self, io: T) -> Result<SendRequest<Full<Bytes>>, E>
     where
         T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
-            .map_err(|e| format!("handshake with {}: {e}", self.authority))?;
+            .map_err(|source| E::Http {
+                what: format!("handshake with {}", self.authority),
+                source,
+            })?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "remote write connection closed");

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use super::batch::{self, Batch, Candidate, SeriesKey, NS_PER_MS};
 use super::client::{Client, Outcome};
 use super::state::State;
-use super::{wire, Settings};
+use super::{wire, RemoteWriteError, Settings};
 use crate::store::Store;
 use crate::telemetry as t;
 
@@ -37,7 +37,7 @@ pub struct Forwarder {
 
 /// Loads the resume state (an unreadable one is an error: the role does not start) and starts
 /// the loop; it returns when `stop` turns true.
-pub fn spawn(f: Forwarder, stop: watch::Receiver<bool>) -> Result<JoinHandle<()>, String> {
+pub fn spawn(f: Forwarder, stop: watch::Receiver<bool>) -> Result<JoinHandle<()>, RemoteWriteError> {
     let state = State::load(&f.data_dir, &f.settings.url)?;
     let client = Client::new(
         f.settings.uri.clone(),
@@ -50,14 +50,12 @@ pub fn spawn(f: Forwarder, stop: watch::Receiver<bool>) -> Result<JoinHandle<()>
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| format!("task failed: {e}"))?
+    f: impl FnOnce() -> Result<T, RemoteWriteError> + Send + 'static,
+) -> Result<T, RemoteWriteError> {
+    tokio::task::spawn_blocking(f).await?
 }
 
-async fn save(state: &State, dir: &std::path::Path) -> Result<(), String> {
+async fn save(state: &State, dir: &std::path::Path) -> Result<(), RemoteWriteError> {
     let (s, d) = (state.clone(), dir.to_path_buf());
     blocking(move || s.save(&d)).await
 }
@@ -101,7 +99,7 @@ async fn run(f: Forwarder, state: State, client: Client, mut stop: watch::Receiv
         let next = match l.state.in_flight.clone() {
             Some(bounds) => {
                 let store = l.f.store.clone();
-                blocking(move || batch::rebuild(&store, &bounds).map_err(|e| e.to_string()))
+                blocking(move || Ok(batch::rebuild(&store, &bounds)?))
                     .await
                     .map(|b| (b, false))
             }
@@ -178,7 +176,7 @@ impl Loop {
 
     /// A new request from the series list (taken while no ingest group is between its append
     /// and its fsync).
-    async fn next_batch(&mut self) -> Result<Batch, String> {
+    async fn next_batch(&mut self) -> Result<Batch, RemoteWriteError> {
         let listed = {
             let _durable = self.f.gate.lock().await;
             self.f.store.series(&Pattern::any(), None)
@@ -209,9 +207,9 @@ impl Loop {
         let store = self.f.store.clone();
         let budget = self.f.settings.batch_samples;
         let (built, counted) = blocking(move || {
-            let built = batch::build(&store, &candidates, budget, floor).map_err(|e| e.to_string())?;
+            let built = batch::build(&store, &candidates, budget, floor)?;
             let counted = if built.full && census {
-                Some(batch::pending(&store, &candidates).map_err(|e| e.to_string())?)
+                Some(batch::pending(&store, &candidates)?)
             } else {
                 None
             };

@@ -16,6 +16,7 @@
 
 pub mod batch;
 pub mod client;
+pub mod error;
 pub mod forwarder;
 pub mod state;
 pub mod wire;
@@ -30,7 +31,10 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use tokio_rustls::rustls::{self, ClientConfig};
 
+pub use error::RemoteWriteError;
 pub use forwarder::{spawn, Forwarder};
+
+use RemoteWriteError as E;
 
 /// The User-Agent of the requests.
 pub const USER_AGENT: &str = concat!("gma-archiver/", env!("CARGO_PKG_VERSION"));
@@ -127,83 +131,90 @@ const RESERVED: [&str; 6] = [
 
 impl RemoteWriteConfig {
     /// Checks every key; the error names the key and says what to do.
-    pub fn check(&self) -> Result<Settings, String> {
+    pub fn check(&self) -> Result<Settings, RemoteWriteError> {
         let uri: hyper::Uri = self.url.parse().map_err(|e| {
-            format!(
+            E::config(format!(
                 "remote_write.url {:?}: {e} (e.g. http://127.0.0.1:9090/api/v1/write)",
                 self.url
-            )
+            ))
         })?;
         if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-            return Err(format!(
+            return Err(E::config(format!(
                 "remote_write.url {:?}: must be http(s)://HOST[:PORT]/PATH",
                 self.url
-            ));
+            )));
         }
         let tls = self.tls(uri.scheme_str() == Some("https"))?;
         if self.batch_samples == 0 || self.batch_samples > MAX_BATCH_SAMPLES {
-            return Err(format!(
+            return Err(E::config(format!(
                 "remote_write.batch_samples must lie in 1..={MAX_BATCH_SAMPLES}"
-            ));
+            )));
         }
         let max_backlog_ms = match self.max_backlog.trim() {
             "0" | "" => None,
             s => {
                 let ns = gma_core::time::parse_duration(s)
-                    .map_err(|e| format!("remote_write.max_backlog: {e}"))?;
+                    .map_err(|e| E::config(format!("remote_write.max_backlog: {e}")))?;
                 if ns <= 0 {
-                    return Err("remote_write.max_backlog must be positive (or 0 for no bound)".into());
+                    return Err(E::config(
+                        "remote_write.max_backlog must be positive (or 0 for no bound)",
+                    ));
                 }
                 Some(ns / batch::NS_PER_MS)
             }
         };
         if self.min_backoff_ms == 0 || self.max_backoff_ms < self.min_backoff_ms {
-            return Err(
-                "remote_write: min_backoff_ms must be at least 1 and max_backoff_ms at least min_backoff_ms"
-                    .into(),
-            );
+            return Err(E::config(
+                "remote_write: min_backoff_ms must be at least 1 and max_backoff_ms at least min_backoff_ms",
+            ));
         }
         if self.timeout_ms == 0 || self.interval_ms == 0 {
-            return Err("remote_write: timeout_ms and interval_ms must be at least 1".into());
+            return Err(E::config(
+                "remote_write: timeout_ms and interval_ms must be at least 1",
+            ));
         }
         let mut headers = HeaderMap::new();
         for (k, v) in &self.headers {
             let name = HeaderName::from_bytes(k.as_bytes())
-                .map_err(|e| format!("remote_write.headers: {k:?} is not a header name: {e}"))?;
+                .map_err(|e| E::config(format!("remote_write.headers: {k:?} is not a header name: {e}")))?;
             if RESERVED.contains(&name.as_str()) {
-                return Err(format!(
+                return Err(E::config(format!(
                     "remote_write.headers: {k} is set by the protocol; remove it"
-                ));
+                )));
             }
             let value = HeaderValue::from_str(v)
-                .map_err(|e| format!("remote_write.headers.{k}: not a header value: {e}"))?;
+                .map_err(|e| E::config(format!("remote_write.headers.{k}: not a header value: {e}")))?;
             headers.insert(name, value);
         }
         if let Some(b) = &self.basic_auth {
             if headers.contains_key(hyper::header::AUTHORIZATION) {
-                return Err(
-                    "remote_write: basic_auth and an Authorization header exclude each other; keep one"
-                        .into(),
-                );
+                return Err(E::config(
+                    "remote_write: basic_auth and an Authorization header exclude each other; keep one",
+                ));
             }
             let password = match (&b.password, &b.password_file) {
                 (Some(p), None) => p.clone(),
                 (None, Some(f)) => std::fs::read_to_string(f)
-                    .map_err(|e| format!("remote_write.basic_auth.password_file {}: {e}", f.display()))?
+                    .map_err(|e| {
+                        E::config(format!(
+                            "remote_write.basic_auth.password_file {}: {e}",
+                            f.display()
+                        ))
+                    })?
                     .lines()
                     .next()
                     .unwrap_or_default()
                     .to_string(),
                 _ => {
-                    return Err(
-                        "remote_write.basic_auth: set exactly one of password and password_file".into(),
-                    )
+                    return Err(E::config(
+                        "remote_write.basic_auth: set exactly one of password and password_file",
+                    ))
                 }
             };
             let token =
                 base64::engine::general_purpose::STANDARD.encode(format!("{}:{password}", b.username));
             let mut value = HeaderValue::from_str(&format!("Basic {token}"))
-                .map_err(|e| format!("remote_write.basic_auth: {e}"))?;
+                .map_err(|e| E::config(format!("remote_write.basic_auth: {e}")))?;
             value.set_sensitive(true);
             headers.insert(hyper::header::AUTHORIZATION, value);
         }
@@ -223,53 +234,59 @@ impl RemoteWriteConfig {
 }
 
 /// The PEM certificates of `path` (at least one).
-fn pem_certs(key: &str, path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+fn pem_certs(key: &str, path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, E> {
     use rustls_pki_types::pem::PemObject;
     let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
         .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("remote_write.{key} {}: {e}", path.display()))?;
+        .map_err(|e| E::config(format!("remote_write.{key} {}: {e}", path.display())))?;
     if certs.is_empty() {
-        return Err(format!(
+        return Err(E::config(format!(
             "remote_write.{key} {}: no PEM certificate in it",
             path.display()
-        ));
+        )));
     }
     Ok(certs)
 }
 
 impl RemoteWriteConfig {
     /// The TLS client configuration of an https URL.
-    fn tls(&self, https: bool) -> Result<Option<Arc<ClientConfig>>, String> {
+    fn tls(&self, https: bool) -> Result<Option<Arc<ClientConfig>>, E> {
         if !https {
             if self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some() {
-                return Err("remote_write: ca_file, cert_file and key_file need an https:// url".into());
+                return Err(E::config(
+                    "remote_write: ca_file, cert_file and key_file need an https:// url",
+                ));
             }
             return Ok(None);
         }
-        let ca = self.ca_file.as_ref().ok_or(
+        let ca = self.ca_file.as_ref().ok_or_else(|| E::config(
             "remote_write: an https url needs ca_file (the PEM CA of the receiver's certificate; for a public CA the system bundle, e.g. /etc/ssl/certs/ca-certificates.crt)",
-        )?;
+        ))?;
         let mut roots = rustls::RootCertStore::empty();
         for c in pem_certs("ca_file", ca)? {
             roots
                 .add(c)
-                .map_err(|e| format!("remote_write.ca_file {}: {e}", ca.display()))?;
+                .map_err(|e| E::config(format!("remote_write.ca_file {}: {e}", ca.display())))?;
         }
         let builder = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("remote_write: tls: {e}"))?
+            .map_err(|e| E::config(format!("remote_write: tls: {e}")))?
             .with_root_certificates(roots);
         let cfg = match (&self.cert_file, &self.key_file) {
             (None, None) => builder.with_no_client_auth(),
             (Some(c), Some(k)) => {
                 use rustls_pki_types::pem::PemObject;
                 let key = rustls_pki_types::PrivateKeyDer::from_pem_file(k)
-                    .map_err(|e| format!("remote_write.key_file {}: {e}", k.display()))?;
+                    .map_err(|e| E::config(format!("remote_write.key_file {}: {e}", k.display())))?;
                 builder
                     .with_client_auth_cert(pem_certs("cert_file", c)?, key)
-                    .map_err(|e| format!("remote_write.cert_file {}: {e}", c.display()))?
+                    .map_err(|e| E::config(format!("remote_write.cert_file {}: {e}", c.display())))?
             }
-            _ => return Err("remote_write: give both cert_file and key_file, or neither".into()),
+            _ => {
+                return Err(E::config(
+                    "remote_write: give both cert_file and key_file, or neither",
+                ))
+            }
         };
         Ok(Some(Arc::new(cfg)))
     }
@@ -279,9 +296,11 @@ impl RemoteWriteConfig {
 mod tests {
     use super::*;
 
+    /// The settings of a `[remote_write]` section, or the message of its error (a TOML one
+    /// included).
     fn cfg(toml_text: &str) -> Result<Settings, String> {
         let c: RemoteWriteConfig = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        c.check()
+        c.check().map_err(|e| e.to_string())
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::batch::SeriesKey;
+use super::RemoteWriteError as E;
 
 /// The file name under the data directory.
 pub const FILE: &str = "remote_write.json";
@@ -53,7 +54,7 @@ impl State {
 
     /// The state stored for `url`; a fresh one when there is none, or when it was written for
     /// another remote (which holds none of our samples).
-    pub fn load(data_dir: &Path, url: &str) -> Result<State, String> {
+    pub fn load(data_dir: &Path, url: &str) -> Result<State, E> {
         let path = State::path(data_dir);
         let text = match std::fs::read(&path) {
             Ok(t) => t,
@@ -63,14 +64,15 @@ impl State {
                     ..State::default()
                 })
             }
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            Err(source) => {
+                return Err(E::StateIo {
+                    what: "cannot read",
+                    path,
+                    source,
+                })
+            }
         };
-        let d: OnDisk = serde_json::from_slice(&text).map_err(|e| {
-            format!(
-                "{} is not a remote-write resume state ({e}); move it away to start over (everything archived is sent again)",
-                path.display()
-            )
-        })?;
+        let d: OnDisk = serde_json::from_slice(&text).map_err(|source| E::StateCorrupt { path, source })?;
         if d.url != url {
             tracing::warn!(old = %d.url, new = %url, "remote write: new remote URL; sending everything archived to it");
             return Ok(State {
@@ -88,7 +90,7 @@ impl State {
     }
 
     /// Writes the state durably (see the module documentation).
-    pub fn save(&self, data_dir: &Path) -> Result<(), String> {
+    pub fn save(&self, data_dir: &Path) -> Result<(), E> {
         let d = OnDisk {
             url: self.url.clone(),
             acked: self
@@ -109,10 +111,14 @@ impl State {
                     .collect()
             }),
         };
-        let text = serde_json::to_vec(&d).map_err(|e| format!("encode the resume state: {e}"))?;
+        let text = serde_json::to_vec(&d).map_err(E::StateEncode)?;
         let path = State::path(data_dir);
         let tmp = data_dir.join(format!("{FILE}.tmp"));
-        let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());
+        let io = |what: &'static str, source: std::io::Error| E::StateIo {
+            what,
+            path: path.clone(),
+            source,
+        };
         let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", e))?;
         f.write_all(&text).map_err(|e| io("write", e))?;
         f.sync_all().map_err(|e| io("fsync", e))?;
@@ -167,7 +173,7 @@ mod tests {
         assert_eq!(settled.acked.get(&key("h2")), Some(&6));
         assert!(State::load(dir.path(), "http://b/w").unwrap().acked.is_empty());
         std::fs::write(State::path(dir.path()), "nope").unwrap();
-        let e = State::load(dir.path(), "http://a/w").unwrap_err();
+        let e = State::load(dir.path(), "http://a/w").unwrap_err().to_string();
         assert!(e.contains("move it away"), "{e}");
     }
 }

@@ -67,11 +67,9 @@ pub fn request(batch: &Batch) -> WriteRequest {
 }
 
 /// The HTTP body of `batch`: the encoded request, snappy block-compressed.
-pub fn body(batch: &Batch) -> Result<Vec<u8>, String> {
+pub fn body(batch: &Batch) -> Result<Vec<u8>, super::RemoteWriteError> {
     let raw = prost::Message::encode_to_vec(&request(batch));
-    snap::raw::Encoder::new()
-        .compress_vec(&raw)
-        .map_err(|e| format!("snappy: {e}"))
+    Ok(snap::raw::Encoder::new().compress_vec(&raw)?)
 }
 
 #[cfg(test)]
