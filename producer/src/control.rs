@@ -226,11 +226,11 @@ pub fn save_state(dir: &Path, state: &State) -> std::io::Result<()> {
 }
 
 /// Checks a period given through the service or found in the state file.
-pub fn check_period(ms: u64) -> Result<Duration, String> {
+pub fn check_period(ms: u64) -> Result<Duration, Error> {
     if ms == 0 || ms > MAX_PERIOD_MS {
-        return Err(format!(
+        return Err(Error::invalid_argument(format!(
             "period_ms {ms} is out of range: give 1..={MAX_PERIOD_MS} (1 ms to 1 h)"
-        ));
+        )));
     }
     Ok(Duration::from_millis(ms))
 }
@@ -377,7 +377,7 @@ impl Control {
         let period = if w.period_ms == 0 {
             self.default_period
         } else {
-            check_period(w.period_ms).map_err(Error::invalid_argument)?
+            check_period(w.period_ms)?
         };
         let sensor = gma_sensors::process::ProcessSensor::new(
             &self.source,
@@ -520,7 +520,7 @@ impl Control {
 
     /// Sets a sensor's period; returns (before, after).
     pub async fn set_period(&self, name: &str, ms: u64) -> Result<(String, String), Error> {
-        let period = check_period(ms).map_err(Error::invalid_argument)?;
+        let period = check_period(ms)?;
         let _g = self.change.lock().await;
         let slot = self.slot(name)?;
         let before = slot.setting();
@@ -572,7 +572,7 @@ impl Control {
             .validate()
             .map_err(|e| Error::invalid_argument(e.to_string()))?;
         if w.period_ms != 0 {
-            check_period(w.period_ms).map_err(Error::invalid_argument)?;
+            check_period(w.period_ms)?;
         }
         let _g = self.change.lock().await;
         let name = format!("{WATCH_PREFIX}{}", w.name);
