@@ -507,29 +507,30 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Expr, FilterError> {
-        let first = self.and()?;
-        if !matches!(self.peek()?.tok, Tok::Or) {
-            return Ok(first);
-        }
-        let mut items = vec![first];
-        while matches!(self.peek()?.tok, Tok::Or) {
-            self.bump()?;
-            items.push(self.and()?);
-        }
-        Ok(Expr::Or(items))
+        self.joined(|t| matches!(t, Tok::Or), Self::and, Expr::Or)
     }
 
     fn and(&mut self) -> Result<Expr, FilterError> {
-        let first = self.not()?;
-        if !matches!(self.peek()?.tok, Tok::And) {
+        self.joined(|t| matches!(t, Tok::And), Self::not, Expr::And)
+    }
+
+    /// One `operand`, or several joined by the operator `is_op` recognizes: `join` of them.
+    fn joined(
+        &mut self,
+        is_op: fn(&Tok) -> bool,
+        operand: fn(&mut Self) -> Result<Expr, FilterError>,
+        join: fn(Vec<Expr>) -> Expr,
+    ) -> Result<Expr, FilterError> {
+        let first = operand(self)?;
+        if !is_op(&self.peek()?.tok) {
             return Ok(first);
         }
         let mut items = vec![first];
-        while matches!(self.peek()?.tok, Tok::And) {
+        while is_op(&self.peek()?.tok) {
             self.bump()?;
-            items.push(self.not()?);
+            items.push(operand(self)?);
         }
-        Ok(Expr::And(items))
+        Ok(join(items))
     }
 
     fn not(&mut self) -> Result<Expr, FilterError> {
