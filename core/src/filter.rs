@@ -1031,29 +1031,24 @@ fn eval(node: &Node, numbers: &[f64], strings: &[String]) -> Option<bool> {
         Node::Str { index, equal, value } => Some((strings.get(*index)?.as_str() == &**value) == *equal),
         Node::StrField { a, equal, b } => Some((strings.get(*a)? == strings.get(*b)?) == *equal),
         Node::Not(inner) => eval(inner, numbers, strings).map(|v| !v),
-        Node::And(items) => {
-            let mut unknown = false;
-            for i in items.iter() {
-                match eval(i, numbers, strings) {
-                    Some(false) => return Some(false),
-                    None => unknown = true,
-                    Some(true) => {}
-                }
-            }
-            (!unknown).then_some(true)
-        }
-        Node::Or(items) => {
-            let mut unknown = false;
-            for i in items.iter() {
-                match eval(i, numbers, strings) {
-                    Some(true) => return Some(true),
-                    None => unknown = true,
-                    Some(false) => {}
-                }
-            }
-            (!unknown).then_some(false)
+        // `and` is decided by a false item, `or` by a true one.
+        Node::And(items) => decided_by(false, items, numbers, strings),
+        Node::Or(items) => decided_by(true, items, numbers, strings),
+    }
+}
+
+/// `and` (`decisive` false) or `or` (`decisive` true) of `items` in three-valued logic: the
+/// decisive value if any item has it, else unknown if any item is unknown, else the other value.
+fn decided_by(decisive: bool, items: &[Node], numbers: &[f64], strings: &[String]) -> Option<bool> {
+    let mut unknown = false;
+    for i in items {
+        match eval(i, numbers, strings) {
+            Some(v) if v == decisive => return Some(decisive),
+            None => unknown = true,
+            Some(_) => {}
         }
     }
+    (!unknown).then_some(!decisive)
 }
 
 /// A filter compiled for one event schema: field references are indices into the event's
