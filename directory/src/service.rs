@@ -361,11 +361,10 @@ impl Shared {
         &self,
         access: &crate::access::Access,
         caller: &Identity,
-        cmd: Command,
+        mut cmd: Command,
     ) -> Result<Command, DirError> {
         let denied = |e: DirError| DirError::permission_denied(e.to_string());
         let register = Action::DirectoryRegister;
-        let mut cmd = cmd;
         match &mut cmd {
             // The record must be valid before and after its owner is stamped.
             Command::Register { record, schemas, .. } | Command::Update { record, schemas, .. } => {
@@ -373,7 +372,7 @@ impl Shared {
                 access
                     .authorize(caller, register, record_id(Some(record)))
                     .map_err(denied)?;
-                stamp_owner(Some(record), caller);
+                stamp_owner(record, caller);
                 crate::validate::record(Some(record))?;
                 crate::validate::schemas(schemas)?;
             }
@@ -420,9 +419,9 @@ pub const OWNER_CN: &str = "gma.owner.cn";
 pub const OWNER_ORG: &str = "gma.owner.org";
 
 /// Sets the owner attributes of `record` to `who` (removes them for anonymous peers).
-fn stamp_owner(record: Option<&mut pb::Record>, who: &gma_core::authz::Identity) {
+fn stamp_owner(record: &mut pb::Record, who: &gma_core::authz::Identity) {
     use pb::record::Record as Body;
-    let attrs = match record.and_then(|r| r.record.as_mut()) {
+    let attrs = match record.record.as_mut() {
         Some(Body::Producer(p)) => &mut p.attributes,
         Some(Body::Consumer(c)) => &mut c.attributes,
         None => return,
@@ -472,7 +471,7 @@ impl DirectoryService {
             .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record()))?;
         let (record, schemas, ttl_ms) = req.into_inner().into_parts();
         let mut record = record.unwrap_or_default();
-        stamp_owner(Some(&mut record), &who);
+        stamp_owner(&mut record, &who);
         crate::validate::record(Some(&record))?;
         crate::validate::schemas(&schemas)?;
         Ok((who, record, schemas, ttl_ms))

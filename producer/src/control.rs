@@ -813,12 +813,8 @@ impl pb::control_server::Control for ControlService {
         &self,
         req: Request<pb::SetEnabledRequest>,
     ) -> Result<Response<pb::ControlResponse>, Status> {
-        let op = if req.get_ref().enabled {
-            OP_ENABLE
-        } else {
-            OP_DISABLE
-        };
         let r = req.get_ref();
+        let op = if r.enabled { OP_ENABLE } else { OP_DISABLE };
         self.on_named(&req, op, ("sensor", &r.sensor), || {
             self.control.set_enabled(&r.sensor, r.enabled)
         })
