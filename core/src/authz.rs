@@ -134,7 +134,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::config::{parse_toml, ConfigError};
-use crate::pattern::{patterns_intersect, Pattern};
+use crate::pattern::{glob_with, patterns_intersect, Pattern};
 
 /// Who is asking: the subject CN and O of the peer's certificate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -348,6 +348,17 @@ impl Door {
             door,
             peers: Peers::Any,
             actions: &[],
+            summary_only,
+        }
+    }
+
+    /// A door only the members of a cluster may knock on (their certificates), then guarded
+    /// by `actions` under the policy.
+    pub const fn members(door: &'static str, actions: &'static [Action], summary_only: &'static str) -> Door {
+        Door {
+            door,
+            peers: Peers::Members,
+            actions,
             summary_only,
         }
     }
@@ -853,32 +864,6 @@ fn rule_line(text: &str, offset: usize) -> usize {
 }
 
 // ---- globs ------------------------------------------------------------------------------------
-
-/// Star-backtracking glob over any symbols: `star` matches any run, `one(p, s)` decides a
-/// single pattern symbol against a single subject symbol. O(len(p) * len(s)) worst case.
-fn glob_with<T: Copy + PartialEq>(p: &[T], s: &[T], star: T, one: impl Fn(T, T) -> bool) -> bool {
-    let (mut pi, mut si) = (0usize, 0usize);
-    let mut back: Option<(usize, usize)> = None;
-    while si < s.len() {
-        if pi < p.len() && p[pi] == star {
-            back = Some((pi, si));
-            pi += 1;
-        } else if pi < p.len() && one(p[pi], s[si]) {
-            pi += 1;
-            si += 1;
-        } else if let Some((bp, bs)) = back {
-            pi = bp + 1;
-            si = bs + 1;
-            back = Some((bp, bs + 1));
-        } else {
-            return false;
-        }
-    }
-    while pi < p.len() && p[pi] == star {
-        pi += 1;
-    }
-    pi == p.len()
-}
 
 /// Glob over characters for CN and O (`*`, `?` = one character).
 /// True when `name` matches `pattern` (`*` any run, `?` one character), whole string.

@@ -372,67 +372,68 @@ impl Incoming {
         limits: &Limits,
         role: &'static str,
     ) -> Incoming {
-        let timeout = Duration::from_millis(limits.handshake_timeout_ms);
         match tls {
-            None => {
-                let (tx, rx) = mpsc::channel(HANDSHAKEN_QUEUE);
-                let closed = tx.clone();
-                tokio::spawn(accept_loop(
-                    listener,
-                    limits.clone(),
-                    role,
-                    async move { closed.closed().await },
-                    move |conn, peer| {
-                        let tx = tx.clone();
-                        async move {
-                            match tokio::time::timeout(timeout, read_preface(conn)).await {
-                                Ok(Ok(io)) => {
-                                    let _ = tx.send(Ok(io)).await;
-                                }
-                                Ok(Err(e)) => tracing::debug!(%role, %peer, error = %e, "connection closed"),
-                                Err(_) => tracing::debug!(
-                                    %role, %peer, "no HTTP/2 preface within {timeout:?}; connection closed"
-                                ),
-                            }
-                        }
-                    },
-                ));
-                Incoming::Plain(ReceiverStream::new(rx))
-            }
+            None => Incoming::Plain(handshaken(listener, limits, role, "HTTP/2 preface", read_preface)),
             Some(cfg) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-                let (tx, rx) = mpsc::channel(HANDSHAKEN_QUEUE);
-                let closed = tx.clone();
-                tokio::spawn(accept_loop(
+                let handshake = move |conn| {
+                    let acceptor = acceptor.clone();
+                    async move { read_preface(acceptor.accept(conn).await?).await }
+                };
+                Incoming::Tls(handshaken(
                     listener,
-                    limits.clone(),
+                    limits,
                     role,
-                    async move { closed.closed().await },
-                    move |conn, peer| {
-                        let (tx, acceptor) = (tx.clone(), acceptor.clone());
-                        async move {
-                            let handshake = async {
-                                let tls = acceptor.accept(conn).await?;
-                                read_preface(tls).await
-                            };
-                            match tokio::time::timeout(timeout, handshake).await {
-                                Ok(Ok(io)) => {
-                                    let _ = tx.send(Ok(io)).await;
-                                }
-                                Ok(Err(e)) => {
-                                    tracing::debug!(%role, %peer, error = %e, "TLS handshake or preface failed")
-                                }
-                                Err(_) => tracing::debug!(
-                                    %role, %peer, "no TLS handshake and HTTP/2 preface within {timeout:?}; connection closed"
-                                ),
-                            }
-                        }
-                    },
-                ));
-                Incoming::Tls(ReceiverStream::new(rx))
+                    "TLS handshake and HTTP/2 preface",
+                    handshake,
+                ))
             }
         }
     }
+}
+
+/// Accepts on `listener` in the background (until the stream is dropped) and passes on each
+/// connection whose `handshake` finishes within the handshake timeout of `limits`; `what`
+/// names the handshake in the debug log of a connection closed for failing it or being late.
+fn handshaken<IO, H, Fut>(
+    listener: TcpListener,
+    limits: &Limits,
+    role: &'static str,
+    what: &'static str,
+    handshake: H,
+) -> ReceiverStream<io::Result<Prefaced<IO>>>
+where
+    IO: Send + 'static,
+    H: Fn(Conn) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = io::Result<Prefaced<IO>>> + Send + 'static,
+{
+    let timeout = Duration::from_millis(limits.handshake_timeout_ms);
+    let (tx, rx) = mpsc::channel(HANDSHAKEN_QUEUE);
+    let closed = tx.clone();
+    tokio::spawn(accept_loop(
+        listener,
+        limits.clone(),
+        role,
+        async move { closed.closed().await },
+        move |conn, peer| {
+            let tx = tx.clone();
+            let handshake = handshake(conn);
+            async move {
+                match tokio::time::timeout(timeout, handshake).await {
+                    Ok(Ok(io)) => {
+                        let _ = tx.send(Ok(io)).await;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%role, %peer, error = %e, "{what} failed; connection closed")
+                    }
+                    Err(_) => {
+                        tracing::debug!(%role, %peer, "no {what} within {timeout:?}; connection closed")
+                    }
+                }
+            }
+        },
+    ));
+    ReceiverStream::new(rx)
 }
 
 /// A tonic server with the HTTP/2 keep-alive of `limits` (ping every interval; no answer

@@ -507,29 +507,30 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Expr, FilterError> {
-        let first = self.and()?;
-        if !matches!(self.peek()?.tok, Tok::Or) {
-            return Ok(first);
-        }
-        let mut items = vec![first];
-        while matches!(self.peek()?.tok, Tok::Or) {
-            self.bump()?;
-            items.push(self.and()?);
-        }
-        Ok(Expr::Or(items))
+        self.joined(|t| matches!(t, Tok::Or), Self::and, Expr::Or)
     }
 
     fn and(&mut self) -> Result<Expr, FilterError> {
-        let first = self.not()?;
-        if !matches!(self.peek()?.tok, Tok::And) {
+        self.joined(|t| matches!(t, Tok::And), Self::not, Expr::And)
+    }
+
+    /// One `operand`, or several joined by the operator `is_op` recognizes: `join` of them.
+    fn joined(
+        &mut self,
+        is_op: fn(&Tok) -> bool,
+        operand: fn(&mut Self) -> Result<Expr, FilterError>,
+        join: fn(Vec<Expr>) -> Expr,
+    ) -> Result<Expr, FilterError> {
+        let first = operand(self)?;
+        if !is_op(&self.peek()?.tok) {
             return Ok(first);
         }
         let mut items = vec![first];
-        while matches!(self.peek()?.tok, Tok::And) {
+        while is_op(&self.peek()?.tok) {
             self.bump()?;
-            items.push(self.not()?);
+            items.push(operand(self)?);
         }
-        Ok(Expr::And(items))
+        Ok(join(items))
     }
 
     fn not(&mut self) -> Result<Expr, FilterError> {
@@ -1030,29 +1031,24 @@ fn eval(node: &Node, numbers: &[f64], strings: &[String]) -> Option<bool> {
         Node::Str { index, equal, value } => Some((strings.get(*index)?.as_str() == &**value) == *equal),
         Node::StrField { a, equal, b } => Some((strings.get(*a)? == strings.get(*b)?) == *equal),
         Node::Not(inner) => eval(inner, numbers, strings).map(|v| !v),
-        Node::And(items) => {
-            let mut unknown = false;
-            for i in items.iter() {
-                match eval(i, numbers, strings) {
-                    Some(false) => return Some(false),
-                    None => unknown = true,
-                    Some(true) => {}
-                }
-            }
-            (!unknown).then_some(true)
-        }
-        Node::Or(items) => {
-            let mut unknown = false;
-            for i in items.iter() {
-                match eval(i, numbers, strings) {
-                    Some(true) => return Some(true),
-                    None => unknown = true,
-                    Some(false) => {}
-                }
-            }
-            (!unknown).then_some(false)
+        // `and` is decided by a false item, `or` by a true one.
+        Node::And(items) => decided_by(false, items, numbers, strings),
+        Node::Or(items) => decided_by(true, items, numbers, strings),
+    }
+}
+
+/// `and` (`decisive` false) or `or` (`decisive` true) of `items` in three-valued logic: the
+/// decisive value if any item has it, else unknown if any item is unknown, else the other value.
+fn decided_by(decisive: bool, items: &[Node], numbers: &[f64], strings: &[String]) -> Option<bool> {
+    let mut unknown = false;
+    for i in items {
+        match eval(i, numbers, strings) {
+            Some(v) if v == decisive => return Some(decisive),
+            None => unknown = true,
+            Some(_) => {}
         }
     }
+    (!unknown).then_some(!decisive)
 }
 
 /// A filter compiled for one event schema: field references are indices into the event's

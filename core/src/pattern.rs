@@ -159,27 +159,33 @@ pub fn patterns_intersect(a: &str, b: &str) -> bool {
     false
 }
 
-/// Iterative glob matcher with single-star backtracking: O(len(p) * len(s)) worst case.
+/// Iterative glob matcher over bytes (`*` any run, `?` one byte). A `*` of the pattern is
+/// always a wildcard, even facing a literal `*` in the subject.
 fn glob_match(p: &[u8], s: &[u8]) -> bool {
+    glob_with(p, s, b'*', |p, s| p == b'?' || p == s)
+}
+
+/// Star-backtracking glob over any symbols: `star` matches any run, `one(p, s)` decides a
+/// single pattern symbol against a single subject symbol. O(len(p) * len(s)) worst case.
+pub(crate) fn glob_with<T: Copy + PartialEq>(p: &[T], s: &[T], star: T, one: impl Fn(T, T) -> bool) -> bool {
     let (mut pi, mut si) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
+    let mut back: Option<(usize, usize)> = None;
     while si < s.len() {
-        // A `*` of the pattern is always a wildcard, even facing a literal `*` in the subject.
-        if pi < p.len() && p[pi] == b'*' {
-            star = Some((pi, si));
+        if pi < p.len() && p[pi] == star {
+            back = Some((pi, si));
             pi += 1;
-        } else if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
+        } else if pi < p.len() && one(p[pi], s[si]) {
             pi += 1;
             si += 1;
-        } else if let Some((sp, ss)) = star {
-            pi = sp + 1;
-            si = ss + 1;
-            star = Some((sp, ss + 1));
+        } else if let Some((bp, bs)) = back {
+            pi = bp + 1;
+            si = bs + 1;
+            back = Some((bp, bs + 1));
         } else {
             return false;
         }
     }
-    while pi < p.len() && p[pi] == b'*' {
+    while pi < p.len() && p[pi] == star {
         pi += 1;
     }
     pi == p.len()

@@ -19,7 +19,7 @@
 //!   cluster without client certificates nobody is verified and the carried identity is
 //!   ignored (the peer's own, anonymous, identity is used).
 
-use gma_core::authz::{Action, Door, Identity, Peers};
+use gma_core::authz::{Action, Door, Identity};
 use gma_core::guard::{load_policy, Gate, Slot};
 use gma_core::Refuse;
 use tonic::metadata::MetadataValue;
@@ -33,6 +33,10 @@ use crate::member::{Member, NodeId};
 /// of the client it speaks for (raw UTF-8).
 pub(crate) const CALLER_CN: &str = "gma-caller-cn-bin";
 pub(crate) const CALLER_ORG: &str = "gma-caller-org-bin";
+
+/// What a raft door tells anyone but the member whose node id it is.
+const RAFT_MEMBER_ONLY: &str = "PERMISSION_DENIED (not a directory member); a member only as a \
+                                node id its [[members]] entry allows";
 
 /// The doors of a directory member: the client API (`Directory`) and raft (`Raft`), as the
 /// module documentation describes them (docs/security.md).
@@ -82,34 +86,15 @@ pub const DOORS: &[Door] = &[
         "/gma.v1.Directory/ClusterStatus",
         "served (members, leader, counts; no record, no data; rate-limited)",
     ),
-    Door {
-        door: "/gma.raft.v1.Raft/AppendEntries",
-        peers: Peers::Members,
-        actions: &[],
-        summary_only: "PERMISSION_DENIED (not a directory member); a member only as a node id its \
-                       [[members]] entry allows",
-    },
-    Door {
-        door: "/gma.raft.v1.Raft/Vote",
-        peers: Peers::Members,
-        actions: &[],
-        summary_only: "PERMISSION_DENIED (not a directory member); a member only as a node id its \
-                       [[members]] entry allows",
-    },
-    Door {
-        door: "/gma.raft.v1.Raft/InstallSnapshot",
-        peers: Peers::Members,
-        actions: &[],
-        summary_only: "PERMISSION_DENIED (not a directory member); a member only as a node id its \
-                       [[members]] entry allows",
-    },
-    Door {
-        door: "/gma.raft.v1.Raft/Forward",
-        peers: Peers::Members,
-        actions: &[Action::DirectoryRegister],
-        summary_only: "PERMISSION_DENIED (not a directory member); from a member, the leader \
-                       authorizes the carried caller again (directory.register)",
-    },
+    Door::members("/gma.raft.v1.Raft/AppendEntries", &[], RAFT_MEMBER_ONLY),
+    Door::members("/gma.raft.v1.Raft/Vote", &[], RAFT_MEMBER_ONLY),
+    Door::members("/gma.raft.v1.Raft/InstallSnapshot", &[], RAFT_MEMBER_ONLY),
+    Door::members(
+        "/gma.raft.v1.Raft/Forward",
+        &[Action::DirectoryRegister],
+        "PERMISSION_DENIED (not a directory member); from a member, the leader authorizes the \
+         carried caller again (directory.register)",
+    ),
     Door::policy(
         "/gma.raft.v1.Raft/AddLearner",
         &[Action::Admin],

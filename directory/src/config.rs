@@ -167,17 +167,16 @@ impl DirectoryConfig {
                 self.default_ttl_ms, self.min_ttl_ms, self.max_ttl_ms
             ));
         }
-        if self.expiry_tick_ms == 0 {
-            return bad("expiry_tick_ms must be at least 1".into());
-        }
-        if self.history_limit == 0 {
-            return bad("history_limit must be at least 1".into());
-        }
-        if self.max_records == 0 {
-            return bad("max_records must be at least 1".into());
-        }
-        if self.node_id == 0 {
-            return bad("node_id must be at least 1".into());
+        let counts = [
+            ("expiry_tick_ms", self.expiry_tick_ms),
+            ("history_limit", self.history_limit as u64),
+            ("max_records", self.max_records as u64),
+            ("node_id", self.node_id),
+            ("write_timeout_ms", self.write_timeout_ms),
+            ("snapshot_logs", self.snapshot_logs),
+        ];
+        if let Some((name, _)) = counts.iter().find(|(_, n)| *n == 0) {
+            return bad(format!("{name} must be at least 1"));
         }
         crate::member::parse_peers(&self.peers)?;
         if self.heartbeat_ms == 0
@@ -188,12 +187,6 @@ impl DirectoryConfig {
                 "raft timing must satisfy 0 < 2 * heartbeat_ms ({}) < election_min_ms ({}) < election_max_ms ({})",
                 self.heartbeat_ms, self.election_min_ms, self.election_max_ms
             ));
-        }
-        if self.write_timeout_ms == 0 {
-            return bad("write_timeout_ms must be at least 1".into());
-        }
-        if self.snapshot_logs == 0 {
-            return bad("snapshot_logs must be at least 1".into());
         }
         self.endpoint
             .validate()

@@ -66,43 +66,20 @@ impl Clock {
 }
 
 /// The same command with its time replaced by `now_ms` (the leader stamps forwarded writes).
-pub(crate) fn restamp(cmd: Command, now: u64) -> Command {
+pub(crate) fn restamp(mut cmd: Command, now: u64) -> Command {
+    set_now(&mut cmd, now);
+    cmd
+}
+
+fn set_now(cmd: &mut Command, now: u64) {
     match cmd {
-        Command::Register {
-            record,
-            schemas,
-            lease_id,
-            ttl_ms,
-            ..
-        } => Command::Register {
-            record,
-            schemas,
-            lease_id,
-            ttl_ms,
-            now_ms: now,
-        },
-        Command::Update {
-            record,
-            schemas,
-            ttl_ms,
-            ..
-        } => Command::Update {
-            record,
-            schemas,
-            ttl_ms,
-            now_ms: now,
-        },
-        Command::KeepAlive {
-            lease_id, checked, ..
-        } => Command::KeepAlive {
-            lease_id,
-            now_ms: now,
-            checked,
-        },
-        Command::Expire { .. } => Command::Expire { now_ms: now },
-        Command::ExtendAll { .. } => Command::ExtendAll { now_ms: now },
-        c @ Command::Remove { .. } => c,
-        Command::Batch(cs) => Command::Batch(cs.into_iter().map(|c| restamp(c, now)).collect()),
+        Command::Register { now_ms, .. }
+        | Command::Update { now_ms, .. }
+        | Command::KeepAlive { now_ms, .. }
+        | Command::Expire { now_ms }
+        | Command::ExtendAll { now_ms } => *now_ms = now,
+        Command::Remove { .. } => {}
+        Command::Batch(cs) => cs.iter_mut().for_each(|c| set_now(c, now)),
     }
 }
 
@@ -384,82 +361,39 @@ impl Shared {
         &self,
         access: &crate::access::Access,
         caller: &Identity,
-        cmd: Command,
+        mut cmd: Command,
     ) -> Result<Command, DirError> {
         let denied = |e: DirError| DirError::permission_denied(e.to_string());
         let register = Action::DirectoryRegister;
-        // A Register or Update: the record must be valid before and after its owner is stamped.
-        let admit = |record: &mut pb::Record, schemas: &[pb::EventSchema]| {
-            crate::validate::record(Some(record))?;
-            access
-                .authorize(caller, register, record_id(Some(record)))
-                .map_err(denied)?;
-            stamp_owner(Some(record), caller);
-            crate::validate::record(Some(record))?;
-            crate::validate::schemas(schemas)
-        };
-        Ok(match cmd {
-            Command::Register {
-                mut record,
-                schemas,
-                lease_id,
-                ttl_ms,
-                now_ms,
-            } => {
-                admit(&mut record, &schemas)?;
-                Command::Register {
-                    record,
-                    schemas,
-                    lease_id,
-                    ttl_ms,
-                    now_ms,
-                }
-            }
-            Command::Update {
-                mut record,
-                schemas,
-                ttl_ms,
-                now_ms,
-            } => {
-                admit(&mut record, &schemas)?;
-                Command::Update {
-                    record,
-                    schemas,
-                    ttl_ms,
-                    now_ms,
-                }
+        match &mut cmd {
+            // The record must be valid before and after its owner is stamped.
+            Command::Register { record, schemas, .. } | Command::Update { record, schemas, .. } => {
+                crate::validate::record(Some(record))?;
+                access
+                    .authorize(caller, register, record_id(Some(record)))
+                    .map_err(denied)?;
+                stamp_owner(record, caller);
+                crate::validate::record(Some(record))?;
+                crate::validate::schemas(schemas)?;
             }
             Command::Remove { kind, id } => {
-                crate::validate::id(kind, &id)?;
-                access.authorize(caller, register, &id).map_err(denied)?;
-                Command::Remove { kind, id }
+                crate::validate::id(*kind, id)?;
+                access.authorize(caller, register, id).map_err(denied)?;
             }
             Command::KeepAlive {
-                lease_id,
-                now_ms,
-                checked,
+                lease_id, checked, ..
             } => {
-                if !access.restricts() {
-                    Command::KeepAlive {
-                        lease_id,
-                        now_ms,
-                        checked,
-                    }
-                } else {
+                if access.restricts() {
                     // What the follower checked, or what the lease holds here; the state
                     // machine renews only if the lease holds nothing else when it applies.
-                    let held = match checked {
+                    let held = match checked.take() {
                         Some(ids) => ids,
-                        None => self.sm.state.read().await.dir.lease_record_ids(lease_id),
+                        None => self.sm.state.read().await.dir.lease_record_ids(*lease_id),
                     };
                     for id in &held {
                         access.authorize(caller, register, id).map_err(denied)?;
                     }
-                    Command::KeepAlive {
-                        lease_id,
-                        now_ms,
-                        checked: Some(held),
-                    }
+                    *checked = Some(held);
                 }
             }
             Command::Expire { .. } | Command::ExtendAll { .. } => {
@@ -474,7 +408,8 @@ impl Shared {
                     "a forwarded write carries one client command, not a batch",
                 ));
             }
-        })
+        }
+        Ok(cmd)
     }
 }
 
@@ -484,9 +419,9 @@ pub const OWNER_CN: &str = "gma.owner.cn";
 pub const OWNER_ORG: &str = "gma.owner.org";
 
 /// Sets the owner attributes of `record` to `who` (removes them for anonymous peers).
-fn stamp_owner(record: Option<&mut pb::Record>, who: &gma_core::authz::Identity) {
+fn stamp_owner(record: &mut pb::Record, who: &gma_core::authz::Identity) {
     use pb::record::Record as Body;
-    let attrs = match record.and_then(|r| r.record.as_mut()) {
+    let attrs = match record.record.as_mut() {
         Some(Body::Producer(p)) => &mut p.attributes,
         Some(Body::Consumer(c)) => &mut c.attributes,
         None => return,
@@ -520,7 +455,50 @@ impl DirectoryService {
     pub fn new(shared: Arc<Shared>, access: Arc<crate::access::Access>) -> DirectoryService {
         DirectoryService { shared, access }
     }
+
+    /// What Register and Update check before they write: the record's syntax, the caller's
+    /// right to write its id (directory.register), then the record again with the owner
+    /// attributes set (they count against the attribute limit) and the schemas. Syntax errors
+    /// never reach the replicated log. Returns the caller, the record, its schemas and the
+    /// lease TTL asked for.
+    fn admit_record<R: RecordWrite>(
+        &self,
+        req: Request<R>,
+    ) -> Result<(Identity, pb::Record, Vec<pb::EventSchema>, u64), Status> {
+        crate::validate::record(req.get_ref().record())?;
+        let who = self
+            .access
+            .check(&req, Action::DirectoryRegister, record_id(req.get_ref().record()))?;
+        let (record, schemas, ttl_ms) = req.into_inner().into_parts();
+        let mut record = record.unwrap_or_default();
+        stamp_owner(&mut record, &who);
+        crate::validate::record(Some(&record))?;
+        crate::validate::schemas(&schemas)?;
+        Ok((who, record, schemas, ttl_ms))
+    }
 }
+
+/// Register's and Update's requests: a record, its schemas and a lease TTL.
+trait RecordWrite {
+    fn record(&self) -> Option<&pb::Record>;
+    fn into_parts(self) -> (Option<pb::Record>, Vec<pb::EventSchema>, u64);
+}
+
+macro_rules! record_write {
+    ($($request:ty),*) => {$(
+        impl RecordWrite for $request {
+            fn record(&self) -> Option<&pb::Record> {
+                self.record.as_ref()
+            }
+
+            fn into_parts(self) -> (Option<pb::Record>, Vec<pb::EventSchema>, u64) {
+                (self.record, self.schemas, self.lease_ttl_ms)
+            }
+        }
+    )*};
+}
+
+record_write!(pb::RegisterRequest, pb::UpdateRequest);
 
 #[tonic::async_trait]
 impl Directory for DirectoryService {
@@ -529,21 +507,8 @@ impl Directory for DirectoryService {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        crate::validate::record(req.get_ref().record.as_ref())?;
-        let who = self.access.check(
-            &req,
-            Action::DirectoryRegister,
-            record_id(req.get_ref().record.as_ref()),
-        )?;
-        let mut req = req.into_inner();
-        // Checked again below: the owner attributes count against the attribute limit.
-        stamp_owner(req.record.as_mut(), &who);
-        let ttl_ms = self.shared.resolve_ttl(req.lease_ttl_ms)?;
-        let record = req.record.unwrap_or_default();
-        let schemas = req.schemas;
-        // Syntax errors never reach the replicated log.
-        crate::validate::record(Some(&record))?;
-        crate::validate::schemas(&schemas)?;
+        let (who, record, schemas, ttl_ms) = self.admit_record(req)?;
+        let ttl_ms = self.shared.resolve_ttl(ttl_ms)?;
         let a = self
             .shared
             .write(&who, |now_ms| Command::Register {
@@ -564,24 +529,12 @@ impl Directory for DirectoryService {
 
     #[tracing::instrument(skip_all)]
     async fn update(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::UpdateResponse>, Status> {
-        crate::validate::record(req.get_ref().record.as_ref())?;
-        let who = self.access.check(
-            &req,
-            Action::DirectoryRegister,
-            record_id(req.get_ref().record.as_ref()),
-        )?;
-        let mut req = req.into_inner();
-        // Checked again below: the owner attributes count against the attribute limit.
-        stamp_owner(req.record.as_mut(), &who);
+        let (who, record, schemas, ttl_ms) = self.admit_record(req)?;
         // 0 keeps the record's lease; anything else is a new lease, checked like Register's.
-        let ttl_ms = match req.lease_ttl_ms {
+        let ttl_ms = match ttl_ms {
             0 => 0,
             n => self.shared.resolve_ttl(n)?,
         };
-        let record = req.record.unwrap_or_default();
-        let schemas = req.schemas;
-        crate::validate::record(Some(&record))?;
-        crate::validate::schemas(&schemas)?;
         let a = self
             .shared
             .write(&who, |now_ms| Command::Update {

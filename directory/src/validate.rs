@@ -63,28 +63,24 @@ fn producer(p: &pb::ProducerRecord) -> Result<(), DirError> {
     let kind = Kind::Producer;
     id(kind, &p.id)?;
     address(kind, &p.id, &p.address)?;
-    if p.events.is_empty() {
+    listed(
+        kind,
+        &p.id,
+        "events",
+        &p.events,
+        MAX_EVENTS,
+        "offers no events: list at least one event name",
+    )?;
+    each(kind, &p.id, &p.events, validate_event_name)?;
+    let mut seen = HashSet::with_capacity(p.events.len());
+    if let Some(e) = p.events.iter().find(|e| !seen.insert(e.as_str())) {
         return Err(DirError::invalid_argument(format!(
-            "producer {} offers no events: list at least one event name",
+            "producer {} lists event {e} twice",
             p.id
         )));
     }
-    count(kind, &p.id, "events", p.events.len(), MAX_EVENTS)?;
-    let mut seen = HashSet::with_capacity(p.events.len());
-    for e in &p.events {
-        validate_event_name(e)
-            .map_err(|err| DirError::invalid_argument(format!("producer {}: {err}", p.id)))?;
-        if !seen.insert(e.as_str()) {
-            return Err(DirError::invalid_argument(format!(
-                "producer {} lists event {e} twice",
-                p.id
-            )));
-        }
-    }
     count(kind, &p.id, "sources", p.sources.len(), MAX_SOURCES)?;
-    for s in &p.sources {
-        validate_source(s).map_err(|err| DirError::invalid_argument(format!("producer {}: {err}", p.id)))?;
-    }
+    each(kind, &p.id, &p.sources, validate_source)?;
     count(kind, &p.id, "services", p.services.len(), MAX_SERVICES)?;
     for s in &p.services {
         if s.is_empty() || s.len() > MAX_FIELD_LEN || !s.chars().all(|c| c.is_ascii_graphic()) {
@@ -103,20 +99,42 @@ fn consumer(c: &pb::ConsumerRecord) -> Result<(), DirError> {
     let kind = Kind::Consumer;
     id(kind, &c.id)?;
     address(kind, &c.id, &c.address)?;
-    if c.accepts.is_empty() {
-        return Err(DirError::invalid_argument(format!(
-            "consumer {} accepts no events: list at least one event pattern (\"*\" for all)",
-            c.id
-        )));
-    }
-    count(kind, &c.id, "accepts", c.accepts.len(), MAX_ACCEPTS)?;
-    for a in &c.accepts {
-        Pattern::event(a).map_err(|err| DirError::invalid_argument(format!("consumer {}: {err}", c.id)))?;
-    }
+    listed(
+        kind,
+        &c.id,
+        "accepts",
+        &c.accepts,
+        MAX_ACCEPTS,
+        "accepts no events: list at least one event pattern (\"*\" for all)",
+    )?;
+    each(kind, &c.id, &c.accepts, Pattern::event)?;
     text(kind, &c.id, "manner", &c.manner)?;
     text(kind, &c.id, "site", &c.site)?;
     text(kind, &c.id, "org", &c.org)?;
     attributes(kind, &c.id, &c.attributes)
+}
+
+/// A record's list of event names or patterns (`what`): at least one entry (else the error
+/// `{kind} {id} {none}`), at most `max`.
+fn listed(kind: Kind, id: &str, what: &str, list: &[String], max: usize, none: &str) -> Result<(), DirError> {
+    if list.is_empty() {
+        return Err(DirError::invalid_argument(format!("{kind} {id} {none}")));
+    }
+    count(kind, id, what, list.len(), max)
+}
+
+/// Checks each entry of a record's list with `check`; an error names the record
+/// (`producer a: ...`).
+fn each<T, E: std::fmt::Display>(
+    kind: Kind,
+    id: &str,
+    list: &[String],
+    check: impl Fn(&str) -> Result<T, E>,
+) -> Result<(), DirError> {
+    for entry in list {
+        check(entry).map_err(|err| DirError::invalid_argument(format!("{kind} {id}: {err}")))?;
+    }
+    Ok(())
 }
 
 fn count(kind: Kind, id: &str, what: &str, n: usize, max: usize) -> Result<(), DirError> {

@@ -486,6 +486,21 @@ impl CliqueService {
         Ok(())
     }
 
+    /// The token a clique peer passes or announces (`parts` reads its site and token from the
+    /// request): the caller must take part in the measurements (ingest of net.*) and be of
+    /// this clique.
+    fn peer_token<T>(
+        &self,
+        req: Request<T>,
+        parts: impl FnOnce(T) -> (String, Option<pb::CliqueToken>),
+    ) -> Result<Token, Status> {
+        self.gate
+            .check_raw(&req, AuthzAction::Ingest, &[RTT], INGEST_ONLY)?;
+        let (site, token) = parts(req.into_inner());
+        self.check_site(&site)?;
+        Ok(token_from_proto(token)?)
+    }
+
     async fn ask<T>(&self, cmd: Cmd, rx: oneshot::Receiver<T>) -> Result<T, NetprobeError> {
         let down = || NetprobeError::unavailable("netprobe shutting down");
         self.tx.send(cmd).await.map_err(|_| down())?;
@@ -497,11 +512,7 @@ impl CliqueService {
 impl pb::clique_server::Clique for CliqueService {
     #[tracing::instrument(skip_all, level = "debug")]
     async fn pass(&self, req: Request<pb::PassRequest>) -> Result<Response<pb::PassResponse>, Status> {
-        self.gate
-            .check_raw(&req, AuthzAction::Ingest, &[RTT], INGEST_ONLY)?;
-        let r = req.into_inner();
-        self.check_site(&r.site)?;
-        let token = token_from_proto(r.token)?;
+        let token = self.peer_token(req, |r| (r.site, r.token))?;
         let (reply, rx) = oneshot::channel();
         let (accepted, newest) = self.ask(Cmd::Pass { token, reply }, rx).await?;
         Ok(Response::new(pb::PassResponse {
@@ -512,11 +523,7 @@ impl pb::clique_server::Clique for CliqueService {
 
     #[tracing::instrument(skip_all, level = "debug")]
     async fn notice(&self, req: Request<pb::NoticeRequest>) -> Result<Response<pb::NoticeResponse>, Status> {
-        self.gate
-            .check_raw(&req, AuthzAction::Ingest, &[RTT], INGEST_ONLY)?;
-        let r = req.into_inner();
-        self.check_site(&r.site)?;
-        let token = token_from_proto(r.token)?;
+        let token = self.peer_token(req, |r| (r.site, r.token))?;
         let (reply, rx) = oneshot::channel();
         let newest = self.ask(Cmd::Notice { token, reply }, rx).await?;
         Ok(Response::new(pb::NoticeResponse {

@@ -226,11 +226,11 @@ pub fn save_state(dir: &Path, state: &State) -> std::io::Result<()> {
 }
 
 /// Checks a period given through the service or found in the state file.
-pub fn check_period(ms: u64) -> Result<Duration, String> {
+pub fn check_period(ms: u64) -> Result<Duration, Error> {
     if ms == 0 || ms > MAX_PERIOD_MS {
-        return Err(format!(
+        return Err(Error::invalid_argument(format!(
             "period_ms {ms} is out of range: give 1..={MAX_PERIOD_MS} (1 ms to 1 h)"
-        ));
+        )));
     }
     Ok(Duration::from_millis(ms))
 }
@@ -377,7 +377,7 @@ impl Control {
         let period = if w.period_ms == 0 {
             self.default_period
         } else {
-            check_period(w.period_ms).map_err(Error::invalid_argument)?
+            check_period(w.period_ms)?
         };
         let sensor = gma_sensors::process::ProcessSensor::new(
             &self.source,
@@ -520,7 +520,7 @@ impl Control {
 
     /// Sets a sensor's period; returns (before, after).
     pub async fn set_period(&self, name: &str, ms: u64) -> Result<(String, String), Error> {
-        let period = check_period(ms).map_err(Error::invalid_argument)?;
+        let period = check_period(ms)?;
         let _g = self.change.lock().await;
         let slot = self.slot(name)?;
         let before = slot.setting();
@@ -572,7 +572,7 @@ impl Control {
             .validate()
             .map_err(|e| Error::invalid_argument(e.to_string()))?;
         if w.period_ms != 0 {
-            check_period(w.period_ms).map_err(Error::invalid_argument)?;
+            check_period(w.period_ms)?;
         }
         let _g = self.change.lock().await;
         let name = format!("{WATCH_PREFIX}{}", w.name);
@@ -754,6 +754,27 @@ impl ControlService {
             }
         }
     }
+
+    /// A call about one named sensor, watch or rule (`what` and the name): authorizes `op` on
+    /// the name, checks the name's length, runs `call`, audits the result and answers.
+    async fn on_named<T, F>(
+        &self,
+        req: &Request<T>,
+        op: &str,
+        (what, name): (&str, &str),
+        call: impl FnOnce() -> F,
+    ) -> Result<Response<pb::ControlResponse>, Status>
+    where
+        F: std::future::Future<Output = Result<(String, String), Error>>,
+    {
+        let target = name.chars().take(MAX_NAME).collect::<String>();
+        let who = self.authorize(req, op, &target)?;
+        let result = match bounded(what, name) {
+            Ok(()) => call().await,
+            Err(e) => Err(e),
+        };
+        self.answer(&who, op, &target, result)
+    }
 }
 
 fn bounded(what: &str, s: &str) -> Result<(), Error> {
@@ -781,58 +802,45 @@ impl pb::control_server::Control for ControlService {
         &self,
         req: Request<pb::SetPeriodRequest>,
     ) -> Result<Response<pb::ControlResponse>, Status> {
-        let target = req.get_ref().sensor.chars().take(MAX_NAME).collect::<String>();
-        let who = self.authorize(&req, OP_PERIOD, &target)?;
         let r = req.get_ref();
-        let result = match bounded("sensor", &r.sensor) {
-            Ok(()) => self.control.set_period(&r.sensor, r.period_ms).await,
-            Err(e) => Err(e),
-        };
-        self.answer(&who, OP_PERIOD, &target, result)
+        self.on_named(&req, OP_PERIOD, ("sensor", &r.sensor), || {
+            self.control.set_period(&r.sensor, r.period_ms)
+        })
+        .await
     }
 
     async fn set_enabled(
         &self,
         req: Request<pb::SetEnabledRequest>,
     ) -> Result<Response<pb::ControlResponse>, Status> {
-        let op = if req.get_ref().enabled {
-            OP_ENABLE
-        } else {
-            OP_DISABLE
-        };
-        let target = req.get_ref().sensor.chars().take(MAX_NAME).collect::<String>();
-        let who = self.authorize(&req, op, &target)?;
         let r = req.get_ref();
-        let result = match bounded("sensor", &r.sensor) {
-            Ok(()) => self.control.set_enabled(&r.sensor, r.enabled).await,
-            Err(e) => Err(e),
-        };
-        self.answer(&who, op, &target, result)
+        let op = if r.enabled { OP_ENABLE } else { OP_DISABLE };
+        self.on_named(&req, op, ("sensor", &r.sensor), || {
+            self.control.set_enabled(&r.sensor, r.enabled)
+        })
+        .await
     }
 
     async fn watch(
         &self,
         req: Request<pb::ProcessWatchRequest>,
     ) -> Result<Response<pb::ControlResponse>, Status> {
-        let target = req.get_ref().name.chars().take(MAX_NAME).collect::<String>();
-        let who = self.authorize(&req, OP_WATCH, &target)?;
-        let r = req.into_inner();
-        let opt = |s: String| (!s.is_empty()).then_some(s);
+        let r = req.get_ref();
+        let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
         let pos = |v: f64| (v != 0.0).then_some(v);
         let spec = WatchSpec {
-            name: r.name,
-            comm: opt(r.comm),
-            cmdline: opt(r.cmdline),
+            name: r.name.clone(),
+            comm: opt(&r.comm),
+            cmdline: opt(&r.cmdline),
             pid: (r.pid != 0).then_some(r.pid),
             period_ms: r.period_ms,
             cpu_pct_max: pos(r.cpu_pct_max),
             rss_mb_max: pos(r.rss_mb_max),
         };
-        let result = match bounded("watch name", &spec.name) {
-            Ok(()) => self.control.watch(spec).await,
-            Err(e) => Err(e),
-        };
-        self.answer(&who, OP_WATCH, &target, result)
+        self.on_named(&req, OP_WATCH, ("watch name", &r.name), || {
+            self.control.watch(spec)
+        })
+        .await
     }
 
     async fn add_rule(
@@ -849,28 +857,22 @@ impl pb::control_server::Control for ControlService {
         &self,
         req: Request<pb::RemoveRuleRequest>,
     ) -> Result<Response<pb::ControlResponse>, Status> {
-        let target = req.get_ref().name.chars().take(MAX_NAME).collect::<String>();
-        let who = self.authorize(&req, OP_RULE_REMOVE, &target)?;
         let r = req.get_ref();
-        let result = match bounded("rule name", &r.name) {
-            Ok(()) => self.control.remove_rule(&r.name).await,
-            Err(e) => Err(e),
-        };
-        self.answer(&who, OP_RULE_REMOVE, &target, result)
+        self.on_named(&req, OP_RULE_REMOVE, ("rule name", &r.name), || {
+            self.control.remove_rule(&r.name)
+        })
+        .await
     }
 
     async fn unwatch(
         &self,
         req: Request<pb::RemoveWatchRequest>,
     ) -> Result<Response<pb::ControlResponse>, Status> {
-        let target = req.get_ref().name.chars().take(MAX_NAME).collect::<String>();
-        let who = self.authorize(&req, OP_UNWATCH, &target)?;
         let r = req.get_ref();
-        let result = match bounded("watch name", &r.name) {
-            Ok(()) => self.control.unwatch(&r.name).await,
-            Err(e) => Err(e),
-        };
-        self.answer(&who, OP_UNWATCH, &target, result)
+        self.on_named(&req, OP_UNWATCH, ("watch name", &r.name), || {
+            self.control.unwatch(&r.name)
+        })
+        .await
     }
 }
 

@@ -30,6 +30,7 @@ use std::task::{Context, Poll};
 use gma_core::authz::{Action, Door};
 use gma_core::event::EventData;
 use gma_core::guard::Gate;
+use gma_core::Refuse;
 use gma_proto::v1 as pb;
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
@@ -87,7 +88,7 @@ impl Converted {
 }
 
 /// The event name of a metric.
-fn event_name(metric: &str) -> Result<String, String> {
+fn event_name(metric: &str) -> Result<String, Error> {
     let clean: String = metric
         .chars()
         .map(|c| {
@@ -100,7 +101,7 @@ fn event_name(metric: &str) -> Result<String, String> {
         .collect();
     let name = format!("{PREFIX}{clean}");
     gma_core::pattern::validate_event_name(&name)
-        .map_err(|e| format!("metric {:?}: {e}", gma_core::clip(metric, 80)))?;
+        .map_err(|e| Error::invalid_argument(format!("metric {:?}: {e}", gma_core::clip(metric, 80))))?;
     Ok(name)
 }
 
@@ -143,7 +144,7 @@ fn resource_source(attrs: &[KeyValue]) -> String {
 }
 
 /// The series' source: the resource's, then the point's attributes sorted by key.
-fn point_source(base: &str, attrs: &[KeyValue]) -> Result<String, String> {
+fn point_source(base: &str, attrs: &[KeyValue]) -> Result<String, Error> {
     let mut source = base.to_string();
     if !attrs.is_empty() {
         let mut kv: Vec<(String, String)> = attrs
@@ -161,17 +162,18 @@ fn point_source(base: &str, attrs: &[KeyValue]) -> Result<String, String> {
         source.push_str(&inner.join(","));
         source.push('}');
     }
-    gma_core::pattern::validate_source(&source).map_err(|e| e.to_string())?;
+    gma_core::pattern::validate_source(&source).map_err(|e| Error::invalid_argument(e.to_string()))?;
     Ok(source)
 }
 
 /// A point's time: OTLP's unsigned ns, 0 = now.
-fn point_time(ns: u64, now: i64) -> Result<i64, String> {
+fn point_time(ns: u64, now: i64) -> Result<i64, Error> {
     if ns == 0 {
         return Ok(now);
     }
-    let t = i64::try_from(ns).map_err(|_| format!("time_unix_nano {ns} is out of range"))?;
-    gma_core::time::check_timestamp_ns(t).map_err(|e| e.to_string())?;
+    let t = i64::try_from(ns)
+        .map_err(|_| Error::invalid_argument(format!("time_unix_nano {ns} is out of range")))?;
+    gma_core::time::check_timestamp_ns(t).map_err(|e| Error::invalid_argument(e.to_string()))?;
     Ok(t)
 }
 
@@ -225,15 +227,15 @@ fn histogram_schema(name: &str, m: &Metric, t: i32, bounds: &[f64], buckets: usi
 
 impl Converted {
     /// Adds `schema` for this request, or says why it cannot be (another shape already).
-    fn schema(&mut self, hub: &Hub, schema: pb::EventSchema) -> Result<(), String> {
+    fn schema(&mut self, hub: &Hub, schema: pb::EventSchema) -> Result<(), Error> {
         let known = hub.lock().schema(&schema.name).cloned();
         let here = self.schemas.get(&schema.name);
         for old in known.iter().chain(here) {
             if old.fields != schema.fields {
-                return Err(format!(
+                return Err(Error::invalid_argument(format!(
                     "metric {} changed its shape (fields or histogram bounds); a producer keeps one per metric",
                     schema.name
-                ));
+                )));
             }
         }
         if known.is_none() {
@@ -245,8 +247,8 @@ impl Converted {
     fn push(
         &mut self,
         name: &str,
-        source: Result<String, String>,
-        time: Result<i64, String>,
+        source: Result<String, Error>,
+        time: Result<i64, Error>,
         numbers: Vec<f64>,
     ) {
         if self.events.len() >= MAX_POINTS {
@@ -260,7 +262,7 @@ impl Converted {
                 numbers,
                 strings: Vec::new(),
             }),
-            (Err(e), _) | (_, Err(e)) => self.reject(1, || e),
+            (Err(e), _) | (_, Err(e)) => self.reject(1, || e.to_string()),
         }
     }
 
@@ -275,7 +277,7 @@ impl Converted {
         };
         let name = match event_name(&m.name) {
             Ok(n) => n,
-            Err(e) => return self.reject(points, || e),
+            Err(e) => return self.reject(points, || e.to_string()),
         };
         let numbers = |pts: &[opentelemetry_proto::tonic::metrics::v1::NumberDataPoint],
                        this: &mut Converted| {
@@ -300,7 +302,7 @@ impl Converted {
             None => self.reject(1, || format!("metric {} has no data", m.name)),
             Some(Data::Gauge(g)) => {
                 if let Err(e) = self.schema(hub, value_schema(&name, m, "gauge".into())) {
-                    return self.reject(points, || e);
+                    return self.reject(points, || e.to_string());
                 }
                 numbers(&g.data_points, self);
             }
@@ -315,7 +317,7 @@ impl Converted {
                     temporality(s.aggregation_temporality)
                 );
                 if let Err(e) = self.schema(hub, value_schema(&name, m, kind)) {
-                    return self.reject(points, || e);
+                    return self.reject(points, || e.to_string());
                 }
                 numbers(&s.data_points, self);
             }
@@ -341,7 +343,7 @@ impl Converted {
                     let schema =
                         histogram_schema(&name, m, h.aggregation_temporality, &p.explicit_bounds, buckets);
                     if let Err(e) = self.schema(hub, schema) {
-                        self.reject(1, || e);
+                        self.reject(1, || e.to_string());
                         continue;
                     }
                     let mut values = vec![

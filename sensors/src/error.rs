@@ -26,6 +26,10 @@ pub enum SensorError {
     /// A request to a running simulation that cannot be honoured (unknown host or key, bad value).
     #[error("simulation: {0}")]
     Sim(String),
+    /// A host command gave nothing to read: not installed, printed nothing, or exited with a
+    /// code that means failure (the message names the command).
+    #[error("{0}")]
+    Command(String),
 }
 
 impl SensorError {

@@ -327,7 +327,7 @@ impl Info {
     }
 
     /// Runs `name args`: its output, or why not (not installed, timed out).
-    fn output(&self, name: &str, args: &[&str]) -> Result<command::Output, String> {
+    fn output(&self, name: &str, args: &[&str]) -> Result<command::Output, SensorError> {
         let (program, ran) = self.commands.run(name, args, &[], MAX_COMMAND_OUTPUT);
         match ran {
             Ok(Ran::Done(o)) => {
@@ -336,8 +336,11 @@ impl Info {
                 }
                 Ok(o)
             }
-            Ok(Ran::Missing) => Err(format!("{} is not installed", program.display())),
-            Err(e) => Err(e.to_string()),
+            Ok(Ran::Missing) => Err(SensorError::Command(format!(
+                "{} is not installed",
+                program.display()
+            ))),
+            Err(e) => Err(e),
         }
     }
 
@@ -346,12 +349,12 @@ impl Info {
         let mounts = self.output("df", &["-P", "-k"]).and_then(|o| {
             // df exits 1 when one mount cannot be read and still lists the others.
             if !o.success() && o.stdout.is_empty() {
-                return Err(format!(
+                return Err(SensorError::Command(format!(
                     "df printed nothing (exit code {:?}): {}",
                     o.code, o.stderr
-                ));
+                )));
             }
-            parse_df(&o.stdout).map_err(|e| e.to_string())
+            parse_df(&o.stdout)
         });
         let mounts = tell_once(&mut self.told_df, "disk_free_mb and mounts", mounts);
         let root = mounts
@@ -371,7 +374,10 @@ impl Info {
         let found = self.output("dpkg-query", &args).and_then(|o| match o.code {
             // 1: some of the packages are not installed (or none is).
             Some(0 | 1) => Ok(parse_dpkg(&o.stdout)),
-            code => Err(format!("dpkg-query exit code {code:?}: {}", o.stderr)),
+            code => Err(SensorError::Command(format!(
+                "dpkg-query exit code {code:?}: {}",
+                o.stderr
+            ))),
         });
         format_software(&tell_once(&mut self.told_dpkg, "software", found))
     }
@@ -379,7 +385,7 @@ impl Info {
 
 /// The value, or its type's empty value when there is none; why there is none is logged the
 /// first time (and again only after it worked in between), never every info period.
-fn tell_once<T: Default>(told: &mut bool, part: &str, r: Result<T, String>) -> T {
+fn tell_once<T: Default>(told: &mut bool, part: &str, r: Result<T, SensorError>) -> T {
     match r {
         Ok(v) => {
             *told = false;

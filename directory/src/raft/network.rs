@@ -165,6 +165,21 @@ pub struct RaftService {
     pub(crate) access: std::sync::Arc<crate::access::Access>,
 }
 
+impl RaftService {
+    /// A raft message from a member: its sender checked (a member, as the node id that
+    /// `sender` reads from the message: the vote's), then the message decoded.
+    fn admit<T: DeserializeOwned>(
+        &self,
+        req: Request<rpb::RaftRequest>,
+        sender: impl Fn(&T) -> Option<NodeId>,
+    ) -> Result<T, DirError> {
+        let who = self.access.raft_peer(&req)?;
+        let r: T = decode(&req.into_inner().data)?;
+        self.access.raft_sender(&who, sender(&r))?;
+        Ok(r)
+    }
+}
+
 fn reply<T: Serialize>(v: &T) -> Result<Response<rpb::RaftReply>, DirError> {
     let data =
         serde_json::to_vec(v).map_err(|e| DirError::internal(format!("cannot encode raft reply: {e}")))?;
@@ -182,16 +197,14 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::RaftRequest>,
     ) -> Result<Response<rpb::RaftReply>, Status> {
-        let who = self.access.raft_peer(&req)?;
-        let r: AppendEntriesRequest<TypeConfig> = decode(&req.into_inner().data)?;
-        self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
+        let r = self.admit(req, |r: &AppendEntriesRequest<TypeConfig>| {
+            r.vote.leader_id.voted_for()
+        })?;
         Ok(reply(&self.raft.append_entries(r).await)?)
     }
 
     async fn vote(&self, req: Request<rpb::RaftRequest>) -> Result<Response<rpb::RaftReply>, Status> {
-        let who = self.access.raft_peer(&req)?;
-        let r: VoteRequest<NodeId> = decode(&req.into_inner().data)?;
-        self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
+        let r = self.admit(req, |r: &VoteRequest<NodeId>| r.vote.leader_id.voted_for())?;
         Ok(reply(&self.raft.vote(r).await)?)
     }
 
@@ -199,9 +212,9 @@ impl rpb::raft_server::Raft for RaftService {
         &self,
         req: Request<rpb::RaftRequest>,
     ) -> Result<Response<rpb::RaftReply>, Status> {
-        let who = self.access.raft_peer(&req)?;
-        let r: InstallSnapshotRequest<TypeConfig> = decode(&req.into_inner().data)?;
-        self.access.raft_sender(&who, r.vote.leader_id.voted_for())?;
+        let r = self.admit(req, |r: &InstallSnapshotRequest<TypeConfig>| {
+            r.vote.leader_id.voted_for()
+        })?;
         Ok(reply(&self.raft.install_snapshot(r).await)?)
     }
 
