@@ -80,6 +80,8 @@ use crate::plot::{Chart, Series};
 use crate::report::{cores, proc_usage, Point, Timeline};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Select calls asked of the broker at the end of the measurement.
+const BROKER_DECISIONS: u32 = 100;
 /// The producers' resume window (`--buffer-events`), passed explicitly so the report can say
 /// how long it lasts.
 const BUFFER_EVENTS: u64 = 100_000;
@@ -473,16 +475,24 @@ async fn archive_stats(addr: &str) -> anyhow::Result<pb::ArchiveStatsResponse> {
 async fn wait_following(addr: &str, producers: &[String], timeout: Duration) -> anyhow::Result<Instant> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(st) = archive_stats(addr).await {
-            if producers
-                .iter()
-                .all(|p| st.received.iter().any(|r| &r.producer == p && r.events > 0))
-            {
-                return Ok(Instant::now());
+        let last = match archive_stats(addr).await {
+            Ok(st) => {
+                let missing: Vec<&String> = producers
+                    .iter()
+                    .filter(|p| !st.received.iter().any(|r| &r.producer == *p && r.events > 0))
+                    .collect();
+                if missing.is_empty() {
+                    return Ok(Instant::now());
+                }
+                format!(
+                    "nothing yet from {missing:?}; it holds {} samples of {} streams, ingesting {:.0} samples/s",
+                    st.samples, st.streams, st.ingest_samples_per_s
+                )
             }
-        }
+            Err(e) => format!("its Stats failed: {e}"),
+        };
         if Instant::now() > deadline {
-            bail!("the archiver did not receive events from every producer within {timeout:?}");
+            bail!("the archiver did not receive events from every producer within {timeout:?}: {last}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -505,6 +515,98 @@ async fn ingest_moves(addr: &str, timeout: Duration) -> Option<pb::ArchiveStatsR
         }
     }
     None
+}
+
+/// The directory's records, leases and raft position, as one member answers
+/// (`ClusterStatus`).
+async fn directory_status(dirs: &str) -> anyhow::Result<(Instant, pb::ClusterStatusResponse)> {
+    let mut c = gma_consumer::registrar::connect(dirs).await?;
+    let r = tokio::time::timeout(Duration::from_secs(10), c.cluster_status(pb::ClusterStatusRequest {}))
+        .await
+        .map_err(|_| anyhow!("directory status timed out"))??
+        .into_inner();
+    Ok((Instant::now(), r))
+}
+
+/// Directory figures over the measurement: what it holds at the end, and the raft entries it
+/// applied per second (every lease renewal is one, as is every record write).
+fn directory_figures(
+    before: &Option<(Instant, pb::ClusterStatusResponse)>,
+    after: &Option<(Instant, pb::ClusterStatusResponse)>,
+) -> serde_json::Value {
+    let Some((t1, a)) = after else {
+        return json!({"error": "the directory did not answer ClusterStatus at the end"});
+    };
+    let per_s = before.as_ref().map(|(t0, b)| {
+        a.last_applied.saturating_sub(b.last_applied) as f64 / t1.duration_since(*t0).as_secs_f64().max(1e-9)
+    });
+    json!({
+        "producer_records": a.producers, "consumer_records": a.consumers, "schemas": a.schemas,
+        "leases": a.leases, "raft_entries_applied_per_s": per_s,
+    })
+}
+
+/// Select decisions asked of the broker one after another through gRPC, over its live view of
+/// the simulated hosts: latency at the client and the broker's own ranking time.
+async fn broker_decisions(addr: &str, n: u32) -> anyhow::Result<serde_json::Value> {
+    let job = gma_broker::job::Job {
+        name: "scale".into(),
+        cpus: 2,
+        memory_mb: 2048.0,
+        reference_time_s: 600.0,
+        reference: [("specint".to_string(), 1200.0)].into_iter().collect(),
+        ..Default::default()
+    }
+    .to_proto();
+    let ch = gma_consumer::connect(addr).await?;
+    let mut c =
+        pb::broker_client::BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+    let mut at_client = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut ranking = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let (mut view, mut stale, mut ranked) = (0, 0, 0);
+    for _ in 0..n {
+        let s = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(30),
+            c.select(pb::SelectRequest {
+                job: Some(job.clone()),
+                policy: pb::BrokerPolicy::Ttd as i32,
+                limit: 10,
+                include_rejected: false,
+            }),
+        )
+        .await
+        .map_err(|_| anyhow!("a Select took more than 30 s"))??
+        .into_inner();
+        at_client.record(s.elapsed().as_micros().max(1) as u64)?;
+        ranking.record(r.decide_us.max(1.0) as u64)?;
+        (view, stale, ranked) = (r.view_resources, r.view_stale, r.ranked.len());
+    }
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(json!({
+        "decisions": n, "view_resources": view, "view_stale": stale, "ranked": ranked,
+        "p50_ms": ms(&at_client, 0.5), "p99_ms": ms(&at_client, 0.99),
+        "ranking_p50_ms": ms(&ranking, 0.5), "ranking_p99_ms": ms(&ranking, 0.99),
+    }))
+}
+
+/// Archiver figures over the measurement: what its store holds at the end, bytes per sample,
+/// and its CPU per million samples stored during the run.
+fn archiver_figures(
+    before: &Option<pb::ArchiveStatsResponse>,
+    after: &Option<pb::ArchiveStatsResponse>,
+    cpu_s: f64,
+) -> serde_json::Value {
+    let Some(a) = after else {
+        return json!({"error": "the archiver did not answer Stats at the end"});
+    };
+    let stored = before.as_ref().map(|b| a.samples.saturating_sub(b.samples));
+    json!({
+        "streams": a.streams, "series": a.series, "samples": a.samples,
+        "bytes_on_disk": a.bytes_on_disk, "bytes_per_sample": a.bytes_per_sample,
+        "samples_stored_during_run": stored,
+        "cpu_s_per_million_samples": stored.filter(|n| *n > 0).map(|n| cpu_s / (n as f64 / 1e6)),
+    })
 }
 
 /// Events a restarted archiver received again: per run, those the killed one had noted
@@ -1078,7 +1180,16 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         Some(n) => format!("\n[[keep]]\npattern = \"host.cpu\"\nsample_normal = {n}\n"),
         None => String::new(),
     };
-    let checkpoint_s = (duration / 15).clamp(1, 20);
+    // Without archiver kills it checkpoints as configured by default: a short interval seals
+    // every stream's open chunk that often, and the chunk index (one entry per chunk, in memory
+    // and in sled) grows that much faster.
+    let checkpoint_s = if plan.archiver_kill {
+        (duration / 15).clamp(1, 20)
+    } else {
+        gma_archiver::store::StoreOptions::default()
+            .checkpoint_interval
+            .as_secs()
+    };
     let arch_conf = tmp.path().join("archiver.toml");
     std::fs::write(
         &arch_conf,
@@ -1249,6 +1360,8 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     let dir_cpu0 = cluster.cpu_total();
     let me = std::process::id().to_string();
     let (me_cpu0, me_rss0) = proc_usage(&me)?;
+    let dir_status0 = directory_status(&dirs).await.ok();
+    let arch_stats0 = archive_stats(&roles[ia].addr).await.ok();
     recording.store(true, std::sync::atomic::Ordering::Relaxed);
 
     // The fault schedule.
@@ -1443,6 +1556,17 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     for t in &tasks {
         t.abort();
     }
+    // The directory, the archiver and the broker as the run left them (producers still up).
+    let directory = directory_figures(&dir_status0, &directory_status(&dirs).await.ok());
+    roles[ia].sample();
+    let archiver = archiver_figures(
+        &arch_stats0,
+        &archive_stats(&roles[ia].addr).await.ok(),
+        roles[ia].cpu_total(),
+    );
+    let broker = broker_decisions(&roles[ia + 1].addr, BROKER_DECISIONS)
+        .await
+        .unwrap_or_else(|e| json!({"error": format!("{e:#}")}));
 
     // Stop every producer (each prints its last seq), then wait for the archiver to have
     // received every run that ended while it ran (its Stats: a wait condition, not the check).
@@ -1718,6 +1842,9 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         "events_per_s_published": published as f64 / (seconds + setup_s).max(1e-9),
         "latency_ms": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": lat.max() as f64 / 1000.0, "samples": lat.len()},
         "directory_cpu_pct": 100.0 * dir_cpu / seconds,
+        "directory": directory,
+        "archiver": archiver,
+        "broker_decisions": broker,
         "leader_failover_ms": failover_ms,
         "consumer_recovery_ms": {
             "consumers": recovery.len(), "p50": pct(&recovery, 0.5), "max": pct(&recovery, 1.0),
@@ -1778,9 +1905,12 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
                 lat.len()
             );
             println!(
-                "  directory CPU {:.1}% of one core (3 nodes)",
-                100.0 * dir_cpu / seconds
+                "  directory CPU {:.1}% of one core (3 nodes); {}",
+                100.0 * dir_cpu / seconds,
+                report["directory"]
             );
+            println!("  archiver {}", report["archiver"]);
+            println!("  broker decisions {}", report["broker_decisions"]);
             if plan.producer_restart {
                 println!(
                     "  leader failover {} ms; consumers seeing producer 0's new run after its restart: {} of {consumers}, p50 {} ms, max {} ms",

@@ -176,6 +176,10 @@ pub struct StoreOptions {
     /// A chunk-log segment is closed once it holds this many bytes (whole segments are deleted
     /// once retention removed every chunk in them).
     pub chunk_segment_bytes: u64,
+    /// The most bytes sled may keep in its page cache (the `C` chunk index and the `S`
+    /// dictionary pages read or written). sled's own default is 1 GiB, which an archiver
+    /// writing one index entry per sealed chunk fills over hours: its RSS then grows for as long.
+    pub index_cache_bytes: u64,
     /// TEST ONLY: the logs acknowledge before fdatasync (the bug the simulator must catch).
     #[cfg(test)]
     pub(crate) ack_before_sync: bool,
@@ -188,6 +192,7 @@ impl Default for StoreOptions {
             checkpoint_wal_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(300),
             chunk_segment_bytes: 64 << 20,
+            index_cache_bytes: 64 << 20,
             #[cfg(test)]
             ack_before_sync: false,
         }
