@@ -675,13 +675,15 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
             e.1.extend(p.values);
         }
     }
-    let mut runs: BTreeMap<Key, (Vec<i64>, Vec<String>)> = BTreeMap::new();
+    // The run labels run-length coded: a series holds few runs, and one String per row would
+    // be most of what the read-back holds at 100,000 hosts.
+    let mut runs: BTreeMap<Key, (Vec<i64>, Vec<(String, usize)>)> = BTreeMap::new();
     let mut s = c.query(ask(RUN_FIELD)).await?.into_inner();
     while let Some(m) = s.message().await? {
         for p in m.series {
             let e = runs.entry((p.name, p.source)).or_default();
             e.0.extend(p.timestamps_ns);
-            e.1.extend(p.texts);
+            push_runs(&mut e.1, p.texts);
         }
     }
     if seqs.len() != runs.len() {
@@ -697,13 +699,14 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
         let Some((rts, labels)) = runs.get(&key) else {
             bail!("read-back: series {key:?} has {SEQ_FIELD} but no {RUN_FIELD}");
         };
-        if ts != *rts || values.len() != ts.len() || labels.len() != ts.len() {
+        let n_labels: usize = labels.iter().map(|l| l.1).sum();
+        if ts != *rts || values.len() != ts.len() || n_labels != ts.len() {
             bail!(
-                "read-back: the {SEQ_FIELD} and {RUN_FIELD} rows of {key:?} differ ({} and {} rows)",
+                "read-back: the {SEQ_FIELD} and {RUN_FIELD} rows of {key:?} differ ({} and {n_labels} rows)",
                 values.len(),
-                labels.len()
             );
         }
+        let labels = labels.iter().flat_map(|(l, n)| std::iter::repeat_n(l, *n));
         let mut last: Option<(&str, (String, u64))> = None;
         for ((t, v), label) in ts.iter().zip(&values).zip(labels) {
             let run = match &last {
@@ -726,6 +729,16 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
         }
     }
     Ok((out, malformed))
+}
+
+/// Appends `texts` to the run-length coded `runs` (label, rows in a row).
+fn push_runs(runs: &mut Vec<(String, usize)>, texts: Vec<String>) {
+    for t in texts {
+        match runs.last_mut() {
+            Some((l, n)) if *l == t => *n += 1,
+            _ => runs.push((t, 1)),
+        }
+    }
 }
 
 /// What the archive holds of one producer run, against the seqs 1..=`last` it published.
@@ -1945,6 +1958,19 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_labels_are_run_length_coded_across_pieces() {
+        let mut r = Vec::new();
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        push_runs(&mut r, v(&["a", "a", "b"]));
+        push_runs(&mut r, v(&["b", "b", "a"]));
+        push_runs(&mut r, Vec::new());
+        assert_eq!(
+            r,
+            vec![("a".to_string(), 2), ("b".to_string(), 3), ("a".to_string(), 1)]
+        );
+    }
 
     #[test]
     fn a_complete_run_checks_clean() {
