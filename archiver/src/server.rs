@@ -619,7 +619,10 @@ mod tests {
 
     #[test]
     fn the_index_cache_term_reaches_the_store_and_zero_is_refused() {
-        let mut c = ArchiverConfig::default();
+        let mut c = ArchiverConfig {
+            data_dir: PathBuf::from("/nonexistent/archive"),
+            ..ArchiverConfig::default()
+        };
         assert_eq!(c.check().unwrap().store.index_cache_bytes, 64 << 20);
         c.store.index_cache_mib = 16;
         assert_eq!(c.check().unwrap().store.index_cache_bytes, 16 << 20);
