@@ -521,10 +521,13 @@ async fn ingest_moves(addr: &str, timeout: Duration) -> Option<pb::ArchiveStatsR
 /// (`ClusterStatus`).
 async fn directory_status(dirs: &str) -> anyhow::Result<(Instant, pb::ClusterStatusResponse)> {
     let mut c = gma_consumer::registrar::connect(dirs).await?;
-    let r = tokio::time::timeout(Duration::from_secs(10), c.cluster_status(pb::ClusterStatusRequest {}))
-        .await
-        .map_err(|_| anyhow!("directory status timed out"))??
-        .into_inner();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.cluster_status(pb::ClusterStatusRequest {}),
+    )
+    .await
+    .map_err(|_| anyhow!("directory status timed out"))??
+    .into_inner();
     Ok((Instant::now(), r))
 }
 
@@ -677,7 +680,7 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
     }
     // The run labels run-length coded: a series holds few runs, and one String per row would
     // be most of what the read-back holds at 100,000 hosts.
-    let mut runs: BTreeMap<Key, (Vec<i64>, Vec<(String, usize)>)> = BTreeMap::new();
+    let mut runs: BTreeMap<Key, (Vec<i64>, Vec<LabelRun>)> = BTreeMap::new();
     let mut s = c.query(ask(RUN_FIELD)).await?.into_inner();
     while let Some(m) = s.message().await? {
         for p in m.series {
@@ -731,8 +734,11 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
     Ok((out, malformed))
 }
 
-/// Appends `texts` to the run-length coded `runs` (label, rows in a row).
-fn push_runs(runs: &mut Vec<(String, usize)>, texts: Vec<String>) {
+/// A run label and how many rows in a row carry it.
+type LabelRun = (String, usize);
+
+/// Appends `texts` to the run-length coded `runs`.
+fn push_runs(runs: &mut Vec<LabelRun>, texts: Vec<String>) {
     for t in texts {
         match runs.last_mut() {
             Some((l, n)) if *l == t => *n += 1,
