@@ -463,7 +463,7 @@ async fn archive_client(
 async fn archive_stats(addr: &str) -> anyhow::Result<pb::ArchiveStatsResponse> {
     let mut c = archive_client(addr).await?;
     Ok(
-        tokio::time::timeout(Duration::from_secs(10), c.stats(pb::ArchiveStatsRequest {}))
+        tokio::time::timeout(Duration::from_secs(30), c.stats(pb::ArchiveStatsRequest {}))
             .await
             .map_err(|_| anyhow!("archiver stats timed out"))??
             .into_inner(),
@@ -494,7 +494,8 @@ async fn wait_following(addr: &str, producers: &[String], timeout: Duration) -> 
         if Instant::now() > deadline {
             bail!("the archiver did not receive events from every producer within {timeout:?}: {last}");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Not faster: Stats walks every stream under the lock the archiver's ingest takes.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
