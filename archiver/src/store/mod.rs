@@ -574,7 +574,12 @@ mod tests {
         let store = Store::open(dir.path(), opts(16)).unwrap();
         // host.cpu of a: version 1 (user, state, sys) and version 2 (user, idle): 4 series;
         // host.cpu of b: version 1 only: 3 series.
-        let v2 = series("host.cpu", "a", 2, vec![dbl("user", "%", ""), dbl("idle", "%", "")]);
+        let v2 = series(
+            "host.cpu",
+            "a",
+            2,
+            vec![dbl("user", "%", ""), dbl("idle", "%", "")],
+        );
         let evs = vec![
             ev(&cpu("a"), 1, SEC, &[1.0, 2.0], &["x"]),
             ev(&v2, 2, 2 * SEC, &[3.0, 4.0], &[]),
