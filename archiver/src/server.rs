@@ -50,6 +50,9 @@ pub struct StoreTuning {
     pub checkpoint_wal_mib: u64,
     /// ... or this many seconds after the last checkpoint.
     pub checkpoint_interval_s: u64,
+    /// The most MiB sled keeps in its page cache for the index (chunk index and stream
+    /// dictionary pages); sled's own default is 1 GiB.
+    pub index_cache_mib: u64,
 }
 
 impl Default for StoreTuning {
@@ -59,6 +62,7 @@ impl Default for StoreTuning {
             chunk_rows: d.chunk_rows,
             checkpoint_wal_mib: d.checkpoint_wal_bytes >> 20,
             checkpoint_interval_s: d.checkpoint_interval.as_secs(),
+            index_cache_mib: d.index_cache_bytes >> 20,
         }
     }
 }
@@ -177,6 +181,9 @@ impl ArchiverConfig {
                 "store.checkpoint_wal_mib and store.checkpoint_interval_s must be at least 1".into(),
             ));
         }
+        if self.store.index_cache_mib == 0 || self.store.index_cache_mib > 1 << 20 {
+            return Err(bad("store.index_cache_mib must lie in 1..=1048576".into()));
+        }
         self.promql.validate()?;
         if let Some(h) = &self.http_listen {
             self.endpoint
@@ -196,6 +203,7 @@ impl ArchiverConfig {
                 chunk_rows: self.store.chunk_rows,
                 checkpoint_wal_bytes: self.store.checkpoint_wal_mib << 20,
                 checkpoint_interval: Duration::from_secs(self.store.checkpoint_interval_s),
+                index_cache_bytes: self.store.index_cache_mib << 20,
                 ..StoreOptions::default()
             },
             remote_write,
@@ -593,6 +601,27 @@ async fn retention_loop(
             if let Err(e) = store.commit().await {
                 tracing::warn!(error = %e, "retention: cannot commit the deletions");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_cache_term_reaches_the_store_and_zero_is_refused() {
+        let mut c = ArchiverConfig {
+            data_dir: PathBuf::from("/nonexistent/archive"),
+            ..ArchiverConfig::default()
+        };
+        assert_eq!(c.check().unwrap().store.index_cache_bytes, 64 << 20);
+        c.store.index_cache_mib = 16;
+        assert_eq!(c.check().unwrap().store.index_cache_bytes, 16 << 20);
+        c.store.index_cache_mib = 0;
+        match c.check() {
+            Ok(_) => panic!("index_cache_mib = 0 was accepted"),
+            Err(e) => assert!(e.to_string().contains("store.index_cache_mib"), "{e}"),
         }
     }
 }

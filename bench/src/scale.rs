@@ -80,6 +80,8 @@ use crate::plot::{Chart, Series};
 use crate::report::{cores, proc_usage, Point, Timeline};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Select calls asked of the broker at the end of the measurement.
+const BROKER_DECISIONS: u32 = 100;
 /// The producers' resume window (`--buffer-events`), passed explicitly so the report can say
 /// how long it lasts.
 const BUFFER_EVENTS: u64 = 100_000;
@@ -465,7 +467,7 @@ async fn archive_client(
 async fn archive_stats(addr: &str) -> anyhow::Result<pb::ArchiveStatsResponse> {
     let mut c = archive_client(addr).await?;
     Ok(
-        tokio::time::timeout(Duration::from_secs(10), c.stats(pb::ArchiveStatsRequest {}))
+        tokio::time::timeout(Duration::from_secs(30), c.stats(pb::ArchiveStatsRequest {}))
             .await
             .map_err(|_| anyhow!("archiver stats timed out"))??
             .into_inner(),
@@ -477,18 +479,27 @@ async fn archive_stats(addr: &str) -> anyhow::Result<pb::ArchiveStatsResponse> {
 async fn wait_following(addr: &str, producers: &[String], timeout: Duration) -> anyhow::Result<Instant> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(st) = archive_stats(addr).await {
-            if producers
-                .iter()
-                .all(|p| st.received.iter().any(|r| &r.producer == p && r.events > 0))
-            {
-                return Ok(Instant::now());
+        let last = match archive_stats(addr).await {
+            Ok(st) => {
+                let missing: Vec<&String> = producers
+                    .iter()
+                    .filter(|p| !st.received.iter().any(|r| &r.producer == *p && r.events > 0))
+                    .collect();
+                if missing.is_empty() {
+                    return Ok(Instant::now());
+                }
+                format!(
+                    "nothing yet from {missing:?}; it holds {} samples of {} streams, ingesting {:.0} samples/s",
+                    st.samples, st.streams, st.ingest_samples_per_s
+                )
             }
-        }
+            Err(e) => format!("its Stats failed: {e}"),
+        };
         if Instant::now() > deadline {
-            bail!("the archiver did not receive events from every producer within {timeout:?}");
+            bail!("the archiver did not receive events from every producer within {timeout:?}: {last}");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Not faster: Stats walks every stream under the lock the archiver's ingest takes.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -509,6 +520,101 @@ async fn ingest_moves(addr: &str, timeout: Duration) -> Option<pb::ArchiveStatsR
         }
     }
     None
+}
+
+/// The directory's records, leases and raft position, as one member answers
+/// (`ClusterStatus`).
+async fn directory_status(dirs: &str) -> anyhow::Result<(Instant, pb::ClusterStatusResponse)> {
+    let mut c = gma_consumer::registrar::connect(dirs).await?;
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.cluster_status(pb::ClusterStatusRequest {}),
+    )
+    .await
+    .map_err(|_| anyhow!("directory status timed out"))??
+    .into_inner();
+    Ok((Instant::now(), r))
+}
+
+/// Directory figures over the measurement: what it holds at the end, and the raft entries it
+/// applied per second (every lease renewal is one, as is every record write).
+fn directory_figures(
+    before: &Option<(Instant, pb::ClusterStatusResponse)>,
+    after: &Option<(Instant, pb::ClusterStatusResponse)>,
+) -> serde_json::Value {
+    let Some((t1, a)) = after else {
+        return json!({"error": "the directory did not answer ClusterStatus at the end"});
+    };
+    let per_s = before.as_ref().map(|(t0, b)| {
+        a.last_applied.saturating_sub(b.last_applied) as f64 / t1.duration_since(*t0).as_secs_f64().max(1e-9)
+    });
+    json!({
+        "producer_records": a.producers, "consumer_records": a.consumers, "schemas": a.schemas,
+        "leases": a.leases, "raft_entries_applied_per_s": per_s,
+    })
+}
+
+/// Select decisions asked of the broker one after another through gRPC, over its live view of
+/// the simulated hosts: latency at the client and the broker's own ranking time.
+async fn broker_decisions(addr: &str, n: u32) -> anyhow::Result<serde_json::Value> {
+    let job = gma_broker::job::Job {
+        name: "scale".into(),
+        cpus: 2,
+        memory_mb: 2048.0,
+        reference_time_s: 600.0,
+        reference: [("specint".to_string(), 1200.0)].into_iter().collect(),
+        ..Default::default()
+    }
+    .to_proto();
+    let ch = gma_consumer::connect(addr).await?;
+    let mut c =
+        pb::broker_client::BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+    let mut at_client = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut ranking = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let (mut view, mut stale, mut ranked) = (0, 0, 0);
+    for _ in 0..n {
+        let s = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(30),
+            c.select(pb::SelectRequest {
+                job: Some(job.clone()),
+                policy: pb::BrokerPolicy::Ttd as i32,
+                limit: 10,
+                include_rejected: false,
+            }),
+        )
+        .await
+        .map_err(|_| anyhow!("a Select took more than 30 s"))??
+        .into_inner();
+        at_client.record(s.elapsed().as_micros().max(1) as u64)?;
+        ranking.record(r.decide_us.max(1.0) as u64)?;
+        (view, stale, ranked) = (r.view_resources, r.view_stale, r.ranked.len());
+    }
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(json!({
+        "decisions": n, "view_resources": view, "view_stale": stale, "ranked": ranked,
+        "p50_ms": ms(&at_client, 0.5), "p99_ms": ms(&at_client, 0.99),
+        "ranking_p50_ms": ms(&ranking, 0.5), "ranking_p99_ms": ms(&ranking, 0.99),
+    }))
+}
+
+/// Archiver figures over the measurement: what its store holds at the end, bytes per sample,
+/// and its CPU per million samples stored during the run.
+fn archiver_figures(
+    before: &Option<pb::ArchiveStatsResponse>,
+    after: &Option<pb::ArchiveStatsResponse>,
+    cpu_s: f64,
+) -> serde_json::Value {
+    let Some(a) = after else {
+        return json!({"error": "the archiver did not answer Stats at the end"});
+    };
+    let stored = before.as_ref().map(|b| a.samples.saturating_sub(b.samples));
+    json!({
+        "streams": a.streams, "series": a.series, "samples": a.samples,
+        "bytes_on_disk": a.bytes_on_disk, "bytes_per_sample": a.bytes_per_sample,
+        "samples_stored_during_run": stored,
+        "cpu_s_per_million_samples": stored.filter(|n| *n > 0).map(|n| cpu_s / (n as f64 / 1e6)),
+    })
 }
 
 /// Events a restarted archiver received again: per run, those the killed one had noted
@@ -577,13 +683,15 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
             e.1.extend(p.values);
         }
     }
-    let mut runs: BTreeMap<Key, (Vec<i64>, Vec<String>)> = BTreeMap::new();
+    // The run labels run-length coded: a series holds few runs, and one String per row would
+    // be most of what the read-back holds at 100,000 hosts.
+    let mut runs: BTreeMap<Key, (Vec<i64>, Vec<LabelRun>)> = BTreeMap::new();
     let mut s = c.query(ask(RUN_FIELD)).await?.into_inner();
     while let Some(m) = s.message().await? {
         for p in m.series {
             let e = runs.entry((p.name, p.source)).or_default();
             e.0.extend(p.timestamps_ns);
-            e.1.extend(p.texts);
+            push_runs(&mut e.1, p.texts);
         }
     }
     if seqs.len() != runs.len() {
@@ -599,13 +707,14 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
         let Some((rts, labels)) = runs.get(&key) else {
             bail!("read-back: series {key:?} has {SEQ_FIELD} but no {RUN_FIELD}");
         };
-        if ts != *rts || values.len() != ts.len() || labels.len() != ts.len() {
+        let n_labels: usize = labels.iter().map(|l| l.1).sum();
+        if ts != *rts || values.len() != ts.len() || n_labels != ts.len() {
             bail!(
-                "read-back: the {SEQ_FIELD} and {RUN_FIELD} rows of {key:?} differ ({} and {} rows)",
+                "read-back: the {SEQ_FIELD} and {RUN_FIELD} rows of {key:?} differ ({} and {n_labels} rows)",
                 values.len(),
-                labels.len()
             );
         }
+        let labels = labels.iter().flat_map(|(l, n)| std::iter::repeat_n(l, *n));
         let mut last: Option<(&str, (String, u64))> = None;
         for ((t, v), label) in ts.iter().zip(&values).zip(labels) {
             let run = match &last {
@@ -628,6 +737,19 @@ async fn read_back(addr: &str) -> anyhow::Result<(HashMap<(String, u64), Vec<(u6
         }
     }
     Ok((out, malformed))
+}
+
+/// A run label and how many rows in a row carry it.
+type LabelRun = (String, usize);
+
+/// Appends `texts` to the run-length coded `runs`.
+fn push_runs(runs: &mut Vec<LabelRun>, texts: Vec<String>) {
+    for t in texts {
+        match runs.last_mut() {
+            Some((l, n)) if *l == t => *n += 1,
+            _ => runs.push((t, 1)),
+        }
+    }
 }
 
 /// What the archive holds of one producer run, against the seqs 1..=`last` it published.
@@ -1074,15 +1196,25 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         roles.push(Role::start(&id, args, Some("gma producer listening on"), false).await?);
         ids.push(id);
     }
-    // The archiver keeps everything (no keep rule) and stores each event's run and seq. It
-    // checkpoints every D/15 s (at most 20 s, not the default 300 s), so its kills find sealed
-    // chunks and a write-ahead tail to replay next to them (rows already sealed are skipped).
+    // The archiver keeps everything (no keep rule) and stores each event's run and seq. With
+    // archiver kills it checkpoints every D/15 s (at most 20 s, not the default 300 s), so its
+    // kills find sealed chunks and a write-ahead tail to replay next to them (rows already
+    // sealed are skipped).
     let data = tmp.path().join("archive");
     let keep = match lossy_keep {
         Some(n) => format!("\n[[keep]]\npattern = \"host.cpu\"\nsample_normal = {n}\n"),
         None => String::new(),
     };
-    let checkpoint_s = (duration / 15).clamp(1, 20);
+    // Without archiver kills it checkpoints as configured by default: a short interval seals
+    // every stream's open chunk that often, and the chunk index (one entry per chunk, in memory
+    // and in sled) grows that much faster.
+    let checkpoint_s = if plan.archiver_kill {
+        (duration / 15).clamp(1, 20)
+    } else {
+        gma_archiver::store::StoreOptions::default()
+            .checkpoint_interval
+            .as_secs()
+    };
     let ia = roles.len();
     roles.push(
         start_archiver(
@@ -1247,6 +1379,8 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     let dir_cpu0 = cluster.cpu_total();
     let me = std::process::id().to_string();
     let (me_cpu0, me_rss0) = proc_usage(&me)?;
+    let dir_status0 = directory_status(&dirs).await.ok();
+    let arch_stats0 = archive_stats(&roles[ia].addr).await.ok();
     recording.store(true, std::sync::atomic::Ordering::Relaxed);
 
     // The fault schedule.
@@ -1441,6 +1575,17 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     for t in &tasks {
         t.abort();
     }
+    // The directory, the archiver and the broker as the run left them (producers still up).
+    let directory = directory_figures(&dir_status0, &directory_status(&dirs).await.ok());
+    roles[ia].sample();
+    let archiver = archiver_figures(
+        &arch_stats0,
+        &archive_stats(&roles[ia].addr).await.ok(),
+        roles[ia].cpu_total(),
+    );
+    let broker = broker_decisions(&roles[ia + 1].addr, BROKER_DECISIONS)
+        .await
+        .unwrap_or_else(|e| json!({"error": format!("{e:#}")}));
 
     // Stop every producer (each prints its last seq), then wait for the archiver to have
     // received every run that ended while it ran (its Stats: a wait condition, not the check).
@@ -1707,6 +1852,9 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         "events_per_s_published": published as f64 / (seconds + setup_s).max(1e-9),
         "latency_ms": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": lat.max() as f64 / 1000.0, "samples": lat.len()},
         "directory_cpu_pct": 100.0 * dir_cpu / seconds,
+        "directory": directory,
+        "archiver": archiver,
+        "broker_decisions": broker,
         "leader_failover_ms": failover_ms,
         "consumer_recovery_ms": {
             "consumers": recovery.len(), "p50": pct(&recovery, 0.5), "max": pct(&recovery, 1.0),
@@ -1767,9 +1915,12 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
                 lat.len()
             );
             println!(
-                "  directory CPU {:.1}% of one core (3 nodes)",
-                100.0 * dir_cpu / seconds
+                "  directory CPU {:.1}% of one core (3 nodes); {}",
+                100.0 * dir_cpu / seconds,
+                report["directory"]
             );
+            println!("  archiver {}", report["archiver"]);
+            println!("  broker decisions {}", report["broker_decisions"]);
             if plan.producer_restart {
                 println!(
                     "  leader failover {} ms; consumers seeing producer 0's new run after its restart: {} of {consumers}, p50 {} ms, max {} ms",
@@ -1804,6 +1955,19 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_labels_are_run_length_coded_across_pieces() {
+        let mut r = Vec::new();
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        push_runs(&mut r, v(&["a", "a", "b"]));
+        push_runs(&mut r, v(&["b", "b", "a"]));
+        push_runs(&mut r, Vec::new());
+        assert_eq!(
+            r,
+            vec![("a".to_string(), 2), ("b".to_string(), 3), ("a".to_string(), 1)]
+        );
+    }
 
     #[test]
     fn a_complete_run_checks_clean() {

@@ -176,6 +176,10 @@ pub struct StoreOptions {
     /// A chunk-log segment is closed once it holds this many bytes (whole segments are deleted
     /// once retention removed every chunk in them).
     pub chunk_segment_bytes: u64,
+    /// The most bytes sled may keep in its page cache (the `C` chunk index and the `S`
+    /// dictionary pages read or written). sled's own default is 1 GiB, which an archiver
+    /// writing one index entry per sealed chunk fills over hours: its RSS then grows for as long.
+    pub index_cache_bytes: u64,
     /// TEST ONLY: the logs acknowledge before fdatasync (the bug the simulator must catch).
     #[cfg(test)]
     pub(crate) ack_before_sync: bool,
@@ -188,6 +192,7 @@ impl Default for StoreOptions {
             checkpoint_wal_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(300),
             chunk_segment_bytes: 64 << 20,
+            index_cache_bytes: 64 << 20,
             #[cfg(test)]
             ack_before_sync: false,
         }
@@ -512,8 +517,10 @@ impl Store {
     /// Figures of the store.
     pub fn stats(&self) -> StoreStats {
         let mut s = {
+            // Under the lock appends need: one entry per (name, source), not per field (a
+            // set of every series took seconds at 480,000 series and stalled ingest).
             let g = self.inner.lock();
-            let mut series = HashSet::new();
+            let mut by_name: HashMap<(&String, &String), Vec<&StreamMeta>> = HashMap::new();
             let mut s = StoreStats {
                 streams: g.streams.len() as u64,
                 wal_bytes: g.wal_bytes,
@@ -524,11 +531,22 @@ impl Store {
                 s.chunks += st.chunks.len() as u64;
                 s.open_rows += st.open.rows() as u64;
                 s.sealed_bytes += st.sealed_bytes;
-                for f in &st.meta.fields {
-                    series.insert((&st.meta.name, &st.meta.source, &f.name));
-                }
+                by_name
+                    .entry((&st.meta.name, &st.meta.source))
+                    .or_default()
+                    .push(&st.meta);
             }
-            s.series = series.len() as u64;
+            s.series = by_name
+                .values()
+                .map(|versions| match versions.as_slice() {
+                    [one] => one.fields.len(),
+                    many => many
+                        .iter()
+                        .flat_map(|m| m.fields.iter().map(|f| &f.name))
+                        .collect::<HashSet<_>>()
+                        .len(),
+                } as u64)
+                .sum();
             s
         };
         s.bytes_on_disk =
@@ -549,6 +567,28 @@ mod tests {
 
     use super::*;
     use crate::store::testkit::*;
+
+    #[test]
+    fn series_are_counted_once_across_schema_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), opts(16)).unwrap();
+        // host.cpu of a: version 1 (user, state, sys) and version 2 (user, idle): 4 series;
+        // host.cpu of b: version 1 only: 3 series.
+        let v2 = series(
+            "host.cpu",
+            "a",
+            2,
+            vec![dbl("user", "%", ""), dbl("idle", "%", "")],
+        );
+        let evs = vec![
+            ev(&cpu("a"), 1, SEC, &[1.0, 2.0], &["x"]),
+            ev(&v2, 2, 2 * SEC, &[3.0, 4.0], &[]),
+            ev(&cpu("b"), 3, 3 * SEC, &[5.0, 6.0], &["y"]),
+        ];
+        store.append("p", rp(1, 4), &evs).unwrap();
+        let st = store.stats();
+        assert_eq!((st.streams, st.series), (3, 7));
+    }
 
     #[tokio::test]
     async fn stats_are_sensible() {

@@ -36,15 +36,7 @@ impl Store {
         };
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Storage(format!("cannot create {}: {e}", dir.display())))?;
-        // Small log segments: sled keeps superseded page versions until its cleaner frees
-        // their segment, and smaller segments are freed sooner.
-        let config = sled::Config::new()
-            .path(dir.join("sled"))
-            .segment_size(SLED_SEGMENT_BYTES)
-            // Nothing depends on sled's flushes (the chunk log is the truth), but a periodic one
-            // keeps the catch-up replay at open short. Unit tests: none (sled opens and closes
-            // faster, and the crash tests replay more of the chunk log).
-            .flush_every_ms(if cfg!(test) { None } else { Some(1000) });
+        let config = sled_config(dir, &opts);
         let deadline = Instant::now() + SLED_LOCK_WAIT;
         let db = loop {
             match config.open() {
@@ -381,6 +373,21 @@ pub(super) fn replay_record(
     })
 }
 
+/// sled's configuration for the index under `dir`. Small log segments: sled keeps superseded
+/// page versions until its cleaner frees their segment, and smaller segments are freed sooner.
+/// Its page cache is capped at [`StoreOptions::index_cache_bytes`] (sled's default, 1 GiB,
+/// would let the archiver's RSS grow for hours).
+fn sled_config(dir: &Path, opts: &StoreOptions) -> sled::Config {
+    sled::Config::new()
+        .path(dir.join("sled"))
+        .segment_size(SLED_SEGMENT_BYTES)
+        .cache_capacity(opts.index_cache_bytes)
+        // Nothing depends on sled's flushes (the chunk log is the truth), but a periodic one
+        // keeps the catch-up replay at open short. Unit tests: none (sled opens and closes
+        // faster, and the crash tests replay more of the chunk log).
+        .flush_every_ms(if cfg!(test) { None } else { Some(1000) })
+}
+
 #[cfg(test)]
 mod tests {
     use gma_core::event::dbl;
@@ -391,6 +398,22 @@ mod tests {
 
     use super::*;
     use crate::store::testkit::*;
+
+    #[test]
+    fn the_index_cache_is_capped_by_the_options_not_sleds_gigabyte() {
+        let dir = std::path::Path::new("/nonexistent");
+        let d = sled_config(dir, &StoreOptions::default());
+        assert_eq!(d.cache_capacity, 64 << 20);
+        let small = sled_config(
+            dir,
+            &StoreOptions {
+                index_cache_bytes: 3 << 20,
+                ..StoreOptions::default()
+            },
+        );
+        assert_eq!(small.cache_capacity, 3 << 20);
+        assert!(sled::Config::new().cache_capacity > d.cache_capacity);
+    }
 
     #[tokio::test]
     async fn reopening_after_flush_replays_the_log_without_duplicates() {
