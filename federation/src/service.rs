@@ -941,12 +941,17 @@ impl crate::grid::Endpoint for Shared {
         site: &str,
         q: pb::GridQuery,
         timeout: Duration,
-    ) -> Result<pb::GridAnswer, String> {
-        let mut c = self.client(site).map_err(|e| e.to_string())?;
+    ) -> Result<pb::GridAnswer, FederationError> {
+        let mut c = self.client(site)?;
         match tokio::time::timeout(timeout, c.query(with_site(self.site(), q))).await {
             Ok(Ok(a)) => Ok(a.into_inner()),
-            Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), gma_core::tls::explain(&s))),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Err(s)) => {
+                let m = format!("{:?}: {}", s.code(), gma_core::tls::explain(&s));
+                Err(gma_core::Refusal::new(s.code(), m).into())
+            }
+            Err(_) => Err(FederationError::unavailable(format!(
+                "no answer within {timeout:?}"
+            ))),
         }
     }
 

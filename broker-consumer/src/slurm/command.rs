@@ -241,14 +241,15 @@ struct Squeue {
 
 /// The jobs of `squeue --json`; its `errors` without jobs are an error (the controller
 /// could not be asked).
-pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, String> {
-    let s = serde_json::from_str::<Squeue>(text).map_err(|e| format!("squeue --json: {e}"))?;
+pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, CmdError> {
+    let unexpected = |message: String| CmdError::Output {
+        cmd: "squeue --json".into(),
+        message,
+    };
+    let s = serde_json::from_str::<Squeue>(text).map_err(|e| unexpected(e.to_string()))?;
     if s.jobs.is_empty() && !s.errors.is_empty() {
         let errors: Vec<String> = s.errors.iter().map(|e| e.to_string()).collect();
-        return Err(format!(
-            "squeue --json: {}",
-            gma_core::clip(&errors.join("; "), 1000)
-        ));
+        return Err(unexpected(gma_core::clip(&errors.join("; "), 1000)));
     }
     Ok(s.jobs)
 }
@@ -344,8 +345,13 @@ mod tests {
         assert_eq!(job_state("COMPLETING"), ("running", false));
         assert_eq!(job_state("PENDING"), ("pending", false));
         assert!(parse_squeue("not json").is_err());
+        let down = parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#)
+            .unwrap_err();
+        assert!(down.unreachable(), "{down}");
         assert!(
-            parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#).is_err()
+            down.to_string()
+                .starts_with("squeue --json printed something unexpected: {\"error\":\"Unable to contact"),
+            "{down}"
         );
         assert!(parse_squeue(r#"{"errors":[],"jobs":[]}"#).unwrap().is_empty());
     }

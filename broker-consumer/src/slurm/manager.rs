@@ -412,12 +412,7 @@ impl SlurmManager {
             .filter(|r| r.start_s < start + dur && r.end_s > start)
             .map(|r| r.end_s)
             .collect();
-        let jobs = parse_squeue(&self.slurm.run("squeue", &["--json".into()]).await?).map_err(|m| {
-            CmdError::Output {
-                cmd: "squeue --json".into(),
-                message: m,
-            }
-        })?;
+        let jobs = parse_squeue(&self.slurm.run("squeue", &["--json".into()]).await?)?;
         ends.extend(
             jobs.into_iter()
                 .filter(|j| !job_state(&j.job_state).1 && on_node(&j.nodes, node) && j.end_time > start)
@@ -937,9 +932,9 @@ impl SlurmManager {
                 .slurm
                 .run("squeue", &["--json".into()])
                 .await
-                .map(|t| parse_squeue(&t))
+                .and_then(|t| parse_squeue(&t))
             {
-                Ok(Ok(list)) => {
+                Ok(list) => {
                     let by_id: HashMap<String, _> =
                         list.into_iter().map(|j| (j.job_id.to_string(), j)).collect();
                     for id in &active {
@@ -949,7 +944,6 @@ impl SlurmManager {
                         }
                     }
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read job states"),
                 Err(e) => tracing::warn!(error = %e, "cannot read job states"),
             }
         }
