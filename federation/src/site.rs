@@ -1364,16 +1364,20 @@ impl SiteState {
         j.pin = None;
         j.reason = reason.to_string();
         j.queued_reported = true;
-        let at = j.submitted_ns;
-        // Back in its place (submission order).
+        self.back_in_queue(id);
+        self.event(id, "queued", reason, now);
+        self.dirty = true;
+    }
+
+    /// Puts job `id` back in the queue in its place (submission order).
+    fn back_in_queue(&mut self, id: &str) {
+        let at = self.jobs.get(id).map_or(0, |j| j.submitted_ns);
         let pos = self
             .queue
             .iter()
             .position(|q| self.jobs.get(q).is_some_and(|x| x.submitted_ns > at))
             .unwrap_or(self.queue.len());
         self.queue.insert(pos, id.to_string());
-        self.event(id, "queued", reason, now);
-        self.dirty = true;
     }
 
     /// `ListForwarded` from `from`, after a session (re)opened: bring this site's view of the
@@ -1555,13 +1559,7 @@ impl SiteState {
                     j.next_try_ns = now + (self.p.heartbeat_ms as i64) * 1_000_000;
                     j.reason = format!("no start grant yet: {reason}");
                 }
-                let at = self.jobs.get(id).map_or(0, |j| j.submitted_ns);
-                let pos = self
-                    .queue
-                    .iter()
-                    .position(|q| self.jobs.get(q).is_some_and(|x| x.submitted_ns > at))
-                    .unwrap_or(self.queue.len());
-                self.queue.insert(pos, id.to_string());
+                self.back_in_queue(id);
             }
         }
         self.dirty = true;

@@ -21,7 +21,7 @@ use super::command::{
 use super::config::SlurmConfig;
 use crate::error::Error;
 use crate::remote::{answer_to_proto, reservation_to_proto};
-use crate::reserve::{Answer, Reservation};
+use crate::reserve::{Answer, Reservation, ReserveRequest};
 use crate::simjobs::publish_job;
 pub use crate::simjobs::{job_schema, JOB_EVENT};
 use crate::simres::{check_window, owned_by};
@@ -422,19 +422,12 @@ impl SlurmManager {
     }
 
     /// Checks a window and answers NEVER for what can never be granted.
-    fn checked(
-        &self,
-        resource: &str,
-        cpus: u32,
-        duration_s: i64,
-        earliest: i64,
-        latest: i64,
-        now: i64,
-    ) -> Result<Result<i64, Answer>, Error> {
+    fn checked(&self, r: &ReserveRequest, now: i64) -> Result<Result<i64, Answer>, Error> {
+        let (resource, cpus) = (r.resource.as_str(), r.cpus);
         if resource.is_empty() || resource.len() > 256 {
             return Err(invalid("resource: give a node name (1..=256 bytes)"));
         }
-        check_window(cpus, duration_s, earliest, latest, now)?;
+        check_window(r, now)?;
         let Some(node) = self.node(resource) else {
             return Ok(Err(Answer::Never(format!(
                 "unknown resource {:?}: this Slurm adapter offers {:?}",
@@ -448,10 +441,10 @@ impl SlurmManager {
                 node.name, node.cpus
             ))));
         }
-        if latest < now {
+        if r.latest_s < now {
             return Ok(Err(Answer::Never("the start window is in the past".into())));
         }
-        Ok(Ok(earliest.max(now)))
+        Ok(Ok(r.earliest_s.max(now)))
     }
 
     /// Creates reservation `name` at the earliest start in the window, trying after each thing
@@ -536,14 +529,7 @@ impl SlurmManager {
 
     pub async fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Error> {
         let now = now_s();
-        let start = match self.checked(
-            &req.resource,
-            req.cpus,
-            req.duration_s,
-            req.earliest_start_s,
-            req.latest_start_s,
-            now,
-        )? {
+        let start = match self.checked(&ReserveRequest::from_reserve(req, owner), now)? {
             Ok(s) => s,
             Err(a) => return Ok(answer_to_proto(&a, false)),
         };
@@ -628,14 +614,7 @@ impl SlurmManager {
             )));
         }
         let now = now_s();
-        let start = match self.checked(
-            &held.resource,
-            req.cpus,
-            req.duration_s,
-            req.earliest_start_s,
-            req.latest_start_s,
-            now,
-        )? {
+        let start = match self.checked(&ReserveRequest::from_modify(req, &held.resource, owner), now)? {
             Ok(s) => s,
             Err(a) => return Ok(answer_to_proto(&a, false)),
         };
