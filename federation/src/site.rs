@@ -220,38 +220,6 @@ pub struct JobRec {
 }
 
 impl JobRec {
-    /// A job entering the queue of site `at` at `now`, submitted there (`at` is its origin
-    /// and the one site it visited); nothing of its progress yet. A forwarded job overrides
-    /// where it came from.
-    fn queued(id: String, job: Job, at: String, hops_left: u32, now: i64) -> JobRec {
-        JobRec {
-            id,
-            origin: at.clone(),
-            from: None,
-            job,
-            state: JobState::Queued,
-            visited: vec![at.clone()],
-            hops_left,
-            at,
-            host: String::new(),
-            submitted_ns: now,
-            started_ns: 0,
-            finished_ns: 0,
-            end_ns: 0,
-            run_ns: 0,
-            since_ns: now,
-            granted: false,
-            accepted: false,
-            cancel_requested: false,
-            pin: None,
-            reason: String::new(),
-            excluded: BTreeMap::new(),
-            next_try_ns: 0,
-            in_flight: false,
-            queued_reported: false,
-        }
-    }
-
     pub fn hops(&self) -> u32 {
         self.visited.len().saturating_sub(1) as u32
     }
@@ -977,8 +945,30 @@ impl SiteState {
         }
         let id = format!("{}/{}", self.p.site, uuid(&mut self.rng));
         let rec = JobRec {
+            id: id.clone(),
+            origin: self.p.site.clone(),
+            from: None,
+            job,
+            state: JobState::Queued,
+            visited: vec![self.p.site.clone()],
+            hops_left: self.p.max_hops,
+            at: self.p.site.clone(),
+            host: String::new(),
+            submitted_ns: now,
+            started_ns: 0,
+            finished_ns: 0,
+            end_ns: 0,
+            run_ns: 0,
+            since_ns: now,
+            granted: false,
+            accepted: false,
+            cancel_requested: false,
             pin,
-            ..JobRec::queued(id.clone(), job, self.p.site.clone(), self.p.max_hops, now)
+            reason: String::new(),
+            excluded: BTreeMap::new(),
+            next_try_ns: 0,
+            in_flight: false,
+            queued_reported: false,
         };
         self.jobs.insert(id.clone(), rec);
         self.queue.push(id.clone());
@@ -1120,14 +1110,31 @@ impl SiteState {
         }
         let mut visited = req.visited_sites.clone();
         visited.push(me.clone());
-        let hops_left = req.hops_left.min(self.p.max_hops);
         let rec = JobRec {
+            id: req.global_job_id.clone(),
             origin: req.origin_site.clone(),
             from: Some(from.to_string()),
+            job,
+            state: JobState::Queued,
             visited,
+            hops_left: req.hops_left.min(self.p.max_hops),
+            at: me,
+            host: String::new(),
             submitted_ns: req.submitted_ns,
+            started_ns: 0,
+            finished_ns: 0,
+            end_ns: 0,
+            run_ns: 0,
+            since_ns: now,
+            granted: false,
+            accepted: false,
+            cancel_requested: false,
+            pin: None,
+            reason: String::new(),
+            excluded: BTreeMap::new(),
+            next_try_ns: 0,
+            in_flight: false,
             queued_reported: true,
-            ..JobRec::queued(req.global_job_id.clone(), job, me, hops_left, now)
         };
         let id = rec.id.clone();
         self.jobs.insert(id.clone(), rec);
@@ -1364,20 +1371,16 @@ impl SiteState {
         j.pin = None;
         j.reason = reason.to_string();
         j.queued_reported = true;
-        self.back_in_queue(id);
-        self.event(id, "queued", reason, now);
-        self.dirty = true;
-    }
-
-    /// Puts job `id` back in the queue in its place (submission order).
-    fn back_in_queue(&mut self, id: &str) {
-        let at = self.jobs.get(id).map_or(0, |j| j.submitted_ns);
+        let at = j.submitted_ns;
+        // Back in its place (submission order).
         let pos = self
             .queue
             .iter()
             .position(|q| self.jobs.get(q).is_some_and(|x| x.submitted_ns > at))
             .unwrap_or(self.queue.len());
         self.queue.insert(pos, id.to_string());
+        self.event(id, "queued", reason, now);
+        self.dirty = true;
     }
 
     /// `ListForwarded` from `from`, after a session (re)opened: bring this site's view of the
@@ -1559,7 +1562,13 @@ impl SiteState {
                     j.next_try_ns = now + (self.p.heartbeat_ms as i64) * 1_000_000;
                     j.reason = format!("no start grant yet: {reason}");
                 }
-                self.back_in_queue(id);
+                let at = self.jobs.get(id).map_or(0, |j| j.submitted_ns);
+                let pos = self
+                    .queue
+                    .iter()
+                    .position(|q| self.jobs.get(q).is_some_and(|x| x.submitted_ns > at))
+                    .unwrap_or(self.queue.len());
+                self.queue.insert(pos, id.to_string());
             }
         }
         self.dirty = true;
