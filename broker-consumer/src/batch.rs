@@ -83,17 +83,30 @@ pub struct Schedule {
     pub unplaceable: Vec<usize>,
 }
 
+/// A matrix `cells[job][resource]` that [`schedule`] cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MatrixError {
+    #[error("job {job}: {got} resources, the first job has {first}")]
+    Ragged { job: usize, got: usize, first: usize },
+    #[error("job {job} on resource {resource}: times must be finite and >= 0")]
+    BadTime { job: usize, resource: usize },
+}
+
 /// Checks a matrix `cells[job][resource]`: rows of equal length, times finite and >= 0.
-pub fn check(cells: &[Vec<Option<Cell>>]) -> Result<(), String> {
+pub fn check(cells: &[Vec<Option<Cell>>]) -> Result<(), MatrixError> {
     let m = cells.first().map_or(0, Vec::len);
     for (j, row) in cells.iter().enumerate() {
         if row.len() != m {
-            return Err(format!("job {j}: {} resources, the first job has {m}", row.len()));
+            return Err(MatrixError::Ragged {
+                job: j,
+                got: row.len(),
+                first: m,
+            });
         }
         for (r, c) in row.iter().enumerate() {
             if let Some(c) = c {
                 if !(c.start_s.is_finite() && c.start_s >= 0.0 && c.run_s.is_finite() && c.run_s >= 0.0) {
-                    return Err(format!("job {j} on resource {r}: times must be finite and >= 0"));
+                    return Err(MatrixError::BadTime { job: j, resource: r });
                 }
             }
         }
@@ -286,12 +299,14 @@ mod tests {
         assert_eq!(s.assignments[1].start_s, 1.0);
         // Sufferage: job 2 has one candidate (infinite sufferage) and goes first as well.
         assert_eq!(mapped(&schedule(&m, Heuristic::Sufferage))[0], (2, 1, 1.0));
-        assert!(check(&[vec![None], vec![None, None]]).is_err());
-        assert!(check(&[vec![Some(Cell {
+        let ragged = check(&[vec![None], vec![None, None]]).unwrap_err();
+        assert_eq!(ragged.to_string(), "job 1: 2 resources, the first job has 1");
+        let nan = check(&[vec![Some(Cell {
             start_s: f64::NAN,
-            run_s: 1.0
+            run_s: 1.0,
         })]])
-        .is_err());
+        .unwrap_err();
+        assert_eq!(nan, MatrixError::BadTime { job: 0, resource: 0 });
     }
 
     #[test]

@@ -184,6 +184,16 @@ fn show(a: &Answer, origin: i64) -> String {
     }
 }
 
+/// A modify's answer for the trace, saying when the original reservation was lost.
+fn show_modify(m: &ModifyAnswer, origin: i64) -> String {
+    let lost = if m.original_released {
+        " (original lost)"
+    } else {
+        ""
+    };
+    format!("{}{lost}", show(&m.answer, origin))
+}
+
 /// Checks a request before any reservation is made.
 pub fn validate(req: &CoRequest) -> Result<(), CoallocError> {
     let bad = |m: String| Err(CoallocError::Invalid(m));
@@ -414,17 +424,12 @@ impl<'a, R: Reserver> Run<'a, R> {
             .await?;
         self.note(|s| {
             format!(
-                "  modify {} on {} into [{}, {}]: {}{}",
+                "  modify {} on {} into [{}, {}]: {}",
                 s.name(job),
                 old.resource,
                 lo - s.opts.origin_s,
                 hi - s.opts.origin_s,
-                show(&m.answer, s.opts.origin_s),
-                if m.original_released {
-                    " (original lost)"
-                } else {
-                    ""
-                }
+                show_modify(&m, s.opts.origin_s),
             )
         });
         match m.answer {
@@ -611,17 +616,12 @@ impl<'a, R: Reserver> Run<'a, R> {
                 .await?;
             self.note(|s| {
                 format!(
-                    "  modify {}'s reservation on {} for {} at {}: {}{}",
+                    "  modify {}'s reservation on {} for {} at {}: {}",
                     s.name(giver),
                     given.resource,
                     s.name(taker),
                     start - s.opts.origin_s,
-                    show(&m.answer, s.opts.origin_s),
-                    if m.original_released {
-                        " (original lost)"
-                    } else {
-                        ""
-                    }
+                    show_modify(&m, s.opts.origin_s),
                 )
             });
             match m.answer {

@@ -96,6 +96,18 @@ mod tests {
                 Code::Internal,
             ),
             (Error::Producer("bind".into()), Code::Internal),
+            // A resource manager's refusal passed on (RunJob's claim) keeps its code.
+            (
+                Error::from(Refusal::new(
+                    Code::ResourceExhausted,
+                    "claim of reservation r1 refused",
+                )),
+                Code::ResourceExhausted,
+            ),
+            (
+                Error::internal("the coallocation task failed: panicked"),
+                Code::Internal,
+            ),
         ];
         gma_core::assert_statuses(cases);
         assert_eq!(

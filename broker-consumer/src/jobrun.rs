@@ -22,7 +22,7 @@
 //! ```
 //! `reference_time_s` defaults to `walltime_s`; every other key of the job file applies.
 
-use gma_core::Refuse;
+use gma_core::{Refusal, Refuse};
 use std::path::Path;
 use std::time::Duration;
 
@@ -256,8 +256,9 @@ async fn send(tx: &Tx, m: Result<pb::RunJobUpdate, Status>) {
     let _ = tx.send(m).await;
 }
 
-/// Ends the run with an error status (and the outcome for the event).
-async fn fail(tx: &Tx, status: Status, outcome: &str, resource: &str) -> Outcome {
+/// Ends the run with an error (the stream's status) and the outcome for the event.
+async fn fail(tx: &Tx, error: Error, outcome: &str, resource: &str) -> Outcome {
+    let status = Status::from(error);
     let reason = status.message().to_string();
     send(tx, Err(status)).await;
     Outcome {
@@ -276,10 +277,10 @@ fn candidates(
     snap: &Snapshot,
     policy: Policy,
     rank_cfg: &RankConfig,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, Error> {
     let runners: Vec<_> = reserver.offered().iter().filter(|o| o.runs_jobs).collect();
     if runners.is_empty() {
-        return Err("no resource manager that runs jobs is known (start gma slurm on the batch system's controller, registered in the broker's directory or listed in reservations = [...])".into());
+        return Err(Error::failed_precondition("no resource manager that runs jobs is known (start gma slurm on the batch system's controller, registered in the broker's directory or listed in reservations = [...])"));
     }
     let mut reasons = Vec::new();
     let mut resources = Vec::new();
@@ -324,7 +325,7 @@ fn candidates(
             rejected: true,
         },
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Error::failed_precondition(e.to_string()))?;
     reasons.extend(
         ranking
             .rejected
@@ -332,10 +333,10 @@ fn candidates(
             .map(|r| format!("{}: {}", r.resource, r.reason)),
     );
     if ranking.ranked.is_empty() {
-        return Err(format!(
+        return Err(Error::failed_precondition(format!(
             "no resource that runs jobs meets the job's requirements: {}",
             reasons.join("; ")
-        ));
+        )));
     }
     Ok(ranking.ranked.into_iter().map(|r| r.resource).collect())
 }
@@ -355,7 +356,7 @@ pub async fn run(
         Err(e) => {
             return fail(
                 &tx,
-                Status::unavailable(format!("resource manager down: {e}")),
+                Error::unavailable(format!("resource manager down: {e}")),
                 "unavailable",
                 "",
             )
@@ -364,7 +365,7 @@ pub async fn run(
     };
     let cands = match candidates(&plan, &reserver, snap, plan.policy, rank_cfg) {
         Ok(c) => c,
-        Err(m) => return fail(&tx, Status::failed_precondition(m), "refused", "").await,
+        Err(e) => return fail(&tx, e, "refused", "").await,
     };
     // Reserve on the best candidate that grants; a whole number of minutes (Slurm's time
     // limits) plus one for the start.
@@ -411,13 +412,13 @@ pub async fn run(
         return if all_down {
             fail(
                 &tx,
-                Status::unavailable(format!("resource manager down: {m}")),
+                Error::unavailable(format!("resource manager down: {m}")),
                 "unavailable",
                 "",
             )
             .await
         } else {
-            fail(&tx, Status::failed_precondition(m), "refused", "").await
+            fail(&tx, Error::failed_precondition(m), "refused", "").await
         };
     };
     let manager = reserver.manager_of(&res.resource).unwrap_or("").to_string();
@@ -443,7 +444,7 @@ pub async fn run(
         release(&reserver, &res.id, owner).await;
         return fail(
             &tx,
-            Status::internal("the reserving manager has no client"),
+            Error::internal("the reserving manager has no client"),
             "refused",
             &res.resource,
         )
@@ -463,7 +464,7 @@ pub async fn run(
         Err(s) => {
             // Nothing left reserved: the claim failed, so the reservation goes.
             release(&reserver, &res.id, owner).await;
-            let status = Status::new(
+            let error = Error::from(Refusal::new(
                 s.code(),
                 format!(
                     "claim of reservation {} on {} refused (released it): {}",
@@ -471,13 +472,13 @@ pub async fn run(
                     res.resource,
                     s.message()
                 ),
-            );
+            ));
             let what = if s.code() == tonic::Code::Unavailable {
                 "unavailable"
             } else {
                 "refused"
             };
-            return fail(&tx, status, what, &res.resource).await;
+            return fail(&tx, error, what, &res.resource).await;
         }
     };
     send(
@@ -538,7 +539,7 @@ pub async fn run(
                         res.id,
                         s.message()
                     );
-                    return fail(&tx, Status::unavailable(m), "unavailable", &res.resource).await;
+                    return fail(&tx, Error::unavailable(m), "unavailable", &res.resource).await;
                 }
             }
         }
@@ -563,15 +564,18 @@ async fn release(reserver: &RemoteReserver, id: &str, owner: &str) {
     }
 }
 
-/// One call bounded by [`CALL_TIMEOUT`].
-pub(crate) async fn call<T, F, Fut>(client: &ReservationsClient<Channel>, f: F) -> Result<T, Status>
+/// One call bounded by [`CALL_TIMEOUT`]; its refusal (code and message) or UNAVAILABLE when
+/// the manager does not answer in time.
+pub(crate) async fn call<T, F, Fut>(client: &ReservationsClient<Channel>, f: F) -> Result<T, Refusal>
 where
     F: FnOnce(ReservationsClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
 {
     match tokio::time::timeout(CALL_TIMEOUT, f(client.clone())).await {
-        Err(_) => Err(Status::unavailable("the resource manager did not answer in time")),
-        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(Refusal::unavailable(
+            "the resource manager did not answer in time",
+        )),
+        Ok(r) => r.map(tonic::Response::into_inner).map_err(Refusal::from),
     }
 }
 

@@ -36,8 +36,9 @@
 //! ([`LiveView::apply`], configured with [`Annotation`]s), a [`Snapshot`] of it
 //! ([`LiveView::snapshot`], or [`Snapshot::new`] over [`Resource`]s of one's own), and
 //! [`rank_candidates`] for a [`Job`] under a [`Policy`] and a [`RankConfig`], which returns the
-//! [`Ranked`] candidates best first. The modules behind it may change; this surface is what
-//! other crates build on.
+//! [`Ranked`] candidates best first; [`scaled_exec_s`] is its benchmark-scaled execution time
+//! over scores of one's own (a class of hosts). The modules behind it may change; this surface
+//! is what other crates build on.
 
 // Tests unwrap freely: a panic there is the failure report. Library code never unwraps.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -63,7 +64,7 @@ pub mod utility;
 pub mod view;
 
 pub use job::{Job, JobError};
-pub use rank::{Policy, RankConfig, Ranked, Resource, Snapshot};
+pub use rank::{scaled_exec_s, Policy, RankConfig, Ranked, Resource, Snapshot};
 pub use view::{Annotation, LiveView};
 
 /// Ranks the resources of `snapshot` for `job` under `policy`, as the broker's `Select` does:

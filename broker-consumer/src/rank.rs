@@ -269,21 +269,28 @@ pub fn load_wait_s(
 /// Predicted execution time on a resource with `scores` (see the module doc); `worst` gives
 /// the conservative score for a benchmark the resource lacks.
 pub fn exec_time_s(job: &Job, scores: &BTreeMap<String, f64>, worst: &BTreeMap<&str, f64>) -> f64 {
+    scaled_exec_s(job, |b, p_ref| {
+        scores
+            .get(b)
+            .copied()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .or_else(|| worst.get(b).copied())
+            .unwrap_or(p_ref)
+    })
+}
+
+/// The benchmark-scaled execution time of `job` where `score(benchmark, reference score)`
+/// gives the score that stands for each of its reference benchmarks: the mean over them of
+/// `reference_time_s × p_ref / p`; `reference_time_s` when the job names none. The broker's
+/// ranking ([`exec_time_s`]) and the federation's per-class estimate share it.
+pub fn scaled_exec_s(job: &Job, score: impl Fn(&str, f64) -> f64) -> f64 {
     if job.reference.is_empty() {
         return job.reference_time_s;
     }
     let sum: f64 = job
         .reference
         .iter()
-        .map(|(b, p_ref)| {
-            let p = scores
-                .get(b)
-                .copied()
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .or_else(|| worst.get(b.as_str()).copied())
-                .unwrap_or(*p_ref);
-            job.reference_time_s * p_ref / p
-        })
+        .map(|(b, p_ref)| job.reference_time_s * p_ref / score(b, *p_ref))
         .sum();
     sum / job.reference.len() as f64
 }

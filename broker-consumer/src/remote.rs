@@ -131,9 +131,8 @@ impl RemoteReserver {
                 .await
                 .map_err(|e| unavailable(addr, e))?;
             let client = ReservationsClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
-            let list = bounded(addr, || {
-                let mut c = client.clone();
-                async move { c.resources(pb::ResourcesRequest {}).await }
+            let list = bounded(addr, &client, pb::ResourcesRequest {}, |mut c, m| async move {
+                c.resources(m).await
             })
             .await?;
             let idx = managers.len();
@@ -203,17 +202,24 @@ impl RemoteReserver {
     }
 }
 
-/// One call, bounded by [`CALL_TIMEOUT`]; a manager that rate-limits us (`RESOURCE_EXHAUSTED`)
-/// is asked again after a growing pause, within the same bound.
-async fn bounded<T, F, Fut>(resource: &str, mut call: F) -> Result<T, ReserveError>
+/// One call `call(client, msg)`, bounded by [`CALL_TIMEOUT`]; a manager that rate-limits us
+/// (`RESOURCE_EXHAUSTED`) is asked again (with a clone of the client and the message) after a
+/// growing pause, within the same bound.
+async fn bounded<M, T, F, Fut>(
+    resource: &str,
+    client: &ReservationsClient<Channel>,
+    msg: M,
+    call: F,
+) -> Result<T, ReserveError>
 where
-    F: FnMut() -> Fut,
+    M: Clone,
+    F: Fn(ReservationsClient<Channel>, M) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
     let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
     let mut pause = Duration::from_millis(5);
     loop {
-        match tokio::time::timeout_at(deadline, call()).await {
+        match tokio::time::timeout_at(deadline, call(client.clone(), msg.clone())).await {
             Err(_) => return Err(unavailable(resource, "timed out")),
             Ok(Ok(r)) => return Ok(r.into_inner()),
             Ok(Err(s))
@@ -240,11 +246,12 @@ impl Reserver for RemoteReserver {
             flexible: req.flexible,
             owner: req.owner.clone(),
         };
-        let r = bounded(&req.resource, || {
-            let mut c = c.clone();
-            let m = msg.clone();
-            async move { c.reserve(m).await }
-        })
+        let r = bounded(
+            &req.resource,
+            &c,
+            msg,
+            |mut c, m| async move { c.reserve(m).await },
+        )
         .await?;
         let a = answer_of(&req.resource, r)?;
         if let Answer::Granted(g) = &a {
@@ -263,11 +270,12 @@ impl Reserver for RemoteReserver {
             latest_start_s: req.latest_s,
             owner: req.owner.clone(),
         };
-        let r = bounded(&req.resource, || {
-            let mut c = c.clone();
-            let m = msg.clone();
-            async move { c.modify(m).await }
-        })
+        let r = bounded(
+            &req.resource,
+            &c,
+            msg,
+            |mut c, m| async move { c.modify(m).await },
+        )
         .await?;
         let released = r.original_released;
         let answer = answer_of(&req.resource, r)?;
@@ -286,12 +294,7 @@ impl Reserver for RemoteReserver {
             id: id.to_string(),
             owner: owner.to_string(),
         };
-        bounded(id, || {
-            let mut c = c.clone();
-            let m = msg.clone();
-            async move { c.release(m).await }
-        })
-        .await?;
+        bounded(id, &c, msg, |mut c, m| async move { c.release(m).await }).await?;
         self.by_id.lock().remove(id);
         Ok(())
     }
@@ -308,12 +311,7 @@ impl Reserver for RemoteReserver {
                 from_s: 0,
                 to_s: 0,
             };
-            let r = bounded(addr, || {
-                let mut c = c.clone();
-                let m = msg.clone();
-                async move { c.list(m).await }
-            })
-            .await?;
+            let r = bounded(addr, c, msg, |mut c, m| async move { c.list(m).await }).await?;
             out.extend(r.reservations.into_iter().map(reservation_of));
         }
         Ok(out)

@@ -8,6 +8,8 @@
 
 use std::future::Future;
 
+use gma_proto::v1 as pb;
+
 /// A start-time window request for one resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReserveRequest {
@@ -18,6 +20,35 @@ pub struct ReserveRequest {
     pub latest_s: i64,
     pub flexible: bool,
     pub owner: String,
+}
+
+impl ReserveRequest {
+    /// A `Reserve` as it arrives at a resource manager, for `owner` (the caller's name).
+    pub fn from_reserve(r: &pb::ReserveRequest, owner: &str) -> ReserveRequest {
+        ReserveRequest {
+            resource: r.resource.clone(),
+            cpus: r.cpus,
+            duration_s: r.duration_s,
+            earliest_s: r.earliest_start_s,
+            latest_s: r.latest_start_s,
+            flexible: r.flexible,
+            owner: owner.to_string(),
+        }
+    }
+
+    /// A `Modify` as it arrives at a resource manager: the new window of a reservation held on
+    /// `resource`, for `owner`; a modify is never flexible.
+    pub fn from_modify(r: &pb::ModifyReservationRequest, resource: &str, owner: &str) -> ReserveRequest {
+        ReserveRequest {
+            resource: resource.to_string(),
+            cpus: r.cpus,
+            duration_s: r.duration_s,
+            earliest_s: r.earliest_start_s,
+            latest_s: r.latest_start_s,
+            flexible: false,
+            owner: owner.to_string(),
+        }
+    }
 }
 
 /// A held reservation: `cpus` of `resource` over `[start_s, end_s)`.

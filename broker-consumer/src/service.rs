@@ -670,7 +670,7 @@ impl Broker for BrokerService {
         let req = req.into_inner();
         tokio::spawn(async move { core.coallocate(&req, &owner).await })
             .await
-            .map_err(|e| Status::internal(format!("the coallocation task failed: {e}")))?
+            .map_err(|e| BrokerError::internal(format!("the coallocation task failed: {e}")))?
             .map(Response::new)
             .map_err(Status::from)
     }

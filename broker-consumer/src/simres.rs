@@ -267,23 +267,17 @@ pub(crate) fn publish_reservation(hub: Option<&Hub>, source: &str, r: &Reservati
 /// Checks the numbers of a window request (`gma simres` and `gma slurm` alike): at least one
 /// CPU, a duration of at most [`MAX_SPAN_S`], a window that is not reversed and does not start
 /// more than that ahead of `now_s`. INVALID_ARGUMENT naming the field.
-pub(crate) fn check_window(
-    cpus: u32,
-    duration_s: i64,
-    earliest: i64,
-    latest: i64,
-    now_s: i64,
-) -> Result<(), Error> {
-    if cpus == 0 {
+pub(crate) fn check_window(r: &ReserveRequest, now_s: i64) -> Result<(), Error> {
+    if r.cpus == 0 {
         return Err(invalid("cpus: must be at least 1"));
     }
-    if !(1..=MAX_SPAN_S).contains(&duration_s) {
+    if !(1..=MAX_SPAN_S).contains(&r.duration_s) {
         return Err(invalid(format!("duration_s: must be within 1..={MAX_SPAN_S}")));
     }
-    if earliest > latest {
+    if r.earliest_s > r.latest_s {
         return Err(invalid("earliest_start_s: must not be after latest_start_s"));
     }
-    if latest > now_s + MAX_SPAN_S {
+    if r.latest_s > now_s + MAX_SPAN_S {
         return Err(invalid("latest_start_s: at most a year ahead"));
     }
     Ok(())
@@ -458,18 +452,12 @@ impl Manager {
         crate::provision::offers::snapshot_events(&self.source, now_ns(), version, slots)
     }
 
-    /// Checks a window request and applies the clock (no start in the past) and the horizon.
-    fn checked(
-        &self,
-        resource: &str,
-        cpus: u32,
-        duration_s: i64,
-        earliest: i64,
-        latest: i64,
-        now_s: i64,
-    ) -> Result<Result<(i64, i64), Answer>, Error> {
-        check_window(cpus, duration_s, earliest, latest, now_s)?;
-        if !self.resources.iter().any(|r| r.name == resource) {
+    /// Checks a window request and applies the clock (no start in the past) and the horizon:
+    /// the request with its window so narrowed, or the answer NEVER.
+    fn checked(&self, r: ReserveRequest, now_s: i64) -> Result<Result<ReserveRequest, Answer>, Error> {
+        check_window(&r, now_s)?;
+        let (resource, duration_s, latest) = (r.resource.as_str(), r.duration_s, r.latest_s);
+        if !self.resources.iter().any(|x| x.name == resource) {
             return Ok(Err(Answer::Never(format!(
                 "unknown resource {:?}",
                 gma_core::clip(resource, 64)
@@ -478,14 +466,17 @@ impl Manager {
         if latest < now_s {
             return Ok(Err(Answer::Never("the start window is in the past".into())));
         }
-        let earliest = earliest.max(now_s);
+        let earliest = r.earliest_s.max(now_s);
         if self.horizon_s > 0 && earliest + duration_s > now_s + self.horizon_s {
             return Ok(Err(Answer::Never(format!(
                 "would end past the manager's horizon ({} s from now)",
                 self.horizon_s
             ))));
         }
-        Ok(Ok((earliest, latest)))
+        Ok(Ok(ReserveRequest {
+            earliest_s: earliest,
+            ..r
+        }))
     }
 
     /// Turns an answer that reaches past the horizon into NEVER (and drops such a grant).
@@ -515,25 +506,9 @@ impl Manager {
 
     pub fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Error> {
         let now_s = now_ns() / 1_000_000_000;
-        let (earliest, latest) = match self.checked(
-            &req.resource,
-            req.cpus,
-            req.duration_s,
-            req.earliest_start_s,
-            req.latest_start_s,
-            now_s,
-        )? {
-            Ok(w) => w,
+        let r = match self.checked(ReserveRequest::from_reserve(req, owner), now_s)? {
+            Ok(r) => r,
             Err(a) => return Ok(answer_to_proto(&a, false)),
-        };
-        let r = ReserveRequest {
-            resource: req.resource.clone(),
-            cpus: req.cpus,
-            duration_s: req.duration_s,
-            earliest_s: earliest,
-            latest_s: latest,
-            flexible: req.flexible,
-            owner: owner.to_string(),
         };
         let answer = {
             let mut cals = self.calendars.lock();
@@ -570,25 +545,9 @@ impl Manager {
         let resource = holder.ok_or_else(|| {
             Error::not_found(format!("reservation {:?} not found", gma_core::clip(&req.id, 64)))
         })?;
-        let (earliest, latest) = match self.checked(
-            &resource,
-            req.cpus,
-            req.duration_s,
-            req.earliest_start_s,
-            req.latest_start_s,
-            now_s,
-        )? {
-            Ok(w) => w,
+        let r = match self.checked(ReserveRequest::from_modify(req, &resource, owner), now_s)? {
+            Ok(r) => r,
             Err(a) => return Ok(answer_to_proto(&a, false)),
-        };
-        let r = ReserveRequest {
-            resource: resource.clone(),
-            cpus: req.cpus,
-            duration_s: req.duration_s,
-            earliest_s: earliest,
-            latest_s: latest,
-            flexible: false,
-            owner: owner.to_string(),
         };
         let (out, released) = {
             let mut cals = self.calendars.lock();

@@ -273,7 +273,9 @@ pub async fn hierarchy(
                 t = gma_federation::tree::walk(e, gma_federation::tree::MAX_DEPTH) => t,
                 _ = stop.wait_for(|s| *s) => return,
             };
-            trees.push(walked.unwrap_or_else(|error| serde_json::json!({"endpoint": e, "error": error})));
+            trees.push(
+                walked.unwrap_or_else(|error| serde_json::json!({"endpoint": e, "error": error.to_string()})),
+            );
         }
         shared.update(|m| vec![m.set_hierarchy(trees)]);
         if !pause(&mut stop, period).await {

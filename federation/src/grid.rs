@@ -67,13 +67,14 @@ pub trait Endpoint: Send + Sync + 'static {
     /// Real seconds per job second.
     fn time_scale(&self) -> f64;
     fn gate(&self) -> &Gate;
-    /// `Federation.Query` at linked site `site`, within `timeout`; the error says why not.
+    /// `Federation.Query` at linked site `site`, within `timeout`; the error says why not (the
+    /// site's own refusal with its code, or UNAVAILABLE).
     fn query_site(
         &self,
         site: &str,
         q: pb::GridQuery,
         timeout: Duration,
-    ) -> impl Future<Output = Result<pb::GridAnswer, String>> + Send;
+    ) -> impl Future<Output = Result<pb::GridAnswer, Error>> + Send;
     /// Submits a job here (placed by the site's own manager); its global id.
     fn submit(self: &Arc<Self>, job: Job) -> Result<String, Error>;
 }
@@ -363,7 +364,9 @@ async fn ask_all<E: Endpoint>(
     for (s, r) in futures::future::join_all(calls).await {
         match r {
             Ok(a) => absorb(out, a, cap),
-            Err(why) => out.unreached.push(format!("{s}: {}", gma_core::clip(&why, 512))),
+            Err(why) => out
+                .unreached
+                .push(format!("{s}: {}", gma_core::clip(&why.to_string(), 512))),
         }
     }
 }

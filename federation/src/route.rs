@@ -41,7 +41,7 @@ use gma_core::Refuse;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use gma_broker::{rank_candidates, Job, Policy, RankConfig, Ranked, Snapshot};
+use gma_broker::{rank_candidates, scaled_exec_s, Job, Policy, RankConfig, Ranked, Snapshot};
 use serde::Deserialize;
 
 use crate::error::Error;
@@ -422,18 +422,7 @@ fn best_class<'s>(s: &'s Summary, job: &Job) -> Option<(&'s ClassStats, f64)> {
 /// Execution time on a class: the class's slowest node for each benchmark (conservative); a
 /// benchmark the class does not publish counts at the reference score.
 pub fn peer_exec_s(c: &ClassStats, job: &Job) -> f64 {
-    if job.reference.is_empty() {
-        return job.reference_time_s;
-    }
-    let sum: f64 = job
-        .reference
-        .iter()
-        .map(|(b, p_ref)| {
-            let p = c.benchmarks.get(b).map_or(*p_ref, |r| r.min);
-            job.reference_time_s * p_ref / p
-        })
-        .sum();
-    sum / job.reference.len() as f64
+    scaled_exec_s(job, |b, p_ref| c.benchmarks.get(b).map_or(p_ref, |r| r.min))
 }
 
 /// FNV-1a over (job id, site): the tie-break between equal peers.

@@ -504,79 +504,39 @@ impl Shared {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// Why a Federation door refuses (the ones whose answers need no further word).
+const LINKED_ONLY: &str =
+    "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation";
+/// Why a SiteScheduler door refuses.
+const JOB_DENIED: &str = "PERMISSION_DENIED: a summary rule denies job";
+
+/// A door of the `Federation` service: linked sites only, `federation` on the operation.
+const fn linked(door: &'static str, summary_only: &'static str) -> Door {
+    Door {
+        door,
+        peers: Peers::LinkedSites,
+        actions: &[Action::Federation],
+        summary_only,
+    }
+}
+
 /// The doors of a federation endpoint: `Federation` (linked sites, `federation` on the
 /// operation) and `SiteScheduler` (local users, `job` on the operation), on the endpoint of its
 /// own producer (`gma_producer::service::DOORS`). What a linked site receives is site summaries
 /// (per resource class aggregates), never host series.
 pub const DOORS: &[Door] = &[
-    Door {
-        door: "/gma.v1.Federation/OpenSession",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
-    },
-    Door {
-        door: "/gma.v1.Federation/Exchange",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site exchanges site summaries: per resource class (arch, os) aggregates, no host series (a class of one node still shows that node's figures, at the summary period)",
-    },
-    Door {
-        door: "/gma.v1.Federation/ForwardJob",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
-    },
-    Door {
-        door: "/gma.v1.Federation/ConfirmStart",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
-    },
-    Door {
-        door: "/gma.v1.Federation/WatchJobs",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site watches its own jobs only",
-    },
-    Door {
-        door: "/gma.v1.Federation/CancelJob",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
-    },
-    Door {
-        door: "/gma.v1.Federation/ListForwarded",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation",
-    },
-    Door {
-        door: "/gma.v1.Federation/Query",
-        peers: Peers::LinkedSites,
-        actions: &[Action::Federation],
-        summary_only: "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site's query is answered with the matching hosts of this subtree (name, arch, os, CPUs, memory, load)",
-    },
-    Door::policy(
-        "/gma.v1.SiteScheduler/Submit",
-        &[Action::Job],
-        "PERMISSION_DENIED: a summary rule denies job",
-    ),
-    Door::policy(
-        "/gma.v1.SiteScheduler/Status",
-        &[Action::Job],
-        "PERMISSION_DENIED: a summary rule denies job",
-    ),
-    Door::policy(
-        "/gma.v1.SiteScheduler/Cancel",
-        &[Action::Job],
-        "PERMISSION_DENIED: a summary rule denies job",
-    ),
-    Door::policy(
-        "/gma.v1.SiteScheduler/List",
-        &[Action::Job],
-        "PERMISSION_DENIED: a summary rule denies job",
-    ),
+    linked("/gma.v1.Federation/OpenSession", LINKED_ONLY),
+    linked("/gma.v1.Federation/Exchange", "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site exchanges site summaries: per resource class (arch, os) aggregates, no host series (a class of one node still shows that node's figures, at the summary period)"),
+    linked("/gma.v1.Federation/ForwardJob", LINKED_ONLY),
+    linked("/gma.v1.Federation/ConfirmStart", LINKED_ONLY),
+    linked("/gma.v1.Federation/WatchJobs", "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site watches its own jobs only"),
+    linked("/gma.v1.Federation/CancelJob", LINKED_ONLY),
+    linked("/gma.v1.Federation/ListForwarded", LINKED_ONLY),
+    linked("/gma.v1.Federation/Query", "PERMISSION_DENIED: only linked sites (certificate CN = the site id), and a summary rule denies federation; a linked site's query is answered with the matching hosts of this subtree (name, arch, os, CPUs, memory, load)"),
+    Door::policy("/gma.v1.SiteScheduler/Submit", &[Action::Job], JOB_DENIED),
+    Door::policy("/gma.v1.SiteScheduler/Status", &[Action::Job], JOB_DENIED),
+    Door::policy("/gma.v1.SiteScheduler/Cancel", &[Action::Job], JOB_DENIED),
+    Door::policy("/gma.v1.SiteScheduler/List", &[Action::Job], JOB_DENIED),
     Door::policy(
         "/gma.v1.SiteScheduler/FederationStatus",
         &[Action::Job],
@@ -941,12 +901,17 @@ impl crate::grid::Endpoint for Shared {
         site: &str,
         q: pb::GridQuery,
         timeout: Duration,
-    ) -> Result<pb::GridAnswer, String> {
-        let mut c = self.client(site).map_err(|e| e.to_string())?;
+    ) -> Result<pb::GridAnswer, FederationError> {
+        let mut c = self.client(site)?;
         match tokio::time::timeout(timeout, c.query(with_site(self.site(), q))).await {
             Ok(Ok(a)) => Ok(a.into_inner()),
-            Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), gma_core::tls::explain(&s))),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Err(s)) => {
+                let m = format!("{:?}: {}", s.code(), gma_core::tls::explain(&s));
+                Err(gma_core::Refusal::new(s.code(), m).into())
+            }
+            Err(_) => Err(FederationError::unavailable(format!(
+                "no answer within {timeout:?}"
+            ))),
         }
     }
 

@@ -9,8 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use gma_core::{Refusal, Refuse};
 use gma_proto::v1 as pb;
 use serde_json::{json, Value};
+
+use crate::error::Error;
 
 /// Levels below the first endpoint walked at most.
 pub const MAX_DEPTH: u32 = 32;
@@ -19,21 +22,29 @@ const MAX_ENDPOINTS: usize = 1000;
 /// How long one endpoint may take to answer.
 const PER_ENDPOINT: Duration = Duration::from_secs(5);
 
-/// What one endpoint answered: its status, or why not.
-pub type Answers = BTreeMap<String, Result<pb::FederationStatusReply, String>>;
+/// What one endpoint answered: its status, or why not (UNAVAILABLE when it could not be
+/// reached or did not answer in time; its own refusal otherwise).
+pub type Answers = BTreeMap<String, Result<pb::FederationStatusReply, Refusal>>;
 
-async fn fetch(addr: String) -> (String, Result<pb::FederationStatusReply, String>) {
+async fn fetch(addr: String) -> (String, Result<pb::FederationStatusReply, Refusal>) {
     let ask = async {
-        let ch = gma_consumer::connect(&addr).await.map_err(|e| e.to_string())?;
+        let ch = gma_consumer::connect(&addr)
+            .await
+            .map_err(|e| Refusal::unavailable(e.to_string()))?;
         let mut c = pb::site_scheduler_client::SiteSchedulerClient::new(ch)
             .max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
         c.federation_status(pb::FederationStatusRequest {})
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|s| format!("{} ({:?})", gma_core::tls::explain(&s), s.code()))
+            .map_err(|s| {
+                Refusal::new(
+                    s.code(),
+                    format!("{} ({:?})", gma_core::tls::explain(&s), s.code()),
+                )
+            })
     };
     let r = match tokio::time::timeout(PER_ENDPOINT, ask).await {
-        Err(_) => Err(format!("no answer within {PER_ENDPOINT:?}")),
+        Err(_) => Err(Refusal::unavailable(format!("no answer within {PER_ENDPOINT:?}"))),
         Ok(r) => r,
     };
     (addr, r)
@@ -146,7 +157,7 @@ fn node(
         }
         other => {
             let error = match other {
-                Some(Err(e)) => e.clone(),
+                Some(Err(e)) => e.to_string(),
                 Some(Ok(_)) => "already shown above (a cycle or a second superior)".into(),
                 None => "not asked (below --depth or past the endpoint cap)".into(),
             };
@@ -173,7 +184,7 @@ fn chain(root: &str, answers: &Answers) -> Vec<Value> {
         out.push(json!({
             "site": p.site, "endpoint": p.endpoint, "below": r.site, "link": link_json(p),
             "reachable": matches!(up, Some(Ok(_))),
-            "error": match up { Some(Err(e)) => Some(e.clone()), _ => None },
+            "error": match up { Some(Err(e)) => Some(e.to_string()), _ => None },
         }));
         at = p.endpoint.clone();
     }
@@ -191,11 +202,12 @@ pub fn tree(root: &str, answers: &Answers) -> Value {
 }
 
 /// Walks the tree around `root` (`depth` levels down, at most [`MAX_DEPTH`]) and returns it as
-/// [`tree`] does; the error says why `root` itself did not answer.
-pub async fn walk(root: &str, depth: u32) -> Result<Value, String> {
+/// [`tree`] does; the error says why `root` itself did not answer (with its code).
+pub async fn walk(root: &str, depth: u32) -> Result<Value, Error> {
     let answers = collect(root, depth.min(MAX_DEPTH)).await;
     if let Some(Err(e)) = answers.get(root) {
-        return Err(format!("federation endpoint {root}: {e}"));
+        let message = format!("federation endpoint {root}: {e}");
+        return Err(Refusal::new(e.code(), message).into());
     }
     Ok(tree(root, &answers))
 }
@@ -260,7 +272,7 @@ mod tests {
             "A1:1".into(),
             Ok(reply("A1", 4, vec![peer("A", "parent", true, 0)])),
         );
-        a.insert("A2:1".into(), Err("connection refused".into()));
+        a.insert("A2:1".into(), Err(Refusal::unavailable("connection refused")));
         a
     }
 

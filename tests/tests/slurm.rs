@@ -863,7 +863,7 @@ fn saved_in_state(cluster: &Cluster, id: &str) -> bool {
 fn nothing_left_after_recovery(cluster: &Cluster, adapter: &Proc, job: Option<&str>) {
     let mut left = Vec::new();
     let clean = wait_until(Duration::from_secs(120), || {
-        left = cluster.reservations().unwrap_or_else(|e| vec![e]);
+        left = cluster.reservations().unwrap_or_else(|e| vec![e.to_string()]);
         let queued = job.is_some_and(|j| {
             cluster
                 .cmd("squeue", &["-h", "-t", "PD,R,CG", "-o", "%i"])

@@ -348,28 +348,30 @@ impl Slot {
         self.price * f64::from(self.processors) * (self.end_s - self.start_s) as f64 / 3600.0 + self.fee
     }
 
-    fn check(&self) -> Result<(), String> {
+    /// Checks the slot at `index` of an offer.
+    fn check(&self, index: usize) -> Result<(), FormatError> {
+        let bad = |message: String| Err(FormatError::BadSlot { index, message });
         if self.id.is_empty() || self.id.len() > MAX_ID {
-            return Err(format!("id must be 1..={MAX_ID} characters"));
+            return bad(format!("id must be 1..={MAX_ID} characters"));
         }
         if self.resource.is_empty() || self.resource.len() > 256 {
-            return Err("resource must be 1..=256 characters".into());
+            return bad("resource must be 1..=256 characters".into());
         }
         if self.processors == 0 {
-            return Err("processors must be at least 1".into());
+            return bad("processors must be at least 1".into());
         }
         if !(-MAX_TIME_S..=MAX_TIME_S).contains(&self.start_s) {
-            return Err(format!("start_s must be within ±{MAX_TIME_S}"));
+            return bad(format!("start_s must be within ±{MAX_TIME_S}"));
         }
         let len = self.end_s.checked_sub(self.start_s).unwrap_or(-1);
         if !(1..=MAX_SPAN_S).contains(&len) {
-            return Err(format!("end must be after start, by at most {MAX_SPAN_S} s"));
+            return bad(format!("end must be after start, by at most {MAX_SPAN_S} s"));
         }
         if !(self.price.is_finite() && self.price >= 0.0) {
-            return Err("price must be a finite number >= 0".into());
+            return bad("price must be a finite number >= 0".into());
         }
         if !(self.fee.is_finite() && self.fee >= 0.0) {
-            return Err("fee must be a finite number >= 0".into());
+            return bad("fee must be a finite number >= 0".into());
         }
         Ok(())
     }
@@ -446,8 +448,7 @@ impl Offer {
         }
         let mut ids = HashMap::new();
         for (i, s) in slots.iter().enumerate() {
-            s.check()
-                .map_err(|message| FormatError::BadSlot { index: i, message })?;
+            s.check(i)?;
             if let Some(first) = ids.insert(s.id.as_str(), i) {
                 return Err(FormatError::BadSlot {
                     index: i,

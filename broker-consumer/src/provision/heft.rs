@@ -317,7 +317,9 @@ fn take(
 /// Checks a schedule independently of how it was built: every task placed within the plan's
 /// slots of one resource that are active over its run, processors per task as asked, no slot
 /// over its processors at any moment, every edge respected with its transfer, and the makespan.
-pub fn check(p: &Problem, plan: &[usize], s: &Schedule) -> Result<(), String> {
+/// The tests' oracle (HEFT's and the GA's): the message says what is wrong.
+#[cfg(test)]
+pub(crate) fn check(p: &Problem, plan: &[usize], s: &Schedule) -> Result<(), String> {
     let wf = &p.workflow;
     if s.placements.len() != wf.tasks.len() {
         return Err("not every task is placed".into());

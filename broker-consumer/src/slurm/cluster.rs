@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, bail, Result};
 use gma_core::time::wait_until;
 
 /// `SchedulerParameters` of the generated slurm.conf: they set how soon Slurm looks at a new
@@ -58,58 +59,55 @@ pub fn which(prog: &str) -> bool {
         .any(|d| Path::new(d).join(prog).is_file())
 }
 
-fn free_port() -> Result<u16, String> {
+fn free_port() -> Result<u16> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
+        .map_err(|e| anyhow!("no free port: {e}"))
 }
 
-fn run(cmd: &mut Command) -> Result<String, String> {
+fn run(cmd: &mut Command) -> Result<String> {
     let shown = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| format!("{shown}: {e}"))?;
+    let out = cmd.output().map_err(|e| anyhow!("{shown}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
+        bail!(
             "{shown} failed ({}): {}{}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim(),
             String::from_utf8_lossy(&out.stdout).trim()
-        ));
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn chmod(p: &Path, mode: u32) -> Result<(), String> {
+fn chmod(p: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod {}: {e}", p.display()))
+        .map_err(|e| anyhow!("chmod {}: {e}", p.display()))
 }
 
 impl Cluster {
     /// Starts a cluster; the error says why it cannot (not installed, not root, a daemon that
     /// would not start, with its log).
-    pub fn start() -> Result<Cluster, String> {
+    pub fn start() -> Result<Cluster> {
         Cluster::start_nodes(1)
     }
 
     /// Starts a cluster of `n` nodes (one `slurmd` each, on 127.0.0.1 and ports of their own).
-    pub fn start_nodes(n: usize) -> Result<Cluster, String> {
+    pub fn start_nodes(n: usize) -> Result<Cluster> {
         if let Some(p) = PROGRAMS.iter().find(|p| !which(p)) {
-            return Err(format!(
+            bail!(
                 "{p} is not installed (scripts/test.sh installs slurmctld slurmd slurm-client munge with apt-get)"
-            ));
+            );
         }
         let uid = run(Command::new("id").arg("-u"))?;
         if uid.trim() != "0" {
-            return Err(
-                "the throw-away Slurm cluster runs its daemons as root (the sessions and CI run as root)"
-                    .into(),
-            );
+            bail!("the throw-away Slurm cluster runs its daemons as root (the sessions and CI run as root)");
         }
         let dir = tempfile::Builder::new()
             .prefix("gma-slurm-")
             .tempdir()
-            .map_err(|e| format!("temp dir: {e}"))?;
+            .map_err(|e| anyhow!("temp dir: {e}"))?;
         let d = dir.path().to_path_buf();
         let (ctld_port, slurmd_port) = (free_port()?, free_port()?);
         // Node names of its own, so several clusters (tests in parallel) never meet; the first
@@ -120,10 +118,10 @@ impl Cluster {
             nodes.push((format!("n{ctld_port}x{i}"), free_port()?));
         }
         for sub in ["munge", "run", "state", "log", "jobs"] {
-            std::fs::create_dir_all(d.join(sub)).map_err(|e| format!("mkdir {sub}: {e}"))?;
+            std::fs::create_dir_all(d.join(sub)).map_err(|e| anyhow!("mkdir {sub}: {e}"))?;
         }
         for (name, _) in &nodes {
-            std::fs::create_dir_all(d.join("spool").join(name)).map_err(|e| format!("mkdir spool: {e}"))?;
+            std::fs::create_dir_all(d.join("spool").join(name)).map_err(|e| anyhow!("mkdir spool: {e}"))?;
         }
         // munged: every directory above its socket must be o+x; the key directory stays private.
         chmod(&d, 0o711)?;
@@ -169,11 +167,11 @@ impl Cluster {
                 .collect::<String>(),
             all = nodes.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(","),
         );
-        std::fs::write(&conf, text).map_err(|e| format!("write slurm.conf: {e}"))?;
-        let log = |name: &str| -> Result<Stdio, String> {
+        std::fs::write(&conf, text).map_err(|e| anyhow!("write slurm.conf: {e}"))?;
+        let log = |name: &str| -> Result<Stdio> {
             std::fs::File::create(d.join("log").join(name))
                 .map(Stdio::from)
-                .map_err(|e| format!("log {name}: {e}"))
+                .map_err(|e| anyhow!("log {name}: {e}"))
         };
         let mut c = Cluster {
             dir,
@@ -195,7 +193,7 @@ impl Cluster {
                     .stdout(log(&format!("slurmd-{name}.out"))?)
                     .stderr(log(&format!("slurmd-{name}.err"))?)
                     .spawn()
-                    .map_err(|e| format!("slurmd {name}: {e}"))?,
+                    .map_err(|e| anyhow!("slurmd {name}: {e}"))?,
             );
         }
         let mut last = String::new();
@@ -207,17 +205,17 @@ impl Cluster {
                     false
                 }
                 Err(e) => {
-                    last = e;
+                    last = e.to_string();
                     false
                 }
             }
         });
         if !up {
-            return Err(format!(
+            bail!(
                 "the cluster did not become idle within 30 s ({last}); slurmctld log: {}; slurmd log: {}",
                 c.log_tail("slurmctld.log"),
                 c.log_tail(&format!("slurmd-{node}.log"))
-            ));
+            );
         }
         Ok(c)
     }
@@ -235,7 +233,7 @@ impl Cluster {
 
     /// Runs a Slurm client command against this cluster (`TZ=UTC`); its stdout, or the
     /// failure with its stderr.
-    pub fn cmd(&self, prog: &str, args: &[&str]) -> Result<String, String> {
+    pub fn cmd(&self, prog: &str, args: &[&str]) -> Result<String> {
         run(Command::new(prog)
             .args(args)
             .env("SLURM_CONF", &self.conf)
@@ -243,7 +241,7 @@ impl Cluster {
     }
 
     /// The reservations Slurm holds (`scontrol show reservation -o`, one line each).
-    pub fn reservations(&self) -> Result<Vec<String>, String> {
+    pub fn reservations(&self) -> Result<Vec<String>> {
         Ok(self
             .cmd("scontrol", &["show", "reservation", "-o"])?
             .lines()
@@ -253,7 +251,7 @@ impl Cluster {
     }
 
     /// An adapter config for this cluster (`gma slurm --config`).
-    pub fn adapter_config(&self, extra: &str) -> Result<PathBuf, String> {
+    pub fn adapter_config(&self, extra: &str) -> Result<PathBuf> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let p = self.dir.path().join(format!("adapter-{n}.toml"));
@@ -262,20 +260,20 @@ impl Cluster {
             self.conf.display(),
             self.job_dir().display()
         );
-        std::fs::write(&p, text).map_err(|e| format!("write {}: {e}", p.display()))?;
+        std::fs::write(&p, text).map_err(|e| anyhow!("write {}: {e}", p.display()))?;
         Ok(p)
     }
 
     /// Starts slurmctld on this cluster's config (its state directory: what an earlier
     /// slurmctld saved, reservations included, is read back).
-    fn spawn_controller(&self) -> Result<Child, String> {
+    fn spawn_controller(&self) -> Result<Child> {
         let log = |name: &str| {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(self.dir.path().join("log").join(name))
                 .map(Stdio::from)
-                .map_err(|e| format!("log {name}: {e}"))
+                .map_err(|e| anyhow!("log {name}: {e}"))
         };
         Command::new("slurmctld")
             .args(["-D", "-f"])
@@ -284,7 +282,7 @@ impl Cluster {
             .stdout(log("slurmctld.out")?)
             .stderr(log("slurmctld.err")?)
             .spawn()
-            .map_err(|e| format!("slurmctld: {e}"))
+            .map_err(|e| anyhow!("slurmctld: {e}"))
     }
 
     /// Kills slurmctld with SIGKILL (a controller that dies mid-operation) and waits for it.
@@ -299,9 +297,9 @@ impl Cluster {
     /// [`Cluster::stop_controller`]) with the same state directory, and waits (bounded) until
     /// every node has registered again and can run jobs (no node down, unknown or not
     /// responding).
-    pub fn restart_controller(&mut self) -> Result<(), String> {
+    pub fn restart_controller(&mut self) -> Result<()> {
         if self.ctld.is_some() {
-            return Err("slurmctld is running".into());
+            bail!("slurmctld is running");
         }
         self.ctld = Some(self.spawn_controller()?);
         let usable = ["idle", "mixed", "allocated", "reserved", "completing", "planned"];
@@ -314,7 +312,7 @@ impl Cluster {
                     false
                 }
                 Err(e) => {
-                    last = e;
+                    last = e.to_string();
                     false
                 }
             }
@@ -322,7 +320,7 @@ impl Cluster {
         if up {
             Ok(())
         } else {
-            Err(format!(
+            Err(anyhow!(
                 "slurmctld and its nodes did not come back within 60 s (sinfo: {last:?}); its log: {}",
                 self.log_tail("slurmctld.log")
             ))

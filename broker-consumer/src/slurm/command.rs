@@ -162,19 +162,25 @@ pub struct SlurmReservation {
 /// The reservations of `scontrol show reservation -o` (the output "No reservations in the
 /// system" is none).
 pub fn parse_reservations(text: &str) -> Vec<SlurmReservation> {
-    text.lines()
-        .filter(|l| l.starts_with("ReservationName="))
-        .filter_map(|l| {
-            let p = pairs(l);
-            Some(SlurmReservation {
-                name: p.get("ReservationName")?.clone(),
-                start_s: parse_time(p.get("StartTime")?)?,
-                end_s: parse_time(p.get("EndTime")?)?,
-                nodes: p.get("Nodes").cloned().unwrap_or_default(),
-                cores: p.get("CoreCnt").and_then(|c| c.parse().ok()).unwrap_or(0),
-                state: p.get("State").cloned().unwrap_or_default(),
-            })
+    records(text, "ReservationName=", |p| {
+        Some(SlurmReservation {
+            name: p.get("ReservationName")?.clone(),
+            start_s: parse_time(p.get("StartTime")?)?,
+            end_s: parse_time(p.get("EndTime")?)?,
+            nodes: p.get("Nodes").cloned().unwrap_or_default(),
+            cores: p.get("CoreCnt").and_then(|c| c.parse().ok()).unwrap_or(0),
+            state: p.get("State").cloned().unwrap_or_default(),
         })
+    })
+}
+
+/// The records of a `scontrol show … -o` listing: its lines that start with `first` (one
+/// record each), read by `read` from the line's [`pairs`]; a record `read` cannot use
+/// (`None`: a field missing or malformed) is left out.
+fn records<T>(text: &str, first: &str, read: impl Fn(&HashMap<String, String>) -> Option<T>) -> Vec<T> {
+    text.lines()
+        .filter(|l| l.starts_with(first))
+        .filter_map(|l| read(&pairs(l)))
         .collect()
 }
 
@@ -189,21 +195,18 @@ pub struct SlurmNode {
     pub partitions: String,
 }
 
+/// The nodes of `scontrol show node -o`.
 pub fn parse_nodes(text: &str) -> Vec<SlurmNode> {
-    text.lines()
-        .filter(|l| l.starts_with("NodeName="))
-        .filter_map(|l| {
-            let p = pairs(l);
-            Some(SlurmNode {
-                name: p.get("NodeName")?.clone(),
-                cpus: p.get("CPUTot")?.parse().ok()?,
-                memory_mb: p.get("RealMemory").and_then(|m| m.parse().ok()).unwrap_or(0.0),
-                arch: p.get("Arch").cloned().unwrap_or_default(),
-                state: p.get("State").cloned().unwrap_or_default(),
-                partitions: p.get("Partitions").cloned().unwrap_or_default(),
-            })
+    records(text, "NodeName=", |p| {
+        Some(SlurmNode {
+            name: p.get("NodeName")?.clone(),
+            cpus: p.get("CPUTot")?.parse().ok()?,
+            memory_mb: p.get("RealMemory").and_then(|m| m.parse().ok()).unwrap_or(0.0),
+            arch: p.get("Arch").cloned().unwrap_or_default(),
+            state: p.get("State").cloned().unwrap_or_default(),
+            partitions: p.get("Partitions").cloned().unwrap_or_default(),
         })
-        .collect()
+    })
 }
 
 /// One job of `squeue --json` (the fields used; Slurm 22.05, openapi v0.0.38).
@@ -241,14 +244,15 @@ struct Squeue {
 
 /// The jobs of `squeue --json`; its `errors` without jobs are an error (the controller
 /// could not be asked).
-pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, String> {
-    let s = serde_json::from_str::<Squeue>(text).map_err(|e| format!("squeue --json: {e}"))?;
+pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, CmdError> {
+    let unexpected = |message: String| CmdError::Output {
+        cmd: "squeue --json".into(),
+        message,
+    };
+    let s = serde_json::from_str::<Squeue>(text).map_err(|e| unexpected(e.to_string()))?;
     if s.jobs.is_empty() && !s.errors.is_empty() {
         let errors: Vec<String> = s.errors.iter().map(|e| e.to_string()).collect();
-        return Err(format!(
-            "squeue --json: {}",
-            gma_core::clip(&errors.join("; "), 1000)
-        ));
+        return Err(unexpected(gma_core::clip(&errors.join("; "), 1000)));
     }
     Ok(s.jobs)
 }
@@ -344,8 +348,13 @@ mod tests {
         assert_eq!(job_state("COMPLETING"), ("running", false));
         assert_eq!(job_state("PENDING"), ("pending", false));
         assert!(parse_squeue("not json").is_err());
+        let down = parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#)
+            .unwrap_err();
+        assert!(down.unreachable(), "{down}");
         assert!(
-            parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#).is_err()
+            down.to_string()
+                .starts_with("squeue --json printed something unexpected: {\"error\":\"Unable to contact"),
+            "{down}"
         );
         assert!(parse_squeue(r#"{"errors":[],"jobs":[]}"#).unwrap().is_empty());
     }

@@ -21,7 +21,7 @@ use super::command::{
 use super::config::SlurmConfig;
 use crate::error::Error;
 use crate::remote::{answer_to_proto, reservation_to_proto};
-use crate::reserve::{Answer, Reservation};
+use crate::reserve::{Answer, Reservation, ReserveRequest};
 use crate::simjobs::publish_job;
 pub use crate::simjobs::{job_schema, JOB_EVENT};
 use crate::simres::{check_window, owned_by};
@@ -412,12 +412,7 @@ impl SlurmManager {
             .filter(|r| r.start_s < start + dur && r.end_s > start)
             .map(|r| r.end_s)
             .collect();
-        let jobs = parse_squeue(&self.slurm.run("squeue", &["--json".into()]).await?).map_err(|m| {
-            CmdError::Output {
-                cmd: "squeue --json".into(),
-                message: m,
-            }
-        })?;
+        let jobs = parse_squeue(&self.slurm.run("squeue", &["--json".into()]).await?)?;
         ends.extend(
             jobs.into_iter()
                 .filter(|j| !job_state(&j.job_state).1 && on_node(&j.nodes, node) && j.end_time > start)
@@ -427,19 +422,12 @@ impl SlurmManager {
     }
 
     /// Checks a window and answers NEVER for what can never be granted.
-    fn checked(
-        &self,
-        resource: &str,
-        cpus: u32,
-        duration_s: i64,
-        earliest: i64,
-        latest: i64,
-        now: i64,
-    ) -> Result<Result<i64, Answer>, Error> {
+    fn checked(&self, r: &ReserveRequest, now: i64) -> Result<Result<i64, Answer>, Error> {
+        let (resource, cpus) = (r.resource.as_str(), r.cpus);
         if resource.is_empty() || resource.len() > 256 {
             return Err(invalid("resource: give a node name (1..=256 bytes)"));
         }
-        check_window(cpus, duration_s, earliest, latest, now)?;
+        check_window(r, now)?;
         let Some(node) = self.node(resource) else {
             return Ok(Err(Answer::Never(format!(
                 "unknown resource {:?}: this Slurm adapter offers {:?}",
@@ -453,10 +441,10 @@ impl SlurmManager {
                 node.name, node.cpus
             ))));
         }
-        if latest < now {
+        if r.latest_s < now {
             return Ok(Err(Answer::Never("the start window is in the past".into())));
         }
-        Ok(Ok(earliest.max(now)))
+        Ok(Ok(r.earliest_s.max(now)))
     }
 
     /// Creates reservation `name` at the earliest start in the window, trying after each thing
@@ -541,14 +529,7 @@ impl SlurmManager {
 
     pub async fn reserve(&self, req: &pb::ReserveRequest, owner: &str) -> Result<pb::ReserveResponse, Error> {
         let now = now_s();
-        let start = match self.checked(
-            &req.resource,
-            req.cpus,
-            req.duration_s,
-            req.earliest_start_s,
-            req.latest_start_s,
-            now,
-        )? {
+        let start = match self.checked(&ReserveRequest::from_reserve(req, owner), now)? {
             Ok(s) => s,
             Err(a) => return Ok(answer_to_proto(&a, false)),
         };
@@ -633,14 +614,7 @@ impl SlurmManager {
             )));
         }
         let now = now_s();
-        let start = match self.checked(
-            &held.resource,
-            req.cpus,
-            req.duration_s,
-            req.earliest_start_s,
-            req.latest_start_s,
-            now,
-        )? {
+        let start = match self.checked(&ReserveRequest::from_modify(req, &held.resource, owner), now)? {
             Ok(s) => s,
             Err(a) => return Ok(answer_to_proto(&a, false)),
         };
@@ -937,9 +911,9 @@ impl SlurmManager {
                 .slurm
                 .run("squeue", &["--json".into()])
                 .await
-                .map(|t| parse_squeue(&t))
+                .and_then(|t| parse_squeue(&t))
             {
-                Ok(Ok(list)) => {
+                Ok(list) => {
                     let by_id: HashMap<String, _> =
                         list.into_iter().map(|j| (j.job_id.to_string(), j)).collect();
                     for id in &active {
@@ -949,7 +923,6 @@ impl SlurmManager {
                         }
                     }
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read job states"),
                 Err(e) => tracing::warn!(error = %e, "cannot read job states"),
             }
         }
