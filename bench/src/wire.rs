@@ -575,7 +575,11 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         bail!("--max-batch must be within 1..=10000 (the producer's limit)");
     }
     if o.batch > o.buffer_events {
-        bail!("--batch ({}) is more than --buffer-events ({})", o.batch, o.buffer_events);
+        bail!(
+            "--batch ({}) is more than --buffer-events ({})",
+            o.batch,
+            o.buffer_events
+        );
     }
     if o.consumer_procs > o.subscribers {
         bail!(

@@ -89,7 +89,8 @@ impl HubInner {
             None => usize::MAX,
             Some(&pin) => {
                 let held = self.next_seq.saturating_sub(pin.max(self.oldest()));
-                self.capacity.saturating_sub(usize::try_from(held).unwrap_or(usize::MAX))
+                self.capacity
+                    .saturating_sub(usize::try_from(held).unwrap_or(usize::MAX))
             }
         }
     }
@@ -414,7 +415,9 @@ mod tests {
         hub.add_schemas(&[schema()]).unwrap();
         assert_eq!(hub.lock().room(), usize::MAX, "no block subscription: no limit");
         hub.pin(9, 1);
-        hub.publish(&[ev("a", 1.0), ev("a", 2.0), ev("a", 3.0)]).1.unwrap();
+        hub.publish(&[ev("a", 1.0), ev("a", 2.0), ev("a", 3.0)])
+            .1
+            .unwrap();
         assert_eq!(hub.lock().room(), 1, "3 of 4 unread");
         let soon = Instant::now() + Duration::from_millis(1);
         assert!(!hub.wait_for_room(2, soon));
