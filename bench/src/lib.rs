@@ -80,7 +80,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             batch,
             buffer_events,
         } => wire::producer(publish_rate, batch, buffer_events).await,
-        BenchScenario::StreamConsumer { addr, subscribers } => wire::consumer(addr, subscribers).await,
+        BenchScenario::StreamConsumer {
+            addr,
+            subscribers,
+            policy,
+            max_batch,
+        } => wire::consumer(addr, subscribers, policy, max_batch).await,
         BenchScenario::Directory {
             duration,
             trials,

@@ -1,10 +1,17 @@
-//! `gma bench nats`: NATS beside the cross-process `stream`, the same process placement — a
-//! `nats-server` process (Debian's nats-server on the PATH), a subscriber process holding
-//! `--subscribers` subscriptions (each its own connection; `gma bench nats-sub`, hidden) and
-//! this process publishing back to back on one connection (pipelined `PUB`s of `--payload`
-//! bytes, the first 8 a sequence number). NATS has no resume and reports no gaps: loss is what
-//! the subscriber's sequence numbers show missing. The window is taken as `stream` takes it
-//! (a `start`/`stop` line to the subscriber process, /proc sampled at both ends).
+//! `gma bench nats`: NATS beside the cross-process `stream` — a `nats-server` process (Debian's
+//! nats-server on the PATH), a subscriber process holding `--subscribers` subscriptions (each
+//! its own connection; `gma bench nats-sub`, hidden) and this process publishing back to back
+//! on one connection (pipelined `PUB`s of `--payload` bytes, the first 8 a sequence number).
+//!
+//! Like for like: the payload defaults to 27 bytes, what one 3-value event of `stream` costs on
+//! the consumer's socket (27.1 measured with all of gRPC's and HTTP/2's framing; NATS adds its
+//! `MSG` line on top of the payload, counted here as socket bytes per message). Placement: the
+//! NATS publisher is a client process of the server, one loopback hop before the server; the
+//! `stream` generator runs inside the producer process (no such hop), and `stream --source
+//! ingest` is the placement NATS has (the publisher a process of its own, pushing over
+//! loopback). NATS has no resume and reports no gaps: loss is what the subscriber's sequence
+//! numbers show missing. The window is taken as `stream` takes it (a `start`/`stop` line to
+//! the subscriber process, /proc sampled at both ends).
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +41,8 @@ async fn connect(port: u16) -> anyhow::Result<TcpStream> {
 struct Count {
     received: u64,
     window: u64,
+    /// Bytes read from the server within the window (everything on the subscriber's socket).
+    window_bytes: u64,
     missing: u64,
     next: Option<u64>,
     /// The server closed the connection (NATS closes a slow consumer's).
@@ -66,6 +75,9 @@ pub async fn sub(port: u16, subscribers: usize) -> anyhow::Result<()> {
                 if n == 0 {
                     c.closed = true;
                     break;
+                }
+                if st == COUNTING {
+                    c.window_bytes += n as u64;
                 }
                 buf.extend_from_slice(&chunk[..n]);
                 let mut at = 0;
@@ -116,7 +128,7 @@ pub async fn sub(port: u16, subscribers: usize) -> anyhow::Result<()> {
             .context("a subscription did not stop within 5 s")?
             .context("subscription task")??;
         subs.push(
-            serde_json::json!({"received": c.received, "window_events": c.window, "missing": c.missing}),
+            serde_json::json!({"received": c.received, "window_events": c.window, "window_bytes": c.window_bytes, "missing": c.missing, "closed_by_server": c.closed}),
         );
     }
     println!("{}", serde_json::json!({ "subscriptions": subs }));
@@ -210,6 +222,7 @@ pub async fn run(duration: u64, subscribers: usize, payload: usize, output: Outp
     let subs = v["subscriptions"].as_array().cloned().unwrap_or_default();
     let sum = |k: &str| subs.iter().map(|s| s[k].as_u64().unwrap_or(0)).sum::<u64>();
     let window = sum("window_events");
+    let window_bytes = sum("window_bytes");
     let min = subs
         .iter()
         .map(|s| s["window_events"].as_u64().unwrap_or(0))
@@ -223,6 +236,9 @@ pub async fn run(duration: u64, subscribers: usize, payload: usize, output: Outp
         "scenario": "nats",
         "subscribers": subscribers,
         "payload_bytes": payload,
+        "publisher": "a client process of nats-server (this process), one loopback hop before the server",
+        "socket_bytes": window_bytes,
+        "socket_bytes_per_message": window_bytes as f64 / window.max(1) as f64,
         "seconds": seconds,
         "published_total": published,
         "window_events": window,
@@ -238,7 +254,7 @@ pub async fn run(duration: u64, subscribers: usize, payload: usize, output: Outp
     match output {
         Output::Json => emit(fig),
         Output::Table => {
-            println!("nats: this process -> nats-server -> {subscribers} subscriptions in one process, {payload}-byte payloads, back to back");
+            println!("nats: publisher (this process) -> nats-server -> {subscribers} subscriptions in one process, {payload}-byte payloads, back to back");
             println!(
                 "  delivered                {:.0} messages/s over {seconds:.1} s",
                 window as f64 / seconds
@@ -247,6 +263,10 @@ pub async fn run(duration: u64, subscribers: usize, payload: usize, output: Outp
                 "  per subscription         {:.0} messages/s (slowest {:.0})",
                 window as f64 / seconds / subscribers as f64,
                 min as f64 / seconds
+            );
+            println!(
+                "  on the socket            {:.1} bytes/message at the subscribers",
+                fig["socket_bytes_per_message"].as_f64().unwrap_or(f64::NAN)
             );
             println!(
                 "  missing (by seq)         {}; subscriptions closed by the server {}",

@@ -14,13 +14,20 @@
 //!   pushes in flight): the producer's CPU then includes decoding them.
 //!
 //! Either way nothing tells the source where the consumers are: the only flow control is the
-//! producer's (its ring, the drop-oldest policy, HTTP/2 windows). Every consumer connection
-//! goes through the proxy, which copies bytes both ways and counts them: everything gRPC,
-//! HTTP/2 and TCP payload put on the consumer's socket. Its CPU is this process's, reported
-//! apart from the producer's and consumers'. Each subscription (pattern `*`, drop-oldest) books
-//! every seq it receives: a seq below the next expected one is a duplicate, a jump must be
-//! covered by the `Gap`s the producer reported; what is neither received nor covered is
-//! `unexplained`. Drops are the gaps'.
+//! producer's — its ring, the subscriptions' policy (`--policy`), HTTP/2 windows. With `block`
+//! (the default) each subscription pins the ring at the next seq it has to read
+//! ([`gma_producer::Hub::pin`]); the subscription's task stops reading when its channel and
+//! HTTP/2 stream window are full (the consumer's socket is behind), and the generator, a source
+//! that can wait, waits for room before each batch ([`gma_producer::Hub::wait_for_room`]): the
+//! figure is then what the stream sustains with nothing dropped. (An Ingest push is not held
+//! back: with `--source ingest` block keeps events only within the ring's block reserve, then
+//! gaps.) With `drop-oldest` the source runs free and the subscriptions' losses show as gaps.
+//! Every consumer connection goes through the proxy, which copies bytes both ways and counts
+//! them: everything gRPC, HTTP/2 and TCP payload put on the consumer's socket. Its CPU is this
+//! process's, reported apart from the producer's and consumers'. Each subscription (pattern
+//! `*`) books every seq it receives: a seq below the next expected one is a duplicate, a jump
+//! must be covered by the `Gap`s the producer reported; what is neither received nor covered
+//! is `unexplained`. Drops are the gaps'.
 //!
 //! The window: once every subscription is live and the source has run 1 s, this process tells
 //! the consumers (a `start` line on their stdin) to count, samples /proc and the proxy
@@ -39,7 +46,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
 
-use crate::args::{Output, Source, StreamProcs};
+use crate::args::{Output, Source, StreamPolicy, StreamProcs};
 use crate::child::{self, wait_line};
 use crate::report::{cores, emit, peak_rss_mib, proc_usage};
 use crate::stream::{bench_events, bench_schema};
@@ -231,10 +238,22 @@ struct SubResult {
     latency: Histogram<u64>,
 }
 
-/// `gma bench stream-consumer`: `subscribers` subscriptions to `addr`, each its own connection;
-/// prints `ready` once all are live, counts between `start` and `stop` lines on stdin, then
-/// prints one JSON object with the books and exits.
-pub async fn consumer(addr: String, subscribers: usize) -> anyhow::Result<()> {
+/// `gma bench stream-consumer`: `subscribers` subscriptions to `addr` with `policy` and batches
+/// of up to `max_batch`, each its own connection; prints `ready` once all are live, counts between `start` and `stop` lines on
+/// stdin, then prints one JSON object with the books and exits.
+pub async fn consumer(
+    addr: String,
+    subscribers: usize,
+    policy: StreamPolicy,
+    max_batch: u32,
+) -> anyhow::Result<()> {
+    if !(1..=10_000).contains(&max_batch) {
+        bail!("--max-batch must be within 1..=10000");
+    }
+    let policy = match policy {
+        StreamPolicy::Block => pb::SlowPolicy::Block,
+        StreamPolicy::DropOldest => pb::SlowPolicy::DropOldest,
+    };
     let (state_tx, state_rx) = tokio::sync::watch::channel(BEFORE);
     let live = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -244,8 +263,8 @@ pub async fn consumer(addr: String, subscribers: usize) -> anyhow::Result<()> {
             StreamOptions {
                 patterns: vec!["*".into()],
                 consumer_id: format!("bench-{}-{i}", std::process::id()),
-                max_batch: 1000,
-                policy: pb::SlowPolicy::DropOldest,
+                max_batch,
+                policy,
                 reconnect: false,
                 ..StreamOptions::default()
             },
@@ -344,11 +363,12 @@ pub async fn consumer(addr: String, subscribers: usize) -> anyhow::Result<()> {
 /// `gma bench stream-producer`: the producer library `gma producer` runs (its hub, ring,
 /// subscription policy and gRPC server), with no sensors and one bench-only source: a thread
 /// that publishes `batch`-event batches of 3-value `bench.x` events into its hub at `rate`
-/// events/s (0: back to back). It knows nothing of the consumers. Prints `gma producer
-/// listening on ADDR` like `gma producer`, then runs until killed.
+/// events/s (0: back to back). It knows nothing of the consumers; it honours the producer's
+/// block policy (waits for room before each batch, see [`gma_producer::Hub::wait_for_room`]).
+/// Prints `gma producer listening on ADDR` like `gma producer`, then runs until killed.
 pub async fn producer(rate: u64, batch: usize, buffer_events: usize) -> anyhow::Result<()> {
-    if batch == 0 {
-        bail!("--batch must be positive");
+    if batch == 0 || batch > buffer_events {
+        bail!("--batch must be positive and at most --buffer-events");
     }
     let (hub, addr, _stop) = crate::stream::start_producer(buffer_events).await?;
     eprintln!("gma producer listening on {addr}");
@@ -363,6 +383,10 @@ pub async fn producer(rate: u64, batch: usize, buffer_events: usize) -> anyhow::
                     std::thread::sleep(Duration::from_micros(500));
                     continue;
                 }
+            }
+            // A block subscription that has not read far enough holds the source back.
+            if !hub.wait_for_room(batch, Instant::now() + Duration::from_millis(100)) {
+                continue;
             }
             let ts = now_ns();
             for (j, e) in events.iter_mut().enumerate() {
@@ -518,6 +542,16 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
     if o.batch > 10_000 {
         bail!("--batch is at most 10000 (the producer's Ingest limit)");
     }
+    if !(1..=10_000).contains(&o.max_batch) {
+        bail!("--max-batch must be within 1..=10000 (the producer's limit)");
+    }
+    if o.batch > o.buffer_events {
+        bail!(
+            "--batch ({}) is more than --buffer-events ({})",
+            o.batch,
+            o.buffer_events
+        );
+    }
     if o.consumer_procs > o.subscribers {
         bail!(
             "--consumer-procs ({}) is more than --subscribers ({})",
@@ -579,6 +613,10 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
                 proxy.addr.clone(),
                 "--subscribers".into(),
                 n.to_string(),
+                "--policy".into(),
+                o.policy.as_str().into(),
+                "--max-batch".into(),
+                o.max_batch.to_string(),
             ],
             true,
         )?;
@@ -710,6 +748,8 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         "batch": o.batch,
         "publish_lanes": o.publish_lanes,
         "buffer_events": o.buffer_events,
+        "policy": o.policy.as_str(),
+        "max_batch": o.max_batch,
         "seconds": seconds,
         "ingest_published_total": published,
         "window_events": window_events,
@@ -745,9 +785,10 @@ fn print_table(f: &serde_json::Value) {
         format!("{} events/s offered", f["publish_rate"])
     };
     println!(
-        "stream across processes: producer process -> {} subscriptions in {} consumer processes, \
+        "stream across processes: producer process -> {} subscriptions ({}) in {} consumer processes, \
          3-value events from the {} source ({offered}), bytes counted on the consumers' sockets",
         f["subscribers"],
+        f["policy"].as_str().unwrap_or("?"),
         f["consumer_procs"],
         f["source"].as_str().unwrap_or("?"),
     );

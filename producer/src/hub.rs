@@ -15,7 +15,7 @@ use gma_core::codec::SeriesInfo;
 use gma_core::event::{same_definition, validate_schema, EventData, Layout, SchemaError};
 use gma_core::pattern::{validate_event_name, validate_source, PatternError};
 use gma_proto::v1 as pb;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::watch;
 
 /// Most distinct (name, source) series one producer keeps.
@@ -81,6 +81,20 @@ impl HubInner {
         self.ring.front().map(|e| e.seq).unwrap_or(self.next_seq)
     }
 
+    /// Events a writer that can wait may publish now without overwriting one a block-policy
+    /// subscription has not read, the ring staying within its capacity (the block reserve is
+    /// left to writers that cannot wait, the sensors). Unbounded without block subscriptions.
+    pub fn room(&self) -> usize {
+        match self.pins.values().min() {
+            None => usize::MAX,
+            Some(&pin) => {
+                let held = self.next_seq.saturating_sub(pin.max(self.oldest()));
+                self.capacity
+                    .saturating_sub(usize::try_from(held).unwrap_or(usize::MAX))
+            }
+        }
+    }
+
     /// Events with seq >= `from`, in order.
     pub fn since(&self, from: u64) -> impl Iterator<Item = &Stored> {
         let skip = from.saturating_sub(self.oldest()) as usize;
@@ -143,6 +157,8 @@ impl HubInner {
 pub struct Hub {
     inner: Mutex<HubInner>,
     head_tx: watch::Sender<u64>,
+    /// Signalled when a block-policy subscription moves or leaves (room for waiting writers).
+    room: Condvar,
 }
 
 impl Hub {
@@ -171,6 +187,7 @@ impl Hub {
                 catalog_version: 0,
             }),
             head_tx,
+            room: Condvar::new(),
         })
     }
 
@@ -180,11 +197,30 @@ impl Hub {
 
     /// A block-policy subscription still needs every event from `next` on.
     pub fn pin(&self, id: u64, next: u64) {
-        self.inner.lock().pins.insert(id, next);
+        let moved = self.inner.lock().pins.insert(id, next) != Some(next);
+        if moved {
+            self.room.notify_all();
+        }
     }
 
     pub fn unpin(&self, id: u64) {
         self.inner.lock().pins.remove(&id);
+        self.room.notify_all();
+    }
+
+    /// Waits (blocking the thread) until `n` events fit without overwriting any a block-policy
+    /// subscription has not read ([`HubInner::room`]), at most until `deadline`; returns whether
+    /// they fit. For a source that can wait (a bench generator): the block policy then holds
+    /// the writer back instead of costing the reserve and, past it, a gap. `n` above the ring's
+    /// capacity never fits while a block subscription exists.
+    pub fn wait_for_room(&self, n: usize, deadline: std::time::Instant) -> bool {
+        let mut inner = self.inner.lock();
+        while inner.room() < n {
+            if self.room.wait_until(&mut inner, deadline).timed_out() {
+                return inner.room() >= n;
+            }
+        }
+        true
     }
 
     /// Receives the head seq after every publish.
@@ -232,8 +268,10 @@ impl Hub {
         let mut rejected = 0u64;
         let mut inner = self.inner.lock();
         let start = inner.next_seq;
+        // The pins cannot move while the lock is held: their minimum once per publish.
+        let pin = inner.pins.values().min().copied();
         for e in events {
-            match publish_one(&mut inner, e) {
+            match publish_one(&mut inner, e, pin) {
                 Ok(()) => {}
                 Err(err) => {
                     rejected += 1;
@@ -254,7 +292,7 @@ impl Hub {
     }
 }
 
-fn publish_one(inner: &mut HubInner, e: &EventData) -> Result<(), PublishError> {
+fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<(), PublishError> {
     let id = match inner
         .by_name
         .get(e.name.as_str())
@@ -281,26 +319,50 @@ fn publish_one(inner: &mut HubInner, e: &EventData) -> Result<(), PublishError> 
     }
     let seq = inner.next_seq;
     inner.next_seq += 1;
-    let stored = Stored {
-        seq,
-        timestamp_ns: e.timestamp_ns,
-        series: id,
-        numbers: e.numbers.clone().into_boxed_slice(),
-        strings: e.strings.clone().into_boxed_slice(),
-    };
+    // The event evicted last, if any: its boxes are reused (no allocation per event once the
+    // ring is full and the layouts repeat).
+    let mut evicted = None;
     while inner.ring.len() >= inner.capacity {
         // A block subscription that has not read the oldest event keeps it, within the reserve.
         let held = inner.ring.len() < inner.capacity.saturating_add(inner.block_reserve)
-            && match (inner.ring.front(), inner.pins.values().min()) {
-                (Some(front), Some(pin)) => front.seq >= *pin,
+            && match (inner.ring.front(), pin) {
+                (Some(front), Some(pin)) => front.seq >= pin,
                 _ => false,
             };
         if held {
             break;
         }
-        inner.ring.pop_front();
+        evicted = inner.ring.pop_front();
     }
-    inner.latest[id as usize] = Some(stored.clone());
+    let stored = match evicted {
+        Some(mut old) if old.numbers.len() == doubles && old.strings.len() == strings => {
+            old.numbers.copy_from_slice(&e.numbers);
+            old.strings.clone_from_slice(&e.strings);
+            Stored {
+                seq,
+                timestamp_ns: e.timestamp_ns,
+                series: id,
+                ..old
+            }
+        }
+        _ => Stored {
+            seq,
+            timestamp_ns: e.timestamp_ns,
+            series: id,
+            numbers: e.numbers.clone().into_boxed_slice(),
+            strings: e.strings.clone().into_boxed_slice(),
+        },
+    };
+    match &mut inner.latest[id as usize] {
+        Some(l) if l.numbers.len() == doubles && l.strings.len() == strings => {
+            l.seq = seq;
+            l.timestamp_ns = e.timestamp_ns;
+            l.series = id;
+            l.numbers.copy_from_slice(&e.numbers);
+            l.strings.clone_from_slice(&e.strings);
+        }
+        l => *l = Some(stored.clone()),
+    }
     inner.ring.push_back(stored);
     Ok(())
 }
@@ -339,8 +401,35 @@ mod tests {
         let inner = hub.lock();
         assert_eq!(inner.oldest(), 2);
         assert_eq!(inner.since(3).map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
+        // Evicted events' boxes are reused: the values are the new ones.
+        let held: Vec<_> = inner.since(2).map(|e| (e.seq, e.series, e.numbers[0])).collect();
+        assert_eq!(held, vec![(2, 1, 2.0), (3, 0, 3.0), (4, 0, 4.0)]);
         let latest: Vec<_> = inner.latest().map(|e| (e.series, e.numbers[0])).collect();
         assert_eq!(latest, vec![(0, 4.0), (1, 2.0)]);
+    }
+
+    #[test]
+    fn a_writer_that_waits_is_held_back_by_a_block_subscription() {
+        use std::time::{Duration, Instant};
+        let hub = Hub::new(1, 4);
+        hub.add_schemas(&[schema()]).unwrap();
+        assert_eq!(hub.lock().room(), usize::MAX, "no block subscription: no limit");
+        hub.pin(9, 1);
+        hub.publish(&[ev("a", 1.0), ev("a", 2.0), ev("a", 3.0)])
+            .1
+            .unwrap();
+        assert_eq!(hub.lock().room(), 1, "3 of 4 unread");
+        let soon = Instant::now() + Duration::from_millis(1);
+        assert!(!hub.wait_for_room(2, soon));
+        assert!(hub.wait_for_room(1, soon));
+        // The subscription reads two: a writer waiting for room for 3 goes on.
+        let h = hub.clone();
+        let waiter = std::thread::spawn(move || h.wait_for_room(3, Instant::now() + Duration::from_secs(60)));
+        hub.pin(9, 3);
+        assert!(waiter.join().unwrap());
+        assert_eq!(hub.lock().room(), 3);
+        hub.unpin(9);
+        assert_eq!(hub.lock().room(), usize::MAX);
     }
 
     #[test]

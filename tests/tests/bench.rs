@@ -48,14 +48,16 @@ fn stream_in_process() {
 /// gap the producer reported, none twice), and the bytes the proxy counted on the consumers'
 /// sockets are there for the events delivered: at least one byte per event, and no more than
 /// the events' own self-describing size would be. A small ring (2,000 events) under a
-/// back-to-back source lets the producer drop for a slow consumer: whatever it drops must come
-/// with its gaps.
+/// back-to-back source lets the producer drop for a slow consumer under drop-oldest: whatever
+/// it drops must come with its gaps. Under block the generator waits for the slowest
+/// subscription (the producer's policy holds it back): nothing is dropped, no seq is missing.
 #[test]
 fn stream_across_processes_books_balance() {
-    for (source, rate, ring) in [
-        ("generator", "20000", "1048576"),
-        ("generator", "0", "2000"),
-        ("ingest", "0", "2000"),
+    for (source, rate, ring, policy) in [
+        ("generator", "20000", "1048576", "block"),
+        ("generator", "0", "2000", "drop-oldest"),
+        ("generator", "0", "2000", "block"),
+        ("ingest", "0", "2000", "drop-oldest"),
     ] {
         let o = &bench(&[
             "stream",
@@ -73,9 +75,12 @@ fn stream_across_processes_books_balance() {
             "1000",
             "--buffer-events",
             ring,
+            "--policy",
+            policy,
         ])[0];
         assert_eq!(o["mode"], "processes", "{o}");
         assert_eq!(o["source"], source, "{o}");
+        assert_eq!(o["policy"], policy, "{o}");
         let subs = o["subscriptions"].as_array().unwrap();
         assert_eq!(subs.len(), 3, "{o}");
         for s in subs {
@@ -86,6 +91,9 @@ fn stream_across_processes_books_balance() {
             assert_eq!(n("received") + n("missing"), n("span"), "{s}");
             // A jump is only ever settled by gaps that cover it.
             assert!(n("gap_dropped") >= n("missing"), "{s}");
+            if policy == "block" {
+                assert_eq!((n("gaps"), n("gap_dropped"), n("missing")), (0, 0, 0), "{s}");
+            }
         }
         let events = o["window_events"].as_u64().unwrap();
         let bytes = o["socket_bytes"].as_u64().unwrap();
