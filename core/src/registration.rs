@@ -20,6 +20,9 @@ use serde::Deserialize;
 
 /// Lease TTL of a role's record unless the config says otherwise, ms.
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+/// The lease TTLs a role accepts, ms (a directory may narrow them: it refuses a TTL outside
+/// its own `min_ttl_ms..=max_ttl_ms`, by default 500..=3600000).
+pub const LEASE_TTL_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
 /// Where and as what a role is registered in the directory (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -37,8 +40,7 @@ pub struct Registration {
     /// Site and organization written in the record (free text; empty = none).
     pub site: String,
     pub org: String,
-    /// Directory lease TTL, ms (0 = the directory's default; the directory refuses one outside
-    /// its `min_ttl_ms..=max_ttl_ms`).
+    /// Directory lease TTL, ms, within [`LEASE_TTL_MS`].
     pub lease_ttl_ms: u64,
 }
 
@@ -90,6 +92,14 @@ impl Registration {
             ))),
             _ => Ok(()),
         };
+        if !LEASE_TTL_MS.contains(&self.lease_ttl_ms) {
+            return Err(crate::Error::Config(format!(
+                "lease_ttl_ms must be within {}..={} (got {})",
+                LEASE_TTL_MS.start(),
+                LEASE_TTL_MS.end(),
+                self.lease_ttl_ms
+            )));
+        }
         empty("id", &self.id)?;
         empty("advertise", &self.advertise)?;
         if matches!(&self.directory, Some(d) if d.trim().is_empty()) {
@@ -213,6 +223,13 @@ mod tests {
                 "advertise is empty",
             ),
             (Registration::new(Some(String::new())), "directory is empty"),
+            (
+                Registration {
+                    lease_ttl_ms: 99,
+                    ..Registration::default()
+                },
+                "lease_ttl_ms must be within 100..=3600000 (got 99)",
+            ),
         ] {
             let m = r.validate().unwrap_err().to_string();
             assert!(m.contains(key), "{m}");
