@@ -182,7 +182,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_still_rejected_with_their_line() {
-        let err = crate::config::parse_toml::<Role>("site = \"s\"\n\nlease_tll_ms = 5\n", "t.toml").unwrap_err();
+        let err =
+            crate::config::parse_toml::<Role>("site = \"s\"\n\nlease_tll_ms = 5\n", "t.toml").unwrap_err();
         let m = err.to_string();
         assert!(m.contains("unknown field `lease_tll_ms`"), "{m}");
         assert!(m.contains("line 3, column 1"), "{m}");

@@ -38,7 +38,7 @@ pub struct ArchiverArgs {
 pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     let mut cfg: ArchiverConfig = load_config(a.config.as_deref())?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     if let Some(d) = a.data {
         cfg.data_dir = d;
     }
@@ -56,7 +56,7 @@ pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     let shutdown = with_companion(
         "archiver",
         rpc.clone(),
-        cfg.directory.clone(),
+        cfg.registration.directory.clone(),
         bound,
         &cfg.endpoint,
     )

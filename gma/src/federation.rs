@@ -228,7 +228,7 @@ async fn serve(config: Option<PathBuf>, role: RoleArgs) -> anyhow::Result<()> {
         bail!("give the endpoint's config with --config FILE (site = \"...\" at least; docs/federation.md)");
     };
     let mut cfg: FederationConfig = gma_core::config::load_toml(&path)?;
-    role.apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+    role.apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
     let listener = open_endpoint("federation", &cfg.listen, &cfg.endpoint).await?;

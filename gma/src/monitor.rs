@@ -27,9 +27,9 @@ pub struct MonitorArgs {
 pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
     let mut cfg: MonitorConfig = gma_core::config::load_toml(&a.config)?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     gma_monitor::validate(&cfg).map_err(|e| anyhow!("invalid config file {}: {e}", a.config.display()))?;
-    require_directory(&cfg.directory)?;
+    require_directory(&cfg.registration.directory)?;
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let listener = open_endpoint("monitor", &listen, &cfg.endpoint).await?;
     Ok(gma_monitor::run(cfg, listener, shutdown_signal()).await?)

@@ -128,7 +128,7 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     };
     let mut listen = "127.0.0.1:0".to_string();
     a.role
-        .apply(&mut listen, &mut config.registration.directory, &mut config.endpoint)?;
+        .apply(&mut listen, &mut config.registration, &mut config.endpoint)?;
     require_directory(&config.registration.directory)?;
     // A bad policy file is a startup error, before the address is bound.
     gma_core::guard::load_policy(config.endpoint.access_policy.as_ref())

@@ -34,7 +34,7 @@ pub async fn run(a: SlurmArgs) -> anyhow::Result<()> {
         None => SlurmConfig::default(),
     };
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     if a.slurm_conf.is_some() {
         cfg.slurm_conf = a.slurm_conf;
     }

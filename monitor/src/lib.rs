@@ -767,7 +767,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), MonitorError> {
     let rules = validate(&cfg)?;
-    let Some(directory) = cfg.registration.directory.clone().filter(|d| !d.trim().is_empty()) else {
+    let Some(directory) = cfg
+        .registration
+        .directory
+        .clone()
+        .filter(|d| !d.trim().is_empty())
+    else {
         bail!("a directory address is required (directory in the config)");
     };
     let source = cfg.source.clone().unwrap_or_else(gma_producer::host_name);

@@ -413,7 +413,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RelayError> {
     cfg.validate()?;
-    let Some(directory) = cfg.registration.directory.clone().filter(|d| !d.trim().is_empty()) else {
+    let Some(directory) = cfg
+        .registration
+        .directory
+        .clone()
+        .filter(|d| !d.trim().is_empty())
+    else {
         bail!("a directory address is required (directory in the config)");
     };
     let site = cfg.registration.site.clone();
