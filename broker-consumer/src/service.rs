@@ -774,9 +774,10 @@ pub async fn run(
         .rank
         .validate()
         .map_err(|e| BrokerError::Config(e.to_string()))?;
-    let Some(directory) = config.registration.directory.clone() else {
-        return Err(BrokerError::Config("a directory address is required".into()));
-    };
+    let directory = config
+        .registration
+        .required_directory()
+        .map_err(|e| BrokerError::Config(e.to_string()))?;
     if config.follow.is_empty() {
         return Err(BrokerError::Config("follow: give at least one event name".into()));
     }

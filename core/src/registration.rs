@@ -74,6 +74,16 @@ impl Registration {
             .unwrap_or_else(|| crate::addr::advertised(bound))
     }
 
+    /// The directory of a role that cannot work without one (a broker, a relay, ...).
+    pub fn required_directory(&self) -> Result<String, crate::Error> {
+        match &self.directory {
+            Some(d) if !d.trim().is_empty() => Ok(d.clone()),
+            _ => Err(crate::Error::Config(
+                "a directory address is required (directory in the config, or --directory)".into(),
+            )),
+        }
+    }
+
     /// The record id: `id`, else [`default_id`] of `source` at `address`.
     pub fn record_id(&self, source: &str, address: &str) -> String {
         self.id.clone().unwrap_or_else(|| default_id(source, address))
@@ -236,5 +246,16 @@ mod tests {
             assert!(m.contains(key), "{m}");
         }
         Registration::new(Some("127.0.0.1:1".into())).validate().unwrap();
+        let m = Registration::default()
+            .required_directory()
+            .unwrap_err()
+            .to_string();
+        assert!(m.starts_with("a directory address is required"), "{m}");
+        assert_eq!(
+            Registration::new(Some("a:1".into()))
+                .required_directory()
+                .unwrap(),
+            "a:1"
+        );
     }
 }

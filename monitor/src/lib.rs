@@ -767,14 +767,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), MonitorError> {
     let rules = validate(&cfg)?;
-    let Some(directory) = cfg
+    let directory = cfg
         .registration
-        .directory
-        .clone()
-        .filter(|d| !d.trim().is_empty())
-    else {
-        bail!("a directory address is required (directory in the config)");
-    };
+        .required_directory()
+        .map_err(|e| MonitorError::Config(e.to_string()))?;
     let source = cfg.source.clone().unwrap_or_else(gma_producer::host_name);
     let bound = listener.local_addr()?;
     let id = cfg

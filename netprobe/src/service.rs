@@ -618,11 +618,11 @@ pub async fn run(
     config
         .validate()
         .map_err(|e| NetprobeError::Config(e.to_string()))?;
-    let Some(directory) = config.registration.directory.clone() else {
-        return Err(NetprobeError::Config(
-            "a directory address is required (the clique is found there)".into(),
-        ));
-    };
+    // The clique is found in the directory.
+    let directory = config
+        .registration
+        .required_directory()
+        .map_err(|e| NetprobeError::Config(e.to_string()))?;
     let bound = listener.local_addr()?;
     let address = config.registration.address(bound);
     let host = config.source.clone().unwrap_or_else(gma_producer::host_name);

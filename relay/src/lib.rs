@@ -413,14 +413,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RelayError> {
     cfg.validate()?;
-    let Some(directory) = cfg
+    let directory = cfg
         .registration
-        .directory
-        .clone()
-        .filter(|d| !d.trim().is_empty())
-    else {
-        bail!("a directory address is required (directory in the config)");
-    };
+        .required_directory()
+        .map_err(|e| RelayError::Config(e.to_string()))?;
     let site = cfg.registration.site.clone();
     let bound = listener.local_addr()?;
     let id = cfg

@@ -148,9 +148,10 @@ pub async fn run(
     policy
         .validate()
         .map_err(|e| ReschedulerError::Config(e.to_string()))?;
-    let Some(directory) = config.registration.directory.clone() else {
-        return Err(ReschedulerError::Config("a directory address is required".into()));
-    };
+    let directory = config
+        .registration
+        .required_directory()
+        .map_err(|e| ReschedulerError::Config(e.to_string()))?;
     let producer = Producer::embedded(
         "rescheduler",
         &config.endpoint,
