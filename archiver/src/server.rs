@@ -72,21 +72,18 @@ impl Default for StoreTuning {
 #[serde(deny_unknown_fields, default)]
 pub struct ArchiverConfig {
     pub listen: String,
-    /// Directory members (`a:1,b:2`): producers are discovered there and the archiver registers.
-    pub directory: Option<String>,
+    /// The registration keys ([`gma_core::registration::Registration`]): `directory`, where
+    /// producers are discovered and the archiver registers; `id`, the record id (default
+    /// `archiver@<address>`), also the consumer id producers see; `advertise`, `site`, `org`,
+    /// `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     /// Where the store lives (created if missing).
     pub data_dir: PathBuf,
-    /// Record id (default `archiver@<address>`). Also the consumer id producers see.
-    pub id: Option<String>,
-    /// Address advertised in the record (default: the bound address).
-    pub advertise: Option<String>,
     /// Event-name patterns archived.
     pub patterns: Vec<String>,
     /// Source patterns (empty = every source).
     pub sources: Vec<String>,
-    pub lease_ttl_ms: u64,
-    pub site: String,
-    pub org: String,
     /// How far behind a producer may let the archiver fall before it stops its writers' ring
     /// from overwriting (block policy reserve; 0 = producer default).
     pub queue_events: u32,
@@ -118,15 +115,10 @@ impl Default for ArchiverConfig {
     fn default() -> Self {
         ArchiverConfig {
             listen: "127.0.0.1:7300".into(),
-            directory: None,
+            registration: Default::default(),
             data_dir: PathBuf::new(),
-            id: None,
-            advertise: None,
             patterns: vec!["*".into()],
             sources: Vec::new(),
-            lease_ttl_ms: 10_000,
-            site: String::new(),
-            org: String::new(),
             queue_events: 0,
             retention: Vec::new(),
             retention_interval_s: 60,
@@ -193,7 +185,10 @@ impl ArchiverConfig {
         }
         let keeper = Keeper::new(&self.keep)?;
         let remote_write = self.remote_write.as_ref().map(|r| r.check()).transpose()?;
-        self.endpoint.validate().map_err(|e| bad(e.to_string()))?;
+        self.endpoint
+            .validate()
+            .and_then(|()| self.registration.validate())
+            .map_err(|e| bad(e.to_string()))?;
         let policy = load_policy(self.endpoint.access_policy.as_ref()).map_err(|e| bad(e.to_string()))?;
         Ok(Checked {
             retention,
@@ -238,8 +233,8 @@ impl Catalog for Record {
             address: self.address.clone(),
             accepts: self.cfg.patterns.clone(),
             manner: MANNER.into(),
-            site: self.cfg.site.clone(),
-            org: self.cfg.org.clone(),
+            site: self.cfg.registration.site.clone(),
+            org: self.cfg.registration.org.clone(),
             attributes: attributes.into_iter().collect(),
         };
         (
@@ -285,18 +280,8 @@ pub async fn run_with_rpc(
         .tls
         .rustls_config(bound)
         .map_err(|e| ArchiverError::Config(e.to_string()))?;
-    let address = config
-        .advertise
-        .clone()
-        .unwrap_or_else(|| gma_core::addr::advertised(bound));
-    let id = config.id.clone().unwrap_or_else(|| {
-        format!(
-            "archiver@{}",
-            address
-                .trim_start_matches("http://")
-                .trim_start_matches("https://")
-        )
-    });
+    let address = config.registration.address(bound);
+    let id = config.registration.record_id("archiver", &address);
     let dir = config.data_dir.clone();
     crate::provenance::check_marker(&dir, config.provenance)?;
     let store = Arc::new(
@@ -322,7 +307,7 @@ pub async fn run_with_rpc(
         None => None,
     };
 
-    let ingest = config.directory.clone().map(|directory| {
+    let ingest = config.registration.directory.clone().map(|directory| {
         let sub = Subscriber::start(
             SubscriberOptions {
                 directory: directory.clone(),
@@ -356,12 +341,12 @@ pub async fn run_with_rpc(
             stop_rx.clone(),
         ))
     });
-    let registrar = config.directory.clone().map(|directory| {
+    let registrar = config.registration.directory.clone().map(|directory| {
         let reg = Registration {
             directory,
             kind: pb::RecordKind::Consumer,
             id: id.clone(),
-            ttl_ms: config.lease_ttl_ms,
+            ttl_ms: config.registration.lease_ttl_ms,
         };
         let catalog: Arc<dyn Catalog> = Arc::new(Record {
             id: id.clone(),

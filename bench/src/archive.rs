@@ -433,8 +433,11 @@ pub async fn live(samples: u64, output: Output) -> anyhow::Result<()> {
         .await?;
     let directory = cluster.addrs.join(",");
     let p = gma_producer::Producer::new(gma_producer::ProducerConfig {
-        directory: Some(directory.clone()),
-        id: Some("bench-live".into()),
+        registration: gma_core::registration::Registration {
+            directory: Some(directory.clone()),
+            id: Some("bench-live".into()),
+            ..Default::default()
+        },
         source: Some("bench-live".into()),
         host_sensors: false,
         buffer_events: rows as usize + 1000,

@@ -79,7 +79,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
     )?;
     let prod_l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let producer = gma_producer::Producer::new(ProducerConfig {
-        directory: Some(dir_addr.clone()),
+        registration: gma_core::registration::Registration::new(Some(dir_addr.clone())),
         host_sensors: false,
         source: Some("bench-sim".into()),
         simulate: Some(sim),
@@ -92,7 +92,7 @@ pub async fn broker(resources: u32, duration: u64, clients: usize, output: Outpu
     let broker_addr = broker_l.local_addr()?.to_string();
     let broker_task = tokio::spawn(gma_broker::service::run(
         BrokerConfig {
-            directory: Some(dir_addr.clone()),
+            registration: gma_core::registration::Registration::new(Some(dir_addr.clone())),
             endpoint: unthrottled(),
             ..BrokerConfig::default()
         },

@@ -71,7 +71,10 @@ async fn propagation(changes: usize) -> anyhow::Result<(f64, f64, f64)> {
     let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let (aa, ab) = (la.local_addr()?.to_string(), lb.local_addr()?.to_string());
     let cfg = |site: &str, peer: &str, addr: &str| FederationConfig {
-        site: site.into(),
+        registration: gma_core::registration::Registration {
+            site: site.into(),
+            ..Default::default()
+        },
         heartbeat_ms: 200,
         push_debounce_ms: 0,
         summary_interval_ms: 60_000,

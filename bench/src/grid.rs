@@ -121,7 +121,10 @@ async fn one(depth: u32, fanout: u32, queries: usize) -> anyhow::Result<Row> {
             }
         }
         let cfg = FederationConfig {
-            site: name(i),
+            registration: gma_core::registration::Registration {
+                site: name(i),
+                ..Default::default()
+            },
             heartbeat_ms: 200,
             tick_ms: 50,
             peer,
@@ -393,8 +396,11 @@ pub async fn reattach(rounds: usize) -> anyhow::Result<Vec<f64>> {
             hops: 0,
         };
         let cfg = |site: &str, dir: &str, peer: Vec<Link>| FederationConfig {
-            site: site.into(),
-            directory: Some(dir.into()),
+            registration: gma_core::registration::Registration {
+                site: site.into(),
+                directory: Some(dir.into()),
+                ..Default::default()
+            },
             heartbeat_ms: REATTACH_HEARTBEAT_MS,
             tick_ms: 50,
             reattach_after_ms: REATTACH_AFTER_MS,

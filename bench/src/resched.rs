@@ -65,7 +65,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
         format!("period_ms = 500\n[[generate]]\ncount = {HOSTS}\nprefix = \"sim\"\nseed = 7\ncpus = 8\n"),
     )?;
     let producer = gma_producer::Producer::new(gma_producer::ProducerConfig {
-        directory: Some(dir.clone()),
+        registration: gma_core::registration::Registration::new(Some(dir.clone())),
         host_sensors: false,
         source: Some("bench-sim".into()),
         simulate: Some(sim),
@@ -85,7 +85,7 @@ pub async fn run(trials: u32, output: Output) -> anyhow::Result<()> {
     let rl = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let raddr = rl.local_addr()?.to_string();
     let cfg = ReschedulerConfig {
-        directory: Some(dir.clone()),
+        registration: gma_core::registration::Registration::new(Some(dir.clone())),
         cost_s: 900.0,
         threshold: 0.3,
         max_age_ms: 5000,

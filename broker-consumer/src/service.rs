@@ -50,7 +50,11 @@ pub const DECISION_EVENT: &str = "broker.decision";
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
     pub listen: String,
-    pub directory: Option<String>,
+    /// The registration keys of the broker's record ([`gma_core::registration::Registration`]):
+    /// `directory` (required: the broker's view is fed from it), `id`, `advertise`, `site`,
+    /// `org`, `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     /// Source name of the decision events (and the broker's record).
     pub source: String,
     /// Event names followed into the view.
@@ -61,7 +65,6 @@ pub struct BrokerConfig {
     /// Resource-manager addresses for coallocation, in addition to the producers of
     /// `reservation.state` found in the directory.
     pub reservations: Vec<String>,
-    pub lease_ttl_ms: u64,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -72,7 +75,7 @@ impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
             listen: "127.0.0.1:0".into(),
-            directory: None,
+            registration: Default::default(),
             source: "broker".into(),
             follow: [
                 "host.load",
@@ -87,7 +90,6 @@ impl Default for BrokerConfig {
             rank: RankConfig::default(),
             resources: Vec::new(),
             reservations: Vec::new(),
-            lease_ttl_ms: 10_000,
             endpoint: Default::default(),
         }
     }
@@ -772,9 +774,10 @@ pub async fn run(
         .rank
         .validate()
         .map_err(|e| BrokerError::Config(e.to_string()))?;
-    let Some(directory) = config.directory.clone() else {
-        return Err(BrokerError::Config("a directory address is required".into()));
-    };
+    let directory = config
+        .registration
+        .required_directory()
+        .map_err(|e| BrokerError::Config(e.to_string()))?;
     if config.follow.is_empty() {
         return Err(BrokerError::Config("follow: give at least one event name".into()));
     }
@@ -785,10 +788,7 @@ pub async fn run(
     let producer = Producer::embedded(
         "broker",
         &config.endpoint,
-        Identity {
-            lease_ttl_ms: config.lease_ttl_ms,
-            ..Identity::new(&config.source, Some(directory.clone()))
-        },
+        Identity::new(&config.source, config.registration.clone()),
         &[decision_schema()],
     )
     .map_err(|e| BrokerError::Producer(e.to_string()))?;

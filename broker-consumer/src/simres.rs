@@ -100,14 +100,16 @@ pub struct RandomBackground {
 #[serde(deny_unknown_fields, default)]
 pub struct SimresConfig {
     pub listen: Option<String>,
-    pub directory: Option<String>,
+    /// The registration keys of the manager's record ([`gma_core::registration::Registration`]):
+    /// `directory` (none = not registered), `id`, `advertise`, `site`, `org`, `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     pub source: String,
     pub horizon_s: i64,
     pub non_atomic_modify: bool,
     #[serde(rename = "resource")]
     pub resources: Vec<ResourceSpec>,
     pub random_background: Option<RandomBackground>,
-    pub lease_ttl_ms: u64,
     /// `rm.slots`: free time is offered in slots of at most this many seconds.
     pub slot_s: i64,
     /// `rm.slots`: price per resource, service units per processor-hour (default 1).
@@ -122,13 +124,12 @@ impl Default for SimresConfig {
     fn default() -> Self {
         SimresConfig {
             listen: None,
-            directory: None,
+            registration: Default::default(),
             source: "simres".into(),
             horizon_s: 0,
             non_atomic_modify: false,
             resources: Vec::new(),
             random_background: None,
-            lease_ttl_ms: 10_000,
             slot_s: 3600,
             prices: Default::default(),
             endpoint: Default::default(),
@@ -1037,10 +1038,7 @@ pub async fn run(
     let producer = manager_producer(
         "simres",
         &config.endpoint,
-        Identity {
-            lease_ttl_ms: config.lease_ttl_ms,
-            ..Identity::new(&config.source, config.directory.clone())
-        },
+        Identity::new(&config.source, config.registration.clone()),
         &[reservation_schema(), job_schema(), slots_schema()],
     )
     .map_err(|e| Error::Simres(e.to_string()))?;

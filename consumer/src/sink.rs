@@ -52,21 +52,17 @@ const AUTHORIZED_NAMES: usize = 4096;
 /// What a sink accepts and where it registers.
 #[derive(Debug, Clone)]
 pub struct SinkConfig {
-    /// Record id in the directory (unique).
-    pub id: String,
+    /// Where and as what the sink is registered ([`gma_core::registration::Registration`]):
+    /// `directory` (none = not registered: producers must be told otherwise), `id` (unique;
+    /// default `sink@<advertised address>`), `advertise` (the address given to producers;
+    /// default: the bound address), `site`, `org`, `lease_ttl_ms`.
+    pub registration: gma_core::registration::Registration,
     /// Event-name patterns accepted.
     pub accepts: Vec<String>,
     /// Source patterns (empty = any).
     pub sources: Vec<String>,
     /// How the events are consumed ("archive", "print", ...).
     pub manner: String,
-    pub site: String,
-    pub org: String,
-    /// Directory members (`a:1,b:2`); none = not registered (producers must be told otherwise).
-    pub directory: Option<String>,
-    /// Address advertised to producers; default: the bound address.
-    pub advertise: Option<String>,
-    pub lease_ttl_ms: u64,
     /// What producers do when this sink falls behind.
     pub policy: pb::SlowPolicy,
     /// The shared endpoint section ([`gma_core::endpoint::Endpoint`]) as the sink reads it:
@@ -82,15 +78,10 @@ pub struct SinkConfig {
 impl Default for SinkConfig {
     fn default() -> Self {
         SinkConfig {
-            id: String::new(),
+            registration: Default::default(),
             accepts: vec!["*".into()],
             sources: Vec::new(),
             manner: String::new(),
-            site: String::new(),
-            org: String::new(),
-            directory: None,
-            advertise: None,
-            lease_ttl_ms: 10_000,
             policy: pb::SlowPolicy::DropOldest,
             endpoint: Default::default(),
         }
@@ -184,22 +175,24 @@ impl Sink {
             .tls
             .rustls_config(bound)
             .map_err(|e| ConsumerError::Invalid(e.to_string()))?;
-        let address = self
-            .config
-            .advertise
-            .clone()
-            .unwrap_or_else(|| gma_core::addr::advertised(bound));
+        let registration = &self.config.registration;
+        registration
+            .validate()
+            .map_err(|e| ConsumerError::Invalid(e.to_string()))?;
+        let address = registration.address(bound);
+        let id = registration.record_id("sink", &address);
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut registrar_task = None;
-        if let Some(dir) = &self.config.directory {
+        if let Some(dir) = &registration.directory {
             let reg = registrar::Registration {
                 directory: dir.clone(),
                 kind: pb::RecordKind::Consumer,
-                id: self.config.id.clone(),
-                ttl_ms: self.config.lease_ttl_ms,
+                id: id.clone(),
+                ttl_ms: registration.lease_ttl_ms,
             };
             let catalog = Arc::new(SinkCatalog {
                 config: self.config.clone(),
+                id,
                 address,
             });
             registrar_task = Some(tokio::spawn(registrar::run(reg, catalog, stop_rx)));
@@ -228,6 +221,7 @@ impl Sink {
 
 struct SinkCatalog {
     config: SinkConfig,
+    id: String,
     address: String,
 }
 
@@ -239,12 +233,12 @@ impl Catalog for SinkCatalog {
     fn record(&self) -> (pb::Record, Vec<pb::EventSchema>, u64) {
         let c = &self.config;
         let rec = pb::ConsumerRecord {
-            id: c.id.clone(),
+            id: self.id.clone(),
             address: self.address.clone(),
             accepts: c.accepts.clone(),
             manner: c.manner.clone(),
-            site: c.site.clone(),
-            org: c.org.clone(),
+            site: c.registration.site.clone(),
+            org: c.registration.org.clone(),
             attributes: Default::default(),
         };
         (

@@ -3,8 +3,8 @@
 //!
 //! A role config holds it as `#[serde(flatten)] pub endpoint: Endpoint`, so the keys users write
 //! stay where they were; [`Endpoint::validate`] is the one check of them. The role's own `listen`
-//! and `directory` stay in the role config (their defaults differ: the directory has no
-//! directory to join, a relay listens where its site's consumers are).
+//! stays in the role config (the defaults differ: a relay listens where its site's consumers
+//! are); `directory` and the record's keys are the [`crate::registration`] section.
 //!
 //! A flattened section is read from the keys left over by the role's own fields, so the role
 //! config's `deny_unknown_fields` still rejects a key neither of them knows.

@@ -10,6 +10,9 @@
 //! - [`config`]: TOML loading with unknown keys rejected.
 //! - [`endpoint`]: the endpoint section every serving role shares (`[tls]`, `access_policy`,
 //!   `[limits]`, `metrics_listen`, `rpc_events_ms`) and the `Version` answer.
+//! - [`registration`]: the registration section of every role that keeps a directory record
+//!   (`directory`, `id`, `advertise`, `site`, `org`, `lease_ttl_ms`) and its defaults (the
+//!   advertised address, the record id `<source>@<address>`).
 //! - [`addr`]: endpoint address helpers and the loopback-only rules.
 //! - [`tls`]: TLS settings for servers and clients (rustls via tonic) and the peer's identity.
 //! - [`time`]: UTC nanosecond clock.
@@ -38,6 +41,7 @@ pub mod filter;
 pub mod forecast;
 pub mod guard;
 pub mod pattern;
+pub mod registration;
 pub mod rolling;
 pub mod rpc;
 pub mod telemetry;

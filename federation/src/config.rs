@@ -43,9 +43,12 @@ use crate::site::{Link, Params};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FederationConfig {
-    pub site: String,
     pub listen: String,
-    pub directory: Option<String>,
+    /// The registration keys ([`gma_core::registration::Registration`]): `site`, this site's id
+    /// (required; the source of its events), `directory`, the site's own directory (hosts, link
+    /// records), `id`, `advertise`, `org`, `lease_ttl_ms` (its record's and its link records').
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     pub data: Option<PathBuf>,
     /// Event names followed into the view.
     pub follow: Vec<String>,
@@ -62,7 +65,6 @@ pub struct FederationConfig {
     pub status_interval_ms: u64,
     /// Period of the manager's clock (job ends, leases, retries), ms.
     pub tick_ms: u64,
-    pub lease_ttl_ms: u64,
     pub rank: RankConfig,
     pub route: RoutePolicy,
     pub resources: Vec<Annotation>,
@@ -81,9 +83,8 @@ impl Default for FederationConfig {
     fn default() -> Self {
         let p = Params::new("");
         FederationConfig {
-            site: String::new(),
             listen: "127.0.0.1:0".into(),
-            directory: None,
+            registration: Default::default(),
             data: None,
             follow: ["host.load", "host.info"].map(String::from).to_vec(),
             time_scale: p.time_scale,
@@ -98,7 +99,6 @@ impl Default for FederationConfig {
             accepts_foreign: true,
             status_interval_ms: p.status_interval_ms,
             tick_ms: 100,
-            lease_ttl_ms: 10_000,
             rank: RankConfig::default(),
             route: RoutePolicy::default(),
             resources: Vec::new(),
@@ -127,9 +127,10 @@ pub fn validate_site(site: &str) -> Result<(), Error> {
 
 impl FederationConfig {
     pub fn validate(&self) -> Result<(), Error> {
-        validate_site(&self.site)?;
+        validate_site(&self.registration.site)?;
         self.endpoint
             .validate()
+            .and_then(|()| self.registration.validate())
             .map_err(|e| Error::invalid_argument(e.to_string()))?;
         self.rank
             .validate()
@@ -144,7 +145,6 @@ impl FederationConfig {
             ("origin_lease_ms", self.origin_lease_ms, 10),
             ("status_interval_ms", self.status_interval_ms, 10),
             ("tick_ms", self.tick_ms, 1),
-            ("lease_ttl_ms", self.lease_ttl_ms, 500),
             ("reattach_after_ms", self.reattach_after_ms, 10),
         ] {
             if v < lo || v > 86_400_000 {
@@ -174,7 +174,7 @@ impl FederationConfig {
             .map_err(|e| Error::invalid_argument(format!("follow: {e}")))?;
         for (i, p) in self.peer.iter().enumerate() {
             validate_site(&p.site).map_err(|e| Error::invalid_argument(format!("peer[{i}]: {e}")))?;
-            if p.site == self.site {
+            if p.site == self.registration.site {
                 return Err(Error::invalid_argument(format!(
                     "peer[{i}]: a site is not its own peer"
                 )));
@@ -189,10 +189,10 @@ impl FederationConfig {
             }
         }
         for (i, s) in self.superior.iter().enumerate() {
-            validate_superior(s, &self.site)
+            validate_superior(s, &self.registration.site)
                 .map_err(|e| Error::invalid_argument(format!("superior[{i}]: {e}")))?;
         }
-        if !self.superior.is_empty() && self.directory.is_none() {
+        if !self.superior.is_empty() && self.registration.directory.is_none() {
             return Err(Error::invalid_argument(
                 "superior: re-attachment edits the site's links in its directory: give directory = \"HOST:PORT\"",
             ));
@@ -202,7 +202,7 @@ impl FederationConfig {
 
     /// The job manager's settings.
     pub fn params(&self) -> Params {
-        let mut p = Params::new(&self.site);
+        let mut p = Params::new(&self.registration.site);
         p.rank = self.rank.clone();
         p.route = self.route.clone();
         p.time_scale = self.time_scale;
@@ -295,6 +295,6 @@ mod tests {
         )
         .unwrap();
         c.validate().unwrap();
-        assert_eq!((c.site.as_str(), c.peer.len()), ("siteA", 1));
+        assert_eq!((c.registration.site.as_str(), c.peer.len()), ("siteA", 1));
     }
 }

@@ -233,7 +233,7 @@ pub struct Shared {
 
 impl Shared {
     pub fn site(&self) -> &str {
-        &self.cfg.site
+        &self.cfg.registration.site
     }
 
     pub fn now(&self) -> i64 {
@@ -576,7 +576,7 @@ impl pb::federation_server::Federation for FederationService {
             summary_interval_ms: sh.cfg.summary_interval_ms.min(u64::from(u32::MAX)) as u32,
             last_epoch,
             last_seq,
-            directory: sh.cfg.directory.clone().unwrap_or_default(),
+            directory: sh.cfg.registration.directory.clone().unwrap_or_default(),
         }))
     }
 
@@ -865,7 +865,7 @@ impl pb::site_scheduler_server::SiteScheduler for SchedulerService {
 /// What the grid (queries, reservations) uses of the running endpoint.
 impl crate::grid::Endpoint for Shared {
     fn site(&self) -> &str {
-        &self.cfg.site
+        &self.cfg.registration.site
     }
 
     fn now(&self) -> i64 {
@@ -1263,10 +1263,8 @@ pub async fn run(
         "federation",
         &cfg.endpoint,
         Identity {
-            site: cfg.site.clone(),
-            lease_ttl_ms: cfg.lease_ttl_ms,
             push: false,
-            ..Identity::new(&cfg.site, cfg.directory.clone())
+            ..Identity::new(&cfg.registration.site, cfg.registration.clone())
         },
         &[job_state_schema(), summary_schema(), status_schema()],
     )
@@ -1278,7 +1276,7 @@ pub async fn run(
     let clock = Clock::new();
     let epoch = clock.now().max(1) as u64;
     let saved = match &store {
-        Some(s) => s.load(&cfg.site)?,
+        Some(s) => s.load(&cfg.registration.site)?,
         None => None,
     };
     let mut links: Vec<Link> = cfg.peer.clone();
@@ -1324,20 +1322,20 @@ pub async fn run(
     shared.with(|s, now| s.set_links(links.clone(), now));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    if let Some(dir) = cfg.directory.clone() {
+    if let Some(dir) = cfg.registration.directory.clone() {
         tasks.push(tokio::spawn(follow(shared.clone(), dir)));
     }
     tasks.push(tokio::spawn(setter(shared.clone(), sim_rx)));
     // Links: from the directory when there is one (config and saved links are put there), else
     // the config alone.
     let (links_tx, mut links_rx) = mpsc::unbounded_channel();
-    match cfg.directory.clone() {
+    match cfg.registration.directory.clone() {
         Some(dir) => {
             tasks.push(tokio::spawn(crate::links::keep(
                 dir,
-                cfg.site.clone(),
+                cfg.registration.site.clone(),
                 links.clone(),
-                cfg.lease_ttl_ms,
+                cfg.registration.lease_ttl_ms,
                 links_tx,
                 stop_rx.clone(),
             )));
@@ -1347,7 +1345,7 @@ pub async fn run(
         }
     }
     // Every site with a directory watches its parents: its chain may be configured or told.
-    if let Some(dir) = cfg.directory.clone() {
+    if let Some(dir) = cfg.registration.directory.clone() {
         tasks.push(tokio::spawn(crate::reattach::watch(
             shared.clone(),
             dir,
@@ -1422,7 +1420,7 @@ impl crate::reattach::Watched for Shared {
     }
 
     fn site(&self) -> &str {
-        &self.cfg.site
+        &self.cfg.registration.site
     }
 
     fn now(&self) -> i64 {

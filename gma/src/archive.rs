@@ -35,7 +35,7 @@ pub struct ArchiverArgs {
 pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     let mut cfg: ArchiverConfig = a.role.load()?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     if let Some(d) = a.data {
         cfg.data_dir = d;
     }
@@ -53,7 +53,7 @@ pub async fn archiver(a: ArchiverArgs) -> anyhow::Result<()> {
     let shutdown = with_companion(
         "archiver",
         rpc.clone(),
-        cfg.directory.clone(),
+        cfg.registration.directory.clone(),
         bound,
         &cfg.endpoint,
     )

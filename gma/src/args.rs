@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use clap::{Args, ValueEnum};
 use gma_core::endpoint::Endpoint;
+use gma_core::registration::Registration;
 
 /// Help heading of the flags every command takes that are about the `gma` process itself
 /// (`--log`).
@@ -102,6 +103,24 @@ impl ListenAddr for Option<String> {
     }
 }
 
+/// Where a config keeps its directory address: the registration section of a role that
+/// registers, or a bare `Option<String>` (the dashboard only looks the fabric up there).
+pub trait DirectoryAddr {
+    fn set(&mut self, addr: String);
+}
+
+impl DirectoryAddr for Option<String> {
+    fn set(&mut self, addr: String) {
+        *self = Some(addr);
+    }
+}
+
+impl DirectoryAddr for Registration {
+    fn set(&mut self, addr: String) {
+        self.directory = Some(addr);
+    }
+}
+
 impl EndpointArgs {
     /// Lays these flags over a role's endpoint section: `--metrics-listen` and
     /// `--rpc-events-ms` when given, then the TLS and policy flags
@@ -150,14 +169,14 @@ impl RoleArgs {
     pub fn apply(
         &self,
         listen: &mut impl ListenAddr,
-        directory: &mut Option<String>,
+        directory: &mut impl DirectoryAddr,
         endpoint: &mut Endpoint,
     ) -> anyhow::Result<()> {
         if let Some(l) = &self.listen {
             listen.set(l.clone());
         }
-        if self.directory.is_some() {
-            directory.clone_from(&self.directory);
+        if let Some(d) = &self.directory {
+            directory.set(d.clone());
         }
         self.endpoint.apply(endpoint)
     }

@@ -208,8 +208,8 @@ pub async fn run(a: BrokerArgs) -> anyhow::Result<()> {
 
 async fn serve(role: RoleArgs) -> anyhow::Result<()> {
     let mut cfg: BrokerConfig = role.load()?;
-    role.apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
-    require_directory(&cfg.directory)?;
+    role.apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
+    require_directory(&cfg.registration.directory)?;
     let listener = open_endpoint("broker", &cfg.listen, &cfg.endpoint).await?;
     gma_broker::service::run(cfg, listener, shutdown_signal())
         .await
@@ -282,7 +282,7 @@ pub async fn simres(a: SimresArgs) -> anyhow::Result<()> {
     let path = a.role.config_file("the resources", "docs/broker.md")?;
     let mut cfg: SimresConfig = gma_core::config::load_toml(path)?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
     let listen = cfg.listen.as_deref().unwrap_or("127.0.0.1:7400");

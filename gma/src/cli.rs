@@ -401,15 +401,15 @@ mod tests {
         };
         let mut cfg = gma_producer::ProducerConfig {
             listen: "127.0.0.1:1".into(),
-            directory: Some("file:1".into()),
+            registration: gma_core::registration::Registration::new(Some("file:1".into())),
             ..Default::default()
         };
         cfg.endpoint.rpc_events_ms = Some(5);
         a.role
-            .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)
+            .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)
             .expect("apply");
         assert_eq!(cfg.listen, "127.0.0.1:9");
-        assert_eq!(cfg.directory.as_deref(), Some("127.0.0.1:8"));
+        assert_eq!(cfg.registration.directory.as_deref(), Some("127.0.0.1:8"));
         assert_eq!(cfg.endpoint.metrics_listen.as_deref(), Some("127.0.0.1:7"));
         assert_eq!(cfg.endpoint.rpc_events_ms, Some(250));
 

@@ -216,7 +216,7 @@ async fn serve(role: RoleArgs) -> anyhow::Result<()> {
         "site = \"...\" at least; docs/federation.md",
     )?;
     let mut cfg: FederationConfig = gma_core::config::load_toml(path)?;
-    role.apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+    role.apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
     let listener = open_endpoint("federation", &cfg.listen, &cfg.endpoint).await?;

@@ -23,9 +23,9 @@ pub async fn run(a: MonitorArgs) -> anyhow::Result<()> {
     let path = a.role.config_file("the rules", "docs/monitor.md")?;
     let mut cfg: MonitorConfig = gma_core::config::load_toml(path)?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     gma_monitor::validate(&cfg).map_err(|e| anyhow!("invalid config file {}: {e}", path.display()))?;
-    require_directory(&cfg.directory)?;
+    require_directory(&cfg.registration.directory)?;
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let listener = open_endpoint("monitor", &listen, &cfg.endpoint).await?;
     Ok(gma_monitor::run(cfg, listener, shutdown_signal()).await?)

@@ -66,17 +66,17 @@ pub struct NetRead {
 pub async fn netprobe(a: NetprobeArgs) -> anyhow::Result<()> {
     let mut cfg: NetprobeConfig = a.role.load()?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     if let Some(s) = a.site {
-        cfg.site = s;
+        cfg.registration.site = s;
     }
     if a.source.is_some() {
         cfg.source = a.source;
     }
     if let Some(t) = a.lease_ttl_ms {
-        cfg.lease_ttl_ms = t;
+        cfg.registration.lease_ttl_ms = t;
     }
-    require_directory(&cfg.directory)?;
+    require_directory(&cfg.registration.directory)?;
     cfg.validate()
         .map_err(|e| anyhow!("invalid netprobe config: {e}"))?;
     let listener = open_endpoint("netprobe", &cfg.listen, &cfg.endpoint).await?;

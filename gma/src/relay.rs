@@ -25,10 +25,10 @@ pub async fn run(a: RelayArgs) -> anyhow::Result<()> {
         .config_file("the site and the sources", "config/relay.toml")?;
     let mut cfg: RelayConfig = gma_core::config::load_toml(path)?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     cfg.validate()
         .with_context(|| format!("invalid config file {}", path.display()))?;
-    require_directory(&cfg.directory)?;
+    require_directory(&cfg.registration.directory)?;
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let listener = open_endpoint("relay", &listen, &cfg.endpoint).await?;
     Ok(gma_relay::run(cfg, listener, shutdown_signal()).await?)

@@ -50,8 +50,8 @@ pub async fn run(a: ReschedulerArgs) -> anyhow::Result<()> {
     // --tls-*/--access-policy override [tls]/access_policy; [tls] ca turns on TLS for the
     // directory, the producers followed and the applications' AppControl.
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
-    require_directory(&cfg.directory)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
+    require_directory(&cfg.registration.directory)?;
     let listener = open_endpoint("rescheduler", &cfg.listen, &cfg.endpoint).await?;
     gma_rescheduler::service::run(cfg, listener, shutdown_signal())
         .await

@@ -79,7 +79,7 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
         cfg.listen = "127.0.0.1:7001".into();
     }
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     if a.source.is_some() {
         cfg.source = a.source.clone();
     }
@@ -87,7 +87,7 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
         cfg.period_ms = v;
     }
     if let Some(v) = a.lease_ttl_ms {
-        cfg.lease_ttl_ms = v;
+        cfg.registration.lease_ttl_ms = v;
     }
     if let Some(v) = a.buffer_events {
         cfg.buffer_events = v;
@@ -99,7 +99,7 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
         cfg.host_sensors = false;
     }
     if a.id.is_some() {
-        cfg.id = a.id.clone();
+        cfg.registration.id = a.id.clone();
     }
     if a.prometheus.is_some() {
         cfg.prometheus = a.prometheus.clone();
@@ -208,7 +208,7 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let host_listener = bind("127.0.0.1:0").await?;
     let host_addr = host_listener.local_addr()?;
     let host = gma_producer::Producer::new(ProducerConfig {
-        directory: Some(dir_addr.to_string()),
+        registration: gma_core::registration::Registration::new(Some(dir_addr.to_string())),
         ..ProducerConfig::default()
     })
     .map_err(|e| anyhow!("{e}"))?;
@@ -218,7 +218,7 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let sim_listener = bind("127.0.0.1:0").await?;
     let sim_addr = sim_listener.local_addr()?;
     let sim = gma_producer::Producer::new(ProducerConfig {
-        directory: Some(dir_addr.to_string()),
+        registration: gma_core::registration::Registration::new(Some(dir_addr.to_string())),
         host_sensors: false,
         source: Some("simulator".into()),
         simulate: Some(demo_sim_file(tmp.path(), a.sim_hosts)?),
@@ -231,7 +231,7 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let resched_addr = resched_listener.local_addr()?;
     let resched_task = tokio::spawn(gma_rescheduler::service::run(
         gma_rescheduler::service::ReschedulerConfig {
-            directory: Some(dir_addr.to_string()),
+            registration: gma_core::registration::Registration::new(Some(dir_addr.to_string())),
             // The demo's applications run for seconds, not hours: a small assumed cost.
             cost_s: 1.0,
             ..Default::default()
@@ -244,7 +244,7 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let broker_addr = broker_listener.local_addr()?;
     let broker_task = tokio::spawn(gma_broker::service::run(
         gma_broker::service::BrokerConfig {
-            directory: Some(dir_addr.to_string()),
+            registration: gma_core::registration::Registration::new(Some(dir_addr.to_string())),
             ..Default::default()
         },
         broker_listener,
@@ -263,7 +263,7 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
             background: Vec::new(),
         });
     }
-    simres_cfg.directory = Some(dir_addr.to_string());
+    simres_cfg.registration.directory = Some(dir_addr.to_string());
     let simres_listener = bind("127.0.0.1:0").await?;
     let simres_addr = simres_listener.local_addr()?;
     let simres_task = tokio::spawn(gma_broker::simres::run(simres_cfg, simres_listener, stop()));
@@ -278,7 +278,7 @@ pub async fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let archive_rpc = gma_core::rpc::RpcStats::new("archiver");
     let archive_task = tokio::spawn(gma_archiver::run_with_rpc(
         gma_archiver::ArchiverConfig {
-            directory: Some(dir_addr.to_string()),
+            registration: gma_core::registration::Registration::new(Some(dir_addr.to_string())),
             data_dir: tmp.path().join("archive"),
             ..Default::default()
         },

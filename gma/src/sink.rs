@@ -134,14 +134,13 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     };
     let mut listen = "127.0.0.1:0".to_string();
     a.role
-        .apply(&mut listen, &mut config.directory, &mut config.endpoint)?;
-    require_directory(&config.directory)?;
+        .apply(&mut listen, &mut config.registration, &mut config.endpoint)?;
+    require_directory(&config.registration.directory)?;
     // A bad policy file is a startup error, before the address is bound.
     gma_core::guard::load_policy(config.endpoint.access_policy.as_ref())
         .map_err(|e| anyhow!("--access-policy: {e}"))?;
     let listener = open_endpoint("sink", &listen, &config.endpoint).await?;
-    let addr = listener.local_addr()?;
-    config.id = a.id.clone().unwrap_or_else(|| format!("sink@{addr}"));
+    config.registration.id = a.id.clone();
     let printer = Arc::new(Printer {
         end_after: a.end_after,
         counts: StdMutex::new(Default::default()),

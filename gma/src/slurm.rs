@@ -28,7 +28,7 @@ pub struct SlurmArgs {
 pub async fn run(a: SlurmArgs) -> anyhow::Result<()> {
     let mut cfg: SlurmConfig = a.role.load()?;
     a.role
-        .apply(&mut cfg.listen, &mut cfg.directory, &mut cfg.endpoint)?;
+        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
     if a.slurm_conf.is_some() {
         cfg.slurm_conf = a.slurm_conf;
     }

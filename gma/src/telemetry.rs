@@ -358,9 +358,14 @@ pub async fn companion(
         c.role,
         &c.endpoint,
         gma_producer::Identity {
-            id: Some(source.clone()),
             push: false,
-            ..gma_producer::Identity::new(source, Some(c.directory))
+            ..gma_producer::Identity::new(
+                source.clone(),
+                gma_core::registration::Registration {
+                    id: Some(source),
+                    ..gma_core::registration::Registration::new(Some(c.directory))
+                },
+            )
         },
         &[],
     )

@@ -26,6 +26,7 @@ use gma_consumer::subscriber::{Delivery, Exclusions, Subscriber, SubscriberOptio
 use gma_core::codec::{Mark, OwnedEvent};
 use gma_core::event::{dbl, schema, text, EventData};
 use gma_core::filter::{Bound, Filter};
+use gma_core::registration::Registration;
 use gma_producer::{Hub, Identity, Producer};
 use gma_proto::v1 as pb;
 use serde::Deserialize;
@@ -93,15 +94,14 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MonitorConfig {
-    /// Directory address(es); `--directory` overrides.
-    #[serde(default)]
-    pub directory: Option<String>,
     /// Listen address of the monitor's producer; `--listen` overrides.
     #[serde(default)]
     pub listen: Option<String>,
-    /// Directory record id (default `monitor@<address>`).
-    #[serde(default)]
-    pub id: Option<String>,
+    /// The registration keys ([`gma_core::registration::Registration`]): `directory`
+    /// (required; `--directory` overrides), `id`, the record id (default
+    /// `monitor@<address>`), `advertise`, `site`, `org`, `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     /// Source of its `monitor.firing` events (default: the host name).
     #[serde(default)]
     pub source: Option<String>,
@@ -184,11 +184,14 @@ pub fn validate(cfg: &MonitorConfig) -> Result<Vec<Rule>, MonitorError> {
     if let Some(s) = &cfg.source {
         gma_core::pattern::validate_source(s).map_err(|e| config_err!("source: {e}"))?;
     }
-    if let Some(id) = &cfg.id {
+    if let Some(id) = &cfg.registration.id {
         if id.trim().is_empty() || id.len() > 256 {
             bail!("id must be 1 to 256 bytes");
         }
     }
+    cfg.registration
+        .validate()
+        .map_err(|e| MonitorError::Config(e.to_string()))?;
     let mut names = HashSet::new();
     let mut out = Vec::with_capacity(cfg.rules.len());
     for (i, r) in cfg.rules.iter().enumerate() {
@@ -764,27 +767,25 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), MonitorError> {
     let rules = validate(&cfg)?;
-    let Some(directory) = cfg.directory.clone().filter(|d| !d.trim().is_empty()) else {
-        bail!("a directory address is required (directory in the config)");
-    };
+    let directory = cfg
+        .registration
+        .required_directory()
+        .map_err(|e| MonitorError::Config(e.to_string()))?;
     let source = cfg.source.clone().unwrap_or_else(gma_producer::host_name);
     let bound = listener.local_addr()?;
-    let advertised = gma_core::addr::advertised(bound);
-    let id = cfg.id.clone().unwrap_or_else(|| {
-        format!(
-            "monitor@{}",
-            advertised
-                .trim_start_matches("http://")
-                .trim_start_matches("https://")
-        )
-    });
+    let id = cfg
+        .registration
+        .record_id("monitor", &cfg.registration.address(bound));
     let mut producer = Producer::embedded(
         "monitor",
         &cfg.endpoint,
-        Identity {
-            id: Some(id.clone()),
-            ..Identity::new(&source, Some(directory.clone()))
-        },
+        Identity::new(
+            &source,
+            Registration {
+                id: Some(id.clone()),
+                ..cfg.registration.clone()
+            },
+        ),
         &[firing_schema()],
     )
     .map_err(|e| MonitorError::Producer(e.to_string()))?;
@@ -872,9 +873,8 @@ impl gma_producer::control::RuleHost for RuleSet {
         let cfg: MonitorConfig = toml::from_str(toml_text)
             .map_err(|e| Refusal::invalid_argument(format!("the rule is not a valid [[rule]] table: {e}")))?;
         if cfg.rules.len() != 1
-            || cfg.directory.is_some()
+            || cfg.registration != Registration::default()
             || cfg.listen.is_some()
-            || cfg.id.is_some()
             || cfg.source.is_some()
             || cfg.state_dir.is_some()
         {

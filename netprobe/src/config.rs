@@ -16,18 +16,16 @@ pub const MAX_ECHO_BYTES: usize = 64 << 10;
 pub struct NetprobeConfig {
     /// Listen address (`10.0.0.5:7700`): producer, Probe and Clique services.
     pub listen: String,
-    /// Directory address(es); required: the clique is the netprobes of one site in it.
-    pub directory: Option<String>,
-    /// Address advertised to peers and consumers; default: the bound address.
-    pub advertise: Option<String>,
-    /// Record id (the member id); default `<source>@<advertised address>`.
-    pub id: Option<String>,
     /// This host's name: `net.rtt` / `net.bw` series are `<source>/<peer>`; default: the
     /// kernel host name. No `/` in it.
     pub source: Option<String>,
-    /// The clique: netprobes with the same site probe each other, one at a time.
-    pub site: String,
-    pub org: String,
+    /// The registration keys ([`gma_core::registration::Registration`]): `directory`,
+    /// required (the clique is the netprobes of one site in it); `advertise`, the address
+    /// given to peers and consumers (default: the bound address); `id`, the record id and
+    /// member id (default `<source>@<advertised address>`); `site`, the clique: netprobes with
+    /// the same site probe each other, one at a time; `org`; `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     /// Shortest turn of a token holder (its probes plus rest), ms: the clique makes at most one
     /// turn per period, so each host holds the token every `members × period_ms`.
     pub period_ms: u64,
@@ -52,7 +50,6 @@ pub struct NetprobeConfig {
     pub rpc_timeout_ms: u64,
     /// Period of the `net.probe` cost event, ms.
     pub report_ms: u64,
-    pub lease_ttl_ms: u64,
     /// Events kept for resuming consumers.
     pub buffer_events: usize,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
@@ -65,12 +62,8 @@ impl Default for NetprobeConfig {
     fn default() -> Self {
         NetprobeConfig {
             listen: "127.0.0.1:7700".into(),
-            directory: None,
-            advertise: None,
-            id: None,
             source: None,
-            site: String::new(),
-            org: String::new(),
+            registration: Default::default(),
             period_ms: 1000,
             token_timeout_ms: 10_000,
             peers_per_turn: 1,
@@ -82,7 +75,6 @@ impl Default for NetprobeConfig {
             probe_timeout_ms: 3000,
             rpc_timeout_ms: 1000,
             report_ms: 10_000,
-            lease_ttl_ms: 10_000,
             buffer_events: 20_000,
             endpoint: Default::default(),
         }
@@ -120,7 +112,6 @@ impl NetprobeConfig {
         within("probe_timeout_ms", self.probe_timeout_ms, 10, 600_000)?;
         within("rpc_timeout_ms", self.rpc_timeout_ms, 10, 60_000)?;
         within("report_ms", self.report_ms, 100, 3_600_000)?;
-        within("lease_ttl_ms", self.lease_ttl_ms, 100, 3_600_000)?;
         within("buffer_events", self.buffer_events, 100, 10_000_000)?;
         let min = self.max_turn_ms();
         if self.token_timeout_ms <= min {
@@ -134,11 +125,12 @@ impl NetprobeConfig {
         if let Some(s) = &self.source {
             validate_host(s)?;
         }
-        if self.site.len() > 256 {
+        if self.registration.site.len() > 256 {
             return Err(Error::invalid_argument("site: at most 256 bytes"));
         }
-        self.endpoint
+        self.registration
             .validate()
+            .and_then(|()| self.endpoint.validate())
             .map_err(|e| Error::invalid_argument(e.to_string()))?;
         Ok(())
     }
@@ -230,7 +222,7 @@ mod tests {
                 d.report_ms
             )
         );
-        assert_eq!(c.site, "rack1");
+        assert_eq!(c.registration.site, "rack1");
     }
 
     #[test]
@@ -240,6 +232,6 @@ mod tests {
         assert!(r.is_err());
         let c: NetprobeConfig =
             gma_core::config::parse_toml("period_ms = 500\nsite = \"s1\"\n", "t.toml").unwrap();
-        assert_eq!((c.period_ms, c.site.as_str()), (500, "s1"));
+        assert_eq!((c.period_ms, c.registration.site.as_str()), (500, "s1"));
     }
 }

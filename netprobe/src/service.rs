@@ -16,6 +16,7 @@ use gma_core::authz::{Action as AuthzAction, Door};
 use gma_core::event::EventData;
 use gma_core::guard::Gate;
 use gma_core::pattern::Pattern;
+use gma_core::registration::Registration;
 use gma_core::time::now_ns;
 use gma_producer::subscription::Selector;
 use gma_producer::{Hub, Identity, Producer};
@@ -624,37 +625,29 @@ pub async fn run(
     config
         .validate()
         .map_err(|e| NetprobeError::Config(e.to_string()))?;
-    let Some(directory) = config.directory.clone() else {
-        return Err(NetprobeError::Config(
-            "a directory address is required (the clique is found there)".into(),
-        ));
-    };
+    // The clique is found in the directory.
+    let directory = config
+        .registration
+        .required_directory()
+        .map_err(|e| NetprobeError::Config(e.to_string()))?;
     let bound = listener.local_addr()?;
-    let address = config
-        .advertise
-        .clone()
-        .unwrap_or_else(|| gma_core::addr::advertised(bound));
+    let address = config.registration.address(bound);
     let host = config.source.clone().unwrap_or_else(gma_producer::host_name);
     validate_host(&host).map_err(|e| NetprobeError::Config(e.to_string()))?;
-    let id = config.id.clone().unwrap_or_else(|| {
-        format!(
-            "{host}@{}",
-            address
-                .trim_start_matches("http://")
-                .trim_start_matches("https://")
-        )
-    });
+    let id = config.registration.record_id(&host, &address);
     let producer = Producer::embedded(
         "netprobe",
         &config.endpoint,
         Identity {
-            advertise: Some(address.clone()),
-            id: Some(id.clone()),
-            site: config.site.clone(),
-            org: config.org.clone(),
-            lease_ttl_ms: config.lease_ttl_ms,
             buffer_events: config.buffer_events,
-            ..Identity::new(&host, Some(directory.clone()))
+            ..Identity::new(
+                &host,
+                Registration {
+                    advertise: Some(address.clone()),
+                    id: Some(id.clone()),
+                    ..config.registration.clone()
+                },
+            )
         },
         &events::schemas(),
     )
@@ -674,7 +667,7 @@ pub async fn run(
 
     let local = Arc::new(Local::new(&id, &host, &config));
     let (tx, rx) = mpsc::channel(256);
-    let site = config.site.clone();
+    let site = config.registration.site.clone();
     let ctx = Arc::new(Ctx {
         cfg: config.clone(),
         local: local.clone(),

@@ -45,6 +45,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gma_core::registration::Registration;
 use gma_core::rpc::RpcStats;
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
@@ -67,14 +68,13 @@ pub use subscription::Registry;
 pub struct ProducerConfig {
     /// Listen address (`127.0.0.1:7001`); used by the binary.
     pub listen: String,
-    /// Directory address; none = do not register (standalone).
-    pub directory: Option<String>,
-    /// Address advertised in the directory; default: the bound address.
-    pub advertise: Option<String>,
-    /// Record id in the directory; default `<source>@<advertised address>`.
-    pub id: Option<String>,
     /// Source name of this host's events; default: the kernel host name.
     pub source: Option<String>,
+    /// The registration keys (`directory`, none = standalone; `id`, default
+    /// `<source>@<advertised address>`; `advertise`, `site`, `org`, `lease_ttl_ms`): see
+    /// [`gma_core::registration::Registration`].
+    #[serde(flatten)]
+    pub registration: Registration,
     /// Host sensor sample period.
     pub period_ms: u64,
     /// `host.info` period.
@@ -89,8 +89,6 @@ pub struct ProducerConfig {
     pub cpu_budget_pct: Option<f64>,
     /// How often the budget is checked.
     pub budget_check_ms: u64,
-    /// Directory lease TTL.
-    pub lease_ttl_ms: u64,
     /// Events kept for resuming consumers (the resume window).
     pub buffer_events: usize,
     /// Run the real host sensors (/proc, /sys).
@@ -121,8 +119,6 @@ pub struct ProducerConfig {
     pub auth_log: Option<PathBuf>,
     /// Simulated hosts (TOML file, see docs/simulation.md).
     pub simulate: Option<PathBuf>,
-    pub site: String,
-    pub org: String,
     /// Event-name patterns whose series always get 1m/10m/60m summaries (`<name>.avg1m` ...).
     pub summaries: Vec<String>,
     /// Event-name patterns whose series always get forecasts (`<name>.forecast`).
@@ -156,17 +152,14 @@ impl Default for ProducerConfig {
     fn default() -> Self {
         ProducerConfig {
             listen: "127.0.0.1:0".into(),
-            directory: None,
-            advertise: None,
-            id: None,
             source: None,
+            registration: Registration::default(),
             period_ms: 1000,
             info_period_ms: 60_000,
             sensor_period_ms: Default::default(),
             state_dir: None,
             cpu_budget_pct: None,
             budget_check_ms: 10_000,
-            lease_ttl_ms: 10_000,
             buffer_events: 100_000,
             host_sensors: true,
             packages: None,
@@ -180,8 +173,6 @@ impl Default for ProducerConfig {
             auth: true,
             auth_log: None,
             simulate: None,
-            site: String::new(),
-            org: String::new(),
             summaries: Vec::new(),
             forecasts: Vec::new(),
             push: true,
@@ -202,16 +193,8 @@ impl Default for ProducerConfig {
 pub struct Identity {
     /// Source name of its events.
     pub source: String,
-    /// Directory to register in; none = standalone.
-    pub directory: Option<String>,
-    /// Record id in the directory; default `<source>@<advertised address>`.
-    pub id: Option<String>,
-    /// Address advertised in the directory; default: the bound address.
-    pub advertise: Option<String>,
-    pub site: String,
-    pub org: String,
-    /// Directory lease TTL.
-    pub lease_ttl_ms: u64,
+    /// Where and as what it registers (the role's registration section).
+    pub registration: Registration,
     /// Events kept for resuming consumers.
     pub buffer_events: usize,
     /// Stream its events to consumers that accept pushed events (archives).
@@ -219,17 +202,13 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Source `source`, registered in `directory`, with the producer defaults for the rest.
-    pub fn new(source: impl Into<String>, directory: Option<String>) -> Identity {
+    /// Source `source`, registered as `registration` says, with the producer defaults for the
+    /// rest.
+    pub fn new(source: impl Into<String>, registration: Registration) -> Identity {
         let d = ProducerConfig::default();
         Identity {
             source: source.into(),
-            directory,
-            id: None,
-            advertise: None,
-            site: d.site,
-            org: d.org,
-            lease_ttl_ms: d.lease_ttl_ms,
+            registration,
             buffer_events: d.buffer_events,
             push: d.push,
         }
@@ -295,6 +274,7 @@ impl Producer {
         config
             .endpoint
             .validate()
+            .and_then(|()| config.registration.validate())
             .map_err(|e| ProducerError::Config(e.to_string()))?;
         // The error names the file (cannot read / line and column of the mistake).
         let policy = gma_core::guard::load_policy(config.endpoint.access_policy.as_ref())
@@ -437,25 +417,15 @@ impl Producer {
     ) -> Result<Producer, ProducerError> {
         let Identity {
             source,
-            directory,
-            id,
-            advertise,
-            site,
-            org,
-            lease_ttl_ms,
+            registration,
             buffer_events,
             push,
         } = who;
         let p = Producer::new(ProducerConfig {
-            directory,
-            advertise,
-            id,
             source: Some(source),
-            lease_ttl_ms,
+            registration,
             buffer_events,
             host_sensors: false,
-            site,
-            org,
             push,
             endpoint: endpoint.clone(),
             role: role.into(),
@@ -510,10 +480,7 @@ impl Producer {
         } = self;
         let bound = listener.local_addr()?;
         let tls = config.endpoint.tls.rustls_config(bound)?;
-        let address = config
-            .advertise
-            .clone()
-            .unwrap_or_else(|| gma_core::addr::advertised(bound));
+        let address = config.registration.address(bound);
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
         let control = control::Control::new(
@@ -582,23 +549,17 @@ impl Producer {
         let mut registrar_task = None;
         // A refusal of the first registration stops the producer (see registrar::run).
         let (refused_tx, refused_rx) = tokio::sync::oneshot::channel::<ProducerError>();
-        if let Some(dir) = &config.directory {
-            let source = config.source.clone().unwrap_or_default();
-            let id = config.id.clone().unwrap_or_else(|| {
-                format!(
-                    "{source}@{}",
-                    address
-                        .trim_start_matches("http://")
-                        .trim_start_matches("https://")
-                )
-            });
+        if let Some(dir) = &config.registration.directory {
+            let id = config
+                .registration
+                .record_id(config.source.as_deref().unwrap_or_default(), &address);
             let reg = registrar::Registration {
                 directory: dir.clone(),
                 id: id.clone(),
                 address: address.clone(),
-                ttl_ms: config.lease_ttl_ms,
-                site: config.site.clone(),
-                org: config.org.clone(),
+                ttl_ms: config.registration.lease_ttl_ms,
+                site: config.registration.site.clone(),
+                org: config.registration.org.clone(),
                 attributes: gma_sensors::snmp::directory_attributes(&config.snmp),
             };
             let registration = registrar::run(reg, hub.clone(), stop_rx.clone());

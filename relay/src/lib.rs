@@ -82,12 +82,13 @@ const STALE_PERIODS: i64 = 3;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelayConfig {
-    /// Site name: the source of `site.load` (required).
-    pub site: String,
     #[serde(default)]
     pub listen: Option<String>,
-    #[serde(default)]
-    pub directory: Option<String>,
+    /// The registration keys ([`gma_core::registration::Registration`]): `site`, the site name,
+    /// the source of `site.load` (required); `directory` (required); `id`, the record id
+    /// (default `relay-<site>@<address>`); `advertise`, `org`, `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     /// `site.load` period.
     #[serde(default = "default_period_ms")]
     pub period_ms: u64,
@@ -101,15 +102,9 @@ pub struct RelayConfig {
     /// Source patterns to follow (default: all).
     #[serde(default)]
     pub sources: Vec<String>,
-    /// Record id in the directory (default `relay-<site>@<address>`).
-    #[serde(default)]
-    pub id: Option<String>,
     /// Events kept for resuming consumers of the relay.
     #[serde(default = "default_buffer_events")]
     pub buffer_events: usize,
-    /// Directory lease TTL.
-    #[serde(default = "default_lease_ttl_ms")]
-    pub lease_ttl_ms: u64,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -122,15 +117,16 @@ fn default_period_ms() -> u64 {
 fn default_buffer_events() -> usize {
     ProducerConfig::default().buffer_events
 }
-fn default_lease_ttl_ms() -> u64 {
-    ProducerConfig::default().lease_ttl_ms
-}
 
 impl RelayConfig {
     /// Checks every key; the message names the key to change.
     pub fn validate(&self) -> Result<(), RelayError> {
-        gma_core::pattern::validate_source(&self.site)
-            .map_err(|e| config_err!("site {:?} is not a valid source name: {e}", self.site))?;
+        let site = &self.registration.site;
+        if site.is_empty() {
+            bail!("missing field `site`: give the relay's site name (site = \"...\")");
+        }
+        gma_core::pattern::validate_source(site)
+            .map_err(|e| config_err!("site {site:?} is not a valid source name: {e}"))?;
         if self.period_ms == 0 || self.period_ms > 3_600_000 {
             bail!("period_ms must be within 1..=3600000");
         }
@@ -148,6 +144,7 @@ impl RelayConfig {
         gma_core::pattern::source_patterns(&self.sources).map_err(|e| config_err!("sources: {e}"))?;
         self.endpoint
             .validate()
+            .and_then(|()| self.registration.validate())
             .map_err(|e| RelayError::Config(e.to_string()))?;
         Ok(())
     }
@@ -416,32 +413,30 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RelayError> {
     cfg.validate()?;
-    let Some(directory) = cfg.directory.clone().filter(|d| !d.trim().is_empty()) else {
-        bail!("a directory address is required (directory in the config)");
-    };
+    let directory = cfg
+        .registration
+        .required_directory()
+        .map_err(|e| RelayError::Config(e.to_string()))?;
+    let site = cfg.registration.site.clone();
     let bound = listener.local_addr()?;
-    let advertised = gma_core::addr::advertised(bound);
-    let id = cfg.id.clone().unwrap_or_else(|| {
-        format!(
-            "relay-{}@{}",
-            cfg.site,
-            advertised
-                .trim_start_matches("http://")
-                .trim_start_matches("https://")
-        )
-    });
+    let id = cfg
+        .registration
+        .record_id(&format!("relay-{site}"), &cfg.registration.address(bound));
     let p = gma_producer::Producer::embedded(
         "relay",
         &cfg.endpoint,
         gma_producer::Identity {
-            id: Some(id.clone()),
-            site: cfg.site.clone(),
             buffer_events: cfg.buffer_events,
-            lease_ttl_ms: cfg.lease_ttl_ms,
             // Archives get relayed events from their origin producers; pushing them again from
             // here would store them twice. Consumers of the relay subscribe to it.
             push: false,
-            ..gma_producer::Identity::new(&cfg.site, Some(directory.clone()))
+            ..gma_producer::Identity::new(
+                &site,
+                gma_core::registration::Registration {
+                    id: Some(id.clone()),
+                    ..cfg.registration.clone()
+                },
+            )
         },
         &[site_load_schema()],
     )
@@ -470,8 +465,8 @@ pub async fn run(
         },
         HashMap::new(),
         Exclusions {
-            ids: vec![id.clone(), format!("relay-{}@*", cfg.site)],
-            attributes: vec![(RELAY_SITE_ATTRIBUTE.into(), cfg.site.clone())],
+            ids: vec![id.clone(), format!("relay-{site}@*")],
+            attributes: vec![(RELAY_SITE_ATTRIBUTE.into(), site.clone())],
         },
     );
     let mut relayer = Relayer::new(relay_patterns);
@@ -493,7 +488,7 @@ pub async fn run(
                 let now = now_ns();
                 let ev = EventData {
                     name: SITE_LOAD.into(),
-                    source: cfg.site.clone(),
+                    source: site.clone(),
                     timestamp_ns: now,
                     numbers: summary.values(now),
                     strings: Vec::new(),

@@ -34,7 +34,11 @@ use crate::plan::{plan, AppState, Decision, HostLoad, Mode, Plan, Policy};
 #[serde(deny_unknown_fields, default)]
 pub struct ReschedulerConfig {
     pub listen: String,
-    pub directory: Option<String>,
+    /// The registration keys of the rescheduler's record
+    /// ([`gma_core::registration::Registration`]): `directory` (required), `id`, `advertise`,
+    /// `site`, `org`, `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     /// Source name of the decision events.
     pub source: String,
     /// C, seconds (paper: 900).
@@ -49,7 +53,6 @@ pub struct ReschedulerConfig {
     /// without a score count as reference speed.
     pub reference_specint: f64,
     pub action: ActionConfig,
-    pub lease_ttl_ms: u64,
     /// The shared endpoint keys (`[tls]`, `access_policy`, `[limits]`, `metrics_listen`,
     /// `rpc_events_ms`): see [`gma_core::endpoint::Endpoint`].
     #[serde(flatten)]
@@ -60,7 +63,7 @@ impl Default for ReschedulerConfig {
     fn default() -> Self {
         ReschedulerConfig {
             listen: "127.0.0.1:0".into(),
-            directory: None,
+            registration: Default::default(),
             source: "rescheduler".into(),
             cost_s: crate::plan::DEFAULT_COST_S,
             threshold: crate::plan::DEFAULT_THRESHOLD,
@@ -68,7 +71,6 @@ impl Default for ReschedulerConfig {
             opportunistic: true,
             reference_specint: f64::NAN,
             action: ActionConfig::Grpc,
-            lease_ttl_ms: 10_000,
             endpoint: Default::default(),
         }
     }
@@ -146,16 +148,14 @@ pub async fn run(
     policy
         .validate()
         .map_err(|e| ReschedulerError::Config(e.to_string()))?;
-    let Some(directory) = config.directory.clone() else {
-        return Err(ReschedulerError::Config("a directory address is required".into()));
-    };
+    let directory = config
+        .registration
+        .required_directory()
+        .map_err(|e| ReschedulerError::Config(e.to_string()))?;
     let producer = Producer::embedded(
         "rescheduler",
         &config.endpoint,
-        Identity {
-            lease_ttl_ms: config.lease_ttl_ms,
-            ..Identity::new(&config.source, Some(directory.clone()))
-        },
+        Identity::new(&config.source, config.registration.clone()),
         &[decision_schema()],
     )
     .map_err(|e| ReschedulerError::Producer(e.to_string()))?;

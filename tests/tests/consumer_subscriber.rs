@@ -34,11 +34,14 @@ async fn sim_producer(
     )
     .unwrap();
     let p = Producer::new(ProducerConfig {
-        directory: Some(dir.to_string()),
+        registration: gma_core::registration::Registration {
+            directory: Some(dir.to_string()),
+            lease_ttl_ms: 2000,
+            ..Default::default()
+        },
         host_sensors: false,
         source: Some(format!("p-{host}")),
         simulate: Some(file),
-        lease_ttl_ms: 2000,
         ..ProducerConfig::default()
     })
     .unwrap();

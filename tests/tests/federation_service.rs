@@ -14,7 +14,10 @@ async fn endpoint() -> (String, tokio::sync::oneshot::Sender<()>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let cfg = FederationConfig {
-        site: "B".into(),
+        registration: gma_core::registration::Registration {
+            site: "B".into(),
+            ..Default::default()
+        },
         peer: vec![Link {
             site: "A".into(),
             endpoint: "127.0.0.1:1".into(),

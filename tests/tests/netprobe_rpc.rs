@@ -15,9 +15,12 @@ async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let cfg = NetprobeConfig {
-        directory: Some("127.0.0.1:1".into()),
+        registration: gma_core::registration::Registration {
+            directory: Some("127.0.0.1:1".into()),
+            site: "s1".into(),
+            ..Default::default()
+        },
         source: Some("me".into()),
-        site: "s1".into(),
         max_bytes_per_s: 100_000,
         transfer_bytes: 50_000,
         ..NetprobeConfig::default()

@@ -31,7 +31,10 @@ use crate::error::Error;
 #[serde(deny_unknown_fields, default)]
 pub struct SlurmConfig {
     pub listen: Option<String>,
-    pub directory: Option<String>,
+    /// The registration keys of the manager's record ([`gma_core::registration::Registration`]):
+    /// `directory` (none = not registered), `id`, `advertise`, `site`, `org`, `lease_ttl_ms`.
+    #[serde(flatten)]
+    pub registration: gma_core::registration::Registration,
     pub source: String,
     pub slurm_conf: Option<PathBuf>,
     pub bin_dir: Option<PathBuf>,
@@ -42,7 +45,6 @@ pub struct SlurmConfig {
     pub nodes: Vec<String>,
     pub software: Vec<String>,
     pub max_jobs: usize,
-    pub lease_ttl_ms: u64,
     /// `rm.slots`: how often Slurm's nodes and reservations are read for the free slots
     /// (0 = no slots published).
     pub slots_poll_ms: u64,
@@ -62,7 +64,7 @@ impl Default for SlurmConfig {
     fn default() -> Self {
         SlurmConfig {
             listen: None,
-            directory: None,
+            registration: Default::default(),
             source: "slurm".into(),
             slurm_conf: None,
             bin_dir: None,
@@ -73,7 +75,6 @@ impl Default for SlurmConfig {
             nodes: Vec::new(),
             software: Vec::new(),
             max_jobs: 10_000,
-            lease_ttl_ms: 10_000,
             slots_poll_ms: 5000,
             slot_s: 3600,
             price: 1.0,

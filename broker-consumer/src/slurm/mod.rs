@@ -54,10 +54,7 @@ pub async fn run_notify(
     let producer = crate::simres::manager_producer(
         "slurm",
         &config.endpoint,
-        Identity {
-            lease_ttl_ms: config.lease_ttl_ms,
-            ..Identity::new(&config.source, config.directory.clone())
-        },
+        Identity::new(&config.source, config.registration.clone()),
         &[
             crate::simres::reservation_schema(),
             job_schema(),
