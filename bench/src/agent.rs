@@ -60,6 +60,21 @@ fn subscribe_all(addr: &str, d: Arc<Delivered>) -> tokio::task::JoinHandle<anyho
     })
 }
 
+/// A `kB` line of /proc/<pid>/status (`RssAnon`, `RssFile`, ...), in MiB.
+fn status_mib(pid: &str, key: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
 /// The agent's own sampling rate, from its latest `gma.agent` event (`values_per_s`).
 async fn sampled_per_s(addr: &str) -> anyhow::Result<f64> {
     let ch = gma_consumer::connect(addr).await.map_err(|e| anyhow!("{e}"))?;
@@ -138,6 +153,9 @@ pub async fn agent(
     let seconds = t0.elapsed().as_secs_f64();
     delivered.counting.store(false, Ordering::Relaxed);
     let hwm = peak_rss_mib(&pid).unwrap_or(f64::NAN);
+    // Heap, stacks and relocated data against the executable's mapped pages.
+    let (anon, file) = (status_mib(&pid, "RssAnon"), status_mib(&pid, "RssFile"));
+    let threads = status_mib(&pid, "Threads") * 1024.0;
     let cpu_pct = (cpu1 - cpu0) / seconds * 100.0;
     let values_per_s = sampled_per_s(&addr).await?;
     if let Some(h) = &sub {
@@ -166,6 +184,9 @@ pub async fn agent(
             "rss_mb": rss,
             "peak_rss_mb": peak_rss.max(rss),
             "vm_hwm_mib": hwm,
+            "rss_anon_mib": anon,
+            "rss_file_mib": file,
+            "threads": threads,
             "values_per_s": values_per_s,
             "cpu_us_per_value": us_per_value,
             "delivered_events_per_s": events_out,
@@ -195,6 +216,7 @@ pub async fn agent(
                 peak_rss.max(rss)
             );
             println!("  peak rss (VmHWM)         {hwm:.1} MiB");
+            println!("  rss anonymous / file     {anon:.1} MiB / {file:.1} MiB, {threads:.0} threads");
             println!("  values sampled           {values_per_s:.0} /s");
             println!("  cost per value sampled   {us_per_value:.2} us of CPU");
             if subscriber {

@@ -152,7 +152,10 @@ fn agent_resched_filter_forecast() {
     );
     // Measured with a subscriber of every event attached, its deliveries counted.
     assert_eq!(o["subscriber"], true, "{o}");
-    assert!(o["delivered_values_per_s"].as_f64().is_some_and(|v| v >= 0.0), "{o}");
+    assert!(
+        o["delivered_values_per_s"].as_f64().is_some_and(|v| v >= 0.0),
+        "{o}"
+    );
     bench(&["resched", "--trials", "5"]);
     bench(&["filter", "--events", "10000"]);
     bench(&["forecast"]);
