@@ -12,6 +12,7 @@
 //! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
 //! - [`registrar`]: directory registration and lease keeping.
 //! - [`error`]: the one error type and its mapping to gRPC status codes.
+//! - [`cli`]: the agent's flags and start-up, shared by `gma producer` and `gma-agent`.
 //! - [`budget`]: keeps the agent's own CPU within `cpu_budget_pct` by slowing its costliest
 //!   sensors (`gma.budget` events).
 //! - [`control`]: the `Control` service (sensor periods, enable/disable, runtime process
@@ -27,6 +28,7 @@
 //! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
 
 pub mod budget;
+pub mod cli;
 pub mod control;
 pub mod derive;
 pub mod error;
