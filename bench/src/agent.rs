@@ -1,11 +1,13 @@
 //! `gma bench agent`: the host agent's cost, measured as node_exporter is measured with its
-//! scraper — a real `gma producer` process with every host sensor, and (unless
+//! scraper — a real agent process with every host sensor (`gma-agent`, the agent alone, or `gma
+//! producer`: `--agent-bin`), and (unless
 //! `--no-subscriber`) a subscriber in this process taking every event it publishes (pattern
 //! `*`, gRPC over loopback). Reported from /proc/<pid> of the agent alone: CPU % of one core,
 //! µs of CPU per value sampled (the agent's own `gma.agent values_per_s`) and per value
 //! delivered to the subscriber, VmRSS at the end and VmHWM (peak). `--agent-arg` passes
 //! options to the agent (e.g. `--agent-arg=--buffer-events=1000`) to compare configurations.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,22 +102,66 @@ async fn sampled_per_s(addr: &str) -> anyhow::Result<f64> {
         .unwrap_or(f64::NAN))
 }
 
-pub async fn agent(
-    duration: u64,
-    period_ms: u64,
-    subscriber: bool,
-    agent_args: &[String],
-    output: Output,
-) -> anyhow::Result<()> {
+/// What `gma bench agent` runs.
+pub struct AgentRun {
+    pub duration: u64,
+    pub period_ms: u64,
+    /// A subscriber of every event attached.
+    pub subscriber: bool,
+    /// Options passed to the agent.
+    pub agent_args: Vec<String>,
+    /// The agent executable (`--agent-bin`).
+    pub agent_bin: Option<PathBuf>,
+}
+
+/// The agent's command: `gma-agent` (a file named so) runs as is, any other executable as
+/// `EXE producer`. Without `--agent-bin`: the `gma-agent` next to this executable when there
+/// is one, else this executable.
+fn agent_command(bin: Option<&Path>) -> anyhow::Result<(PathBuf, Option<&'static str>)> {
+    let exe = match bin {
+        Some(b) => b.to_path_buf(),
+        None => {
+            let me = std::env::current_exe().context("cannot find the gma binary")?;
+            let next = me.with_file_name(format!("gma-agent{}", std::env::consts::EXE_SUFFIX));
+            if next.is_file() {
+                next
+            } else {
+                me
+            }
+        }
+    };
+    if !exe.is_file() {
+        bail!("--agent-bin {}: no such executable", exe.display());
+    }
+    let alone = exe
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("gma-agent"));
+    Ok((exe, (!alone).then_some("producer")))
+}
+
+pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
+    let AgentRun {
+        duration,
+        period_ms,
+        subscriber,
+        agent_args,
+        agent_bin,
+    } = run;
     if duration < 2 {
         bail!("--duration must be at least 2 seconds");
     }
-    let exe = std::env::current_exe().context("cannot find the gma binary")?;
+    let (exe, command) = agent_command(agent_bin.as_deref())?;
+    let what = match command {
+        Some(c) => format!("{} {c}", exe.display()),
+        None => exe.display().to_string(),
+    };
     let period = period_ms.to_string();
-    let mut child = tokio::process::Command::new(exe)
-        .args(["producer", "--listen", "127.0.0.1:0", "--period-ms", &period])
+    let mut child = tokio::process::Command::new(&exe)
+        .args(command)
+        .args(["--listen", "127.0.0.1:0", "--period-ms", &period])
         .args(["--source", "bench-agent"])
-        .args(agent_args)
+        .args(&agent_args)
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -177,6 +223,7 @@ pub async fn agent(
             "scenario": "agent",
             "machine_cores": cores(),
             "period_ms": period_ms,
+            "agent": what,
             "agent_args": agent_args,
             "subscriber": subscriber,
             "seconds": seconds,
@@ -193,7 +240,7 @@ pub async fn agent(
             "delivered_values_per_s": values_out,
             "cpu_us_per_value_delivered": if subscriber { serde_json::json!(us_per_delivered) } else { serde_json::Value::Null },
             "processes": [{
-                "name": "gma producer (the host agent)", "cpu_seconds": cpu1 - cpu0,
+                "name": what, "cpu_seconds": cpu1 - cpu0,
                 "cpu_pct": cpu_pct, "rss_mib_peak": hwm, "rss_mib_end": rss,
             }],
         })),
@@ -204,7 +251,7 @@ pub async fn agent(
                 "no subscriber"
             };
             println!(
-                "agent: `gma producer` with host sensors, {period_ms} ms sampling, {with}, measured {seconds:.0} s"
+                "agent: `{what}` with host sensors, {period_ms} ms sampling, {with}, measured {seconds:.0} s"
             );
             if !agent_args.is_empty() {
                 println!("  agent options            {}", agent_args.join(" "));

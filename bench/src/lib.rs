@@ -115,8 +115,18 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             period_ms,
             no_subscriber,
             agent_args,
+            agent_bin,
             output,
-        } => agent::agent(duration, period_ms, !no_subscriber, &agent_args, output).await,
+        } => {
+            let run = agent::AgentRun {
+                duration,
+                period_ms,
+                subscriber: !no_subscriber,
+                agent_args,
+                agent_bin,
+            };
+            agent::agent(run, output).await
+        }
         BenchScenario::Fanout {
             duration,
             consumers,

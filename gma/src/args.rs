@@ -6,6 +6,8 @@ use anyhow::bail;
 use clap::ValueEnum;
 
 // Shared with `gma-agent` (the producer crate): defined in gma_core::cli.
+#[cfg(test)]
+pub use gma_core::cli::CLIENT_HEADING;
 pub use gma_core::cli::{
     load_config, ClientTlsArgs, EndpointArgs, RoleArgs, GLOBAL_HEADING, SERVING_HEADING,
 };
