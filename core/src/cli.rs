@@ -177,6 +177,21 @@ pub fn load_config<C: serde::de::DeserializeOwned + Default>(
     })
 }
 
+/// Ends a command that failed: `error: ` and the error with its causes (each cause not already
+/// in the message), on stderr; exit status 1.
+pub fn exit_with(e: &anyhow::Error) -> ! {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    eprintln!("error: {msg}");
+    std::process::exit(1);
+}
+
 /// Set once SIGTERM or SIGINT arrived (after [`catch_shutdown_signals`]).
 static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> = std::sync::OnceLock::new();
 

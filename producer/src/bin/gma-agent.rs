@@ -32,16 +32,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(cli) {
-        let mut msg = e.to_string();
-        for cause in e.chain().skip(1) {
-            let c = cause.to_string();
-            if !msg.contains(&c) {
-                msg.push_str(": ");
-                msg.push_str(&c);
-            }
-        }
-        eprintln!("error: {msg}");
-        std::process::exit(1);
+        gma_core::cli::exit_with(&e);
     }
 }
 
