@@ -258,13 +258,27 @@ pub enum BenchScenario {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// The host agent (a real `gma producer` process at 1 s sampling): CPU% and RSS.
+    /// The host agent (a real agent process at 1 s sampling: `gma-agent`, or `gma producer`)
+    /// with a subscriber of every event attached: CPU% and µs per value sampled and delivered,
+    /// VmRSS and VmHWM.
     Agent {
         #[arg(long, default_value_t = 60)]
         duration: u64,
         /// Sample period of the agent under test.
         #[arg(long, default_value_t = 1000)]
         period_ms: u64,
+        /// Measure the agent alone, without the subscriber.
+        #[arg(long)]
+        no_subscriber: bool,
+        /// An option passed to the agent (`gma producer`), e.g. `--agent-arg=--buffer-events=1000`;
+        /// repeatable.
+        #[arg(long = "agent-arg", allow_hyphen_values = true)]
+        agent_args: Vec<String>,
+        /// The agent executable: `gma-agent` (the agent alone), or a `gma` executable, run as
+        /// `gma producer`. Default: the `gma-agent` next to this executable when there is one,
+        /// else this executable's `producer` command.
+        #[arg(long)]
+        agent_bin: Option<std::path::PathBuf>,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

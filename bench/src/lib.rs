@@ -4,8 +4,8 @@
 //! executable (`std::env::current_exe()`, the `gma` binary or the tests' `gma-e2e`) with its
 //! role subcommands. How to run them and the figures: docs/PERFORMANCE.md.
 //!
-//! - [`stream`]: `stream --in-process` (one producer -> one consumer, optionally over mTLS)
-//!   and `agent`.
+//! - [`stream`]: `stream --in-process` (one producer -> one consumer, optionally over mTLS).
+//! - [`agent`]: `agent` (a real agent process with a subscriber of every event attached).
 //! - [`wire`]: `stream` across processes (the default): a `gma producer`, consumer processes,
 //!   a counting proxy on the consumers' sockets, per-seq books.
 //! - [`nats`]: `nats`, NATS beside the cross-process stream (a nats-server process).
@@ -23,6 +23,7 @@
 //!   drop).
 //! - [`args`]: the command-line arguments.
 
+pub mod agent;
 pub mod archive;
 pub mod args;
 pub mod broker;
@@ -120,8 +121,20 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchScenario::Agent {
             duration,
             period_ms,
+            no_subscriber,
+            agent_args,
+            agent_bin,
             output,
-        } => stream::agent(duration, period_ms, output).await,
+        } => {
+            let run = agent::AgentRun {
+                duration,
+                period_ms,
+                subscriber: !no_subscriber,
+                agent_args,
+                agent_bin,
+            };
+            agent::agent(run, output).await
+        }
         BenchScenario::Fanout {
             duration,
             consumers,

@@ -1,4 +1,4 @@
-//! `gma bench stream` and `gma bench agent`, and the producer set-up the other in-process
+//! `gma bench stream`, and the producer set-up the other in-process
 //! scenarios share.
 //!
 //! - `stream`: one producer -> one consumer over loopback gRPC, in this process. Phase 1 pushes
@@ -8,8 +8,6 @@
 //!   sample -> consumer latency percentiles (hdrhistogram). With `--tls` both phases run over
 //!   mTLS (a throwaway CA, server and client certificate made for the run, as `gma certs`
 //!   makes them), for the cost of TLS against the plaintext figures.
-//! - `agent`: starts a real `gma producer` process with the host sensors and measures its CPU%
-//!   of one core and RSS from /proc/<pid>, and the values it samples per second.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -375,93 +373,4 @@ fn print_stream(f: &StreamFigures, output: Output) {
             );
         }
     }
-}
-
-pub async fn agent(duration: u64, period_ms: u64, output: Output) -> anyhow::Result<()> {
-    if duration < 2 {
-        bail!("--duration must be at least 2 seconds");
-    }
-    let mut agent = crate::child::spawn(
-        &[
-            "producer",
-            "--listen",
-            "127.0.0.1:0",
-            "--period-ms",
-            &period_ms.to_string(),
-            "--source",
-            "bench-agent",
-        ],
-        "gma producer listening on",
-    )
-    .await?;
-    let (addr, pid) = (agent.addr.clone(), agent.pid.clone());
-    // Let it start up and take its first samples before measuring.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (cpu0, _) = proc_usage(&pid)?;
-    let t0 = Instant::now();
-    let mut peak_rss: f64 = 0.0;
-    while t0.elapsed() < Duration::from_secs(duration) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        peak_rss = peak_rss.max(proc_usage(&pid)?.1);
-    }
-    let (cpu1, rss) = proc_usage(&pid)?;
-    let seconds = t0.elapsed().as_secs_f64();
-    let cpu_pct = (cpu1 - cpu0) / seconds * 100.0;
-
-    // The agent publishes its own sampling rate (gma.agent values_per_s).
-    let ch = gma_consumer::connect(&addr).await.map_err(|e| anyhow!("{e}"))?;
-    let mut client = pb::producer_client::ProducerClient::new(ch);
-    let r = client
-        .query(pb::QueryRequest {
-            patterns: vec!["gma.agent".into()],
-            ..Default::default()
-        })
-        .await
-        .map_err(|s| anyhow!("query gma.agent: {}", s.message()))?
-        .into_inner();
-    let values_per_s = r
-        .events
-        .first()
-        .and_then(|e| {
-            let schema = r.schemas.iter().find(|s| s.name == e.name)?;
-            let i = schema.fields.iter().position(|f| f.name == "values_per_s")?;
-            match e.values.get(i)?.kind {
-                Some(pb::value::Kind::Number(n)) => Some(n),
-                _ => None,
-            }
-        })
-        .unwrap_or(f64::NAN);
-    let _ = agent.child.kill().await;
-    let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
-    match output {
-        Output::Json => emit(serde_json::json!({
-            "scenario": "agent",
-            "machine_cores": cores(),
-            "period_ms": period_ms,
-            "seconds": seconds,
-            "cpu_pct_of_one_core": cpu_pct,
-            "rss_mb": rss,
-            "peak_rss_mb": peak_rss.max(rss),
-            "values_per_s": values_per_s,
-            "cpu_us_per_value": us_per_value,
-            "processes": [{
-                "name": "gma producer (the host agent)", "cpu_seconds": cpu1 - cpu0,
-                "cpu_pct": cpu_pct, "rss_mib_peak": peak_rss.max(rss), "rss_mib_end": rss,
-            }],
-        })),
-        Output::Table => {
-            println!(
-                "agent: `gma producer` with host sensors, {period_ms} ms sampling, measured {seconds:.0} s"
-            );
-            println!("  machine cores            {}", cores());
-            println!("  cpu                      {cpu_pct:.3} % of one core");
-            println!(
-                "  rss                      {rss:.1} MiB (peak {:.1} MiB)",
-                peak_rss.max(rss)
-            );
-            println!("  values sampled           {values_per_s:.0} /s");
-            println!("  cost per value           {us_per_value:.2} us of CPU");
-        }
-    }
-    Ok(())
 }

@@ -7,6 +7,8 @@
 //!   delta-coded seqs and timestamps) — encoder for producers, decoder for consumers.
 //! - [`filter`]: filter expressions over events (`host.cpu.user > 50`), parsed once, checked
 //!   against schemas, compiled per schema to index-only three-valued evaluation.
+//! - [`cli`]: the command-line flags every serving process shares (TLS, endpoint, listen and
+//!   directory), the security they set, binding a listener, the shutdown signal.
 //! - [`config`]: TOML loading with unknown keys rejected.
 //! - [`endpoint`]: the endpoint section every serving role shares (`[tls]`, `access_policy`,
 //!   `[limits]`, `metrics_listen`, `rpc_events_ms`) and the `Version` answer.
@@ -31,6 +33,7 @@
 
 pub mod addr;
 pub mod authz;
+pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod conn;

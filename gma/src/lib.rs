@@ -69,16 +69,7 @@ pub fn main() {
     // Streams and watchers may still be parked; do not wait for them.
     rt.shutdown_background();
     if let Err(e) = result {
-        let mut msg = e.to_string();
-        for cause in e.chain().skip(1) {
-            let c = cause.to_string();
-            if !msg.contains(&c) {
-                msg.push_str(": ");
-                msg.push_str(&c);
-            }
-        }
-        eprintln!("error: {msg}");
-        std::process::exit(1);
+        gma_core::cli::exit_with(&e);
     }
 }
 

@@ -8,9 +8,9 @@ use gma_producer::ProducerConfig;
 
 use clap::Args;
 
-use crate::args::{EndpointArgs, RoleArgs};
+use crate::args::EndpointArgs;
 use crate::runtime::{open_endpoint, with_companion};
-use crate::serve::{bind, bind_checked, shutdown_signal};
+use crate::serve::{bind, shutdown_signal};
 
 /// Reads a directory config file: `listen` plus the keys of [`DirectoryConfig`].
 fn directory_file(path: &Path) -> anyhow::Result<(Option<String>, DirectoryConfig)> {
@@ -73,87 +73,22 @@ pub async fn directory(a: DirectoryArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow!("directory failed: {e}"))
 }
 
-pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
-    let mut cfg: ProducerConfig = a.role.load()?;
-    if a.role.config.is_none() {
-        cfg.listen = "127.0.0.1:7001".into();
-    }
-    a.role
-        .apply(&mut cfg.listen, &mut cfg.registration, &mut cfg.endpoint)?;
-    if a.source.is_some() {
-        cfg.source = a.source.clone();
-    }
-    if let Some(v) = a.period_ms {
-        cfg.period_ms = v;
-    }
-    if let Some(v) = a.lease_ttl_ms {
-        cfg.registration.lease_ttl_ms = v;
-    }
-    if let Some(v) = a.buffer_events {
-        cfg.buffer_events = v;
-    }
-    if a.simulate.is_some() {
-        cfg.simulate = a.simulate.clone();
-    }
-    if a.no_host_sensors {
-        cfg.host_sensors = false;
-    }
-    if a.id.is_some() {
-        cfg.registration.id = a.id.clone();
-    }
-    if a.prometheus.is_some() {
-        cfg.prometheus = a.prometheus.clone();
-    }
-    if a.otlp_listen.is_some() {
-        cfg.otlp_listen = a.otlp_listen.clone();
-    }
-    if a.state_dir.is_some() {
-        cfg.state_dir = a.state_dir.clone();
-    }
-    if a.cpu_budget_pct.is_some() {
-        cfg.cpu_budget_pct = a.cpu_budget_pct;
-    }
-    if let Some(v) = a.budget_check_ms {
-        cfg.budget_check_ms = v;
-    }
-    Ok(cfg)
-}
+pub use gma_producer::cli::ProducerArgs;
 
+/// `gma producer`: the start-up of `gma-agent` (gma_producer::cli) plus the Prometheus
+/// endpoints (`--metrics-listen`, `--prometheus`).
 pub async fn producer(a: ProducerArgs) -> anyhow::Result<()> {
-    let cfg = producer_config(&a)?;
+    let cfg = gma_producer::cli::producer_config(&a)?;
     let door = crate::telemetry::MetricsDoor::new(&cfg.endpoint.tls, cfg.endpoint.access_policy.as_ref());
     if let Some(m) = &cfg.endpoint.metrics_listen {
         crate::telemetry::serve_metrics("producer", m, &door).await?;
     }
-    let listener = bind_checked(&cfg.listen, &cfg.endpoint.tls).await?;
     let prometheus = cfg.prometheus.clone();
-    let otlp = match &cfg.otlp_listen {
-        Some(addr) => Some(bind_checked(addr, &cfg.endpoint.tls).await?),
-        None => None,
-    };
-    let mut p = gma_producer::Producer::new(cfg).map_err(|e| anyhow!("{e}"))?;
-    if let Some(l) = otlp {
-        eprintln!("gma producer otlp on {}", l.local_addr()?);
-        p = p.with_otlp(l);
-    }
+    let opened = gma_producer::cli::open(cfg).await?;
     if let Some(addr) = &prometheus {
-        crate::telemetry::serve_producer_values(addr, p.hub.clone(), &door).await?;
+        crate::telemetry::serve_producer_values(addr, opened.hub(), &door).await?;
     }
-    // The run (epoch) this process publishes, for whoever accounts for it by seq (gma bench
-    // scale): a run killed with SIGKILL never prints its stop line.
-    eprintln!("gma producer run: epoch {}", p.hub.epoch());
-    eprintln!("gma producer listening on {}", listener.local_addr()?);
-    let hub = p.hub.clone();
-    p.run(listener, shutdown_signal())
-        .await
-        .map_err(|e| anyhow!("producer failed: {e}"))?;
-    // What this run published, for whoever accounts for it (gma bench scale).
-    eprintln!(
-        "gma producer stopped: epoch {} last seq {}",
-        hub.epoch(),
-        hub.lock().head().saturating_sub(1)
-    );
-    Ok(())
+    gma_producer::cli::serve(opened).await
 }
 
 /// Waits for one of the demo's roles to stop and says so when it failed.
@@ -401,55 +336,6 @@ pub struct DirectoryArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub endpoint: EndpointArgs,
-}
-
-#[derive(Args, Debug)]
-#[command(mut_arg("listen", |a| a.help("Listen address (overrides `listen` in --config; default 127.0.0.1:7001 without --config)")))]
-#[command(mut_arg("directory", |a| a.help("Directory address(es) to register with, ADDR[,ADDR...] (overrides `directory` in --config; omit to run standalone)")))]
-#[command(mut_arg("config", |a| a.help("TOML config file (keys as in ProducerConfig: listen, directory, period_ms, ...)")))]
-pub struct ProducerArgs {
-    /// Source name for this host's events (default: host name).
-    #[arg(long)]
-    pub source: Option<String>,
-    /// Host sensor sample period in milliseconds (default 1000).
-    #[arg(long)]
-    pub period_ms: Option<u64>,
-    /// Directory lease TTL in milliseconds (default 10000).
-    #[arg(long)]
-    pub lease_ttl_ms: Option<u64>,
-    /// Events kept for resuming consumers (default 100000).
-    #[arg(long)]
-    pub buffer_events: Option<usize>,
-    /// Simulated hosts, from a TOML file (see docs/simulation.md).
-    #[arg(long)]
-    pub simulate: Option<PathBuf>,
-    /// Do not run the real host sensors (e.g. a simulation-only producer).
-    #[arg(long)]
-    pub no_host_sensors: bool,
-    /// Record id in the directory (default: <source>@<address>).
-    #[arg(long)]
-    pub id: Option<String>,
-    /// Keep the control changes (`gma agent set|enable|disable|watch`) in DIR/control.json
-    /// across restarts (docs/control.md).
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
-    /// Keep the agent's own CPU within this percent of one CPU by slowing its costliest
-    /// sensors (gma.budget events; docs/control.md).
-    #[arg(long)]
-    pub cpu_budget_pct: Option<f64>,
-    /// How often the CPU budget is checked, ms (default 10000).
-    #[arg(long)]
-    pub budget_check_ms: Option<u64>,
-    /// Serve the latest sensor values as Prometheus gauges at /metrics on this address
-    /// (gma_host_cpu_user{source="hostA"}, ...; see docs/dashboard.md).
-    #[arg(long)]
-    pub prometheus: Option<String>,
-    /// Accept OpenTelemetry metrics (OTLP/gRPC) on this address, behind the producer's TLS and
-    /// access policy (`otlp_listen` in --config; docs/otlp.md).
-    #[arg(long)]
-    pub otlp_listen: Option<String>,
-    #[command(flatten)]
-    pub role: RoleArgs,
 }
 
 #[derive(Args, Debug)]

@@ -12,6 +12,7 @@
 //! - [`service`]: the gRPC services (Producer, Ingest, Simulator).
 //! - [`registrar`]: directory registration and lease keeping.
 //! - [`error`]: the one error type and its mapping to gRPC status codes.
+//! - [`cli`]: the agent's flags and start-up, shared by `gma producer` and `gma-agent`.
 //! - [`budget`]: keeps the agent's own CPU within `cpu_budget_pct` by slowing its costliest
 //!   sensors (`gma.budget` events).
 //! - [`control`]: the `Control` service (sensor periods, enable/disable, runtime process
@@ -27,6 +28,7 @@
 //! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
 
 pub mod budget;
+pub mod cli;
 pub mod control;
 pub mod derive;
 pub mod error;
@@ -720,6 +722,27 @@ pub async fn run(
     Producer::new(config)?.run(listener, shutdown).await
 }
 
+/// The first tick of a sensor sampled every `period`: the next multiple of `period` since the
+/// first sensor of this process started. Sensors of the same period
+/// then sample at the same instant: one timer wake-up for all of them, and a subscriber gets
+/// their events in one batch (one gRPC message, one write) instead of one per sensor — the
+/// agent's cost per value delivered (docs/PERFORMANCE.md, "The agent").
+fn aligned_tick(period: Duration) -> tokio::time::Instant {
+    static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    let now = tokio::time::Instant::now();
+    let epoch = *EPOCH.get_or_init(|| now);
+    if now <= epoch {
+        // The first sensor, or a runtime whose clock is behind the first one's (a test's
+        // paused clock): sample now.
+        return now;
+    }
+    let p = period.as_nanos().max(1);
+    let since = now.saturating_duration_since(epoch).as_nanos();
+    let k = since.div_ceil(p);
+    let at = u64::try_from(k.saturating_mul(p)).unwrap_or(u64::MAX);
+    epoch + Duration::from_nanos(at)
+}
+
 async fn sensor_loop(
     mut sensor: Box<dyn Sensor>,
     slot: Arc<control::Slot>,
@@ -729,7 +752,7 @@ async fn sensor_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut cur = *setting.borrow_and_update();
-    let mut tick = tokio::time::interval(cur.period);
+    let mut tick = tokio::time::interval_at(aligned_tick(cur.period), cur.period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = Vec::new();
     let mut errors: u64 = 0;
@@ -743,9 +766,9 @@ async fn sensor_loop(
                 }
                 let next = *setting.borrow_and_update();
                 if next.period != cur.period {
-                    // The new period counts from now: the next sample is at most one new
-                    // period away.
-                    let start = tokio::time::Instant::now() + next.period;
+                    // The next sample is at most one new period away, in step with the other
+                    // sensors of that period.
+                    let start = aligned_tick(next.period);
                     tick = tokio::time::interval_at(start, next.period);
                     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 }

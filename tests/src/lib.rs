@@ -43,6 +43,19 @@ pub fn gma_bin() -> PathBuf {
     bin
 }
 
+/// The agent-only executable `gma-agent` (gma-producer's bin), next to `gma-e2e`. Cargo builds
+/// it with the workspace (`cargo nextest run --workspace`, scripts/test.sh); a run of this
+/// package alone does not: build it with `cargo build -p gma-producer --bin gma-agent`.
+pub fn agent_bin() -> PathBuf {
+    let bin = gma_bin().with_file_name(format!("gma-agent{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with cargo build -p gma-producer --bin gma-agent (the workspace test run builds it)",
+        bin.display()
+    );
+    bin
+}
+
 /// Polls `pred` every 20 ms until it holds or `timeout` passes.
 pub use gma_core::time::wait_until;
 
@@ -163,6 +176,13 @@ impl Proc {
         let mut args = vec!["producer", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         Proc::start(&args, "gma producer listening on")
+    }
+
+    /// `gma-agent --listen 127.0.0.1:0 extra...` (the agent-only executable, [`agent_bin`]).
+    pub fn agent(extra: &[&str]) -> Proc {
+        let mut args = vec!["--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Proc::start_cmd(Command::new(agent_bin()), &args, "gma producer listening on")
     }
 
     /// `gma archiver` on port 0, following the producers of `directory`, storing in `data`;

@@ -158,6 +158,19 @@ fn agent_resched_filter_forecast() {
         o["processes"][0]["rss_mib_peak"].as_f64().unwrap_or(0.0) > 0.0,
         "{o}"
     );
+    // Measured with a subscriber of every event attached, its deliveries counted.
+    assert_eq!(o["subscriber"], true, "{o}");
+    assert!(
+        o["delivered_values_per_s"].as_f64().is_some_and(|v| v >= 0.0),
+        "{o}"
+    );
+    // The agent-only executable next to gma-e2e by default; a `gma` executable given with
+    // --agent-bin runs as `gma producer`.
+    assert_eq!(o["agent"], agent_bin().display().to_string(), "{o}");
+    let gma = gma_bin();
+    let o = &bench(&["agent", "--duration", "2", "--agent-bin", gma.to_str().unwrap()])[0];
+    assert_eq!(o["agent"], format!("{} producer", gma.display()), "{o}");
+    assert_eq!(o["subscriber"], true, "{o}");
     bench(&["resched", "--trials", "5"]);
     bench(&["filter", "--events", "10000"]);
     bench(&["forecast"]);

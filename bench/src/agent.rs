@@ -1,0 +1,276 @@
+//! `gma bench agent`: the host agent's cost, measured as node_exporter is measured with its
+//! scraper — a real agent process with every host sensor (`gma-agent`, the agent alone, or `gma
+//! producer`: `--agent-bin`), and (unless
+//! `--no-subscriber`) a subscriber in this process taking every event it publishes (pattern
+//! `*`, gRPC over loopback). Reported from /proc/<pid> of the agent alone: CPU % of one core,
+//! µs of CPU per value sampled (the agent's own `gma.agent values_per_s`) and per value
+//! delivered to the subscriber, VmRSS at the end and VmHWM (peak). `--agent-arg` passes
+//! options to the agent (e.g. `--agent-arg=--buffer-events=1000`) to compare configurations.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use gma_consumer::stream::{ProducerStream, StreamOptions};
+use gma_proto::v1 as pb;
+use tokio::io::AsyncBufReadExt;
+
+use crate::args::Output;
+use crate::report::{cores, emit, peak_rss_mib, proc_usage};
+
+/// Events and values (numbers and strings) the subscriber took while `counting` was set.
+#[derive(Default)]
+struct Delivered {
+    counting: AtomicBool,
+    events: AtomicU64,
+    values: AtomicU64,
+}
+
+/// Subscribes to every event of the agent at `addr` and counts what arrives until the stream
+/// ends (the agent is killed) or fails.
+fn subscribe_all(addr: &str, d: Arc<Delivered>) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let mut s = ProducerStream::new(
+        addr,
+        StreamOptions {
+            patterns: vec!["*".into()],
+            reconnect: false,
+            ..StreamOptions::default()
+        },
+    );
+    tokio::spawn(async move {
+        loop {
+            let (mut n, mut v) = (0u64, 0u64);
+            let p = s
+                .next_with(|e| {
+                    n += 1;
+                    v += (e.numbers.len() + e.strings.len()) as u64;
+                })
+                .await;
+            match p {
+                Ok(Some(_)) => {
+                    if d.counting.load(Ordering::Relaxed) {
+                        d.events.fetch_add(n, Ordering::Relaxed);
+                        d.values.fetch_add(v, Ordering::Relaxed);
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(anyhow!("subscriber: {e}")),
+            }
+        }
+    })
+}
+
+/// A `kB` line of /proc/<pid>/status (`RssAnon`, `RssFile`, ...), in MiB.
+fn status_mib(pid: &str, key: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// The agent's own sampling rate, from its latest `gma.agent` event (`values_per_s`).
+async fn sampled_per_s(addr: &str) -> anyhow::Result<f64> {
+    let ch = gma_consumer::connect(addr).await.map_err(|e| anyhow!("{e}"))?;
+    let mut client = pb::producer_client::ProducerClient::new(ch);
+    let r = client
+        .query(pb::QueryRequest {
+            patterns: vec!["gma.agent".into()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| anyhow!("query gma.agent: {}", s.message()))?
+        .into_inner();
+    Ok(r.events
+        .first()
+        .and_then(|e| {
+            let schema = r.schemas.iter().find(|s| s.name == e.name)?;
+            let i = schema.fields.iter().position(|f| f.name == "values_per_s")?;
+            match e.values.get(i)?.kind {
+                Some(pb::value::Kind::Number(n)) => Some(n),
+                _ => None,
+            }
+        })
+        .unwrap_or(f64::NAN))
+}
+
+/// What `gma bench agent` runs.
+pub struct AgentRun {
+    pub duration: u64,
+    pub period_ms: u64,
+    /// A subscriber of every event attached.
+    pub subscriber: bool,
+    /// Options passed to the agent.
+    pub agent_args: Vec<String>,
+    /// The agent executable (`--agent-bin`).
+    pub agent_bin: Option<PathBuf>,
+}
+
+/// The agent's command: `gma-agent` (a file named so) runs as is, any other executable as
+/// `EXE producer`. Without `--agent-bin`: the `gma-agent` next to this executable when there
+/// is one, else this executable.
+fn agent_command(bin: Option<&Path>) -> anyhow::Result<(PathBuf, Option<&'static str>)> {
+    let exe = match bin {
+        Some(b) => b.to_path_buf(),
+        None => {
+            let me = std::env::current_exe().context("cannot find the gma binary")?;
+            let next = me.with_file_name(format!("gma-agent{}", std::env::consts::EXE_SUFFIX));
+            if next.is_file() {
+                next
+            } else {
+                me
+            }
+        }
+    };
+    if !exe.is_file() {
+        bail!("--agent-bin {}: no such executable", exe.display());
+    }
+    let alone = exe
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("gma-agent"));
+    Ok((exe, (!alone).then_some("producer")))
+}
+
+pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
+    let AgentRun {
+        duration,
+        period_ms,
+        subscriber,
+        agent_args,
+        agent_bin,
+    } = run;
+    if duration < 2 {
+        bail!("--duration must be at least 2 seconds");
+    }
+    let (exe, command) = agent_command(agent_bin.as_deref())?;
+    let what = match command {
+        Some(c) => format!("{} {c}", exe.display()),
+        None => exe.display().to_string(),
+    };
+    let period = period_ms.to_string();
+    let mut child = tokio::process::Command::new(&exe)
+        .args(command)
+        .args(["--listen", "127.0.0.1:0", "--period-ms", &period])
+        .args(["--source", "bench-agent"])
+        .args(&agent_args)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start the agent")?;
+    let pid = child
+        .id()
+        .ok_or_else(|| anyhow!("agent exited at once"))?
+        .to_string();
+    let stderr = child.stderr.take().ok_or_else(|| anyhow!("no agent stderr"))?;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .context("agent did not start in 10 s")??
+            .ok_or_else(|| anyhow!("agent exited before listening"))?;
+        if let Some(a) = line.strip_prefix("gma producer listening on ") {
+            break a.trim().to_string();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let delivered = Arc::new(Delivered::default());
+    let sub = subscriber.then(|| subscribe_all(&addr, delivered.clone()));
+    // Let it start up, take its first samples and serve the subscriber's first batch.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    delivered.counting.store(true, Ordering::Relaxed);
+    let (cpu0, _) = proc_usage(&pid)?;
+    let t0 = Instant::now();
+    let mut peak_rss: f64 = 0.0;
+    while t0.elapsed() < Duration::from_secs(duration) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        peak_rss = peak_rss.max(proc_usage(&pid)?.1);
+    }
+    let (cpu1, rss) = proc_usage(&pid)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    delivered.counting.store(false, Ordering::Relaxed);
+    let hwm = peak_rss_mib(&pid).unwrap_or(f64::NAN);
+    // Heap, stacks and relocated data against the executable's mapped pages.
+    let (anon, file) = (status_mib(&pid, "RssAnon"), status_mib(&pid, "RssFile"));
+    let threads = status_mib(&pid, "Threads") * 1024.0;
+    let cpu_pct = (cpu1 - cpu0) / seconds * 100.0;
+    let values_per_s = sampled_per_s(&addr).await?;
+    if let Some(h) = &sub {
+        if h.is_finished() {
+            bail!("the subscriber stopped before the end of the run");
+        }
+    }
+    let _ = child.kill().await;
+    if let Some(h) = sub {
+        // The agent is gone: the stream ends (or breaks); either is the expected end here.
+        let _ = h.await;
+    }
+    let events_out = delivered.events.load(Ordering::Relaxed) as f64 / seconds;
+    let values_out = delivered.values.load(Ordering::Relaxed) as f64 / seconds;
+    let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
+    let us_per_delivered = (cpu1 - cpu0) * 1e6 / (values_out * seconds);
+    match output {
+        Output::Json => emit(serde_json::json!({
+            "scenario": "agent",
+            "machine_cores": cores(),
+            "period_ms": period_ms,
+            "agent": what,
+            "agent_args": agent_args,
+            "subscriber": subscriber,
+            "seconds": seconds,
+            "cpu_pct_of_one_core": cpu_pct,
+            "rss_mb": rss,
+            "peak_rss_mb": peak_rss.max(rss),
+            "vm_hwm_mib": hwm,
+            "rss_anon_mib": anon,
+            "rss_file_mib": file,
+            "threads": threads,
+            "values_per_s": values_per_s,
+            "cpu_us_per_value": us_per_value,
+            "delivered_events_per_s": events_out,
+            "delivered_values_per_s": values_out,
+            "cpu_us_per_value_delivered": if subscriber { serde_json::json!(us_per_delivered) } else { serde_json::Value::Null },
+            "processes": [{
+                "name": what, "cpu_seconds": cpu1 - cpu0,
+                "cpu_pct": cpu_pct, "rss_mib_peak": hwm, "rss_mib_end": rss,
+            }],
+        })),
+        Output::Table => {
+            let with = if subscriber {
+                "one subscriber of `*`"
+            } else {
+                "no subscriber"
+            };
+            println!(
+                "agent: `{what}` with host sensors, {period_ms} ms sampling, {with}, measured {seconds:.0} s"
+            );
+            if !agent_args.is_empty() {
+                println!("  agent options            {}", agent_args.join(" "));
+            }
+            println!("  machine cores            {}", cores());
+            println!("  cpu                      {cpu_pct:.3} % of one core");
+            println!(
+                "  rss (VmRSS)              {rss:.1} MiB at the end, {:.1} MiB highest sampled",
+                peak_rss.max(rss)
+            );
+            println!("  peak rss (VmHWM)         {hwm:.1} MiB");
+            println!("  rss anonymous / file     {anon:.1} MiB / {file:.1} MiB, {threads:.0} threads");
+            println!("  values sampled           {values_per_s:.0} /s");
+            println!("  cost per value sampled   {us_per_value:.2} us of CPU");
+            if subscriber {
+                println!("  delivered                {events_out:.1} events/s, {values_out:.0} values/s");
+                println!("  cost per value delivered {us_per_delivered:.2} us of CPU");
+            }
+        }
+    }
+    Ok(())
+}
