@@ -108,6 +108,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== no import cycles among the modules of any crate (submodules included)"
 DEPTH=2 python3 scripts/module-cycles.py */src
 
+# The agent-only executable the agent tests run (tests/src: agent_bin): a test run builds the
+# bin targets of the tests crate only.
+echo "== cargo build gma-agent"
+cargo build --locked -p gma-producer --bin gma-agent
+
 if cargo nextest --version >/dev/null 2>&1; then
     # One process per test, a hung test killed after 5 min (.config/nextest.toml).
     echo "== cargo nextest run"

@@ -752,13 +752,18 @@ async fn sensor_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut cur = *setting.borrow_and_update();
-    let mut tick = tokio::time::interval_at(aligned_tick(cur.period), cur.period);
+    let start = aligned_tick(cur.period);
+    let mut tick = tokio::time::interval_at(start, cur.period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every sensor samples once as it starts (host.info's period is long: a broker must not wait
+    // a period for a new host's software), then in step with the others of its period.
+    let mut first = start > tokio::time::Instant::now();
     let mut buf = Vec::new();
     let mut errors: u64 = 0;
     loop {
         tokio::select! {
-            _ = tick.tick(), if cur.enabled => {}
+            _ = std::future::ready(()), if first && cur.enabled => first = false,
+            _ = tick.tick(), if cur.enabled => first = false,
             changed = setting.changed() => {
                 // The sender is gone: the control removed this sensor (a runtime watch).
                 if changed.is_err() {

@@ -43,14 +43,14 @@ pub fn gma_bin() -> PathBuf {
     bin
 }
 
-/// The agent-only executable `gma-agent` (gma-producer's bin), next to `gma-e2e`. Cargo builds
-/// it with the workspace (`cargo nextest run --workspace`, scripts/test.sh); a run of this
-/// package alone does not: build it with `cargo build -p gma-producer --bin gma-agent`.
+/// The agent-only executable `gma-agent` (gma-producer's bin), next to `gma-e2e`. A test run
+/// does not build it (it is not a bin of this package): scripts/test.sh builds it first; by hand,
+/// `cargo build -p gma-producer --bin gma-agent`.
 pub fn agent_bin() -> PathBuf {
     let bin = gma_bin().with_file_name(format!("gma-agent{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.is_file(),
-        "{} is missing: build it with cargo build -p gma-producer --bin gma-agent (the workspace test run builds it)",
+        "{} is missing: build it with cargo build -p gma-producer --bin gma-agent (scripts/test.sh does)",
         bin.display()
     );
     bin
