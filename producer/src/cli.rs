@@ -162,3 +162,14 @@ pub async fn serve(o: Opened) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Logs to stderr with `filter` (tracing EnvFilter syntax; `warn` when it does not parse): the
+/// logging of `gma` and `gma-agent`.
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

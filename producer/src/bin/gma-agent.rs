@@ -25,12 +25,7 @@ struct Cli {
 
 fn main() {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    gma_producer::cli::init_logging(&cli.log);
     if let Err(e) = run(cli) {
         gma_core::cli::exit_with(&e);
     }
