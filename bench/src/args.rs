@@ -352,6 +352,10 @@ pub enum BenchScenario {
         /// 1 to 10 s); the report gives each one's RSS growth over the last half of the run.
         #[arg(long, value_parser = parse_seconds)]
         sample_every: Option<u64>,
+        /// Each producer's resume ring (`gma producer --buffer-events`): the events a consumer
+        /// that falls behind (the archiver during a checkpoint) can still resume from.
+        #[arg(long, default_value_t = 100_000)]
+        buffer_events: u64,
         /// Write SVG figures into this folder: RSS over time per process (one per host count),
         /// and with several `--hosts`, CPU/RSS against host count and latency against rate.
         #[arg(long)]

@@ -186,6 +186,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             consumer_stop_s,
             lossy_keep,
             sample_every,
+            buffer_events,
             plot,
             output,
         } => {
@@ -209,6 +210,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 consumer_stop_s,
                 lossy_keep,
                 sample_every,
+                buffer_events,
                 plot,
                 output,
             };

@@ -82,9 +82,9 @@ use crate::report::{cores, proc_usage, Point, Timeline};
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Select calls asked of the broker at the end of the measurement.
 const BROKER_DECISIONS: u32 = 100;
-/// The producers' resume window (`--buffer-events`), passed explicitly so the report can say
-/// how long it lasts.
-const BUFFER_EVENTS: u64 = 100_000;
+/// How long the archiver may take to catch up with the producers at the end of the
+/// measurement, and to stop cleanly (its shutdown checkpoint seals every stream's open chunk).
+const ARCHIVER_END_WAIT: Duration = Duration::from_secs(300);
 /// The archiver's record id, kept across its restarts.
 const ARCHIVER_ID: &str = "scale-archiver";
 /// Missing ranges listed per run.
@@ -135,6 +135,8 @@ pub(crate) struct ScaleOptions {
     pub lossy_keep: Option<u64>,
     /// Seconds between samples of every process's RSS and CPU (default: D/100, 1 to 10 s).
     pub sample_every: Option<u64>,
+    /// Each producer's resume ring in events (`--buffer-events`).
+    pub buffer_events: u64,
     /// Folder for the SVG figures (`--plot`).
     pub plot: Option<PathBuf>,
     pub output: Output,
@@ -314,16 +316,27 @@ impl Role {
 
     /// SIGTERM, and the process's exit (bounded).
     async fn terminate(&mut self) -> anyhow::Result<()> {
+        match self.terminate_within(Duration::from_secs(15)).await? {
+            Some(_) => Ok(()),
+            None => bail!("{} did not stop within 15 s of SIGTERM", self.name),
+        }
+    }
+
+    /// SIGTERM, and the seconds until the process exited; None if it had not exited within
+    /// `limit` (it is then killed with SIGKILL).
+    async fn terminate_within(&mut self, limit: Duration) -> anyhow::Result<Option<f64>> {
         self.retire();
         let Some(mut c) = self.child.take() else {
-            return Ok(());
+            return Ok(Some(0.0));
         };
+        let asked = Instant::now();
         self.signal("TERM").await?;
-        match tokio::time::timeout(Duration::from_secs(15), c.wait()).await {
-            Ok(_) => Ok(()),
+        match tokio::time::timeout(limit, c.wait()).await {
+            Ok(_) => Ok(Some(asked.elapsed().as_secs_f64())),
             Err(_) => {
                 let _ = c.start_kill();
-                bail!("{} did not stop within 15 s of SIGTERM", self.name)
+                let _ = tokio::time::timeout(Duration::from_secs(15), c.wait()).await;
+                Ok(None)
             }
         }
     }
@@ -634,6 +647,48 @@ fn redelivered(before: &pb::ArchiveStatsResponse, after: &pb::ArchiveStatsRespon
             Some((b.last_seq + 1).saturating_sub(resumed_at).min(a.events))
         })
         .sum()
+}
+
+/// Waits (at most [`ARCHIVER_END_WAIT`]) until the archiver has received, from each producer's
+/// current run, everything it had published when called. Reports the lag it started from and
+/// how long catching up took (null if it did not within the bound).
+async fn archiver_catch_up(archiver: &str, producers: &[Role]) -> serde_json::Value {
+    let start = Instant::now();
+    let mut heads = Vec::new();
+    for p in producers {
+        match producer_head(&p.addr).await {
+            Ok((epoch, seq)) => heads.push((p.name.clone(), epoch, seq)),
+            Err(e) => return json!({"error": format!("{} head: {e:#}", p.name)}),
+        }
+    }
+    let behind = |st: &pb::ArchiveStatsResponse| -> u64 {
+        heads
+            .iter()
+            .map(|(name, epoch, seq)| {
+                let got = st
+                    .received
+                    .iter()
+                    .find(|x| &x.producer == name && x.epoch == *epoch)
+                    .map_or(0, |x| x.last_seq);
+                seq.saturating_sub(got)
+            })
+            .sum()
+    };
+    let mut first = None;
+    loop {
+        let now_behind = match archive_stats(archiver).await {
+            Ok(st) => behind(&st),
+            Err(e) => return json!({"error": format!("archiver stats: {e:#}")}),
+        };
+        let first = *first.get_or_insert(now_behind);
+        if now_behind == 0 {
+            return json!({"events_behind_at_end": first, "caught_up_s": start.elapsed().as_secs_f64()});
+        }
+        if start.elapsed() > ARCHIVER_END_WAIT {
+            return json!({"events_behind_at_end": first, "caught_up_s": null, "still_behind": now_behind});
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The highest seq producer `addr` has published in its current run: (epoch, seq), from the
@@ -1150,6 +1205,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         consumer_stop_s,
         lossy_keep,
         sample_every,
+        buffer_events,
         plot,
         output,
     } = o;
@@ -1191,7 +1247,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
             s("--lease-ttl-ms"),
             s("3000"),
             s("--buffer-events"),
-            BUFFER_EVENTS.to_string(),
+            buffer_events.to_string(),
         ];
         roles.push(Role::start(&id, args, Some("gma producer listening on"), false).await?);
         ids.push(id);
@@ -1569,6 +1625,11 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     }
     recording.store(false, std::sync::atomic::Ordering::Relaxed);
     sample_all(&mut timeline, t0, &roles, &cluster, &me);
+    // Drawn now: a long soak's figure survives a failure of the end phase.
+    let plotted = match &plot {
+        Some(dir) => Some(plot_timeline(dir, hosts, &timeline)?),
+        None => None,
+    };
     let seconds = t0.elapsed().as_secs_f64();
     let (me_cpu1, me_rss1) = proc_usage(&me)?;
     let dir_cpu = cluster.cpu_total() - dir_cpu0;
@@ -1587,6 +1648,9 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         .await
         .unwrap_or_else(|e| json!({"error": format!("{e:#}")}));
 
+    // Before the producers stop (and their rings with them), the archiver catches up with
+    // what each had published when the measurement ended: its lag is a figure, not a loss.
+    let lag = archiver_catch_up(&roles[ia].addr, &roles[..np]).await;
     // Stop every producer (each prints its last seq), then wait for the archiver to have
     // received every run that ended while it ran (its Stats: a wait condition, not the check).
     for r in roles.iter_mut().take(np) {
@@ -1667,7 +1731,12 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
 
     // The archiver stops cleanly (flush, checkpoint) and starts again on its data, alone: the
     // read-back sees what the store reopens from disk.
-    roles[ia].terminate().await?;
+    let archiver_stop_s = roles[ia].terminate_within(ARCHIVER_END_WAIT).await?;
+    if archiver_stop_s.is_none() {
+        tracing::warn!(
+            "the archiver did not stop within {ARCHIVER_END_WAIT:?} of SIGTERM: killed; the read-back replays its write-ahead log"
+        );
+    }
     let mut reader = start_archiver(
         "archiver (read-back)",
         &tmp.path().join("archiver-readback.toml"),
@@ -1755,7 +1824,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     };
     let q = |p: f64| lat.value_at_quantile(p) as f64 / 1000.0;
     // The resume window: the ring of the fastest producer, in seconds of its events.
-    let window_s = BUFFER_EVENTS as f64 / rate_max.max(1e-9);
+    let window_s = buffer_events as f64 / rate_max.max(1e-9);
     let outage_max_s = faults
         .iter()
         .filter(|f| f.kind == "archiver_kill9")
@@ -1843,7 +1912,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         },
         "faults": faults_json,
         "resume_window": {
-            "buffer_events": BUFFER_EVENTS,
+            "buffer_events": buffer_events,
             "fastest_producer_events_per_s": rate_max,
             "window_s": window_s,
             "longest_archiver_outage_s": outage_max_s,
@@ -1854,6 +1923,10 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         "directory_cpu_pct": 100.0 * dir_cpu / seconds,
         "directory": directory,
         "archiver": archiver,
+        "archiver_end": {
+            "catch_up": lag,
+            "clean_stop_s": archiver_stop_s,
+        },
         "broker_decisions": broker,
         "leader_failover_ms": failover_ms,
         "consumer_recovery_ms": {
@@ -1862,10 +1935,6 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         "processes": procs,
         "rss_timeline": timeline.to_json(),
     });
-    let plotted = match &plot {
-        Some(dir) => Some(plot_timeline(dir, hosts, &timeline)?),
-        None => None,
-    };
     match output {
         Output::Json => crate::report::emit(report.clone()),
         Output::Table => {
@@ -1904,8 +1973,9 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
                 println!("  fault {f}");
             }
             println!(
-                "  resume window {window_s:.0} s ({BUFFER_EVENTS} events at {rate_max:.0}/s); longest archiver outage {outage_max_s:.1} s; consumer gaps {consumer_gaps}"
+                "  resume window {window_s:.0} s ({buffer_events} events at {rate_max:.0}/s); longest archiver outage {outage_max_s:.1} s; consumer gaps {consumer_gaps}"
             );
+            println!("  archiver at the end: {}", report["archiver_end"]);
             println!(
                 "  latency sample -> consumer: p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms ({} samples)",
                 q(0.5),
