@@ -15,7 +15,11 @@ use prost::Message;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::Streaming;
 
-use crate::{connect, ConsumerError};
+use crate::{connect_with, ConsumerError};
+
+/// The largest HTTP/2 frame this side accepts on a subscription's connection (what the
+/// producer may send in one DATA frame; the protocol allows up to 16 MiB - 1).
+pub const STREAM_MAX_FRAME_BYTES: u32 = 1 << 20;
 
 /// Where to resume a stream: the producer run (epoch) and the first seq not yet received.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -138,7 +142,10 @@ impl ProducerStream {
     }
 
     async fn open(&mut self) -> Result<u64, ConsumerError> {
-        let channel = connect(&self.address).await?;
+        // Frames as large as a batch: at HTTP/2's default of 16 KiB every batch of 1,000
+        // events (27 KB) crossed in two or more frames, each a header and a pass of the
+        // producer's and this side's framing.
+        let channel = connect_with(&self.address, |ep| ep.max_frame_size(STREAM_MAX_FRAME_BYTES)).await?;
         let mut client =
             tonic::client::Grpc::new(channel).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
         let resume = self.resume.unwrap_or_default();
