@@ -122,10 +122,10 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchScenario {
-    /// A `gma producer` process -> subscriptions in consumer processes, events pushed through
-    /// Ingest, bytes counted on the consumers' sockets, drops from the protocol's gaps; with
-    /// --in-process: one producer -> one consumer in this process, max events/s, then latency
-    /// at a fixed rate.
+    /// A producer process (its own bench source, or `gma producer` fed through Ingest with
+    /// --source ingest) -> subscriptions in consumer processes, bytes counted on the consumers'
+    /// sockets, drops from the protocol's gaps; with --in-process: one producer -> one consumer
+    /// in this process, max events/s, then latency at a fixed rate.
     Stream {
         /// Seconds per phase (across processes: of the measured window).
         #[arg(long, default_value_t = 5)]

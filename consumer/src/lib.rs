@@ -43,8 +43,17 @@ pub fn is_refusal(code: tonic::Code) -> bool {
 /// Opens a channel to `addr` (`host:port` or `http(s)://host:port`), with this process's
 /// client TLS when one is installed ([`gma_core::tls::install_client`]).
 pub async fn connect(addr: &str) -> Result<Channel, ConsumerError> {
+    connect_with(addr, |ep| ep).await
+}
+
+/// [`connect`] with the endpoint's settings adjusted by `adjust` (e.g. a stream's frame size).
+pub(crate) async fn connect_with(
+    addr: &str,
+    adjust: impl FnOnce(tonic::transport::Endpoint) -> tonic::transport::Endpoint,
+) -> Result<Channel, ConsumerError> {
     let ep =
         gma_core::tls::endpoint(addr).map_err(|e| ConsumerError::Address(addr.to_string(), e.to_string()))?;
+    let ep = adjust(ep);
     let uri = ep.uri().to_string();
     ep.connect()
         .await

@@ -28,6 +28,7 @@
 //! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
 
 pub mod budget;
+pub mod chunk;
 pub mod cli;
 pub mod control;
 pub mod derive;

@@ -29,6 +29,7 @@ use prost::bytes::Bytes;
 use prost::Message;
 use tokio::sync::{mpsc, Notify};
 
+use crate::chunk::ChunkWriter;
 use crate::error::Error;
 use crate::hub::{Hub, HubInner, Stored};
 
@@ -402,6 +403,8 @@ pub struct Group {
     /// Contiguous: `chunks[i].to == chunks[i + 1].from`.
     chunks: VecDeque<Arc<Chunk>>,
     bytes: usize,
+    /// Writes the chunks (its buffers reused from one chunk to the next).
+    writer: ChunkWriter,
 }
 
 impl Group {
@@ -412,6 +415,7 @@ impl Group {
             class: Vec::new(),
             chunks: VecDeque::new(),
             bytes: 0,
+            writer: ChunkWriter::default(),
         }
     }
 
@@ -441,7 +445,8 @@ impl Group {
         if next >= inner.head() || next < inner.oldest() {
             return Ok(None);
         }
-        let mut enc = BatchEncoder::shared();
+        // Straight to bytes (the same bytes a shared `BatchEncoder` and prost would write).
+        let enc = &mut self.writer;
         let mut seen = foldhash::HashSet::with_capacity_and_hasher(16, Default::default());
         let mut last = next;
         for (scanned, e) in inner.since(next).enumerate() {
@@ -455,18 +460,13 @@ impl Group {
                     }
                     seen.insert(e.series);
                 }
-                let s = &inner.series[e.series as usize];
-                enc.push(s, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
+                enc.push(e.series, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
             }
             last = e.seq;
         }
         let series: Vec<u32> = seen.into_iter().collect();
         let events = enc.len();
-        let bytes = if events == 0 {
-            Bytes::new()
-        } else {
-            Bytes::from(enc.finish(epoch).encode_to_vec())
-        };
+        let bytes = enc.finish(epoch);
         let chunk = Arc::new(Chunk {
             from: next,
             to: last + 1,
