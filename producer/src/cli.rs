@@ -29,6 +29,10 @@ pub struct ProducerArgs {
     /// Events kept for resuming consumers (default 100000).
     #[arg(long)]
     pub buffer_events: Option<usize>,
+    /// Bytes those events may take at most, slots and values (`buffer_bytes` in --config;
+    /// default: bounded by --buffer-events only; docs/producer.md).
+    #[arg(long)]
+    pub buffer_bytes: Option<usize>,
     /// Simulated hosts, from a TOML file (see docs/simulation.md).
     #[arg(long)]
     pub simulate: Option<PathBuf>,
@@ -81,6 +85,9 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     }
     if let Some(v) = a.buffer_events {
         cfg.buffer_events = v;
+    }
+    if a.buffer_bytes.is_some() {
+        cfg.buffer_bytes = a.buffer_bytes;
     }
     if a.simulate.is_some() {
         cfg.simulate = a.simulate.clone();

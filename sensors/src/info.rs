@@ -409,7 +409,9 @@ fn trimmed(text: &str) -> Result<String, SensorError> {
 }
 
 impl Probe for Info {
-    const BLOCKING: bool = true;
+    fn blocking(&self) -> bool {
+        true
+    }
 
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         if !self.due(out.period, out.now_ns) {
