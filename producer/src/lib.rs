@@ -778,7 +778,10 @@ async fn sensor_loop(
     let mut cur = *setting.borrow_and_update();
     let start = aligned_tick(cur.period);
     let mut tick = tokio::time::interval_at(start, cur.period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A late tick (a slow start, a busy host) does not move the later ones: they stay on the
+    // instants shared with the other sensors of the period (with `Delay` a sensor late once
+    // sampled off step for good, a second batch and wake-up every period).
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     // Every sensor samples once as it starts (host.info's period is long: a broker must not wait
     // a period for a new host's software), then in step with the others of its period.
     let mut first = start > tokio::time::Instant::now();
@@ -799,7 +802,7 @@ async fn sensor_loop(
                     // sensors of that period.
                     let start = aligned_tick(next.period);
                     tick = tokio::time::interval_at(start, next.period);
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 }
                 cur = next;
                 continue;

@@ -32,11 +32,14 @@ pub(crate) trait Probe: Send {
 /// The files a probe reads: paths below one root, read into one reused buffer. Each file is
 /// opened once and kept open: a sample reads it again from offset 0 (`pread`), which makes the
 /// kernel generate a `/proc` file afresh without the path walk, open and close of every read
-/// (docs/PERFORMANCE.md, "The host agent"). A kept file that has been unlinked since (a fixture
-/// replaced, a file rotated away) is opened again by path, and one that fails to read is closed,
-/// so a read sees what a fresh open would.
+/// (docs/PERFORMANCE.md, "The host agent"). Below another root than `/proc` (test fixtures), a
+/// kept file that has been unlinked since (replaced, rotated away) is opened again by path; a
+/// `/proc` file is never unlinked while open. A file that fails to read is closed: a read sees
+/// what a fresh open would.
 pub(crate) struct Files {
     root: PathBuf,
+    /// `root` is `/proc` or below it.
+    in_proc: bool,
     buf: Vec<u8>,
     kept: Vec<Kept>,
 }
@@ -56,6 +59,7 @@ impl Files {
     pub(crate) fn new(root: &Path, capacity: usize) -> Files {
         Files {
             root: root.to_path_buf(),
+            in_proc: root.starts_with("/proc"),
             buf: Vec::with_capacity(capacity),
             kept: Vec::new(),
         }
@@ -84,10 +88,11 @@ impl Files {
             path: kept.path.clone(),
             source,
         };
-        let gone = kept
-            .file
-            .as_ref()
-            .is_some_and(|f| f.metadata().map_or(true, |m| m.nlink() == 0));
+        let gone = !self.in_proc
+            && kept
+                .file
+                .as_ref()
+                .is_some_and(|f| f.metadata().map_or(true, |m| m.nlink() == 0));
         if gone || kept.file.is_none() {
             kept.file = Some(std::fs::File::open(&kept.path).map_err(io)?);
         }
@@ -408,7 +413,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         let mut files = Files::new(dir.path(), 8);
-        let mut read = |files: &mut Files| files.read("f", |t| Ok(t.to_string()));
+        let read = |files: &mut Files| files.read("f", |t| Ok(t.to_string()));
         assert!(read(&mut files).is_err(), "missing");
         std::fs::write(&p, "one").unwrap();
         assert_eq!(read(&mut files).unwrap(), "one");
