@@ -170,13 +170,19 @@ pub async fn serve(o: Opened) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs to stderr with `filter` (tracing EnvFilter syntax; `warn` when it does not parse): the
-/// logging of `gma` and `gma-agent`.
+/// Logs to stderr with `filter` (a level, and levels per target: `info`,
+/// `warn,gma_producer=debug`; tracing-subscriber's `Targets` syntax; `warn` when it does not
+/// parse): the logging of `gma` and `gma-agent`. Not `EnvFilter`: its span and field
+/// directives bring the regex engines, 180 KB of code in every agent (docs/PERFORMANCE.md).
 pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let targets: Targets = filter
+        .parse()
+        .unwrap_or_else(|_| Targets::new().with_default(tracing::Level::WARN));
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(targets)
         .init();
 }
