@@ -26,6 +26,39 @@ fn epoch_of(p: &Proc) -> u64 {
         .unwrap()
 }
 
+/// A subscription to every event of the agent from seq 1 of run `epoch`, past its first
+/// message (the subscription id).
+async fn resume_from_one(
+    client: &mut ProducerClient<tonic::transport::Channel>,
+    epoch: u64,
+    consumer_id: &str,
+) -> tonic::Streaming<pb::SubscribeResponse> {
+    let mut s = client
+        .subscribe(pb::SubscribeRequest {
+            patterns: vec!["*".into()],
+            resume_from_seq: 1,
+            epoch,
+            consumer_id: consumer_id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.message().await.unwrap().unwrap().subscription_id > 0);
+    s
+}
+
+/// The next batch of `s`, within 30 s.
+async fn next_batch(s: &mut tonic::Streaming<pb::SubscribeResponse>) -> pb::EventBatch {
+    tokio::time::timeout(Duration::from_secs(30), s.message())
+        .await
+        .expect("events from the agent within 30 s")
+        .unwrap()
+        .expect("the stream goes on")
+        .batch
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn gma_agent_registers_serves_resumes_and_obeys_control() {
     let tmp = tempdir();
@@ -82,29 +115,12 @@ async fn gma_agent_registers_serves_resumes_and_obeys_control() {
     // Resumes a consumer from seq 1 of this run: its ring holds every event since the start,
     // in order and without a gap.
     let epoch = epoch_of(&agent);
-    let mut s = client
-        .subscribe(pb::SubscribeRequest {
-            patterns: vec!["*".into()],
-            resume_from_seq: 1,
-            epoch,
-            consumer_id: "agent-only-test".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(s.message().await.unwrap().unwrap().subscription_id > 0);
+    let mut s = resume_from_one(&mut client, epoch, "agent-only-test").await;
     let mut dec = BatchDecoder::new();
     let mut seqs = Vec::new();
     let mut names = std::collections::BTreeSet::new();
     while seqs.len() < 50 {
-        let b = tokio::time::timeout(Duration::from_secs(30), s.message())
-            .await
-            .expect("events from the agent within 30 s")
-            .unwrap()
-            .expect("the stream goes on")
-            .batch
-            .unwrap();
+        let b = next_batch(&mut s).await;
         assert!(b.gaps.is_empty(), "{:?}", b.gaps);
         dec.decode_each(&b, |e| {
             seqs.push(e.seq);
@@ -222,29 +238,12 @@ async fn gma_agent_ring_bounded_in_bytes_drops_the_oldest_with_a_gap() {
         }
     })
     .await;
-    let mut s = client
-        .subscribe(pb::SubscribeRequest {
-            patterns: vec!["*".into()],
-            resume_from_seq: 1,
-            epoch,
-            consumer_id: "agent-bytes-test".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(s.message().await.unwrap().unwrap().subscription_id > 0);
+    let mut s = resume_from_one(&mut client, epoch, "agent-bytes-test").await;
     let mut dec = BatchDecoder::new();
     let mut gaps = Vec::new();
     let mut seqs = Vec::new();
     while seqs.len() < 200 {
-        let b = tokio::time::timeout(Duration::from_secs(30), s.message())
-            .await
-            .expect("events from the agent within 30 s")
-            .unwrap()
-            .expect("the stream goes on")
-            .batch
-            .unwrap();
+        let b = next_batch(&mut s).await;
         gaps.extend(b.gaps.iter().map(|g| (g.from_seq, g.to_seq)));
         dec.decode_each(&b, |e| seqs.push(e.seq)).unwrap();
     }
