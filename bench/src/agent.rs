@@ -4,8 +4,10 @@
 //! `--no-subscriber`) a subscriber in this process taking every event it publishes (pattern
 //! `*`, gRPC over loopback). Reported from /proc/<pid> of the agent alone: CPU % of one core,
 //! µs of CPU per value sampled (the agent's own `gma.agent values_per_s`) and per value
-//! delivered to the subscriber, VmRSS at the end and VmHWM (peak). `--agent-arg` passes
-//! options to the agent (e.g. `--agent-arg=--buffer-events=1000`) to compare configurations.
+//! delivered to the subscriber, VmRSS at the end and VmHWM (peak), and apart the CPU of the
+//! host commands it ran and waited for (`df`, `dpkg-query` of host.info: its children's
+//! `cutime` + `cstime`). `--agent-arg` passes options to the agent (e.g.
+//! `--agent-arg=--buffer-bytes=1048576`) to compare configurations.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,6 +77,24 @@ fn status_mib(pid: &str, key: &str) -> f64 {
                 .ok()
         })
         .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// CPU seconds of the agent's children that it has waited for (`cutime` + `cstime` of
+/// /proc/<pid>/stat): the host commands `host.info` and `batch.queue` run (`df`, `dpkg-query`,
+/// `sinfo`), which the agent's own CPU time does not include.
+fn children_cpu_s(pid: &str) -> f64 {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // Field 3 (state) is index 0: cutime (16) and cstime (17) are 13 and 14.
+            let cu: f64 = f.get(13)?.parse().ok()?;
+            let cs: f64 = f.get(14)?.parse().ok()?;
+            Some(cu + cs)
+        });
+    // USER_HZ, as `report::proc_usage` assumes.
+    ticks.map_or(f64::NAN, |t| t / 100.0)
 }
 
 /// The agent's own sampling rate, from its latest `gma.agent` event (`values_per_s`).
@@ -189,6 +209,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     delivered.counting.store(true, Ordering::Relaxed);
     let (cpu0, _) = proc_usage(&pid)?;
+    let child0 = children_cpu_s(&pid);
     let t0 = Instant::now();
     let mut peak_rss: f64 = 0.0;
     while t0.elapsed() < Duration::from_secs(duration) {
@@ -196,6 +217,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
         peak_rss = peak_rss.max(proc_usage(&pid)?.1);
     }
     let (cpu1, rss) = proc_usage(&pid)?;
+    let child1 = children_cpu_s(&pid);
     let seconds = t0.elapsed().as_secs_f64();
     delivered.counting.store(false, Ordering::Relaxed);
     let hwm = peak_rss_mib(&pid).unwrap_or(f64::NAN);
@@ -218,6 +240,8 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     let values_out = delivered.values.load(Ordering::Relaxed) as f64 / seconds;
     let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
     let us_per_delivered = (cpu1 - cpu0) * 1e6 / (values_out * seconds);
+    let children = child1 - child0;
+    let us_per_value_with_children = (cpu1 - cpu0 + children) * 1e6 / (values_per_s * seconds);
     match output {
         Output::Json => emit(serde_json::json!({
             "scenario": "agent",
@@ -236,6 +260,8 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             "threads": threads,
             "values_per_s": values_per_s,
             "cpu_us_per_value": us_per_value,
+            "children_cpu_seconds": children,
+            "cpu_us_per_value_with_children": us_per_value_with_children,
             "delivered_events_per_s": events_out,
             "delivered_values_per_s": values_out,
             "cpu_us_per_value_delivered": if subscriber { serde_json::json!(us_per_delivered) } else { serde_json::Value::Null },
@@ -266,6 +292,9 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             println!("  rss anonymous / file     {anon:.1} MiB / {file:.1} MiB, {threads:.0} threads");
             println!("  values sampled           {values_per_s:.0} /s");
             println!("  cost per value sampled   {us_per_value:.2} us of CPU");
+            println!(
+                "  with its commands        {us_per_value_with_children:.2} us ({children:.2} s of CPU in the commands it ran)"
+            );
             if subscriber {
                 println!("  delivered                {events_out:.1} events/s, {values_out:.0} values/s");
                 println!("  cost per value delivered {us_per_delivered:.2} us of CPU");

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
     about = "GMA fabric: grid monitoring producers, consumers and a replicated directory"
 )]
 pub struct Cli {
-    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "gma_producer=debug".
+    /// Log filter: a level and levels per target, e.g. "info" or "warn,gma_producer=debug".
     #[arg(long, global = true, env = "GMA_LOG", default_value = "warn", help_heading = crate::args::GLOBAL_HEADING)]
     pub log: String,
     #[command(flatten)]

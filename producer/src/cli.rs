@@ -29,6 +29,10 @@ pub struct ProducerArgs {
     /// Events kept for resuming consumers (default 100000).
     #[arg(long)]
     pub buffer_events: Option<usize>,
+    /// Bytes those events may take at most, slots and values (`buffer_bytes` in --config;
+    /// default: bounded by --buffer-events only; docs/producer.md).
+    #[arg(long)]
+    pub buffer_bytes: Option<usize>,
     /// Simulated hosts, from a TOML file (see docs/simulation.md).
     #[arg(long)]
     pub simulate: Option<PathBuf>,
@@ -81,6 +85,9 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     }
     if let Some(v) = a.buffer_events {
         cfg.buffer_events = v;
+    }
+    if a.buffer_bytes.is_some() {
+        cfg.buffer_bytes = a.buffer_bytes;
     }
     if a.simulate.is_some() {
         cfg.simulate = a.simulate.clone();
@@ -163,13 +170,19 @@ pub async fn serve(o: Opened) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs to stderr with `filter` (tracing EnvFilter syntax; `warn` when it does not parse): the
-/// logging of `gma` and `gma-agent`.
+/// Logs to stderr with `filter` (a level, and levels per target: `info`,
+/// `warn,gma_producer=debug`; tracing-subscriber's `Targets` syntax; `warn` when it does not
+/// parse): the logging of `gma` and `gma-agent`. Not `EnvFilter`: its span and field
+/// directives bring the regex engines, 180 KB of code in every agent (docs/PERFORMANCE.md).
 pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let targets: Targets = filter
+        .parse()
+        .unwrap_or_else(|_| Targets::new().with_default(tracing::Level::WARN));
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(targets)
         .init();
 }

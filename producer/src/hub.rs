@@ -4,7 +4,9 @@
 //! is a bounded ring of the most recent events (the resume window): a sensor never waits for a
 //! consumer, a slow subscription simply falls behind and, if the ring overwrote events it had
 //! not read, is told exactly which seqs it lost. Seqs are assigned here, strictly increasing per
-//! producer run (epoch).
+//! producer run (epoch). The ring is bounded in events (`buffer_events`) and, when asked, in
+//! bytes (`buffer_bytes`: the events' slots and their values' allocations, [`stored_bytes`]), so
+//! that a slow agent's ring does not grow its memory past a configured size.
 
 use std::collections::VecDeque;
 
@@ -53,6 +55,45 @@ pub struct Stored {
     pub strings: Box<[String]>,
 }
 
+/// Bytes one ring slot takes (the [`Stored`] itself).
+pub const SLOT_BYTES: usize = std::mem::size_of::<Stored>();
+
+/// The heap memory of an allocation of `n` bytes: glibc's chunk on a 64-bit host (8 bytes of
+/// header, rounded up to 16, at least 32); 0 for none.
+fn heap_bytes(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        n.saturating_add(8 + 15).max(32) & !15
+    }
+}
+
+/// The heap memory of an event's values (its slot not included): the numbers' allocation,
+/// the strings' array and each string's own. An estimate of the allocator's chunks, counted
+/// against `buffer_bytes`.
+pub fn stored_bytes(e: &Stored) -> usize {
+    let strings = if e.strings.is_empty() {
+        0
+    } else {
+        heap_bytes(std::mem::size_of_val(&*e.strings))
+            + e.strings.iter().map(|s| heap_bytes(s.capacity())).sum::<usize>()
+    };
+    heap_bytes(std::mem::size_of_val(&*e.numbers)) + strings
+}
+
+/// What bounds the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingLimits {
+    /// Events kept (the resume window), at least 1.
+    pub events: usize,
+    /// Bytes the kept events may take, slots ([`SLOT_BYTES`] each, the ring's allocated
+    /// capacity) plus their values ([`stored_bytes`]); `None`: bounded in events only.
+    pub bytes: Option<usize>,
+    /// Extra events the ring may hold while a block-policy subscription has not read them
+    /// (and, under a byte bound, the same share of bytes again).
+    pub block_reserve: usize,
+}
+
 pub struct HubInner {
     pub epoch: u64,
     next_seq: u64,
@@ -60,6 +101,11 @@ pub struct HubInner {
     capacity: usize,
     /// Extra events the ring may hold while a block-policy subscription has not read them.
     block_reserve: usize,
+    /// The byte bound and its block reserve (see [`RingLimits`]).
+    byte_capacity: Option<usize>,
+    byte_reserve: usize,
+    /// [`stored_bytes`] of the events in the ring.
+    value_bytes: usize,
     /// Block-policy subscriptions: id -> the next seq each still needs.
     pins: HashMap<u64, u64>,
     schemas: HashMap<String, pb::EventSchema>,
@@ -88,11 +134,39 @@ impl HubInner {
         match self.pins.values().min() {
             None => usize::MAX,
             Some(&pin) => {
-                let held = self.next_seq.saturating_sub(pin.max(self.oldest()));
-                self.capacity
-                    .saturating_sub(usize::try_from(held).unwrap_or(usize::MAX))
+                let from = pin.max(self.oldest());
+                let held = self.next_seq.saturating_sub(from);
+                let events = self
+                    .capacity
+                    .saturating_sub(usize::try_from(held).unwrap_or(usize::MAX));
+                match self.byte_capacity {
+                    None => events,
+                    Some(cap) => {
+                        // Under a byte bound: as many more events as fit, at the ring's
+                        // average size.
+                        let held: usize = self.since(from).map(|e| SLOT_BYTES + stored_bytes(e)).sum();
+                        let avg = (self.value_bytes / self.ring.len().max(1)) + SLOT_BYTES;
+                        events.min(cap.saturating_sub(held) / avg)
+                    }
+                }
             }
         }
+    }
+
+    /// Events in the ring.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Whether the ring is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Bytes the ring takes: its slots (allocated capacity) and its events' values, as counted
+    /// against `buffer_bytes`.
+    pub fn ring_bytes(&self) -> usize {
+        self.ring.capacity() * SLOT_BYTES + self.value_bytes
     }
 
     /// Events with seq >= `from`, in order.
@@ -125,6 +199,17 @@ impl HubInner {
             seen.insert(s.source.as_str());
         }
         seen.into_iter()
+    }
+
+    /// The ring's bytes (see [`HubInner::ring_bytes`]) once an event whose values take
+    /// `incoming` is in: the slots grow when every one is taken.
+    fn bytes_with(&self, incoming: usize) -> usize {
+        let slots = if self.ring.len() < self.ring.capacity() {
+            self.ring.capacity()
+        } else {
+            grown(self.ring.capacity())
+        };
+        slots * SLOT_BYTES + self.value_bytes + incoming
     }
 
     fn series_id(&mut self, name: &str, source: &str) -> Result<u32, PublishError> {
@@ -171,14 +256,40 @@ impl Hub {
     /// A hub whose ring keeps the last `capacity` events and up to `block_reserve` more for
     /// block-policy subscriptions.
     pub fn with_block_reserve(epoch: u64, capacity: usize, block_reserve: usize) -> Arc<Hub> {
+        Hub::with_limits(
+            epoch,
+            RingLimits {
+                events: capacity,
+                bytes: None,
+                block_reserve,
+            },
+        )
+    }
+
+    /// A hub whose ring is bounded as `limits` say.
+    pub fn with_limits(epoch: u64, limits: RingLimits) -> Arc<Hub> {
+        let capacity = limits.events.max(1);
         let (head_tx, _) = watch::channel(1);
+        // Bounded in bytes, the ring's slots grow as events come (their capacity counts);
+        // otherwise they are allocated at once (pages are touched as the ring fills).
+        let ring = match limits.bytes {
+            Some(_) => VecDeque::new(),
+            None => VecDeque::with_capacity(capacity.min(1 << 20)),
+        };
+        let byte_reserve = limits.bytes.map_or(0, |b| {
+            let r = b as u128 * limits.block_reserve as u128 / capacity as u128;
+            usize::try_from(r).unwrap_or(usize::MAX)
+        });
         Arc::new(Hub {
             inner: Mutex::new(HubInner {
                 epoch,
                 next_seq: 1,
-                ring: VecDeque::with_capacity(capacity.min(1 << 20)),
-                capacity: capacity.max(1),
-                block_reserve,
+                ring,
+                capacity,
+                block_reserve: limits.block_reserve,
+                byte_capacity: limits.bytes,
+                byte_reserve,
+                value_bytes: 0,
                 pins: HashMap::new(),
                 schemas: HashMap::new(),
                 by_name: HashMap::new(),
@@ -319,12 +430,35 @@ fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<
     }
     let seq = inner.next_seq;
     inner.next_seq += 1;
+    // What the event will take under a byte bound: its values (as copied, at their lengths).
+    let incoming = match inner.byte_capacity {
+        None => 0,
+        Some(_) => {
+            let strings = if e.strings.is_empty() {
+                0
+            } else {
+                heap_bytes(std::mem::size_of_val(e.strings.as_slice()))
+                    + e.strings.iter().map(|s| heap_bytes(s.len())).sum::<usize>()
+            };
+            heap_bytes(std::mem::size_of_val(e.numbers.as_slice())) + strings
+        }
+    };
     // The event evicted last, if any: its boxes are reused (no allocation per event once the
     // ring is full and the layouts repeat).
     let mut evicted = None;
-    while inner.ring.len() >= inner.capacity {
+    loop {
+        let bytes = inner.bytes_with(incoming);
+        let over_bytes = inner
+            .byte_capacity
+            .is_some_and(|cap| bytes > cap && !inner.ring.is_empty());
+        if inner.ring.len() < inner.capacity && !over_bytes {
+            break;
+        }
         // A block subscription that has not read the oldest event keeps it, within the reserve.
         let held = inner.ring.len() < inner.capacity.saturating_add(inner.block_reserve)
+            && inner
+                .byte_capacity
+                .is_none_or(|cap| bytes <= cap.saturating_add(inner.byte_reserve))
             && match (inner.ring.front(), pin) {
                 (Some(front), Some(pin)) => front.seq >= pin,
                 _ => false,
@@ -332,7 +466,13 @@ fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<
         if held {
             break;
         }
-        evicted = inner.ring.pop_front();
+        match inner.ring.pop_front() {
+            Some(old) => {
+                inner.value_bytes = inner.value_bytes.saturating_sub(stored_bytes(&old));
+                evicted = Some(old);
+            }
+            None => break,
+        }
     }
     let stored = match evicted {
         Some(mut old) if old.numbers.len() == doubles && old.strings.len() == strings => {
@@ -363,8 +503,22 @@ fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<
         }
         l => *l = Some(stored.clone()),
     }
+    if inner.byte_capacity.is_some() {
+        inner.value_bytes += stored_bytes(&stored);
+        let len = inner.ring.len();
+        if len == inner.ring.capacity() {
+            // Grown in steps of a quarter (not doubled): the slots are counted in the bound.
+            let target = grown(inner.ring.capacity());
+            inner.ring.reserve_exact(target - len);
+        }
+    }
     inner.ring.push_back(stored);
     Ok(())
+}
+
+/// The slots of a ring bounded in bytes after it grows from `capacity`.
+fn grown(capacity: usize) -> usize {
+    capacity.saturating_add(capacity / 4).max(16)
 }
 
 #[cfg(test)]
@@ -406,6 +560,97 @@ mod tests {
         assert_eq!(held, vec![(2, 1, 2.0), (3, 0, 3.0), (4, 0, 4.0)]);
         let latest: Vec<_> = inner.latest().map(|e| (e.series, e.numbers[0])).collect();
         assert_eq!(latest, vec![(0, 4.0), (1, 2.0)]);
+    }
+
+    fn bytes_bound(bytes: usize, block_reserve: usize) -> Arc<Hub> {
+        let hub = Hub::with_limits(
+            1,
+            RingLimits {
+                events: 1_000_000,
+                bytes: Some(bytes),
+                block_reserve,
+            },
+        );
+        let mut s = schema();
+        s.fields.push(gma_core::event::text("name", ""));
+        hub.add_schemas(&[s]).unwrap();
+        hub
+    }
+
+    fn named(v: f64, name: &str) -> EventData {
+        EventData {
+            strings: vec![name.into()],
+            ..ev("a", v)
+        }
+    }
+
+    #[test]
+    fn a_ring_bounded_in_bytes_keeps_within_them_and_drops_the_oldest() {
+        assert_eq!(heap_bytes(0), 0);
+        assert_eq!(heap_bytes(8), 32);
+        assert_eq!(heap_bytes(24), 32);
+        assert_eq!(heap_bytes(25), 48);
+        assert_eq!(heap_bytes(104), 112);
+        const CAP: usize = 16 * 1024;
+        let hub = bytes_bound(CAP, 0);
+        let per_event = SLOT_BYTES + heap_bytes(8) + heap_bytes(24) + heap_bytes(5);
+        for i in 0..2_000u32 {
+            let (_, r) = hub.publish(&[named(f64::from(i), "eth-0")]);
+            r.unwrap();
+            let inner = hub.lock();
+            assert!(
+                inner.ring_bytes() <= CAP,
+                "{} > {CAP} after {i}",
+                inner.ring_bytes()
+            );
+            assert_eq!(
+                inner.oldest() + inner.len() as u64,
+                inner.head(),
+                "seqs stay contiguous"
+            );
+        }
+        let inner = hub.lock();
+        let kept = inner.len();
+        // Filled to within one growth step of the slots and one event.
+        assert!(
+            kept * per_event > CAP * 3 / 4,
+            "{kept} events of {per_event} bytes in {CAP}"
+        );
+        assert_eq!(inner.head(), 2_001);
+        assert_eq!(inner.oldest(), 2_001 - kept as u64);
+        let values: Vec<f64> = inner.since(0).map(|e| e.numbers[0]).collect();
+        assert_eq!(values.len(), kept);
+        assert_eq!(values[kept - 1], 1999.0);
+        assert_eq!(inner.since(0).map(stored_bytes).sum::<usize>(), inner.value_bytes);
+        // Larger events: fewer of them, still within the bound.
+        drop(inner);
+        let long = "x".repeat(1000);
+        for i in 0..100 {
+            hub.publish(&[named(f64::from(i), &long)]).1.unwrap();
+            assert!(hub.lock().ring_bytes() <= CAP);
+        }
+        assert!(hub.lock().len() < kept / 4);
+    }
+
+    #[test]
+    fn a_block_subscription_holds_events_within_the_byte_reserve() {
+        const CAP: usize = 8 * 1024;
+        let hub = bytes_bound(CAP, 1_000_000);
+        hub.pin(7, 1);
+        for i in 0..1_000u32 {
+            hub.publish(&[named(f64::from(i), "sda")]).1.unwrap();
+            assert!(hub.lock().ring_bytes() <= 2 * CAP);
+        }
+        let inner = hub.lock();
+        assert!(inner.ring_bytes() > CAP, "held past the bound for the reader");
+        assert!(inner.oldest() > 1, "and dropped past the reserve");
+        assert_eq!(inner.room(), 0, "no room for a writer that can wait");
+        drop(inner);
+        let head = hub.lock().head();
+        hub.pin(7, head);
+        assert!(hub.lock().room() > 0, "everything read");
+        hub.unpin(7);
+        assert_eq!(hub.lock().room(), usize::MAX);
     }
 
     #[test]

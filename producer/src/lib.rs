@@ -94,6 +94,10 @@ pub struct ProducerConfig {
     pub budget_check_ms: u64,
     /// Events kept for resuming consumers (the resume window).
     pub buffer_events: usize,
+    /// Bytes those events may take at most (ring slots and values, `gma_producer::hub::
+    /// stored_bytes`), the ring's memory as a configuration term: the oldest events go first
+    /// when it is full, as past `buffer_events`. None = bounded by `buffer_events` only.
+    pub buffer_bytes: Option<usize>,
     /// Run the real host sensors (/proc, /sys).
     pub host_sensors: bool,
     /// Packages whose versions `host.info` reports in `software` (at most 64 Debian package
@@ -164,6 +168,7 @@ impl Default for ProducerConfig {
             cpu_budget_pct: None,
             budget_check_ms: 10_000,
             buffer_events: 100_000,
+            buffer_bytes: None,
             host_sensors: true,
             packages: None,
             command_timeout_ms: 5000,
@@ -272,6 +277,13 @@ impl Producer {
                 "buffer_events must be within 1..=50000000".into(),
             ));
         }
+        if let Some(b) = config.buffer_bytes {
+            if !(MIN_BUFFER_BYTES..=MAX_BUFFER_BYTES).contains(&b) {
+                return Err(ProducerError::Config(format!(
+                    "buffer_bytes {b} must be within {MIN_BUFFER_BYTES}..={MAX_BUFFER_BYTES} (or left out: bounded by buffer_events only)"
+                )));
+            }
+        }
         let source = config.source.clone().unwrap_or_else(host_name);
         gma_core::pattern::validate_source(&source).map_err(|e| ProducerError::Config(e.to_string()))?;
         config
@@ -284,7 +296,14 @@ impl Producer {
             .map_err(|e| ProducerError::Config(format!("policy: {e}")))?;
         let gate = Arc::new(gma_core::guard::Gate::new(policy, config.endpoint.limits.clone()));
         let epoch = now_ns().max(1) as u64;
-        let hub = Hub::new(epoch, config.buffer_events);
+        let hub = Hub::with_limits(
+            epoch,
+            hub::RingLimits {
+                events: config.buffer_events,
+                bytes: config.buffer_bytes,
+                block_reserve: config.buffer_events,
+            },
+        );
         let counters = Arc::new(AgentCounters::default());
         let mut sensors: Vec<Box<dyn Sensor>> = Vec::new();
         let period = Duration::from_millis(config.period_ms);
@@ -708,6 +727,11 @@ impl Producer {
     }
 }
 
+/// Smallest `buffer_bytes`: one page.
+pub const MIN_BUFFER_BYTES: usize = 4096;
+/// Largest `buffer_bytes`: 64 GiB.
+pub const MAX_BUFFER_BYTES: usize = 64 << 30;
+
 /// How long a stopping producer lets its streams deliver the events they have not sent yet.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -755,7 +779,10 @@ async fn sensor_loop(
     let mut cur = *setting.borrow_and_update();
     let start = aligned_tick(cur.period);
     let mut tick = tokio::time::interval_at(start, cur.period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A late tick (a slow start, a busy host) does not move the later ones: they stay on the
+    // instants shared with the other sensors of the period (with `Delay` a sensor late once
+    // sampled off step for good, a second batch and wake-up every period).
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     // Every sensor samples once as it starts (host.info's period is long: a broker must not wait
     // a period for a new host's software), then in step with the others of its period.
     let mut first = start > tokio::time::Instant::now();
@@ -776,7 +803,7 @@ async fn sensor_loop(
                     // sensors of that period.
                     let start = aligned_tick(next.period);
                     tick = tokio::time::interval_at(start, next.period);
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 }
                 cur = next;
                 continue;

@@ -299,7 +299,10 @@ impl Batch {
 }
 
 impl Probe for Batch {
-    const BLOCKING: bool = true;
+    /// Off (no batch system): nothing to run.
+    fn blocking(&self) -> bool {
+        !self.off
+    }
 
     fn sample(&mut self, _files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         if self.off {

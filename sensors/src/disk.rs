@@ -121,6 +121,13 @@ fn sys_block_name(device: &str) -> std::borrow::Cow<'_, str> {
 pub(crate) struct Disk {
     sys_block: PathBuf,
     whole: HashSet<String>,
+    /// `<sys_root>/block` could be read at the last refresh.
+    have_sys: bool,
+    /// The devices `/proc/diskstats` listed when `<sys_root>/block` was last read: while it
+    /// lists the same, which are whole is known (a device is added to both at once).
+    listed: Vec<String>,
+    /// `<sys_root>/block` has been read once.
+    refreshed: bool,
     devices: PartRates<DiskCounters>,
 }
 
@@ -130,6 +137,9 @@ impl Disk {
         Disk {
             sys_block: sys_root.join("block"),
             whole: HashSet::new(),
+            have_sys: false,
+            listed: Vec::new(),
+            refreshed: false,
             devices: PartRates::default(),
         }
     }
@@ -151,8 +161,18 @@ impl Disk {
 
 impl Probe for Disk {
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        let have_sys = self.refresh_whole();
         let stats = files.read("diskstats", parse_diskstats)?;
+        // Devices came or went (or the first sample): read `<sys_root>/block` again.
+        let same = self.refreshed
+            && stats.len() == self.listed.len()
+            && stats.iter().zip(&self.listed).all(|(d, n)| d.device == n);
+        if !same {
+            self.have_sys = self.refresh_whole();
+            self.refreshed = true;
+            self.listed.clear();
+            self.listed.extend(stats.iter().map(|d| d.device.to_string()));
+        }
+        let have_sys = self.have_sys;
         let whole = &self.whole;
         let keep = |d: &&DiskStat<'_>| {
             !is_pseudo(d.device)
@@ -288,5 +308,36 @@ mod tests {
     fn sensor_reports_whole_devices_only() {
         assert_eq!(sensor_run(true), ["h/sda", "h/dm-0"]);
         assert_eq!(sensor_run(false), ["h/sda", "h/nvme0n1", "h/dm-0"]);
+    }
+
+    #[test]
+    fn a_device_added_later_is_classified_when_it_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let (proc_root, sys_root) = (dir.path().join("proc"), dir.path().join("sys"));
+        std::fs::create_dir_all(&proc_root).unwrap();
+        std::fs::create_dir_all(sys_root.join("block/sda")).unwrap();
+        let cfg = crate::HostSensorConfig {
+            proc_root: proc_root.clone(),
+            sys_root: sys_root.clone(),
+            ..crate::HostSensorConfig::new("h")
+        };
+        let mut s =
+            crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_disk(), Disk::new(&cfg.sys_root));
+        let sda = " 8 0 sda 1 0 8 0 1 0 8 0 0 1 1\n 8 1 sda1 1 0 8 0 1 0 8 0 0 1 1\n";
+        let sdb = " 8 16 sdb 1 0 8 0 1 0 8 0 0 1 1\n 8 17 sdb1 1 0 8 0 1 0 8 0 0 1 1\n";
+        let mut out = Vec::new();
+        let sec = 1_000_000_000;
+        for (i, text) in [sda, sda, &format!("{sda}{sdb}"), &format!("{sda}{sdb}")]
+            .into_iter()
+            .enumerate()
+        {
+            if i == 2 {
+                std::fs::create_dir_all(sys_root.join("block/sdb")).unwrap();
+            }
+            std::fs::write(proc_root.join("diskstats"), text).unwrap();
+            s.sample(i as i64 * sec, &mut out).unwrap();
+        }
+        let sources: Vec<&str> = out.iter().map(|e| e.source.as_str()).collect();
+        assert_eq!(sources, ["h/sda", "h/sda", "h/sda", "h/sdb"]);
     }
 }

@@ -12,7 +12,9 @@
 //! derivatives), both run with the command timeout and bounded output (see
 //! [`crate::command`]). A host without one of them publishes that part empty (NaN for
 //! `disk_free_mb`) and logs it once; a failing command is logged and leaves its part empty: the
-//! rest of `host.info` is still worth sending.
+//! rest of `host.info` is still worth sending. The packages' versions change only when dpkg's
+//! database does: `dpkg-query` runs again only when `/var/lib/dpkg/status` changed (its inode,
+//! size or modification time) since the last answer, else that answer is sent again.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,6 +25,9 @@ use crate::procfs::{kib_to_mib, parse_num, Emit, Files, Probe};
 use crate::SensorError;
 
 const STAT: &str = "/proc/stat";
+
+/// dpkg's database of installed packages.
+pub const DPKG_STATUS: &str = "/var/lib/dpkg/status";
 
 /// The `os` value when os-release is missing or names nothing.
 pub const UNKNOWN_OS: &str = "unknown";
@@ -300,6 +305,19 @@ pub(crate) struct Info {
     /// Why `df` / `dpkg-query` gave nothing was logged (see [`tell_once`]).
     told_df: bool,
     told_dpkg: bool,
+    /// dpkg's database (`/var/lib/dpkg/status`), and the last `software` with the database's
+    /// state it was read from.
+    dpkg_status: PathBuf,
+    software: Option<(FileState, String)>,
+}
+
+/// What tells that a file changed: device, inode, size, modification time (s, ns).
+type FileState = (u64, u64, u64, i64, i64);
+
+fn file_state(path: &Path) -> Option<FileState> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
 
 impl Info {
@@ -312,7 +330,16 @@ impl Info {
             last_ns: None,
             told_df: false,
             told_dpkg: false,
+            dpkg_status: PathBuf::from(DPKG_STATUS),
+            software: None,
         }
+    }
+
+    /// Another dpkg database than [`DPKG_STATUS`] (tests).
+    #[cfg(test)]
+    fn with_dpkg_status(mut self, path: &Path) -> Info {
+        self.dpkg_status = path.to_path_buf();
+        self
     }
 
     /// Due on the first sample, then once `period` (the info period) has passed. A tenth of
@@ -364,10 +391,16 @@ impl Info {
         (root, format_mounts(listed_mounts(&mounts)))
     }
 
-    /// `software`.
+    /// `software`: the last answer while dpkg's database is unchanged, else `dpkg-query`'s.
     fn software(&mut self) -> String {
         if self.packages.is_empty() {
             return String::new();
+        }
+        let state = file_state(&self.dpkg_status);
+        if let (Some(now), Some((then, software))) = (state, &self.software) {
+            if now == *then {
+                return software.clone();
+            }
         }
         let mut args = vec!["-W", "-f", "${Package}\\t${Version}\\t${db:Status-Abbrev}\\n"];
         args.extend(self.packages.iter().map(String::as_str));
@@ -379,7 +412,13 @@ impl Info {
                 o.stderr
             ))),
         });
-        format_software(&tell_once(&mut self.told_dpkg, "software", found))
+        let answered = found.is_ok();
+        let software = format_software(&tell_once(&mut self.told_dpkg, "software", found));
+        self.software = match state {
+            Some(s) if answered => Some((s, software.clone())),
+            _ => None,
+        };
+        software
     }
 }
 
@@ -409,7 +448,9 @@ fn trimmed(text: &str) -> Result<String, SensorError> {
 }
 
 impl Probe for Info {
-    const BLOCKING: bool = true;
+    fn blocking(&self) -> bool {
+        true
+    }
 
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         if !self.due(out.period, out.now_ns) {
@@ -551,7 +592,8 @@ cpufreq_whatever 1
                     timeout: Duration::from_secs(10),
                 },
                 packages.iter().map(|s| s.to_string()).collect(),
-            ),
+            )
+            .with_dpkg_status(&p.join("dpkg-status")),
         )
     }
 
@@ -753,5 +795,45 @@ nfs:/export              -        -         -        - /mnt/unknown
         s.sample(3600 * 1_000_000_000, &mut out).unwrap();
         assert_eq!(out[1].strings[6..], ["", ""]);
         assert!(out[1].numbers[3].is_nan());
+    }
+
+    #[test]
+    fn dpkg_query_runs_again_only_when_the_database_changed() {
+        let dir = fixture_root();
+        let p = dir.path();
+        script(&p.join("bin/df"), "exit 1");
+        let answer = |version: &str| {
+            script(
+                &p.join("bin/dpkg-query"),
+                &format!(
+                    "touch '{}'\nprintf 'python3\\t{version}\\tii \\n'",
+                    p.join("ran").display()
+                ),
+            )
+        };
+        let status = p.join("dpkg-status");
+        std::fs::write(&status, "Package: python3\n").unwrap();
+        answer("3.11");
+        let mut s = info_sensor(p, &p.join("os-release"), &["python3"]);
+        let mut out = Vec::new();
+        let minute = 60_000_000_000i64;
+        s.sample(0, &mut out).unwrap();
+        assert!(std::fs::remove_file(p.join("ran")).is_ok(), "dpkg-query ran");
+        answer("3.12");
+        s.sample(minute, &mut out).unwrap();
+        assert!(
+            !p.join("ran").exists(),
+            "the database did not change: no dpkg-query"
+        );
+        assert_eq!(out[1].strings[7], "python3=3.11");
+        std::fs::write(&status, "Package: python3\nVersion: 3.12\n").unwrap();
+        s.sample(2 * minute, &mut out).unwrap();
+        assert!(p.join("ran").exists(), "the database changed");
+        assert_eq!(out[2].strings[7], "python3=3.12");
+        // Without the database file, dpkg-query runs every time.
+        std::fs::remove_file(&status).unwrap();
+        std::fs::remove_file(p.join("ran")).unwrap();
+        s.sample(3 * minute, &mut out).unwrap();
+        assert!(p.join("ran").exists());
     }
 }

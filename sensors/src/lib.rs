@@ -67,8 +67,10 @@ pub trait Sensor: Send {
     fn schemas(&self) -> Vec<gma_proto::v1::EventSchema>;
     /// Sampling period.
     fn period(&self) -> Duration;
-    /// Whether a sample may block for a while (it runs host commands, each bounded by a
-    /// timeout): the producer then samples it off its async workers.
+    /// Whether the next sample may block for a while (it runs host commands, each bounded by
+    /// a timeout, or a benchmark): the producer then samples it off its async workers. Asked
+    /// before every sample: it may change (a sensor that turned itself off, a benchmark not
+    /// due yet), and a sample after `false` must not block.
     fn blocking(&self) -> bool {
         false
     }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -17,19 +18,53 @@ use crate::{HostSensorConfig, Sensor, SensorError};
 pub(crate) trait Probe: Send {
     /// Starting capacity of the read buffer (the largest file read, roughly).
     const BUF_CAPACITY: usize = 4096;
-    /// The probe runs host commands and may wait up to their timeouts ([`Sensor::blocking`]).
-    const BLOCKING: bool = false;
+    /// Whether the next sample runs host commands and may wait up to their timeouts
+    /// ([`Sensor::blocking`], asked before every sample): a probe that found nothing to run on
+    /// this host, or whose next run is not due, samples on the producer's own thread instead
+    /// of a blocking thread's (no thread hand-off per sample).
+    fn blocking(&self) -> bool {
+        false
+    }
     /// One sample (see [`Sensor::sample`]): read through `files`, push events through `out`.
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError>;
 }
 
-/// The files a probe reads: paths below one root, read into one reused buffer.
+/// The files a probe reads: paths below one root, read into one reused buffer. Each file is
+/// opened once and kept open: a sample reads it again from offset 0 (`pread`), which makes the
+/// kernel generate a `/proc` file afresh without the path walk, open and close of every read
+/// (docs/PERFORMANCE.md, "The host agent"). Below another root than `/proc` (test fixtures), a
+/// kept file that has been unlinked since (replaced, rotated away) is opened again by path; a
+/// `/proc` file is never unlinked while open. A file that fails to read is closed: a read sees
+/// what a fresh open would.
 pub(crate) struct Files {
     root: PathBuf,
-    buf: String,
+    /// `root` is `/proc` or below it.
+    in_proc: bool,
+    buf: Vec<u8>,
+    kept: Vec<Kept>,
 }
 
+/// A file below the root, open while it reads well.
+struct Kept {
+    name: String,
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+/// Largest file a probe reads whole (a `/proc/net/dev` of many thousand interfaces fits).
+const MAX_FILE_BYTES: usize = 64 << 20;
+
 impl Files {
+    /// Reads files below `root` into a buffer of `capacity` bytes to start with.
+    pub(crate) fn new(root: &Path, capacity: usize) -> Files {
+        Files {
+            root: root.to_path_buf(),
+            in_proc: root.starts_with("/proc"),
+            buf: Vec::with_capacity(capacity),
+            kept: Vec::new(),
+        }
+    }
+
     /// Reads `file` below the root and parses it with `parse`, naming the path in any error.
     /// What `parse` returns may borrow the text.
     pub(crate) fn read<'b, T>(
@@ -37,17 +72,99 @@ impl Files {
         file: &str,
         parse: impl FnOnce(&'b str) -> Result<T, SensorError>,
     ) -> Result<T, SensorError> {
-        let path = self.root.join(file);
-        read_parse(&path, &mut self.buf, parse)
+        let i = match self.kept.iter().position(|k| k.name == file) {
+            Some(i) => i,
+            None => {
+                self.kept.push(Kept {
+                    name: file.to_string(),
+                    path: self.root.join(file),
+                    file: None,
+                });
+                self.kept.len() - 1
+            }
+        };
+        let kept = &mut self.kept[i];
+        let io = |source| SensorError::Io {
+            path: kept.path.clone(),
+            source,
+        };
+        let gone = !self.in_proc
+            && kept
+                .file
+                .as_ref()
+                .is_some_and(|f| f.metadata().map_or(true, |m| m.nlink() == 0));
+        if gone || kept.file.is_none() {
+            kept.file = Some(std::fs::File::open(&kept.path).map_err(io)?);
+        }
+        let read = match &kept.file {
+            Some(f) => pread_whole(f, &mut self.buf),
+            None => Ok(()),
+        };
+        if let Err(source) = read {
+            kept.file = None;
+            return Err(io(source));
+        }
+        let text = std::str::from_utf8(&self.buf)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+        let path = &kept.path;
+        parse(text).map_err(|e| e.in_file(path))
     }
 
-    /// [`Files::read`] of a file anywhere (`/etc/os-release`).
+    /// [`Files::read`] of a file anywhere (`/etc/os-release`), opened for this read only.
     pub(crate) fn read_at<'b, T>(
         &'b mut self,
         path: &Path,
         parse: impl FnOnce(&'b str) -> Result<T, SensorError>,
     ) -> Result<T, SensorError> {
-        read_parse(path, &mut self.buf, parse)
+        let io = |source| SensorError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        self.buf.clear();
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut self.buf))
+            .map_err(io)?;
+        let text = std::str::from_utf8(&self.buf)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+        parse(text).map_err(|e| e.in_file(path))
+    }
+}
+
+/// Reads all of `f` from offset 0 into `buf` (cleared first): `pread`s at the offsets read so
+/// far until one returns nothing, as `read` would (a multi-record `/proc` file comes a page or
+/// so at a time; the kernel continues where the last read ended).
+fn pread_whole(f: &std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    buf.clear();
+    loop {
+        if buf.capacity() - buf.len() < 1024 {
+            if buf.len() >= MAX_FILE_BYTES {
+                return Err(std::io::Error::other(format!(
+                    "larger than {} MiB",
+                    MAX_FILE_BYTES >> 20
+                )));
+            }
+            buf.reserve(buf.capacity().max(4096));
+        }
+        let at = buf.len();
+        // The spare capacity, zero-filled so it is initialised (`read_at` takes a `&mut [u8]`).
+        buf.resize(buf.capacity(), 0);
+        let read = f.read_at(&mut buf[at..], at as u64);
+        let n = match read {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                buf.truncate(at);
+                continue;
+            }
+            Err(e) => {
+                buf.truncate(at);
+                return Err(e);
+            }
+        };
+        buf.truncate(at + n);
+        if n == 0 {
+            return Ok(());
+        }
     }
 }
 
@@ -99,10 +216,7 @@ impl<P: Probe> ProcSensor<P> {
             source: source.to_string(),
             period,
             schema,
-            files: Files {
-                root: root.to_path_buf(),
-                buf: String::with_capacity(P::BUF_CAPACITY),
-            },
+            files: Files::new(root, P::BUF_CAPACITY),
             probe,
         }
     }
@@ -133,7 +247,7 @@ impl<P: Probe> Sensor for ProcSensor<P> {
     }
 
     fn blocking(&self) -> bool {
-        P::BLOCKING
+        self.probe.blocking()
     }
 
     fn sample(&mut self, now_ns: i64, out: &mut Vec<EventData>) -> Result<(), SensorError> {
@@ -217,30 +331,6 @@ impl<C: Copy> PartRates<C> {
     }
 }
 
-/// Reads `path` into `buf` (cleared first). The buffer lives in the sensor so a sample reuses
-/// its allocation instead of growing a fresh `String` every period.
-pub(crate) fn read_into(path: &Path, buf: &mut String) -> Result<(), SensorError> {
-    buf.clear();
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_to_string(buf))
-        .map(|_| ())
-        .map_err(|source| SensorError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
-/// Reads `path` and parses it with `parse`, naming `path` in any parse error.
-pub(crate) fn read_parse<'b, T>(
-    path: &Path,
-    buf: &'b mut String,
-    parse: impl FnOnce(&'b str) -> Result<T, SensorError>,
-) -> Result<T, SensorError> {
-    read_into(path, buf)?;
-    let text: &'b str = buf;
-    parse(text).map_err(|e| e.in_file(path))
-}
-
 /// Parses one whitespace-separated token; `what` names it in the error.
 pub(crate) fn parse_num<T: FromStr>(
     tok: Option<&str>,
@@ -306,11 +396,55 @@ mod tests {
 
     #[test]
     fn missing_file_names_the_path() {
-        let mut buf = String::new();
-        let err = read_into(Path::new("/nonexistent/gma/stat"), &mut buf).unwrap_err();
+        let mut files = Files::new(Path::new("/nonexistent/gma"), 64);
+        let err = files.read("stat", |t| Ok(t.len())).unwrap_err();
         assert!(
             err.to_string().starts_with("cannot read /nonexistent/gma/stat"),
             "{err}"
         );
+        let err = files.read_at(Path::new("/nonexistent/os-release"), |t| Ok(t.len()));
+        assert!(err.is_err());
+    }
+
+    /// A kept file reads what is in it now: rewritten in place, replaced by another file,
+    /// removed, back again, and larger than the buffer.
+    #[test]
+    fn kept_files_read_what_a_fresh_open_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let mut files = Files::new(dir.path(), 8);
+        let read = |files: &mut Files| files.read("f", |t| Ok(t.to_string()));
+        assert!(read(&mut files).is_err(), "missing");
+        std::fs::write(&p, "one").unwrap();
+        assert_eq!(read(&mut files).unwrap(), "one");
+        std::fs::write(&p, "two, longer than the first buffer").unwrap();
+        assert_eq!(read(&mut files).unwrap(), "two, longer than the first buffer");
+        let other = dir.path().join("g");
+        std::fs::write(&other, "three").unwrap();
+        std::fs::rename(&other, &p).unwrap();
+        assert_eq!(read(&mut files).unwrap(), "three", "replaced by rename");
+        std::fs::remove_file(&p).unwrap();
+        assert!(read(&mut files).is_err(), "removed");
+        let big = "x".repeat(100_000);
+        std::fs::write(&p, &big).unwrap();
+        assert_eq!(read(&mut files).unwrap(), big);
+        std::fs::write(&p, [0xff, 0xfe]).unwrap();
+        let err = read(&mut files).unwrap_err();
+        assert!(err.to_string().contains("cannot read"), "{err}");
+    }
+
+    /// The real `/proc` files, read twice through kept handles, give whole texts.
+    #[test]
+    fn proc_files_read_whole_twice() {
+        let mut files = Files::new(Path::new("/proc"), 16);
+        for _ in 0..2 {
+            let stat = files.read("stat", |t| Ok(t.to_string())).unwrap();
+            assert!(stat.starts_with("cpu ") && stat.contains("\nbtime "), "{stat}");
+            let status = files.read("self/status", |t| Ok(t.to_string())).unwrap();
+            assert!(
+                status.starts_with("Name:") && status.contains("\nVmRSS:"),
+                "{status}"
+            );
+        }
     }
 }

@@ -167,6 +167,11 @@ fn agent_resched_filter_forecast() {
     // The agent-only executable next to gma-e2e by default; a `gma` executable given with
     // --agent-bin runs as `gma producer`.
     assert_eq!(o["agent"], agent_bin().display().to_string(), "{o}");
+    // The CPU of the commands the agent ran is counted apart (0 or more, never missing).
+    assert!(
+        o["children_cpu_seconds"].as_f64().is_some_and(|c| c >= 0.0),
+        "{o}"
+    );
     let gma = gma_bin();
     let o = &bench(&["agent", "--duration", "2", "--agent-bin", gma.to_str().unwrap()])[0];
     assert_eq!(o["agent"], format!("{} producer", gma.display()), "{o}");

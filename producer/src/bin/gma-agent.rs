@@ -14,7 +14,7 @@ use gma_producer::cli::{open, producer_config, serve, ProducerArgs};
 #[derive(Parser, Debug)]
 #[command(name = "gma-agent", version)]
 struct Cli {
-    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "gma_producer=debug".
+    /// Log filter: a level and levels per target, e.g. "info" or "warn,gma_producer=debug".
     #[arg(long, env = "GMA_LOG", default_value = "warn", help_heading = GLOBAL_HEADING)]
     log: String,
     #[command(flatten)]
