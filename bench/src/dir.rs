@@ -556,8 +556,38 @@ pub(crate) async fn dir_channels(addr: &str, clients: usize) -> anyhow::Result<V
     Ok(channels)
 }
 
-/// 2,000 Searches by exact id on `addr` (after the warm-up), each answering one record.
-async fn search_phase(addr: &str, ids: &[String], stale_ok: bool) -> anyhow::Result<Histogram<u64>> {
+/// What each member holds of `id`, read locally (`stale_ok`): for the error of a search that
+/// did not find a registration it had acknowledged.
+async fn stale_counts(members: &[String], id: &str) -> Vec<(String, Result<usize, String>)> {
+    let mut out = Vec::new();
+    for m in members {
+        let n = match dir_client(m).await {
+            Ok(mut c) => c
+                .search(pb::SearchRequest {
+                    kind: pb::RecordKind::Producer as i32,
+                    id: id.to_string(),
+                    single: true,
+                    stale_ok: true,
+                    ..Default::default()
+                })
+                .await
+                .map(|r| r.into_inner().entries.len())
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message())),
+            Err(e) => Err(e.to_string()),
+        };
+        out.push((m.clone(), n));
+    }
+    out
+}
+
+/// 2,000 Searches by exact id on `addr` (after the warm-up), each answering one record;
+/// `members`: every member's address (for the error).
+async fn search_phase(
+    addr: &str,
+    members: &[String],
+    ids: &[String],
+    stale_ok: bool,
+) -> anyhow::Result<Histogram<u64>> {
     if ids.is_empty() {
         bail!("no registered ids to search for");
     }
@@ -581,8 +611,9 @@ async fn search_phase(addr: &str, ids: &[String], stale_ok: bool) -> anyhow::Res
         let us = micros(t.elapsed());
         if r.entries.len() != 1 {
             bail!(
-                "search for {id} on {addr} answered {} records, not 1",
-                r.entries.len()
+                "search for {id} on {addr} answered {} records, not 1 (stale_ok on each member: {:?})",
+                r.entries.len(),
+                stale_counts(members, id).await
             );
         }
         if i >= SEARCH_WARMUP {
@@ -755,16 +786,23 @@ async fn scenario(nodes: usize, duration: Duration, trials: u32) -> anyhow::Resu
         .find(|i| *i != l)
         .map(|i| cluster.addrs[i].clone())
         .unwrap_or_else(|| leader.clone());
+    let registered = Instant::now();
     let reg1 = register_phase(&cluster, &leader, 1, duration, "r1")
         .await
         .context("registrations at 1 client")?;
     let reg64 = register_phase(&cluster, &leader, CLIENTS, duration, "r64")
         .await
         .context("registrations at 64 clients")?;
-    let search_lin = search_phase(&leader, &reg1.ids, false)
+    let search_lin = search_phase(&leader, &cluster.addrs, &reg1.ids, false)
         .await
-        .context("linearizable searches on the leader")?;
-    let search_stale = search_phase(&follower, &reg1.ids, true)
+        .with_context(|| {
+            format!(
+                "linearizable searches on the leader ({:.1} s after the registrations began, leases {} s)",
+                registered.elapsed().as_secs_f64(),
+                TTL_MS / 1000
+            )
+        })?;
+    let search_stale = search_phase(&follower, &cluster.addrs, &reg1.ids, true)
         .await
         .context("stale_ok searches")?;
     let watch = watch_phase(&follower, &leader).await.context("watch latency")?;
