@@ -241,7 +241,8 @@ impl Shared {
     /// the leadership; a follower that is slow rather than gone (a loaded machine, a long round
     /// trip) misses it, and a healthy cluster would refuse the read. So the check is asked again,
     /// one heartbeat apart, until `write_timeout_ms` — the time a write gets to reach a quorum —
-    /// before the read answers UNAVAILABLE.
+    /// before the read answers UNAVAILABLE; so is a member that knows no leader (an election
+    /// in progress, which a loaded machine starts when heartbeats come late).
     pub async fn read_barrier(&self) -> Result<Option<Node>, DirError> {
         let deadline = Instant::now() + std::time::Duration::from_millis(self.config.write_timeout_ms);
         loop {
@@ -250,14 +251,16 @@ impl Shared {
                     self.await_restored_log().await?;
                     return Ok(None);
                 }
-                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                    return match f.leader_node {
-                        Some(n) if f.leader_id != Some(self.id) => Ok(Some(n)),
-                        _ => Err(DirError::unavailable(
-                            "no directory leader is known yet (election in progress or no quorum): retry, or read with stale_ok",
-                        )),
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node {
+                    Some(n) if f.leader_id != Some(self.id) => return Ok(Some(n)),
+                    _ if Instant::now() >= deadline => {
+                        return Err(DirError::unavailable(format!(
+                            "no directory leader is known within {} ms (election in progress or no quorum): retry, or read with stale_ok",
+                            self.config.write_timeout_ms
+                        )))
                     }
-                }
+                    _ => tokio::time::sleep(std::time::Duration::from_millis(self.config.heartbeat_ms)).await,
+                },
                 Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => {
                     if Instant::now() >= deadline {
                         return Err(DirError::unavailable(format!(
