@@ -7,7 +7,8 @@
 //!   leader; acked/s and per-request latency percentiles of the acked requests;
 //! - Search latency: 2,000 linearizable Searches by exact id (`single`) on the leader, and
 //!   2,000 `stale_ok` Searches on a follower (on the node itself with 1 node), after 100
-//!   unrecorded warm-up requests each;
+//!   unrecorded warm-up requests each, over 100 records registered for them with a 1 h lease
+//!   (a 60 s lease can expire before a slow phase ends);
 //! - Watch latency: a watcher (on a follower with 3 nodes) from revision 0, after SYNCED; one
 //!   writer on the leader registers 1,000 records at one per 2 ms, each carrying its send time
 //!   in `attributes["t_ns"]`; latency = receive time - t_ns;
@@ -48,6 +49,9 @@ const CHANNELS: usize = 8;
 /// Searches per kind, after the unrecorded warm-up ones.
 const SEARCHES: usize = 2_000;
 const SEARCH_WARMUP: usize = 100;
+/// Records the Searches look up, and their lease (the longest a lease may be).
+const SEARCH_SET: usize = 100;
+const SEARCH_TTL_MS: u64 = 3_600_000;
 /// Records registered while a watcher measures, and their pace.
 const WATCH_RECORDS: usize = 1_000;
 const WATCH_PERIOD: Duration = Duration::from_millis(2);
@@ -437,8 +441,6 @@ impl OpFigures {
 
 struct RegFigures {
     ops: OpFigures,
-    /// Ids acked by client 0, for the Search phase.
-    ids: Vec<String>,
 }
 
 /// `clients` concurrent loops of `op(client, n)` (n = 1, 2, ...) for `duration`: each loop
@@ -515,36 +517,51 @@ async fn register_phase(
     prefix: &str,
 ) -> anyhow::Result<RegFigures> {
     let channels = dir_channels(addr, clients).await?;
-    let ids = Arc::new(Mutex::new(Vec::new()));
     let prefix = prefix.to_string();
-    let ops = {
-        let ids = ids.clone();
-        op_phase(
-            &|| cluster.cpu_total(),
-            clients,
-            duration,
-            "registration",
-            move |k, n| {
-                let mut c = channels[k % channels.len()].clone();
-                let id = format!("{prefix}-{k}-{n}");
-                let ids = ids.clone();
-                async move {
-                    c.register(register_req(id.clone(), HashMap::new())).await?;
-                    if k == 0 {
-                        let mut ids = ids.lock().unwrap_or_else(|p| p.into_inner());
-                        if ids.len() < SEARCHES {
-                            ids.push(id);
-                        }
-                    }
-                    Ok(())
-                }
-            },
-        )
-        .await
-        .with_context(|| format!("on {addr}"))?
-    };
-    let ids = std::mem::take(&mut *ids.lock().unwrap_or_else(|p| p.into_inner()));
-    Ok(RegFigures { ops, ids })
+    let ops = op_phase(
+        &|| cluster.cpu_total(),
+        clients,
+        duration,
+        "registration",
+        move |k, n| {
+            let mut c = channels[k % channels.len()].clone();
+            let id = format!("{prefix}-{k}-{n}");
+            async move {
+                c.register(register_req(id, HashMap::new())).await?;
+                Ok(())
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("on {addr}"))?;
+    Ok(RegFigures { ops })
+}
+
+/// The records the Search phases look up: [`SEARCH_SET`] registered at once on `addr` with a
+/// lease that outlives the run. (They used to be the 1-client phase's, with 60 s leases: on a
+/// loaded machine the phases took longer than that, the leases expired and a search rightly
+/// found nothing.)
+async fn search_set(addr: &str) -> anyhow::Result<Vec<String>> {
+    let c = dir_client(addr).await?;
+    let mut set = tokio::task::JoinSet::new();
+    for n in 0..SEARCH_SET {
+        let mut c = c.clone();
+        set.spawn(async move {
+            let id = format!("s-{n}");
+            let mut req = register_req(id.clone(), HashMap::new());
+            req.lease_ttl_ms = SEARCH_TTL_MS;
+            c.register(req).await.map(|_| id)
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(r) = set.join_next().await {
+        ids.push(
+            r.context("a search-set registration task failed")?
+                .map_err(|s| rpc_err(&format!("registering the search set on {addr}"), &s))?,
+        );
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 /// Up to 8 shared channels to the directory at `addr` for `clients` clients.
@@ -556,8 +573,38 @@ pub(crate) async fn dir_channels(addr: &str, clients: usize) -> anyhow::Result<V
     Ok(channels)
 }
 
-/// 2,000 Searches by exact id on `addr` (after the warm-up), each answering one record.
-async fn search_phase(addr: &str, ids: &[String], stale_ok: bool) -> anyhow::Result<Histogram<u64>> {
+/// What each member holds of `id`, read locally (`stale_ok`): for the error of a search that
+/// did not find a registration it had acknowledged.
+async fn stale_counts(members: &[String], id: &str) -> Vec<(String, Result<usize, String>)> {
+    let mut out = Vec::new();
+    for m in members {
+        let n = match dir_client(m).await {
+            Ok(mut c) => c
+                .search(pb::SearchRequest {
+                    kind: pb::RecordKind::Producer as i32,
+                    id: id.to_string(),
+                    single: true,
+                    stale_ok: true,
+                    ..Default::default()
+                })
+                .await
+                .map(|r| r.into_inner().entries.len())
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message())),
+            Err(e) => Err(e.to_string()),
+        };
+        out.push((m.clone(), n));
+    }
+    out
+}
+
+/// 2,000 Searches by exact id on `addr` (after the warm-up), each answering one record;
+/// `members`: every member's address (for the error).
+async fn search_phase(
+    addr: &str,
+    members: &[String],
+    ids: &[String],
+    stale_ok: bool,
+) -> anyhow::Result<Histogram<u64>> {
     if ids.is_empty() {
         bail!("no registered ids to search for");
     }
@@ -581,8 +628,9 @@ async fn search_phase(addr: &str, ids: &[String], stale_ok: bool) -> anyhow::Res
         let us = micros(t.elapsed());
         if r.entries.len() != 1 {
             bail!(
-                "search for {id} on {addr} answered {} records, not 1",
-                r.entries.len()
+                "search for {id} on {addr} answered {} records, not 1 (stale_ok on each member: {:?})",
+                r.entries.len(),
+                stale_counts(members, id).await
             );
         }
         if i >= SEARCH_WARMUP {
@@ -761,10 +809,13 @@ async fn scenario(nodes: usize, duration: Duration, trials: u32) -> anyhow::Resu
     let reg64 = register_phase(&cluster, &leader, CLIENTS, duration, "r64")
         .await
         .context("registrations at 64 clients")?;
-    let search_lin = search_phase(&leader, &reg1.ids, false)
+    let searched = search_set(&leader)
+        .await
+        .context("registering the records to search")?;
+    let search_lin = search_phase(&leader, &cluster.addrs, &searched, false)
         .await
         .context("linearizable searches on the leader")?;
-    let search_stale = search_phase(&follower, &reg1.ids, true)
+    let search_stale = search_phase(&follower, &cluster.addrs, &searched, true)
         .await
         .context("stale_ok searches")?;
     let watch = watch_phase(&follower, &leader).await.context("watch latency")?;

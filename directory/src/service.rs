@@ -236,22 +236,44 @@ impl Shared {
     /// also waits until everything its log held at start is applied: every entry ever
     /// committed is there (its own entries were on its disk before they committed; the
     /// earlier ones it held when it was elected).
+    ///
+    /// openraft gives each follower one heartbeat interval (`heartbeat_ms`, 50 ms) to confirm
+    /// the leadership; a follower that is slow rather than gone (a loaded machine, a long round
+    /// trip) misses it, and a healthy cluster would refuse the read. So the check is asked again,
+    /// one heartbeat apart, until `write_timeout_ms` — the time a write gets to reach a quorum —
+    /// before the read answers UNAVAILABLE; so is a member that knows no leader (an election
+    /// in progress, which a loaded machine starts when heartbeats come late).
     pub async fn read_barrier(&self) -> Result<Option<Node>, DirError> {
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => {
-                self.await_restored_log().await?;
-                Ok(None)
+        let deadline = Instant::now() + std::time::Duration::from_millis(self.config.write_timeout_ms);
+        loop {
+            match self.raft.ensure_linearizable().await {
+                Ok(_) => {
+                    self.await_restored_log().await?;
+                    return Ok(None);
+                }
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node {
+                    Some(n) if f.leader_id != Some(self.id) => return Ok(Some(n)),
+                    _ if Instant::now() >= deadline => {
+                        return Err(DirError::unavailable(format!(
+                            "no directory leader is known within {} ms (election in progress or no quorum): retry, or read with stale_ok",
+                            self.config.write_timeout_ms
+                        )))
+                    }
+                    _ => tokio::time::sleep(std::time::Duration::from_millis(self.config.heartbeat_ms)).await,
+                },
+                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => {
+                    if Instant::now() >= deadline {
+                        return Err(DirError::unavailable(format!(
+                            "this member cannot reach a quorum ({q}) within {} ms: retry on another member, or read with stale_ok",
+                            self.config.write_timeout_ms
+                        )));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(self.config.heartbeat_ms)).await;
+                }
+                Err(RaftError::Fatal(e)) => {
+                    return Err(DirError::unavailable(format!("raft stopped on this member: {e}")))
+                }
             }
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node {
-                Some(n) if f.leader_id != Some(self.id) => Ok(Some(n)),
-                _ => Err(DirError::unavailable(
-                    "no directory leader is known yet (election in progress or no quorum): retry, or read with stale_ok",
-                )),
-            },
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => Err(DirError::unavailable(format!(
-                "this member cannot reach a quorum ({q}): retry on another member, or read with stale_ok"
-            ))),
-            Err(RaftError::Fatal(e)) => Err(DirError::unavailable(format!("raft stopped on this member: {e}"))),
         }
     }
 

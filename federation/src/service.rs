@@ -1428,7 +1428,7 @@ impl crate::reattach::Watched for Shared {
     }
 
     fn parents(self: &Arc<Self>) -> Vec<(String, bool)> {
-        self.with(|s, _| s.parents())
+        self.with(|s, now| s.parents(now))
     }
 
     fn chain(self: &Arc<Self>) -> Vec<crate::reattach::Superior> {

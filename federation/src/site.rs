@@ -389,6 +389,8 @@ pub struct Peer {
     pub last_heard_ns: i64,
     pub live: bool,
     pub refused: bool,
+    /// When it last refused our session (it answered: alive, though not linked to us).
+    refused_ns: i64,
     pub last_error: String,
     pub forwarded_out: u64,
     pub forwarded_in: u64,
@@ -405,6 +407,7 @@ impl Peer {
             last_heard_ns: 0,
             live: false,
             refused: false,
+            refused_ns: 0,
             last_error: String::new(),
             forwarded_out: 0,
             forwarded_in: 0,
@@ -712,12 +715,19 @@ impl SiteState {
         self.removed.iter()
     }
 
-    /// The superiors (parent links): site and whether its session is live.
-    pub fn parents(&self) -> Vec<(String, bool)> {
+    /// The superiors (parent links): site and whether it was heard at `now` — its session is
+    /// live, or it refused the session within the session timeout (a parent that answers "not
+    /// linked" is alive, not silent: it may not have added this site yet, so re-attachment
+    /// must not take its place).
+    pub fn parents(&self, now: i64) -> Vec<(String, bool)> {
+        let timeout = self.p.session_timeout_ns();
         self.peers
             .values()
             .filter(|p| p.link.role == Role::Parent)
-            .map(|p| (p.link.site.clone(), p.live))
+            .map(|p| {
+                let answered = p.refused && now.saturating_sub(p.refused_ns) <= timeout;
+                (p.link.site.clone(), p.live || answered)
+            })
             .collect()
     }
 
@@ -834,6 +844,7 @@ impl SiteState {
             SessionEvent::Down(e) => p.last_error = e,
             SessionEvent::Refused(e) => {
                 p.refused = true;
+                p.refused_ns = now;
                 p.last_error = e;
             }
         }

@@ -240,10 +240,27 @@ fn a_job_refused_for_good_by_one_site_is_accepted_by_the_next() {
     assert!(c.job(&id).unwrap().visited.contains(&"b".to_string()));
 }
 
+/// Re-attachment replaces silent parents only: a parent that refuses the session (it has not
+/// added this site yet) answered, so it is heard until it stops answering.
+#[test]
+fn a_parent_refusing_the_session_is_heard_not_silent() {
+    let mut s = site("a", &[("p", Role::Parent)]);
+    assert_eq!(s.parents(NOW), vec![("p".to_string(), false)]);
+    let refusal = "refused: PermissionDenied: a is not a linked site of p".to_string();
+    s.session_event("p", SessionEvent::Refused(refusal), NOW);
+    assert_eq!(s.parents(NOW + 1), vec![("p".to_string(), true)]);
+    // Nothing from it (no refusal either) for longer than the session timeout: silent.
+    let later = NOW + s.p.session_timeout_ns() + 1;
+    assert_eq!(s.parents(later), vec![("p".to_string(), false)]);
+    // Unreachable after refusing (a Down does not renew it).
+    s.session_event("p", SessionEvent::Down("cannot connect".into()), later);
+    assert_eq!(s.parents(later + 1), vec![("p".to_string(), false)]);
+}
+
 #[test]
 fn links_removed_at_runtime_stay_removed_across_a_restart_and_parents_are_listed() {
     let mut s = site("a", &[("p", Role::Parent), ("r", Role::Peer)]);
-    assert_eq!(s.parents(), vec![("p".to_string(), false)]);
+    assert_eq!(s.parents(NOW), vec![("p".to_string(), false)]);
     let r = s.peer("r").unwrap().link.clone();
     let g = Link {
         site: "g".into(),
@@ -257,7 +274,7 @@ fn links_removed_at_runtime_stay_removed_across_a_restart_and_parents_are_listed
     assert_eq!(saved.removed, vec!["p".to_string()]);
     let mut back = SiteState::restore(Params::new("a"), 2, saved, NOW + 1);
     assert_eq!(back.removed().cloned().collect::<Vec<_>>(), ["p"]);
-    assert_eq!(back.parents(), vec![("g".to_string(), false)]);
+    assert_eq!(back.parents(NOW + 1), vec![("g".to_string(), false)]);
     // Linked again: no longer removed.
     let p = Link {
         site: "p".into(),
