@@ -101,7 +101,8 @@ struct Row {
 
 #[derive(Default)]
 struct Inner {
-    rows: HashMap<String, Row>,
+    /// By host name: a snapshot is the rows in order, with no sort (100,000 hosts).
+    rows: BTreeMap<String, Row>,
     /// Forecast bandwidth into each host (Mbit/s), by (producer, source host) of the link.
     links: HashMap<String, HashMap<(String, String), f64>>,
     by_producer: HashMap<String, HashSet<String>>,
@@ -213,17 +214,22 @@ impl LiveView {
             "host.load" | "host.info" | "host.cpu" => {}
             _ => return false,
         }
-        let measured = max_link(inner.links.get(name));
-        let row = inner.rows.entry(name.to_string()).or_insert_with(|| {
+        // Looked up before inserting: no allocation per event for a known host (at 100,000
+        // hosts the view applies 300,000 events/s).
+        if !inner.rows.contains_key(name) {
             let mut r = self.fresh_row(name, producer);
-            if let Some(bw) = measured {
+            if let Some(bw) = max_link(inner.links.get(name)) {
                 r.bandwidth_mbps = bw;
             }
-            Row {
+            let row = Row {
                 res: Arc::new(r),
                 load_seen: false,
-            }
-        });
+            };
+            inner.rows.insert(name.to_string(), row);
+        }
+        let Some(row) = inner.rows.get_mut(name) else {
+            return false;
+        };
         let is_load = e.series.name == "host.load";
         if is_load && row.load_seen && row.res.updated_ns > e.timestamp_ns {
             return false; // a late sample: newest wins
@@ -246,10 +252,15 @@ impl LiveView {
                 if mem.is_finite() {
                     r.memory_mb = mem;
                 }
-                for b in ["specint", "specfp"] {
-                    let v = num(&format!("bench_{b}"));
+                for (b, field) in [("specint", "bench_specint"), ("specfp", "bench_specfp")] {
+                    let v = num(field);
                     if v.is_finite() && v > 0.0 {
-                        r.benchmarks.insert(b.to_string(), v);
+                        match r.benchmarks.get_mut(b) {
+                            Some(old) => *old = v,
+                            None => {
+                                r.benchmarks.insert(b.to_string(), v);
+                            }
+                        }
                     }
                 }
                 r.updated_ns = e.timestamp_ns;
@@ -290,11 +301,18 @@ impl LiveView {
                 }
             }
         }
-        inner
-            .by_producer
-            .entry(producer.to_string())
-            .or_default()
-            .insert(name.to_string());
+        match inner.by_producer.get_mut(producer) {
+            Some(set) => {
+                if !set.contains(name) {
+                    set.insert(name.to_string());
+                }
+            }
+            None => {
+                inner
+                    .by_producer
+                    .insert(producer.to_string(), HashSet::from([name.to_string()]));
+            }
+        }
         inner.snapshot = None;
         true
     }
@@ -394,14 +412,13 @@ impl LiveView {
         let resources = match &g.snapshot {
             Some(s) => s.clone(),
             None => {
-                let mut rows: Vec<Arc<Resource>> = g
+                // In name order already (a BTreeMap).
+                let s: Arc<[Arc<Resource>]> = g
                     .rows
                     .values()
                     .filter(|r| r.load_seen)
                     .map(|r| r.res.clone())
                     .collect();
-                rows.sort_by(|a, b| a.name.cmp(&b.name));
-                let s: Arc<[Arc<Resource>]> = rows.into();
                 g.snapshot = Some(s.clone());
                 s
             }
@@ -541,6 +558,44 @@ mod tests {
         let names: Vec<_> = v.snapshot(8).resources.iter().map(|r| r.name.clone()).collect();
         assert_eq!(names, ["b"]);
         assert_eq!(v.remove_producer("nobody"), 0);
+    }
+
+    /// The view at the largest scale: 100,000 hosts from 4 producers, every host
+    /// once in name order, a refresh changing no row count, a producer leaving taking its
+    /// quarter, and a ranking over what is left.
+    #[test]
+    fn a_view_of_100000_hosts() {
+        const N: usize = 100_000;
+        let v = LiveView::new(vec![]).unwrap();
+        for round in 0..2 {
+            for i in 0..N {
+                let ev = load(&format!("p{}h-{i:05}", i % 4), 10 + round, 8.0);
+                assert!(v.apply(&format!("p{}", i % 4), &ev));
+            }
+        }
+        let s = v.snapshot(20);
+        assert_eq!(s.resources.len(), N);
+        assert!(
+            s.resources.windows(2).all(|w| w[0].name < w[1].name),
+            "name order"
+        );
+        assert!(s.resources.iter().all(|r| r.updated_ns == 11));
+        assert_eq!(v.remove_producer("p1"), N / 4);
+        assert_eq!(v.len(), N - N / 4);
+        let job = crate::job::Job::from_toml("name = \"j\"\ncpus = 2\nreference_time_s = 60\n", "job.toml")
+            .unwrap();
+        let ranking = crate::rank::rank(
+            &v.snapshot(20),
+            &job,
+            crate::rank::Policy::Ttd,
+            &crate::rank::RankConfig::default(),
+            crate::rank::Limits {
+                limit: 10,
+                rejected: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(ranking.ranked.len(), 10);
     }
 
     #[test]

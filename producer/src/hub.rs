@@ -105,6 +105,11 @@ impl HubInner {
         self.latest.iter().flatten()
     }
 
+    /// The newest event of series `id`, if it has one.
+    pub fn latest_of(&self, id: u32) -> Option<&Stored> {
+        self.latest.get(id as usize)?.as_ref()
+    }
+
     /// The value layout of an existing series.
     pub fn series_layout(&self, name: &str, source: &str) -> Option<Layout> {
         let id = self.by_name.get(name)?.get(source)?;

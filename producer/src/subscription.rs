@@ -161,6 +161,11 @@ pub struct Cursor {
     delta_last: HashMap<u32, Box<[f64]>>,
     /// Private batches; also the record of which series this stream has declared.
     pub encoder: BatchEncoder,
+    /// Latest values still to send, (seq, series) in seq order, all below `next`: a start from
+    /// the latest values (or a `latest` conflation) is sent `max_batch` at a time, so that one
+    /// message never holds every series of a producer (25,000 simulated hosts are 100,000
+    /// series, tens of MB, beyond any consumer's message limit). At most one entry per series.
+    pending: VecDeque<(u64, u32)>,
 }
 
 impl Cursor {
@@ -178,6 +183,7 @@ impl Cursor {
             when: HashMap::new(),
             delta_last: HashMap::new(),
             encoder: BatchEncoder::new(),
+            pending: VecDeque::new(),
         }
     }
 
@@ -264,17 +270,36 @@ impl Cursor {
         }
     }
 
-    /// Encodes the newest value of each selected series with seq >= `from`; returns how many.
+    /// Queues the newest value of each selected series with seq >= `from` (sent `max_batch`
+    /// at a time by [`Cursor::fill`]); returns how many. Entries a newer value has made stale
+    /// are dropped first, so the queue holds at most one entry per series.
     fn latest_values(&mut self, inner: &HubInner, from: u64) -> u64 {
-        let mut latest: Vec<&Stored> = inner.latest().filter(|e| e.seq >= from).collect();
-        latest.sort_by_key(|e| e.seq);
-        let mut n = 0;
-        for e in latest {
-            let before = self.encoder.len();
-            self.offer(inner, e);
-            n += (self.encoder.len() - before) as u64;
+        self.pending
+            .retain(|&(seq, id)| inner.latest_of(id).is_some_and(|e| e.seq == seq));
+        let mut latest: Vec<(u64, u32)> = Vec::new();
+        for e in inner.latest() {
+            if e.seq >= from && select(&mut self.class, &self.spec.selector, inner, e.series) {
+                latest.push((e.seq, e.series));
+            }
         }
+        latest.sort_unstable();
+        let n = latest.len() as u64;
+        self.pending.extend(latest);
         n
+    }
+
+    /// Encodes up to `max_batch` queued latest values. A value whose series has a newer one
+    /// since it was queued is skipped: the newer one lies at or after `next`, and the log
+    /// delivers it.
+    fn drain_latest(&mut self, inner: &HubInner) {
+        while self.encoder.len() < self.spec.max_batch {
+            let Some((seq, id)) = self.pending.pop_front() else {
+                break;
+            };
+            if let Some(e) = inner.latest_of(id).filter(|e| e.seq == seq) {
+                self.offer(inner, e);
+            }
+        }
     }
 
     /// Applies the overrun rules: events overwritten in the ring, and the policy when the
@@ -332,7 +357,12 @@ impl Cursor {
     /// Copies up to `max_batch` admitted events (scanning at most 16 × that) into the encoder,
     /// never reading at or past `limit`.
     pub fn fill(&mut self, inner: &HubInner, limit: u64) {
-        if self.overrun(inner) {
+        let moved = self.overrun(inner);
+        if !self.pending.is_empty() {
+            self.drain_latest(inner);
+            return;
+        }
+        if moved {
             return;
         }
         let mut last = None;
@@ -350,7 +380,7 @@ impl Cursor {
     }
 
     pub fn caught_up(&self, inner: &HubInner) -> bool {
-        self.next >= inner.head()
+        self.next >= inner.head() && self.pending.is_empty()
     }
 }
 
@@ -691,8 +721,10 @@ fn next_messages(
         let mut g = group.lock();
         let inner = hub.lock();
         let lag = inner.head().saturating_sub(cursor.next);
-        let plain =
-            cursor.next >= inner.oldest() && lag <= cursor.spec.queue_events && cursor.encoder.is_empty();
+        let plain = cursor.next >= inner.oldest()
+            && lag <= cursor.spec.queue_events
+            && cursor.encoder.is_empty()
+            && cursor.pending.is_empty();
         if plain {
             match g.chunk_at(&inner, cursor.next, epoch) {
                 Ok(Some(chunk)) => {
@@ -1147,6 +1179,54 @@ mod tests {
             .decode_each(&b, |e| got.push((e.series.source.clone(), e.numbers[0])))
             .unwrap();
         assert_eq!(got, vec![("a".into(), 4.0), ("b".into(), 6.0)]);
+    }
+
+    /// A start from the latest values of many series goes out `max_batch` at a time, every
+    /// series once and in seq order, followed by what is published meanwhile — sent once: a
+    /// series that moves on while its latest value waits gets only its newer value.
+    #[test]
+    fn a_latest_start_over_many_series_is_sent_in_bounded_batches() {
+        let hub = hub(100_000);
+        for i in 0..2_500 {
+            publish(&hub, &format!("h{i:04}"), &[f64::from(i)]);
+        }
+        let mut s = spec();
+        s.max_batch = 100;
+        s.policy = Policy::Latest;
+        let mut c = Cursor::new(s);
+        c.start(&hub.lock(), Start::Latest);
+        // Two series move on before their queued value is sent.
+        publish(&hub, "h0000", &[-1.0]);
+        publish(&hub, "h2499", &[-2.0]);
+        let mut dec = BatchDecoder::new();
+        let mut msgs = Vec::new();
+        let mut got: Vec<(String, f64, u64)> = Vec::new();
+        let mut batches = 0;
+        loop {
+            let done = next_messages(&hub, None, &mut c, 7, &mut msgs);
+            for m in msgs.drain(..) {
+                let b = pb::EventBatch::decode(m).unwrap();
+                let before = got.len();
+                dec.decode_each(&b, |e| got.push((e.series.source.clone(), e.numbers[0], e.seq)))
+                    .unwrap();
+                assert!(
+                    got.len() - before <= 100,
+                    "a batch of {} events",
+                    got.len() - before
+                );
+                batches += 1;
+            }
+            if done {
+                break;
+            }
+        }
+        assert!(batches >= 25, "{batches} batches");
+        assert_eq!(got.len(), 2_500);
+        assert!(got.windows(2).all(|w| w[0].2 < w[1].2), "seq order");
+        let h0: Vec<f64> = got.iter().filter(|g| g.0 == "h0000").map(|g| g.1).collect();
+        assert_eq!(h0, [-1.0], "only the newer value of a series that moved on");
+        assert_eq!(got.last().map(|g| g.1), Some(-2.0));
+        assert!(c.caught_up(&hub.lock()));
     }
 
     #[test]
