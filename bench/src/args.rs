@@ -381,6 +381,11 @@ pub enum BenchScenario {
         /// (a keep rule), so the others are reported missing.
         #[arg(long)]
         lossy_keep: Option<u64>,
+        /// Each producer's resume ring (`--buffer-events`) holds this much of its simulated
+        /// events (3 + 1/60 per host per second), at least 100,000 events: seconds or with a
+        /// unit (`2m`).
+        #[arg(long, default_value = "30", value_parser = parse_seconds)]
+        resume_window: u64,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

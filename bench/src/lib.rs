@@ -187,6 +187,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             lossy_keep,
             sample_every,
             plot,
+            resume_window,
             output,
         } => {
             let faults = if no_churn {
@@ -210,6 +211,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 lossy_keep,
                 sample_every,
                 plot,
+                resume_window_s: resume_window,
                 output,
             };
             crate::scale::scale_steps(o, &hosts).await
