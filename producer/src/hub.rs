@@ -64,6 +64,10 @@ pub struct HubInner {
     pins: HashMap<u64, u64>,
     schemas: HashMap<String, pb::EventSchema>,
     by_name: HashMap<String, HashMap<String, u32>>,
+    /// The field list of each event name's schema, shared by all its series: one copy per
+    /// schema, not per series (a copy was ~1.4 KB per series, 135 MB at 25,000 simulated hosts
+    /// of 4 events each).
+    fields: HashMap<String, Arc<[pb::FieldSpec]>>,
     pub series: Vec<Arc<SeriesInfo>>,
     latest: Vec<Option<Stored>>,
     /// Bumped whenever the set of schemas or sources changes (the registrar re-publishes).
@@ -145,8 +149,22 @@ impl HubInner {
             return Err(PublishError::TooManySeries);
         }
         let id = self.series.len() as u32;
-        self.series
-            .push(Arc::new(SeriesInfo::new(id, name, source, schema)));
+        let fields = match self.fields.get(name) {
+            Some(f) if **f == *schema.fields => f.clone(),
+            _ => {
+                let f: Arc<[pb::FieldSpec]> = schema.fields.clone().into();
+                self.fields.insert(name.to_string(), f.clone());
+                f
+            }
+        };
+        self.series.push(Arc::new(SeriesInfo {
+            id,
+            name: name.to_string(),
+            source: source.to_string(),
+            schema_version: schema.version,
+            layout: Layout::of(&schema.fields),
+            fields,
+        }));
         self.latest.push(None);
         self.by_name
             .entry(name.to_string())
@@ -187,6 +205,7 @@ impl Hub {
                 pins: HashMap::new(),
                 schemas: HashMap::new(),
                 by_name: HashMap::new(),
+                fields: HashMap::new(),
                 series: Vec::new(),
                 latest: Vec::new(),
                 catalog_version: 0,
@@ -394,6 +413,16 @@ mod tests {
             numbers: vec![v],
             strings: vec![],
         }
+    }
+
+    #[test]
+    fn the_series_of_an_event_share_its_field_list() {
+        let hub = Hub::new(1, 10);
+        hub.add_schemas(&[schema()]).unwrap();
+        hub.publish(&[ev("a", 1.0), ev("b", 2.0)]).1.unwrap();
+        let inner = hub.lock();
+        assert!(Arc::ptr_eq(&inner.series[0].fields, &inner.series[1].fields));
+        assert_eq!(*inner.series[1].fields, *schema().fields);
     }
 
     #[test]

@@ -506,7 +506,15 @@ impl Group {
         });
         self.bytes += chunk.bytes.len();
         self.chunks.push_back(chunk.clone());
-        while self.chunks.len() > GROUP_CHUNKS || (self.bytes > GROUP_BYTES && self.chunks.len() > 1) {
+        // Chunks of events the ring no longer holds serve no one (a member that far behind
+        // overruns, never reads a chunk): the cache holds at most the ring's window, besides
+        // its caps (otherwise each group filled its 16 MiB over minutes, a simulating producer
+        // growing by that much per group long after its ring was full).
+        let oldest = inner.oldest();
+        while self.chunks.len() > GROUP_CHUNKS
+            || (self.bytes > GROUP_BYTES && self.chunks.len() > 1)
+            || self.chunks.front().is_some_and(|c| c.to <= oldest)
+        {
             if let Some(old) = self.chunks.pop_front() {
                 self.bytes -= old.bytes.len();
             }
@@ -1091,6 +1099,37 @@ mod tests {
         let got = drain(&hub, Some(&group), &mut c2, &mut d2);
         assert_eq!(got.iter().map(|e| e.1).collect::<Vec<_>>(), vec![1.0, 2.0, 3.0]);
         assert_eq!(group.lock().chunks.len(), 2);
+    }
+
+    /// A group keeps no chunk of events its ring has overwritten.
+    #[test]
+    fn a_group_drops_the_chunks_the_ring_no_longer_holds() {
+        let hub = hub(10);
+        let mut s = spec();
+        s.max_batch = 2;
+        let group = Mutex::new(Group::new(&s));
+        let mut c = Cursor::new(s);
+        c.start(&hub.lock(), Start::From(1));
+        let mut dec = BatchDecoder::new();
+        let mut got = 0;
+        for round in 0..20 {
+            publish(&hub, "a", &[f64::from(round), 0.5]);
+            got += drain(&hub, Some(&group), &mut c, &mut dec).len();
+        }
+        assert_eq!(got, 40);
+        let oldest = hub.lock().oldest();
+        let g = group.lock();
+        assert!(oldest > 20, "the ring moved on: oldest {oldest}");
+        assert!(
+            g.chunks.iter().all(|ch| ch.to > oldest),
+            "a chunk of overwritten events"
+        );
+        assert_eq!(g.bytes, g.chunks.iter().map(|ch| ch.bytes.len()).sum::<usize>());
+        assert!(
+            g.chunks.len() <= 5,
+            "{} chunks for a 10-event ring",
+            g.chunks.len()
+        );
     }
 
     #[test]
