@@ -471,6 +471,19 @@ mod tests {
         }
     }
 
+    /// The job of `job_toml` ranked by time to done over the view as of `now`.
+    fn rank_ttd(v: &LiveView, now: i64, job_toml: &str, limits: crate::rank::Limits) -> crate::rank::Ranking {
+        let job = crate::job::Job::from_toml(job_toml, "job.toml").unwrap();
+        crate::rank::rank(
+            &v.snapshot(now),
+            &job,
+            crate::rank::Policy::Ttd,
+            &crate::rank::RankConfig::default(),
+            limits,
+        )
+        .unwrap()
+    }
+
     fn load(source: &str, ts: i64, free: f64) -> OwnedEvent {
         event(
             "host.load",
@@ -582,19 +595,11 @@ mod tests {
         assert!(s.resources.iter().all(|r| r.updated_ns == 11));
         assert_eq!(v.remove_producer("p1"), N / 4);
         assert_eq!(v.len(), N - N / 4);
-        let job = crate::job::Job::from_toml("name = \"j\"\ncpus = 2\nreference_time_s = 60\n", "job.toml")
-            .unwrap();
-        let ranking = crate::rank::rank(
-            &v.snapshot(20),
-            &job,
-            crate::rank::Policy::Ttd,
-            &crate::rank::RankConfig::default(),
-            crate::rank::Limits {
-                limit: 10,
-                rejected: false,
-            },
-        )
-        .unwrap();
+        let limits = crate::rank::Limits {
+            limit: 10,
+            rejected: false,
+        };
+        let ranking = rank_ttd(&v, 20, "name = \"j\"\ncpus = 2\nreference_time_s = 60\n", limits);
         assert_eq!(ranking.ranked.len(), 10);
     }
 
@@ -671,19 +676,12 @@ mod tests {
         assert!(bw(&v, "a").is_nan());
         // The ranking stages a job's input over it: 1 GB into b at 80 Mbit/s takes 100 s.
         v.apply("np-a", &bw_forecast("a/b", 6, 80.0));
-        let job = crate::job::Job::from_toml(
+        let ranking = rank_ttd(
+            &v,
+            9,
             "name = \"j\"\ncpus = 1\nreference_time_s = 60\ninput_bytes = 1e9\n",
-            "job.toml",
-        )
-        .unwrap();
-        let ranking = crate::rank::rank(
-            &v.snapshot(9),
-            &job,
-            crate::rank::Policy::Ttd,
-            &crate::rank::RankConfig::default(),
             crate::rank::Limits::default(),
-        )
-        .unwrap();
+        );
         let b = ranking.ranked.iter().find(|r| r.resource == "b").unwrap();
         assert!((b.stage_in_s - 100.0).abs() < 1e-9, "{}", b.stage_in_s);
     }
