@@ -352,10 +352,6 @@ pub enum BenchScenario {
         /// 1 to 10 s); the report gives each one's RSS growth over the last half of the run.
         #[arg(long, value_parser = parse_seconds)]
         sample_every: Option<u64>,
-        /// Each producer's resume ring (`gma producer --buffer-events`): the events a consumer
-        /// that falls behind (the archiver during a checkpoint) can still resume from.
-        #[arg(long, default_value_t = 100_000)]
-        buffer_events: u64,
         /// Write SVG figures into this folder: RSS over time per process (one per host count),
         /// and with several `--hosts`, CPU/RSS against host count and latency against rate.
         #[arg(long)]
@@ -385,6 +381,11 @@ pub enum BenchScenario {
         /// (a keep rule), so the others are reported missing.
         #[arg(long)]
         lossy_keep: Option<u64>,
+        /// Each producer's resume ring (`--buffer-events`) holds this much of its simulated
+        /// events (3 + 1/60 per host per second), at least 100,000 events: seconds or with a
+        /// unit (`2m`).
+        #[arg(long, default_value = "30", value_parser = parse_seconds)]
+        resume_window: u64,
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },

@@ -186,8 +186,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             consumer_stop_s,
             lossy_keep,
             sample_every,
-            buffer_events,
             plot,
+            resume_window,
             output,
         } => {
             let faults = if no_churn {
@@ -210,8 +210,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 consumer_stop_s,
                 lossy_keep,
                 sample_every,
-                buffer_events,
                 plot,
+                resume_window_s: resume_window,
                 output,
             };
             crate::scale::scale_steps(o, &hosts).await

@@ -85,6 +85,18 @@ const BROKER_DECISIONS: u32 = 100;
 /// How long the archiver may take to catch up with the producers at the end of the
 /// measurement, and to stop cleanly (its shutdown checkpoint seals every stream's open chunk).
 const ARCHIVER_END_WAIT: Duration = Duration::from_secs(300);
+/// The smallest resume ring a producer gets (`--buffer-events`), whatever `--resume-window`.
+const MIN_BUFFER_EVENTS: u64 = 100_000;
+/// Events one simulated host publishes per second: host.load, host.cpu and host.mem every
+/// second, host.info every 60 (gma_sensors::sim::INFO_EVERY_TICKS).
+const EVENTS_PER_HOST_S: f64 = 3.0 + 1.0 / gma_sensors::sim::INFO_EVERY_TICKS as f64;
+
+/// The resume ring (`--buffer-events`) that holds `window_s` seconds of the events of a
+/// producer simulating `hosts` hosts, at least [`MIN_BUFFER_EVENTS`].
+pub(crate) fn ring_for_window(hosts: u32, window_s: u64) -> u64 {
+    let events = (f64::from(hosts) * EVENTS_PER_HOST_S * window_s as f64).ceil() as u64;
+    events.max(MIN_BUFFER_EVENTS)
+}
 /// The archiver's record id, kept across its restarts.
 const ARCHIVER_ID: &str = "scale-archiver";
 /// Missing ranges listed per run.
@@ -135,10 +147,10 @@ pub(crate) struct ScaleOptions {
     pub lossy_keep: Option<u64>,
     /// Seconds between samples of every process's RSS and CPU (default: D/100, 1 to 10 s).
     pub sample_every: Option<u64>,
-    /// Each producer's resume ring in events (`--buffer-events`).
-    pub buffer_events: u64,
     /// Folder for the SVG figures (`--plot`).
     pub plot: Option<PathBuf>,
+    /// Seconds of its simulated events each producer's resume ring holds (`--resume-window`).
+    pub resume_window_s: u64,
     pub output: Output,
 }
 
@@ -567,10 +579,16 @@ fn directory_figures(
     })
 }
 
-/// Select decisions asked of the broker one after another through gRPC, over its live view of
-/// the simulated hosts: latency at the client and the broker's own ranking time.
-async fn broker_decisions(addr: &str, n: u32) -> anyhow::Result<serde_json::Value> {
-    let job = gma_broker::job::Job {
+type BrokerClient = pb::broker_client::BrokerClient<tonic::transport::Channel>;
+
+async fn broker_client(addr: &str) -> anyhow::Result<BrokerClient> {
+    let ch = gma_consumer::connect(addr).await?;
+    Ok(pb::broker_client::BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES))
+}
+
+/// The job every decision places: 2 CPUs of any simulated host (each has 8).
+fn broker_job() -> pb::JobSpec {
+    gma_broker::job::Job {
         name: "scale".into(),
         cpus: 2,
         memory_mb: 2048.0,
@@ -578,30 +596,68 @@ async fn broker_decisions(addr: &str, n: u32) -> anyhow::Result<serde_json::Valu
         reference: [("specint".to_string(), 1200.0)].into_iter().collect(),
         ..Default::default()
     }
-    .to_proto();
-    let ch = gma_consumer::connect(addr).await?;
-    let mut c =
-        pb::broker_client::BrokerClient::new(ch).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
+    .to_proto()
+}
+
+/// One `Select` of [`broker_job`], at most 30 s.
+async fn select_once(c: &mut BrokerClient, limit: u32) -> anyhow::Result<pb::SelectResponse> {
+    Ok(tokio::time::timeout(
+        Duration::from_secs(30),
+        c.select(pb::SelectRequest {
+            job: Some(broker_job()),
+            policy: pb::BrokerPolicy::Ttd as i32,
+            limit,
+            include_rejected: false,
+        }),
+    )
+    .await
+    .map_err(|_| anyhow!("a Select took more than 30 s"))??
+    .into_inner())
+}
+
+/// The error when the broker's view holds `view` of the `hosts` simulated hosts: a decision
+/// over a partial view is not a decision over N hosts, so the run fails instead of printing one.
+fn short_view(view: u32, hosts: u32, when: &str) -> Option<anyhow::Error> {
+    (view < hosts).then(|| {
+        anyhow!(
+            "the broker's view holds {view} of the {hosts} simulated hosts {when}: its decision latency would not be over {hosts} hosts (see the broker's warnings: a stream from a producer that keeps breaking, a refused subscription)"
+        )
+    })
+}
+
+/// Waits until the broker's view holds every simulated host (`view_resources` of a `Select`),
+/// within `timeout`.
+async fn wait_broker_view(addr: &str, hosts: u32, timeout: Duration) -> anyhow::Result<()> {
+    let mut c = broker_client(addr).await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let view = select_once(&mut c, 1).await?.view_resources;
+        match short_view(view, hosts, &format!("after {timeout:?}")) {
+            None => return Ok(()),
+            Some(e) if Instant::now() > deadline => return Err(e),
+            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Select decisions asked of the broker one after another through gRPC, over its live view of
+/// the simulated hosts: latency at the client and the broker's own ranking time. Fails when
+/// the view held fewer than `hosts` resources during a decision.
+async fn broker_decisions(addr: &str, n: u32, hosts: u32) -> anyhow::Result<serde_json::Value> {
+    let mut c = broker_client(addr).await?;
     let mut at_client = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut ranking = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
-    let (mut view, mut stale, mut ranked) = (0, 0, 0);
+    let (mut view, mut stale, mut ranked) = (u32::MAX, 0, 0);
     for _ in 0..n {
         let s = Instant::now();
-        let r = tokio::time::timeout(
-            Duration::from_secs(30),
-            c.select(pb::SelectRequest {
-                job: Some(job.clone()),
-                policy: pb::BrokerPolicy::Ttd as i32,
-                limit: 10,
-                include_rejected: false,
-            }),
-        )
-        .await
-        .map_err(|_| anyhow!("a Select took more than 30 s"))??
-        .into_inner();
+        let r = select_once(&mut c, 10).await?;
         at_client.record(s.elapsed().as_micros().max(1) as u64)?;
         ranking.record(r.decide_us.max(1.0) as u64)?;
-        (view, stale, ranked) = (r.view_resources, r.view_stale, r.ranked.len());
+        view = view.min(r.view_resources);
+        (stale, ranked) = (stale.max(r.view_stale), r.ranked.len());
+    }
+    if let Some(e) = short_view(view, hosts, "at the end of the run") {
+        return Err(e);
     }
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     Ok(json!({
@@ -1205,8 +1261,8 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         consumer_stop_s,
         lossy_keep,
         sample_every,
-        buffer_events,
         plot,
+        resume_window_s,
         output,
     } = o;
     if hosts == 0 || producers == 0 || duration == 0 || producers > hosts {
@@ -1226,6 +1282,8 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
     let mut roles: Vec<Role> = Vec::new();
     let mut ids = Vec::new();
     let mut hosts_of = Vec::new();
+    // Every producer gets the ring of the busiest one (they differ by one host at most).
+    let buffer_events = ring_for_window(hosts.div_ceil(producers), resume_window_s);
     for i in 0..producers {
         let n = hosts / producers + u32::from(i < hosts % producers);
         hosts_of.push(n);
@@ -1426,6 +1484,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     wait_following(&roles[ia].addr, &ids, Duration::from_secs(120)).await?;
+    wait_broker_view(&roles[ia + 1].addr, hosts, Duration::from_secs(120)).await?;
     let setup_s = setup.elapsed().as_secs_f64();
     for r in &mut roles {
         r.sample();
@@ -1644,9 +1703,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         &archive_stats(&roles[ia].addr).await.ok(),
         roles[ia].cpu_total(),
     );
-    let broker = broker_decisions(&roles[ia + 1].addr, BROKER_DECISIONS)
-        .await
-        .unwrap_or_else(|e| json!({"error": format!("{e:#}")}));
+    let broker = broker_decisions(&roles[ia + 1].addr, BROKER_DECISIONS, hosts).await?;
 
     // Before the producers stop (and their rings with them), the archiver catches up with
     // what each had published when the measurement ended: its lag is a figure, not a loss.
@@ -1913,6 +1970,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
         "faults": faults_json,
         "resume_window": {
             "buffer_events": buffer_events,
+            "planned_window_s": resume_window_s,
             "fastest_producer_events_per_s": rate_max,
             "window_s": window_s,
             "longest_archiver_outage_s": outage_max_s,
@@ -1973,7 +2031,7 @@ pub(crate) async fn scale(o: ScaleOptions) -> anyhow::Result<serde_json::Value> 
                 println!("  fault {f}");
             }
             println!(
-                "  resume window {window_s:.0} s ({buffer_events} events at {rate_max:.0}/s); longest archiver outage {outage_max_s:.1} s; consumer gaps {consumer_gaps}"
+                "  resume window {window_s:.0} s ({buffer_events} events at {rate_max:.0}/s, planned {resume_window_s} s); longest archiver outage {outage_max_s:.1} s; consumer gaps {consumer_gaps}"
             );
             println!("  archiver at the end: {}", report["archiver_end"]);
             println!(
@@ -2037,6 +2095,23 @@ mod tests {
             r,
             vec![("a".to_string(), 2), ("b".to_string(), 3), ("a".to_string(), 1)]
         );
+    }
+
+    #[test]
+    fn a_view_short_of_the_hosts_is_an_error() {
+        assert!(short_view(10_000, 10_000, "now").is_none());
+        let e = short_view(0, 10_000, "now").unwrap().to_string();
+        assert!(e.contains("holds 0 of the 10000 simulated hosts now"), "{e}");
+        assert!(short_view(9_999, 10_000, "now").is_some());
+    }
+
+    #[test]
+    fn the_ring_holds_the_resume_window() {
+        // 2,500 hosts: 7,542 events/s; 30 s of them.
+        assert_eq!(ring_for_window(2_500, 30), 226_250);
+        // 25,000 hosts (100,000 in 4 producers): 30 s is 2.3 M events.
+        assert_eq!(ring_for_window(25_000, 30), 2_262_500);
+        assert_eq!(ring_for_window(10, 30), MIN_BUFFER_EVENTS);
     }
 
     #[test]

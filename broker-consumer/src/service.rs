@@ -876,6 +876,11 @@ async fn follow(view: Arc<LiveView>, mut sub: Subscriber) {
             Delivery::Refused { producer, error } => {
                 tracing::warn!(%producer, %error, "a producer refused the broker's subscription");
             }
+            Delivery::Reconnecting { producer, error } => {
+                // Its hosts are not in the view while this lasts (say why: an empty view
+                // otherwise looks like a grid without hosts).
+                tracing::warn!(%producer, %error, "the broker's stream from a producer broke; retrying");
+            }
             Delivery::DirectoryRefused { error } => {
                 tracing::error!(%error, "the directory refused the broker's watch: nothing to rank until it is allowed (restart then)");
             }

@@ -101,7 +101,8 @@ struct Row {
 
 #[derive(Default)]
 struct Inner {
-    rows: HashMap<String, Row>,
+    /// By host name: a snapshot is the rows in order, with no sort (100,000 hosts).
+    rows: BTreeMap<String, Row>,
     /// Forecast bandwidth into each host (Mbit/s), by (producer, source host) of the link.
     links: HashMap<String, HashMap<(String, String), f64>>,
     by_producer: HashMap<String, HashSet<String>>,
@@ -213,17 +214,22 @@ impl LiveView {
             "host.load" | "host.info" | "host.cpu" => {}
             _ => return false,
         }
-        let measured = max_link(inner.links.get(name));
-        let row = inner.rows.entry(name.to_string()).or_insert_with(|| {
+        // Looked up before inserting: no allocation per event for a known host (at 100,000
+        // hosts the view applies 300,000 events/s).
+        if !inner.rows.contains_key(name) {
             let mut r = self.fresh_row(name, producer);
-            if let Some(bw) = measured {
+            if let Some(bw) = max_link(inner.links.get(name)) {
                 r.bandwidth_mbps = bw;
             }
-            Row {
+            let row = Row {
                 res: Arc::new(r),
                 load_seen: false,
-            }
-        });
+            };
+            inner.rows.insert(name.to_string(), row);
+        }
+        let Some(row) = inner.rows.get_mut(name) else {
+            return false;
+        };
         let is_load = e.series.name == "host.load";
         if is_load && row.load_seen && row.res.updated_ns > e.timestamp_ns {
             return false; // a late sample: newest wins
@@ -246,10 +252,15 @@ impl LiveView {
                 if mem.is_finite() {
                     r.memory_mb = mem;
                 }
-                for b in ["specint", "specfp"] {
-                    let v = num(&format!("bench_{b}"));
+                for (b, field) in [("specint", "bench_specint"), ("specfp", "bench_specfp")] {
+                    let v = num(field);
                     if v.is_finite() && v > 0.0 {
-                        r.benchmarks.insert(b.to_string(), v);
+                        match r.benchmarks.get_mut(b) {
+                            Some(old) => *old = v,
+                            None => {
+                                r.benchmarks.insert(b.to_string(), v);
+                            }
+                        }
                     }
                 }
                 r.updated_ns = e.timestamp_ns;
@@ -290,11 +301,18 @@ impl LiveView {
                 }
             }
         }
-        inner
-            .by_producer
-            .entry(producer.to_string())
-            .or_default()
-            .insert(name.to_string());
+        match inner.by_producer.get_mut(producer) {
+            Some(set) => {
+                if !set.contains(name) {
+                    set.insert(name.to_string());
+                }
+            }
+            None => {
+                inner
+                    .by_producer
+                    .insert(producer.to_string(), HashSet::from([name.to_string()]));
+            }
+        }
         inner.snapshot = None;
         true
     }
@@ -394,14 +412,13 @@ impl LiveView {
         let resources = match &g.snapshot {
             Some(s) => s.clone(),
             None => {
-                let mut rows: Vec<Arc<Resource>> = g
+                // In name order already (a BTreeMap).
+                let s: Arc<[Arc<Resource>]> = g
                     .rows
                     .values()
                     .filter(|r| r.load_seen)
                     .map(|r| r.res.clone())
                     .collect();
-                rows.sort_by(|a, b| a.name.cmp(&b.name));
-                let s: Arc<[Arc<Resource>]> = rows.into();
                 g.snapshot = Some(s.clone());
                 s
             }
@@ -452,6 +469,19 @@ mod tests {
             strings: texts.iter().map(|(_, v)| v.to_string()).collect(),
             mark: Mark::None,
         }
+    }
+
+    /// The job of `job_toml` ranked by time to done over the view as of `now`.
+    fn rank_ttd(v: &LiveView, now: i64, job_toml: &str, limits: crate::rank::Limits) -> crate::rank::Ranking {
+        let job = crate::job::Job::from_toml(job_toml, "job.toml").unwrap();
+        crate::rank::rank(
+            &v.snapshot(now),
+            &job,
+            crate::rank::Policy::Ttd,
+            &crate::rank::RankConfig::default(),
+            limits,
+        )
+        .unwrap()
     }
 
     fn load(source: &str, ts: i64, free: f64) -> OwnedEvent {
@@ -543,6 +573,36 @@ mod tests {
         assert_eq!(v.remove_producer("nobody"), 0);
     }
 
+    /// The view at the largest scale: 100,000 hosts from 4 producers, every host
+    /// once in name order, a refresh changing no row count, a producer leaving taking its
+    /// quarter, and a ranking over what is left.
+    #[test]
+    fn a_view_of_100000_hosts() {
+        const N: usize = 100_000;
+        let v = LiveView::new(vec![]).unwrap();
+        for round in 0..2 {
+            for i in 0..N {
+                let ev = load(&format!("p{}h-{i:05}", i % 4), 10 + round, 8.0);
+                assert!(v.apply(&format!("p{}", i % 4), &ev));
+            }
+        }
+        let s = v.snapshot(20);
+        assert_eq!(s.resources.len(), N);
+        assert!(
+            s.resources.windows(2).all(|w| w[0].name < w[1].name),
+            "name order"
+        );
+        assert!(s.resources.iter().all(|r| r.updated_ns == 11));
+        assert_eq!(v.remove_producer("p1"), N / 4);
+        assert_eq!(v.len(), N - N / 4);
+        let limits = crate::rank::Limits {
+            limit: 10,
+            rejected: false,
+        };
+        let ranking = rank_ttd(&v, 20, "name = \"j\"\ncpus = 2\nreference_time_s = 60\n", limits);
+        assert_eq!(ranking.ranked.len(), 10);
+    }
+
     #[test]
     fn site_summaries_are_kept_apart() {
         let v = LiveView::new(vec![]).unwrap();
@@ -616,19 +676,12 @@ mod tests {
         assert!(bw(&v, "a").is_nan());
         // The ranking stages a job's input over it: 1 GB into b at 80 Mbit/s takes 100 s.
         v.apply("np-a", &bw_forecast("a/b", 6, 80.0));
-        let job = crate::job::Job::from_toml(
+        let ranking = rank_ttd(
+            &v,
+            9,
             "name = \"j\"\ncpus = 1\nreference_time_s = 60\ninput_bytes = 1e9\n",
-            "job.toml",
-        )
-        .unwrap();
-        let ranking = crate::rank::rank(
-            &v.snapshot(9),
-            &job,
-            crate::rank::Policy::Ttd,
-            &crate::rank::RankConfig::default(),
             crate::rank::Limits::default(),
-        )
-        .unwrap();
+        );
         let b = ranking.ranked.iter().find(|r| r.resource == "b").unwrap();
         assert!((b.stage_in_s - 100.0).abs() < 1e-9, "{}", b.stage_in_s);
     }

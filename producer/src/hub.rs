@@ -110,6 +110,10 @@ pub struct HubInner {
     pins: HashMap<u64, u64>,
     schemas: HashMap<String, pb::EventSchema>,
     by_name: HashMap<String, HashMap<String, u32>>,
+    /// The field list of each event name's schema, shared by all its series: one copy per
+    /// schema, not per series (a copy was ~1.4 KB per series, 135 MB at 25,000 simulated hosts
+    /// of 4 events each).
+    fields: HashMap<String, Arc<[pb::FieldSpec]>>,
     pub series: Vec<Arc<SeriesInfo>>,
     latest: Vec<Option<Stored>>,
     /// Bumped whenever the set of schemas or sources changes (the registrar re-publishes).
@@ -179,6 +183,11 @@ impl HubInner {
         self.latest.iter().flatten()
     }
 
+    /// The newest event of series `id`, if it has one.
+    pub fn latest_of(&self, id: u32) -> Option<&Stored> {
+        self.latest.get(id as usize)?.as_ref()
+    }
+
     /// The value layout of an existing series.
     pub fn series_layout(&self, name: &str, source: &str) -> Option<Layout> {
         let id = self.by_name.get(name)?.get(source)?;
@@ -225,8 +234,22 @@ impl HubInner {
             return Err(PublishError::TooManySeries);
         }
         let id = self.series.len() as u32;
-        self.series
-            .push(Arc::new(SeriesInfo::new(id, name, source, schema)));
+        let fields = match self.fields.get(name) {
+            Some(f) if **f == *schema.fields => f.clone(),
+            _ => {
+                let f: Arc<[pb::FieldSpec]> = schema.fields.clone().into();
+                self.fields.insert(name.to_string(), f.clone());
+                f
+            }
+        };
+        self.series.push(Arc::new(SeriesInfo {
+            id,
+            name: name.to_string(),
+            source: source.to_string(),
+            schema_version: schema.version,
+            layout: Layout::of(&schema.fields),
+            fields,
+        }));
         self.latest.push(None);
         self.by_name
             .entry(name.to_string())
@@ -293,6 +316,7 @@ impl Hub {
                 pins: HashMap::new(),
                 schemas: HashMap::new(),
                 by_name: HashMap::new(),
+                fields: HashMap::new(),
                 series: Vec::new(),
                 latest: Vec::new(),
                 catalog_version: 0,
@@ -543,6 +567,16 @@ mod tests {
             numbers: vec![v],
             strings: vec![],
         }
+    }
+
+    #[test]
+    fn the_series_of_an_event_share_its_field_list() {
+        let hub = Hub::new(1, 10);
+        hub.add_schemas(&[schema()]).unwrap();
+        hub.publish(&[ev("a", 1.0), ev("b", 2.0)]).1.unwrap();
+        let inner = hub.lock();
+        assert!(Arc::ptr_eq(&inner.series[0].fields, &inner.series[1].fields));
+        assert_eq!(*inner.series[1].fields, *schema().fields);
     }
 
     #[test]

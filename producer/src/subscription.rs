@@ -162,6 +162,13 @@ pub struct Cursor {
     delta_last: HashMap<u32, Box<[f64]>>,
     /// Private batches; also the record of which series this stream has declared.
     pub encoder: BatchEncoder,
+    /// Latest values still to send, in seq order, all below `next`: a start from the latest
+    /// values (or a `latest` conflation) is a snapshot sent `max_batch` events at a time, so
+    /// that one message never holds every series of a producer (25,000 simulated hosts are
+    /// 100,000 series, tens of MB, beyond any consumer's message limit). The whole snapshot is
+    /// sent before the log is read again (seqs keep increasing, and every series gets its value
+    /// even when new ones keep coming); at most one entry per series.
+    pending: VecDeque<Stored>,
 }
 
 impl Cursor {
@@ -179,6 +186,7 @@ impl Cursor {
             when: HashMap::new(),
             delta_last: HashMap::new(),
             encoder: BatchEncoder::new(),
+            pending: VecDeque::new(),
         }
     }
 
@@ -265,17 +273,29 @@ impl Cursor {
         }
     }
 
-    /// Encodes the newest value of each selected series with seq >= `from`; returns how many.
+    /// Queues the newest value of each selected series with seq >= `from` (sent `max_batch`
+    /// at a time by [`Cursor::fill`]); returns how many.
     fn latest_values(&mut self, inner: &HubInner, from: u64) -> u64 {
-        let mut latest: Vec<&Stored> = inner.latest().filter(|e| e.seq >= from).collect();
-        latest.sort_by_key(|e| e.seq);
-        let mut n = 0;
-        for e in latest {
-            let before = self.encoder.len();
-            self.offer(inner, e);
-            n += (self.encoder.len() - before) as u64;
+        let mut latest: Vec<Stored> = Vec::new();
+        for e in inner.latest() {
+            if e.seq >= from && select(&mut self.class, &self.spec.selector, inner, e.series) {
+                latest.push(e.clone());
+            }
         }
+        latest.sort_unstable_by_key(|e| e.seq);
+        let n = latest.len() as u64;
+        self.pending.extend(latest);
         n
+    }
+
+    /// Encodes up to `max_batch` queued latest values.
+    fn drain_latest(&mut self, inner: &HubInner) {
+        while self.encoder.len() < self.spec.max_batch {
+            let Some(e) = self.pending.pop_front() else {
+                break;
+            };
+            self.offer(inner, &e);
+        }
     }
 
     /// Applies the overrun rules: events overwritten in the ring, and the policy when the
@@ -333,7 +353,10 @@ impl Cursor {
     /// Copies up to `max_batch` admitted events (scanning at most 16 × that) into the encoder,
     /// never reading at or past `limit`.
     pub fn fill(&mut self, inner: &HubInner, limit: u64) {
-        if self.overrun(inner) {
+        // A snapshot of latest values being sent goes out whole first (its seqs lie below
+        // `next`); the log, and its overrun rules, come after it.
+        if !self.pending.is_empty() || self.overrun(inner) {
+            self.drain_latest(inner);
             return;
         }
         let mut last = None;
@@ -351,7 +374,7 @@ impl Cursor {
     }
 
     pub fn caught_up(&self, inner: &HubInner) -> bool {
-        self.next >= inner.head()
+        self.next >= inner.head() && self.pending.is_empty()
     }
 }
 
@@ -476,7 +499,15 @@ impl Group {
         });
         self.bytes += chunk.bytes.len();
         self.chunks.push_back(chunk.clone());
-        while self.chunks.len() > GROUP_CHUNKS || (self.bytes > GROUP_BYTES && self.chunks.len() > 1) {
+        // Chunks of events the ring no longer holds serve no one (a member that far behind
+        // overruns, never reads a chunk): the cache holds at most the ring's window, besides
+        // its caps (otherwise each group filled its 16 MiB over minutes, a simulating producer
+        // growing by that much per group long after its ring was full).
+        let oldest = inner.oldest();
+        while self.chunks.len() > GROUP_CHUNKS
+            || (self.bytes > GROUP_BYTES && self.chunks.len() > 1)
+            || self.chunks.front().is_some_and(|c| c.to <= oldest)
+        {
             if let Some(old) = self.chunks.pop_front() {
                 self.bytes -= old.bytes.len();
             }
@@ -691,8 +722,10 @@ fn next_messages(
         let mut g = group.lock();
         let inner = hub.lock();
         let lag = inner.head().saturating_sub(cursor.next);
-        let plain =
-            cursor.next >= inner.oldest() && lag <= cursor.spec.queue_events && cursor.encoder.is_empty();
+        let plain = cursor.next >= inner.oldest()
+            && lag <= cursor.spec.queue_events
+            && cursor.encoder.is_empty()
+            && cursor.pending.is_empty();
         if plain {
             match g.chunk_at(&inner, cursor.next, epoch) {
                 Ok(Some(chunk)) => {
@@ -1061,6 +1094,37 @@ mod tests {
         assert_eq!(group.lock().chunks.len(), 2);
     }
 
+    /// A group keeps no chunk of events its ring has overwritten.
+    #[test]
+    fn a_group_drops_the_chunks_the_ring_no_longer_holds() {
+        let hub = hub(10);
+        let mut s = spec();
+        s.max_batch = 2;
+        let group = Mutex::new(Group::new(&s));
+        let mut c = Cursor::new(s);
+        c.start(&hub.lock(), Start::From(1));
+        let mut dec = BatchDecoder::new();
+        let mut got = 0;
+        for round in 0..20 {
+            publish(&hub, "a", &[f64::from(round), 0.5]);
+            got += drain(&hub, Some(&group), &mut c, &mut dec).len();
+        }
+        assert_eq!(got, 40);
+        let oldest = hub.lock().oldest();
+        let g = group.lock();
+        assert!(oldest > 20, "the ring moved on: oldest {oldest}");
+        assert!(
+            g.chunks.iter().all(|ch| ch.to > oldest),
+            "a chunk of overwritten events"
+        );
+        assert_eq!(g.bytes, g.chunks.iter().map(|ch| ch.bytes.len()).sum::<usize>());
+        assert!(
+            g.chunks.len() <= 5,
+            "{} chunks for a 10-event ring",
+            g.chunks.len()
+        );
+    }
+
     #[test]
     fn a_private_reader_rejoins_at_a_chunk_border() {
         let hub = hub(1000);
@@ -1147,6 +1211,91 @@ mod tests {
             .decode_each(&b, |e| got.push((e.series.source.clone(), e.numbers[0])))
             .unwrap();
         assert_eq!(got, vec![("a".into(), 4.0), ("b".into(), 6.0)]);
+    }
+
+    /// Every message of `c` until it is caught up, decoded: (source, value, seq) and the
+    /// number of events of each message.
+    fn messages(hub: &Hub, c: &mut Cursor, dec: &mut BatchDecoder) -> (Vec<(String, f64, u64)>, Vec<usize>) {
+        let (mut got, mut sizes, mut msgs) = (Vec::new(), Vec::new(), Vec::new());
+        loop {
+            let done = next_messages(hub, None, c, 7, &mut msgs);
+            for m in msgs.drain(..) {
+                let before = got.len();
+                dec.decode_each(&pb::EventBatch::decode(m).unwrap(), |e| {
+                    got.push((e.series.source.clone(), e.numbers[0], e.seq))
+                })
+                .unwrap();
+                sizes.push(got.len() - before);
+            }
+            if done {
+                return (got, sizes);
+            }
+        }
+    }
+
+    fn latest_spec(max_batch: usize) -> Spec {
+        let mut s = spec();
+        s.max_batch = max_batch;
+        s.policy = Policy::Latest;
+        s
+    }
+
+    /// A start from the latest values of many series goes out `max_batch` at a time, every
+    /// series once and in seq order, then what was published meanwhile.
+    #[test]
+    fn a_latest_start_over_many_series_is_sent_in_bounded_batches() {
+        let hub = hub(100_000);
+        for i in 0..2_500 {
+            publish(&hub, &format!("h{i:04}"), &[f64::from(i)]);
+        }
+        let mut c = Cursor::new(latest_spec(100));
+        c.start(&hub.lock(), Start::Latest);
+        publish(&hub, "h0000", &[-1.0]);
+        let (got, sizes) = messages(&hub, &mut c, &mut BatchDecoder::new());
+        assert!(sizes.iter().all(|n| *n <= 100), "{sizes:?}");
+        assert!(sizes.len() >= 25, "{} messages", sizes.len());
+        assert_eq!(got.len(), 2_501);
+        assert!(got.windows(2).all(|w| w[0].2 < w[1].2), "seq order");
+        assert_eq!(got[0], ("h0000".to_string(), 0.0, 1));
+        assert_eq!(got[2_500], ("h0000".to_string(), -1.0, 2_501));
+        assert!(c.caught_up(&hub.lock()));
+    }
+
+    /// A `latest` subscription that cannot keep up with 2,500 series all moving every round
+    /// still gets a value of every one of them: a snapshot is sent whole before the next (a
+    /// snapshot taken anew at each overrun, sent from its oldest seq, reached only the first
+    /// hosts of each round).
+    #[test]
+    fn a_latest_subscription_behind_reaches_every_series() {
+        let hub = hub(100_000);
+        let round = |hub: &Hub, r: u32| {
+            for i in 0..2_500 {
+                publish(hub, &format!("h{i:04}"), &[f64::from(r)]);
+            }
+        };
+        round(&hub, 0);
+        let mut s = latest_spec(100);
+        s.queue_events = 100;
+        let mut c = Cursor::new(s);
+        c.start(&hub.lock(), Start::Latest);
+        let mut dec = BatchDecoder::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut last_seq = 0;
+        let mut msgs = Vec::new();
+        // One message per round: far slower than the producer.
+        for r in 1..=30 {
+            round(&hub, r);
+            next_messages(&hub, None, &mut c, 7, &mut msgs);
+            for m in msgs.drain(..) {
+                dec.decode_each(&pb::EventBatch::decode(m).unwrap(), |e| {
+                    assert!(e.seq > last_seq, "seq {} after {last_seq}", e.seq);
+                    last_seq = e.seq;
+                    seen.insert(e.series.source.clone());
+                })
+                .unwrap();
+            }
+        }
+        assert_eq!(seen.len(), 2_500);
     }
 
     #[test]

@@ -266,6 +266,8 @@ fn scale_with_churn_loses_nothing() {
         w["window_s"].as_f64().unwrap() > w["longest_archiver_outage_s"].as_f64().unwrap(),
         "{w}"
     );
+    // The broker decided over every simulated host (the run fails otherwise).
+    assert_eq!(o["broker_decisions"]["view_resources"], 40, "{o}");
     assert_eq!(o["consumer_recovery_ms"]["consumers"], 4, "{o}");
     let names: Vec<&str> = o["processes"]
         .as_array()
