@@ -248,8 +248,17 @@ impl Store {
         };
         let mut ops: Vec<(ChunkKey, PendingChunk)> = ops.into_iter().collect();
         ops.sort_by_key(|o| o.0);
-        let (payload, offsets) = encode_checkpoint(c, oldest, &dict, &resume, &ops)?;
+        // Each stream entry is encoded once, for the record and for sled (each copy dropped
+        // as soon as it is encoded).
+        let mut keys = Vec::with_capacity(dict.len());
+        let mut entries = Vec::with_capacity(dict.len());
+        for m in dict {
+            keys.push(stream_key(&m.name, &m.source, m.schema_version));
+            entries.push(encode_meta(&m)?);
+        }
+        let (payload, offsets) = encode_checkpoint(c, oldest, &entries, &resume, &ops);
         let pos = self.chunks.append(&payload)?;
+        drop(payload);
         self.chunks.sync(pos.seq).await?;
         // 4. The index: in memory (chunks now read from the file) and in sled.
         let mut batch = sled::Batch::default();
@@ -285,8 +294,9 @@ impl Store {
             }
             inner.pending.in_flight.clear();
         }
-        for m in &dict {
-            batch.insert(stream_key(&m.name, &m.source, m.schema_version), encode_meta(m)?);
+        drop(ops);
+        for (k, v) in keys.into_iter().zip(entries) {
+            batch.insert(k, v);
         }
         for (p, rp) in &resume {
             batch.insert(resume_key(p), resume_value(*rp).to_vec());
