@@ -264,7 +264,7 @@ const GROUP_DELIVERIES: usize = 256;
 pub const MAX_BATCH: u32 = 4096;
 /// Default of `ingest_queue` (deliveries); 1024 before: at 10,000 hosts the catch-up of the
 /// producers' rings at start waited there decoded, all at once.
-pub const DEFAULT_INGEST_QUEUE: usize = 16;
+pub const DEFAULT_INGEST_QUEUE: usize = 32;
 /// Most `ingest_queue` deliveries.
 pub const MAX_INGEST_QUEUE: usize = 4096;
 
@@ -632,7 +632,7 @@ mod tests {
                 Err(e) => assert!(e.to_string().contains("ingest_queue must lie in 1..=4096"), "{e}"),
             }
         }
-        assert_eq!(ArchiverConfig::default().ingest_queue, 16);
+        assert_eq!(ArchiverConfig::default().ingest_queue, 32);
         c.store.index_cache_mib = 0;
         match c.check() {
             Ok(_) => panic!("index_cache_mib = 0 was accepted"),

@@ -590,6 +590,20 @@ mod tests {
         assert_eq!((st.streams, st.series), (3, 7));
     }
 
+    /// The fixed parts of a stream in memory (docs/archiver.md, "Memory, term by term"):
+    /// its entry in the stream map, inline (the open chunk's heap is ChunkWriter::heap_bytes).
+    #[test]
+    fn a_streams_fixed_memory() {
+        let inline = std::mem::size_of::<Stream>();
+        println!(
+            "Stream {inline} B inline, ChunkWriter {} B, StreamMeta {} B, ChunkMeta {} B",
+            std::mem::size_of::<ChunkWriter>(),
+            std::mem::size_of::<StreamMeta>(),
+            std::mem::size_of::<ChunkMeta>()
+        );
+        assert!(inline <= 640, "{inline}");
+    }
+
     #[tokio::test]
     async fn stats_are_sensible() {
         let dir = tempfile::tempdir().unwrap();
