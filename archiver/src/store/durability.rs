@@ -295,8 +295,8 @@ impl Store {
             inner.pending.in_flight.clear();
         }
         drop(ops);
-        // In batches of at most SLED_BATCH_ENTRIES (one atomic batch of every entry held all
-        // of them in sled's write buffers at once: about 350 MB at 40,000 streams), the
+        // In batches of at most SLED_BATCH_ENTRIES (sled applying one batch of every entry
+        // took about 350 MB at 40,000 streams: node splits, page fragments, buffers), the
         // record's position in a last batch of its own: a crash in between leaves sled behind
         // the record, which the next open applies again (its entries replace what they name).
         let mut batch = SledBatches::new(&self.db);
