@@ -133,7 +133,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn varint_len(v: u64) -> usize {
+pub(crate) fn varint_len(v: u64) -> usize {
     (bit_len(v | 1) as usize).div_ceil(7)
 }
 
@@ -202,6 +202,11 @@ impl BitWriter {
 
     fn bytes(&self) -> usize {
         self.len.div_ceil(8)
+    }
+
+    /// Heap bytes it holds (its words' capacity).
+    fn heap_bytes(&self) -> usize {
+        self.words.capacity() * 8
     }
 
     fn write_to(&self, out: &mut Vec<u8>) {
@@ -524,13 +529,41 @@ impl Codes {
     }
 }
 
-/// `hist[l]`: how many values of bit length `l` a column holds (l = 1..=64).
+/// `hist[l]`: how many values of bit length `l` a column holds (l = 1..=64), in 16-bit
+/// counters (it is held by every column of every open chunk: 130 bytes instead of 260). A
+/// chunk with more than 65,535 values of one length (only with `chunk_rows` above that) is
+/// `full`: its column keeps the default buckets, whose bits are exact without the histogram.
 #[derive(Debug, Clone)]
-struct Hist([u32; 65]);
+struct Hist {
+    n: [u16; 65],
+    full: bool,
+}
 
 impl Default for Hist {
     fn default() -> Self {
-        Hist([0; 65])
+        Hist {
+            n: [0; 65],
+            full: false,
+        }
+    }
+}
+
+impl Hist {
+    #[inline]
+    fn add(&mut self, z: u64) {
+        let c = &mut self.n[bit_len(z) as usize];
+        match c.checked_add(1) {
+            Some(v) => *c = v,
+            None => self.full = true,
+        }
+    }
+
+    /// [`Codes::plan`] over this histogram; the default buckets when it is full.
+    fn plan(&self, default: &Codes, bits: usize) -> (Codes, usize) {
+        if self.full {
+            return (*default, bits);
+        }
+        default.plan(bits, &self.n.map(u32::from))
     }
 }
 
@@ -588,7 +621,7 @@ impl TsEnc {
         } else {
             let z = zigzag(delta.wrapping_sub(self.delta));
             TS_CODES.put(&mut self.bits, z);
-            self.hist.0[bit_len(z) as usize] += 1;
+            self.hist.add(z);
         }
         self.deltas += 1;
         self.delta = delta;
@@ -596,7 +629,7 @@ impl TsEnc {
     }
 
     fn plan(&self) -> (Codes, usize) {
-        TS_CODES.plan(self.bits.len, &self.hist.0)
+        self.hist.plan(&TS_CODES, self.bits.len)
     }
 
     /// Writes the column with `codes` (from [`TsEnc::plan`]).
@@ -824,7 +857,7 @@ impl DecEnc {
     fn put_delta(&mut self, d: i64) {
         let z = zigzag(d);
         DEC_CODES.put(&mut self.bits, z);
-        self.hist.0[bit_len(z) as usize] += 1;
+        self.hist.add(z);
     }
 
     fn push(&mut self, v: f64) {
@@ -859,7 +892,7 @@ impl DecEnc {
     }
 
     fn plan(&self) -> (Codes, usize) {
-        DEC_CODES.plan(self.bits.len, &self.hist.0)
+        self.hist.plan(&DEC_CODES, self.bits.len)
     }
 
     /// Writes the column with `codes` (from [`DecEnc::plan`]).
@@ -1183,6 +1216,31 @@ impl ChunkWriter {
 
     pub fn is_empty(&self) -> bool {
         self.rows == 0
+    }
+
+    /// Bytes the writer holds on the heap: its column encoders (both codings of a double column
+    /// while both are competitive) and their bit streams' capacity. What an open chunk costs in
+    /// memory (docs/archiver.md, "Memory, term by term").
+    pub fn heap_bytes(&self) -> usize {
+        let doubles: usize = self
+            .doubles
+            .iter()
+            .map(|d| match d {
+                DoubleEnc::Both(x, d) => x.bits.heap_bytes() + d.bits.heap_bytes(),
+                DoubleEnc::Xor(x) => x.bits.heap_bytes(),
+                DoubleEnc::Dec(d) => d.bits.heap_bytes(),
+            })
+            .sum();
+        let strings: usize = self
+            .strings
+            .iter()
+            .map(|s| s.flags.heap_bytes() + s.payload.capacity() + s.prev.capacity())
+            .sum();
+        self.doubles.capacity() * std::mem::size_of::<DoubleEnc>()
+            + self.strings.capacity() * std::mem::size_of::<StrEnc>()
+            + self.ts.bits.heap_bytes()
+            + doubles
+            + strings
     }
 
     /// Timestamp of the first row.
@@ -2135,5 +2193,82 @@ mod tests {
             chunks.len(),
             best * 1e3
         );
+    }
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::*;
+
+    /// Rows like a simulated host's: `n` decimal gauges with 2 digits, 1 s apart with jitter.
+    fn host_rows(n: usize, rows: usize, mut at: impl FnMut(usize, &ChunkWriter)) -> ChunkWriter {
+        let mut w = ChunkWriter::new(n, 0);
+        let mut levels = vec![10.0f64; n];
+        for row in 0..rows {
+            for (i, l) in levels.iter_mut().enumerate() {
+                let step = ((row * 7 + i * 13) % 11) as f64 - 5.0;
+                *l = ((*l + step * 0.01) * 100.0).round() / 100.0;
+            }
+            let ts =
+                1_700_000_000_000_000_000 + row as i64 * 1_000_000_000 + ((row * 7919) % 1000) as i64 * 1000;
+            w.push(ts, &levels, &[]).unwrap();
+            at(row + 1, &w);
+        }
+        w
+    }
+
+    /// What an open chunk holds on the heap is a fixed part per column plus its bit streams:
+    /// the figures docs/archiver.md gives per stream ("Memory, term by term").
+    #[test]
+    fn open_chunk_memory_is_bounded_per_column_and_row() {
+        let empty = ChunkWriter::new(12, 0).heap_bytes();
+        let mut seen = Vec::new();
+        host_rows(12, 1024, |rows, w| {
+            if [15, 135, 1024].contains(&rows) {
+                seen.push((rows, w.heap_bytes(), w.encoded_len()));
+            }
+        });
+        println!(
+            "DoubleEnc {} B; 12 doubles: empty {empty} B; (rows, heap bytes, encoded bytes) {seen:?}",
+            std::mem::size_of::<DoubleEnc>()
+        );
+        // Fixed: at most 320 bytes per double column (both codings' state, 240 bytes, and
+        // their first words).
+        assert!(std::mem::size_of::<DoubleEnc>() <= 240);
+        assert!(empty <= 12 * 320, "empty writer {empty} B");
+        for (rows, heap, encoded) in seen {
+            // Both codings kept, each bit stream grown by doubling: at most 4x the encoded
+            // bytes on top of the fixed part.
+            assert!(
+                heap <= 12 * 320 + 4 * encoded,
+                "{rows} rows: {heap} B (encoded {encoded} B)"
+            );
+        }
+    }
+
+    /// A column with more than 65,535 values of one bit length (its 16-bit histogram full)
+    /// keeps the default buckets and still decodes exactly.
+    #[test]
+    fn a_full_histogram_keeps_the_default_buckets_and_decodes() {
+        let rows = 70_000;
+        let mut w = ChunkWriter::new(1, 0);
+        for r in 0..rows {
+            // Regular timestamps (delta-of-delta 0) and a constant step (the same delta).
+            w.push(1_000 + r as i64 * 10, &[r as f64 * 0.5], &[]).unwrap();
+        }
+        assert!(w.ts.hist.full);
+        let bytes = w.encode();
+        assert_eq!(bytes.len(), w.encoded_len());
+        let rd = ChunkReader::new(&bytes).unwrap();
+        let ts = rd.timestamps().unwrap();
+        assert_eq!(ts.len(), rows);
+        assert!(ts.iter().enumerate().all(|(r, &t)| t == 1_000 + r as i64 * 10));
+        let mut n = 0;
+        rd.for_each_double(0, |t, v| {
+            assert_eq!(v, ((t - 1_000) / 10) as f64 * 0.5);
+            n += 1;
+        })
+        .unwrap();
+        assert_eq!(n, rows);
     }
 }

@@ -87,6 +87,11 @@ pub struct ArchiverConfig {
     /// How far behind a producer may let the archiver fall before it stops its writers' ring
     /// from overwriting (block policy reserve; 0 = producer default).
     pub queue_events: u32,
+    /// Decoded deliveries (each at most [`MAX_BATCH`] events) that may wait for the ingest
+    /// loop, all producers together: beyond them the subscriptions stop reading and the
+    /// producers hold the events (block policy). Bounds the memory of events received and not
+    /// yet appended (at start, a catch-up of every producer's ring).
+    pub ingest_queue: usize,
     pub retention: Vec<RetentionRule>,
     /// How often retention runs.
     pub retention_interval_s: u64,
@@ -120,6 +125,7 @@ impl Default for ArchiverConfig {
             patterns: vec!["*".into()],
             sources: Vec::new(),
             queue_events: 0,
+            ingest_queue: DEFAULT_INGEST_QUEUE,
             retention: Vec::new(),
             retention_interval_s: 60,
             keep: Vec::new(),
@@ -161,6 +167,11 @@ impl ArchiverConfig {
                 return Err(bad(format!("retention rule {}: max_age must be positive", i + 1)));
             }
             retention.push((p, age));
+        }
+        if self.ingest_queue == 0 || self.ingest_queue > MAX_INGEST_QUEUE {
+            return Err(bad(format!(
+                "ingest_queue must lie in 1..={MAX_INGEST_QUEUE} (deliveries)"
+            )));
         }
         if self.retention_interval_s == 0 {
             return Err(bad("retention_interval_s must be at least 1".into()));
@@ -249,6 +260,13 @@ impl Catalog for Record {
 
 /// Most deliveries written per group commit.
 const GROUP_DELIVERIES: usize = 256;
+/// Most events per delivery (the archiver's subscriptions' batch size).
+pub const MAX_BATCH: u32 = 4096;
+/// Default of `ingest_queue` (deliveries); 1024 before: at 10,000 hosts the catch-up of the
+/// producers' rings at start waited there decoded, all at once.
+pub const DEFAULT_INGEST_QUEUE: usize = 32;
+/// Most `ingest_queue` deliveries.
+pub const MAX_INGEST_QUEUE: usize = 4096;
 
 /// Runs the archiver on `listener` until `shutdown`; then stops ingest, makes everything
 /// durable (flush + checkpoint) and returns.
@@ -315,14 +333,14 @@ pub async fn run_with_rpc(
                     patterns: config.patterns.clone(),
                     sources: config.sources.clone(),
                     consumer_id: id.clone(),
-                    max_batch: 4096,
+                    max_batch: MAX_BATCH,
                     // The archiver must never lose: producers keep its backlog pinned (within
                     // their reserve) instead of overwriting it.
                     policy: pb::SlowPolicy::Block,
                     queue_events: config.queue_events,
                     ..StreamOptions::default()
                 },
-                capacity: 1024,
+                capacity: config.ingest_queue,
                 // A producer never seen before is archived from the oldest event it holds.
                 default_resume: Some(gma_consumer::stream::ResumePoint {
                     epoch: 0,
@@ -603,6 +621,18 @@ mod tests {
         assert_eq!(c.check().unwrap().store.index_cache_bytes, 64 << 20);
         c.store.index_cache_mib = 16;
         assert_eq!(c.check().unwrap().store.index_cache_bytes, 16 << 20);
+        assert_eq!(c.check().unwrap().store.index_cache_bytes, 16 << 20);
+        for bad in [0, MAX_INGEST_QUEUE + 1] {
+            let c = ArchiverConfig {
+                ingest_queue: bad,
+                ..c.clone()
+            };
+            match c.check() {
+                Ok(_) => panic!("ingest_queue = {bad} was accepted"),
+                Err(e) => assert!(e.to_string().contains("ingest_queue must lie in 1..=4096"), "{e}"),
+            }
+        }
+        assert_eq!(ArchiverConfig::default().ingest_queue, 32);
         c.store.index_cache_mib = 0;
         match c.check() {
             Ok(_) => panic!("index_cache_mib = 0 was accepted"),

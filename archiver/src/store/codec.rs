@@ -3,8 +3,9 @@
 use gma_consumer::stream::ResumePoint;
 use gma_core::codec::OwnedEvent;
 
-use super::layout::{encode_meta, figures, ChunkMeta, StreamMeta};
+use super::layout::{figures, ChunkMeta, StreamMeta};
 use super::{corrupt, ChunkKey, PendingChunk, StoreError};
+use crate::chunk::varint_len;
 
 /// Format byte of a write-ahead record.
 pub(super) const WAL_FORMAT: u8 = 2;
@@ -25,26 +26,38 @@ pub(super) struct Checkpoint {
 
 /// One checkpoint: `format u8 | next_wal u64 | oldest segment u64 | n varint, (len varint,
 /// stream entry JSON)* | n varint, (len varint, producer, epoch u64, next seq u64)* | n varint,
-/// (chunk key 17 bytes, 1 + len varint + chunk bytes | 0)*` (integers LE). Returns the payload
-/// and, per operation, the offset of its chunk bytes in it.
+/// (chunk key 17 bytes, 1 + len varint + chunk bytes | 0)*` (integers LE). `dict` holds each
+/// stream entry already encoded ([`encode_meta`]: the checkpoint writes the same bytes into
+/// sled). Returns the payload, allocated once at its exact size (at 40,000 streams it is tens
+/// of MB: growing it by doubling held up to twice that), and, per operation, the offset of its
+/// chunk bytes in it.
 pub(super) fn encode_checkpoint(
     next_wal: u64,
     oldest: u64,
-    dict: &[StreamMeta],
+    dict: &[Vec<u8>],
     resume: &[(String, ResumePoint)],
     ops: &[(ChunkKey, PendingChunk)],
-) -> Result<(Vec<u8>, Vec<Option<u64>>), StoreError> {
-    let size: usize = ops
-        .iter()
-        .map(|(_, b)| 24 + b.as_ref().map_or(0, |b| b.len()))
-        .sum();
-    let mut out = Vec::with_capacity(64 + dict.len() * 160 + resume.len() * 48 + size);
+) -> (Vec<u8>, Vec<Option<u64>>) {
+    let count = |n: usize| varint_len(n as u64);
+    let counted = |n: usize| count(n) + n;
+    let size = 1
+        + 16
+        + count(dict.len())
+        + dict.iter().map(|m| counted(m.len())).sum::<usize>()
+        + count(resume.len())
+        + resume.iter().map(|(p, _)| counted(p.len()) + 16).sum::<usize>()
+        + count(ops.len())
+        + ops
+            .iter()
+            .map(|(k, b)| k.len() + 1 + b.as_ref().map_or(0, |b| counted(b.len())))
+            .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
     out.push(CHECKPOINT_FORMAT);
     out.extend_from_slice(&next_wal.to_le_bytes());
     out.extend_from_slice(&oldest.to_le_bytes());
     put_varint(&mut out, dict.len() as u64);
     for m in dict {
-        put_bytes(&mut out, &encode_meta(m)?);
+        put_bytes(&mut out, m);
     }
     put_varint(&mut out, resume.len() as u64);
     for (p, rp) in resume {
@@ -69,7 +82,8 @@ pub(super) fn encode_checkpoint(
             }
         }
     }
-    Ok((out, offsets))
+    debug_assert_eq!(out.len(), size, "checkpoint record size");
+    (out, offsets)
 }
 
 pub(super) fn decode_checkpoint(b: &[u8], pos: gma_durable::Pos) -> Result<Checkpoint, StoreError> {
@@ -222,7 +236,7 @@ mod tests {
 
     use gma_core::event::{dbl, text};
 
-    use super::super::layout::{ts_key, ts_of_key, FieldKind, FieldMeta};
+    use super::super::layout::{encode_meta, ts_key, ts_of_key, FieldKind, FieldMeta};
     use super::super::recover::replay_record;
     use super::super::Stream;
     use crate::chunk::ChunkReader;

@@ -52,7 +52,8 @@
 //! 2. wait until the write-ahead records before `C` are durable;
 //! 3. append them as one chunk-log record and fdatasync it (a new chunk segment, and the folder
 //!    fsync, when the current one is full);
-//! 4. apply them to the sled index (one atomic batch, not flushed: the chunk log is the truth);
+//! 4. apply them to the sled index (batches of at most 8,192 entries, the record's position
+//!    `Mapplied` in a last one of its own; not flushed: the chunk log is the truth);
 //! 5. delete the write-ahead segments before `C` and the chunk segments before the oldest one
 //!    that still holds a live chunk (each followed by a folder fsync).
 //!
@@ -588,6 +589,20 @@ mod tests {
         store.append("p", rp(1, 4), &evs).unwrap();
         let st = store.stats();
         assert_eq!((st.streams, st.series), (3, 7));
+    }
+
+    /// The fixed parts of a stream in memory (docs/archiver.md, "Memory, term by term"):
+    /// its entry in the stream map, inline (the open chunk's heap is ChunkWriter::heap_bytes).
+    #[test]
+    fn a_streams_fixed_memory() {
+        let inline = std::mem::size_of::<Stream>();
+        println!(
+            "Stream {inline} B inline, ChunkWriter {} B, StreamMeta {} B, ChunkMeta {} B",
+            std::mem::size_of::<ChunkWriter>(),
+            std::mem::size_of::<StreamMeta>(),
+            std::mem::size_of::<ChunkMeta>()
+        );
+        assert!(inline <= 640, "{inline}");
     }
 
     #[tokio::test]
