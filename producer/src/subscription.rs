@@ -1315,3 +1315,176 @@ mod tests {
         assert_eq!(hub.lock().oldest(), 10, "unpinned: back to the capacity");
     }
 }
+
+#[cfg(test)]
+mod interleavings {
+    //! Members of one fan-out group with different policies (the stalled drop-oldest, latest
+    //! and fast drop-oldest subscribers of tests/tests/producer_stall.rs), read in arbitrary
+    //! interleavings with publishes, ring eviction and events the group does not select (as
+    //! the producer's own `gma.rpc`): a drop-oldest member accounts for every selected seq
+    //! exactly, delivered in order or inside a reported gap; only unselected seqs are skipped
+    //! without one.
+
+    use super::*;
+    use gma_core::codec::BatchDecoder;
+    use gma_core::event::{dbl, EventData};
+    use proptest::prelude::*;
+
+    /// What one member has accounted for so far.
+    struct Member {
+        cursor: Cursor,
+        dec: BatchDecoder,
+        /// The next seq not yet delivered, in a gap or conflated.
+        next: u64,
+    }
+
+    impl Member {
+        fn new(hub: &Hub, policy: Policy, queue_events: u64, max_batch: usize) -> Member {
+            let mut s = spec(max_batch);
+            s.policy = policy;
+            s.queue_events = queue_events;
+            let mut cursor = Cursor::new(s);
+            cursor.start(&hub.lock(), Start::From(1));
+            Member {
+                cursor,
+                dec: BatchDecoder::new(),
+                next: 1,
+            }
+        }
+
+        /// One call of the stream's loop; checks what it sent against `selected` (by seq).
+        /// Returns whether caught up.
+        fn step(
+            &mut self,
+            hub: &Hub,
+            group: &Mutex<Group>,
+            selected: &[bool],
+            exact: bool,
+        ) -> Result<bool, String> {
+            let skipped = |from: u64, to: u64| (from..to).find(|s| selected[*s as usize]);
+            let mut msgs = Vec::new();
+            let done = next_messages(hub, Some(group), &mut self.cursor, 7, &mut msgs);
+            for m in msgs {
+                let b = pb::EventBatch::decode(m).map_err(|e| e.to_string())?;
+                for g in &b.gaps {
+                    if g.from_seq < self.next {
+                        return Err(format!("gap {g:?} but the stream stopped before {}", self.next));
+                    }
+                    if let Some(s) = skipped(self.next, g.from_seq) {
+                        return Err(format!("selected seq {s} skipped before the gap {g:?}"));
+                    }
+                    self.next = g.to_seq + 1;
+                }
+                let mut bad = None;
+                let next = &mut self.next;
+                self.dec
+                    .decode_each(&b, |e| {
+                        if e.seq < *next && bad.is_none() {
+                            bad = Some(format!("seq {} delivered again", e.seq));
+                        }
+                        if let Some(s) = skipped(*next, e.seq).filter(|_| exact && bad.is_none()) {
+                            bad = Some(format!("seq {} delivered, selected {s} skipped (no gap)", e.seq));
+                        }
+                        *next = e.seq + 1;
+                    })
+                    .map_err(|e| e.to_string())?;
+                if let Some(bad) = bad {
+                    return Err(bad);
+                }
+            }
+            Ok(done)
+        }
+    }
+
+    fn spec(max_batch: usize) -> Spec {
+        let mut s = Spec::plain(Selector {
+            patterns: vec![Pattern::event("t.*").unwrap()],
+            sources: vec![],
+        });
+        s.max_batch = max_batch;
+        s
+    }
+
+    fn hub(ring: usize) -> Arc<Hub> {
+        let hub = Hub::new(7, ring);
+        hub.add_schemas(&["t.x", "u.x"].map(|name| pb::EventSchema {
+            name: name.into(),
+            version: 1,
+            fields: vec![dbl("v", "", "")],
+            description: String::new(),
+        }))
+        .unwrap();
+        hub
+    }
+
+    /// Publishes `n` events of `name`; records by seq whether the group selects them.
+    fn publish(hub: &Hub, name: &str, n: usize, sources: usize, selected: &mut Vec<bool>) {
+        selected.resize(selected.len() + n, name == "t.x");
+        let evs: Vec<EventData> = (0..n)
+            .map(|i| EventData {
+                name: name.into(),
+                source: format!("s{}", i % sources),
+                timestamp_ns: 1_000 + i as i64,
+                numbers: vec![i as f64],
+                strings: vec![],
+            })
+            .collect();
+        hub.publish(&evs).1.unwrap();
+    }
+
+    /// 0 = publish a round, 1..=3 = one step of the stalled drop-oldest, the latest, the fast
+    /// drop-oldest member, 4 = publish one event the group does not select.
+    fn run(ring: usize, round: usize, max_batch: usize, steps: &[u8]) -> Result<(), String> {
+        let hub = hub(ring);
+        let group = Mutex::new(Group::new(&spec(max_batch)));
+        let mut members = [
+            Member::new(&hub, Policy::DropOldest, u64::MAX, max_batch),
+            Member::new(&hub, Policy::Latest, max_batch as u64, max_batch),
+            Member::new(&hub, Policy::DropOldest, u64::MAX, max_batch),
+        ];
+        // Indexed by seq (seq 0 is none).
+        let mut selected = vec![false];
+        for &s in steps {
+            match s {
+                0 => publish(&hub, "t.x", round, 3, &mut selected),
+                4 => publish(&hub, "u.x", 1, 1, &mut selected),
+                i => {
+                    let i = usize::from(i - 1);
+                    members[i]
+                        .step(&hub, &group, &selected, i != 1)
+                        .map_err(|e| format!("member {i}: {e}"))?;
+                }
+            }
+        }
+        // Everyone reads to the end: the drop-oldest members accounted for every selected seq.
+        let head = hub.lock().head();
+        for (i, m) in members.iter_mut().enumerate() {
+            while !m
+                .step(&hub, &group, &selected, i != 1)
+                .map_err(|e| format!("member {i} at the end: {e}"))?
+            {}
+            if let Some(s) = (m.next..head).find(|s| selected[*s as usize]).filter(|_| i != 1) {
+                return Err(format!(
+                    "member {i} ended at {}: selected seq {s} never came",
+                    m.next
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #[test]
+        fn drop_oldest_members_account_for_every_seq_next_to_a_latest_member(
+            ring in 2usize..12,
+            round in 1usize..6,
+            max_batch in 1usize..5,
+            steps in proptest::collection::vec(0u8..5, 0..80),
+        ) {
+            if let Err(e) = run(ring, round, max_batch, &steps) {
+                return Err(TestCaseError::fail(e));
+            }
+        }
+    }
+}
