@@ -171,16 +171,19 @@ pub async fn serve(o: Opened) -> anyhow::Result<()> {
 }
 
 /// Logs to stderr with `filter` (a level, and levels per target: `info`,
-/// `warn,gma_producer=debug`; tracing-subscriber's `Targets` syntax; `warn` when it does not
-/// parse): the logging of `gma` and `gma-agent`. Not `EnvFilter`: its span and field
+/// `warn,gma_producer=debug`; tracing-subscriber's `Targets` syntax; when it does not parse,
+/// says so on stderr and logs at `warn`): the logging of `gma` and `gma-agent`. Not `EnvFilter`: its span and field
 /// directives bring the regex engines, 180 KB of code in every agent (docs/PERFORMANCE.md).
 pub fn init_logging(filter: &str) {
     use tracing_subscriber::filter::Targets;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let targets: Targets = filter
-        .parse()
-        .unwrap_or_else(|_| Targets::new().with_default(tracing::Level::WARN));
+    let targets: Targets = filter.parse().unwrap_or_else(|e| {
+        eprintln!(
+            "--log {filter:?} is not a log filter ({e}): logging at warn; give a level (error, warn, info, debug, trace) and target=level pairs, e.g. warn,gma_producer=debug"
+        );
+        Targets::new().with_default(tracing::Level::WARN)
+    });
     tracing_subscriber::registry()
         .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .with(targets)
