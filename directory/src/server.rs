@@ -51,11 +51,12 @@ pub(crate) async fn start_node_with(
         election_timeout_min: config.election_min_ms,
         election_timeout_max: config.election_max_ms,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
-        max_in_snapshot_log_to_keep: config.snapshot_logs.min(1000),
+        max_in_snapshot_log_to_keep: config.snapshot_keep_logs.min(config.snapshot_logs),
         ..Default::default()
     }
     .validate()
     .map_err(|e| DirError::Config(format!("raft: {e}")))?;
+    let log_handle = log.clone();
     let raft = Raft::new(id, Arc::new(raft_config), Network, log, sm_store)
         .await
         .map_err(|e| DirError::Storage(format!("cannot start raft: {e}")))?;
@@ -71,7 +72,14 @@ pub(crate) async fn start_node_with(
             .await
             .map_err(|e| DirError::Storage(format!("cannot initialize the cluster: {e}")))?;
     }
-    Ok(Arc::new(Shared::new(config.clone(), id, raft, sm, restored)))
+    Ok(Arc::new(Shared::new(
+        config.clone(),
+        id,
+        raft,
+        log_handle,
+        sm,
+        restored,
+    )))
 }
 
 /// When this member led when it stopped (its stored vote is a committed vote for itself),
@@ -150,7 +158,7 @@ pub async fn run_with_rpc(
     let access = Arc::new(crate::access::Access::new(&config)?);
     let tick = Duration::from_millis(config.expiry_tick_ms);
     let shared = start_node(&config, &advertised).await?;
-    let ticker = tokio::spawn(expiry_loop(shared.clone(), tick));
+    let ticker = tokio::spawn(expiry_loop(shared.clone(), tick, config.snapshot_log_bytes));
     let service = DirectoryServer::new(DirectoryService::new(shared.clone(), access.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let raft_service = {
@@ -211,17 +219,56 @@ pub async fn run_with_rpc(
     served.and(closed)
 }
 
-/// Expires due leases every `tick` until shutdown.
-async fn expiry_loop(shared: Arc<Shared>, tick: Duration) {
+/// Asks raft for a snapshot once the entries appended since the last one hold
+/// `snapshot_log_bytes` (openraft 0.9's own policy counts entries only: a few large records
+/// would otherwise keep the log, which lives in memory until the purge after a snapshot, large).
+struct SnapshotBySize {
+    limit: u64,
+    /// `appended_bytes` at the last snapshot (built by raft or asked for here).
+    mark: u64,
+    last_snapshot: Option<crate::raft::types::LogId>,
+}
+
+impl SnapshotBySize {
+    async fn tick(&mut self, shared: &Shared) {
+        let snapshot = shared.raft.metrics().borrow().snapshot;
+        let appended = shared.log.appended_bytes();
+        if snapshot != self.last_snapshot {
+            self.last_snapshot = snapshot;
+            self.mark = appended;
+        }
+        if appended.saturating_sub(self.mark) < self.limit {
+            return;
+        }
+        self.mark = appended;
+        tracing::debug!(bytes = self.limit, "raft log past snapshot_log_bytes: snapshot");
+        if let Err(e) = shared.raft.trigger().snapshot().await {
+            tracing::warn!(error = %e, "cannot trigger a raft snapshot");
+        }
+    }
+}
+
+/// Expires due leases every `tick` until shutdown; on every member, snapshots by size.
+async fn expiry_loop(shared: Arc<Shared>, tick: Duration, snapshot_log_bytes: u64) {
     let mut stop = shared.stop_signal();
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut by_size = SnapshotBySize {
+        limit: snapshot_log_bytes,
+        mark: shared.log.appended_bytes(),
+        last_snapshot: shared.raft.metrics().borrow().snapshot,
+    };
     loop {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
             _ = interval.tick() => {}
         }
         crate::telemetry::raft_state(&shared.raft.metrics().borrow());
+        crate::telemetry::memory(
+            shared.log.entries_in_memory(),
+            shared.sm.state.read().await.dir.history_size(),
+        );
+        by_size.tick(&shared).await;
         match shared.expire_due().await {
             Ok(0) => {}
             Ok(n) => {
@@ -230,5 +277,97 @@ async fn expiry_loop(shared: Arc<Shared>, tick: Duration) {
             }
             Err(e) => tracing::warn!(error = %e, "cannot expire leases"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gma_core::authz::Identity;
+    use gma_proto::v1 as pb;
+
+    use crate::state::Command;
+
+    /// A producer record of `sources` sources (a few KB each when written to the log).
+    async fn register(shared: &Shared, id: &str, sources: usize) {
+        let record = pb::Record {
+            record: Some(pb::record::Record::Producer(pb::ProducerRecord {
+                id: id.into(),
+                address: "http://127.0.0.1:7001".into(),
+                events: vec!["host.cpu".into()],
+                sources: (0..sources).map(|i| format!("node-{i:05}.example.org")).collect(),
+                ..Default::default()
+            })),
+        };
+        shared
+            .write(&Identity::anonymous(), |now_ms| Command::Register {
+                record,
+                schemas: vec![pb::EventSchema {
+                    name: "host.cpu".into(),
+                    version: 1,
+                    fields: vec![gma_core::event::dbl("load", "", "")],
+                    description: String::new(),
+                }],
+                lease_id: 0,
+                ttl_ms: 60_000,
+                now_ms,
+            })
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_log_past_snapshot_log_bytes_is_snapshotted_and_purged() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = DirectoryConfig {
+            // Never by count: only the size can trigger it.
+            snapshot_logs: 1_000_000,
+            snapshot_log_bytes: 32 << 10,
+            snapshot_keep_logs: 0,
+            ..DirectoryConfig::new(dir.path())
+        };
+        let shared = start_node(&config, "127.0.0.1:1").await.unwrap();
+        shared
+            .raft
+            .wait(Some(Duration::from_secs(10)))
+            .current_leader(1, "single node leads")
+            .await
+            .unwrap();
+        let mut by_size = SnapshotBySize {
+            limit: config.snapshot_log_bytes,
+            mark: shared.log.appended_bytes(),
+            last_snapshot: None,
+        };
+        by_size.tick(&shared).await;
+        assert!(
+            shared.raft.metrics().borrow().snapshot.is_none(),
+            "no snapshot below the limit"
+        );
+        for i in 0..10 {
+            register(&shared, &format!("p{i}"), 200).await;
+        }
+        assert!(shared.log.appended_bytes() >= config.snapshot_log_bytes);
+        let before = shared.log.entries_in_memory();
+        by_size.tick(&shared).await;
+        let m = shared
+            .raft
+            .wait(Some(Duration::from_secs(10)))
+            .metrics(
+                |m| m.snapshot.is_some() && m.purged == m.snapshot,
+                "snapshot built and log purged",
+            )
+            .await
+            .unwrap();
+        assert!(
+            shared.log.entries_in_memory() < before,
+            "{} entries left of {before}",
+            shared.log.entries_in_memory()
+        );
+        // Counted from the snapshot on: the next tick asks for none.
+        by_size.tick(&shared).await;
+        assert_eq!(by_size.last_snapshot, m.snapshot);
+        assert!(shared.log.appended_bytes() - by_size.mark < config.snapshot_log_bytes);
+        shared.begin_shutdown();
+        shared.close().await.unwrap();
     }
 }

@@ -87,6 +87,8 @@ fn set_now(cmd: &mut Command, now: u64) {
 pub(crate) struct Shared {
     pub sm: Arc<SmShared>,
     pub raft: Raft,
+    /// A handle on this member's raft log (its size in memory, for snapshots by bytes).
+    pub log: crate::raft::storage::LogStore,
     pub id: NodeId,
     config: DirectoryConfig,
     clock: Clock,
@@ -158,6 +160,7 @@ impl Shared {
         config: DirectoryConfig,
         id: NodeId,
         raft: Raft,
+        log: crate::raft::storage::LogStore,
         sm: Arc<SmShared>,
         restored: Option<(u64, u64)>,
     ) -> Shared {
@@ -165,6 +168,7 @@ impl Shared {
         Shared {
             sm,
             raft,
+            log,
             id,
             config,
             clock: Clock::new(),

@@ -10,8 +10,9 @@
 //! - Queries ([`DirectoryState::search`], [`DirectoryState::get_schema`], ...) never mutate.
 //!
 //! Revisions: every record PUT or DELETE takes the next revision, starting at 1; schemas and
-//! leases carry none. The last `history_limit` changes are kept so watchers can resume; older
-//! ones are compacted and a resume before them is OUT_OF_RANGE.
+//! leases carry none. The last `history_limit` changes, and at most `history_bytes` of their
+//! records (protobuf-encoded), are kept so watchers can resume; older ones are compacted and a
+//! resume before them is OUT_OF_RANGE.
 
 use gma_core::Refuse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -81,6 +82,11 @@ pub struct Change {
 }
 
 impl Change {
+    /// What this change counts against `history_bytes`: its record's protobuf size.
+    pub fn bytes(&self) -> usize {
+        prost::Message::encoded_len(&self.entry)
+    }
+
     pub fn to_pb(&self) -> pb::WatchEvent {
         let r#type = match self.kind {
             ChangeKind::Put => pb::WatchEventType::Put,
@@ -205,7 +211,11 @@ pub struct Effects {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_records: usize,
+    /// Most changes kept in the history.
     pub history_limit: usize,
+    /// Most bytes of records (protobuf-encoded) kept in the history: a change of a producer
+    /// with 2,500 sources carries ~50 KB, so a count alone does not bound its memory.
+    pub history_bytes: usize,
 }
 
 impl Default for Limits {
@@ -213,6 +223,7 @@ impl Default for Limits {
         Limits {
             max_records: 1_000_000,
             history_limit: 10_000,
+            history_bytes: 16 << 20,
         }
     }
 }
@@ -253,6 +264,8 @@ pub struct DirectoryState {
     revision: u64,
     next_lease_id: u64,
     history: VecDeque<Change>,
+    /// Sum of [`Change::bytes`] over `history`.
+    history_bytes: usize,
     /// Highest revision dropped from the history (0: none).
     compacted: u64,
 }
@@ -269,6 +282,7 @@ impl DirectoryState {
             revision: 0,
             next_lease_id: 1,
             history: VecDeque::new(),
+            history_bytes: 0,
             compacted: 0,
         }
     }
@@ -328,6 +342,7 @@ impl DirectoryState {
             start -= 1;
         }
         s.history = history.into_iter().skip(start).collect();
+        s.history_bytes = s.history.iter().map(Change::bytes).sum();
         s.compacted = match s.history.front() {
             Some(first) => p.compacted.max(first.revision.saturating_sub(1)),
             None => p.compacted.max(s.revision),
@@ -682,16 +697,22 @@ impl DirectoryState {
             entry,
             reason: reason.to_string(),
         };
+        self.history_bytes += change.bytes();
         self.history.push_back(change.clone());
         applied.changes.push(change);
         self.trim_history(&mut applied.effects);
     }
 
+    /// Drops the oldest changes while the history holds more than `history_limit` changes or
+    /// `history_bytes` bytes (a single change larger than that is dropped too: the live watchers
+    /// got it; a resume from it answers OUT_OF_RANGE).
     fn trim_history(&mut self, effects: &mut Effects) {
-        while self.history.len() > self.limits.history_limit {
+        while self.history.len() > self.limits.history_limit || self.history_bytes > self.limits.history_bytes
+        {
             let Some(old) = self.history.pop_front() else {
                 break;
             };
+            self.history_bytes = self.history_bytes.saturating_sub(old.bytes());
             self.compacted = old.revision;
             let start = effects.compacted.as_ref().map_or(old.revision, |r| *r.start());
             effects.compacted = Some(start..=old.revision);
@@ -712,6 +733,11 @@ impl DirectoryState {
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The history kept for Watch resumption: (changes, bytes counted against `history_bytes`).
+    pub fn history_size(&self) -> (usize, usize) {
+        (self.history.len(), self.history_bytes)
     }
 
     pub fn next_lease_id(&self) -> u64 {

@@ -8,6 +8,18 @@ gma_core::metric_names! {
     gauge IS_LEADER = "gma_directory_is_leader", "1 while this member is the raft leader";
     gauge TERM = "gma_directory_term", "current raft term";
     gauge LAST_APPLIED = "gma_directory_last_applied", "raft log index applied on this member";
+    gauge LOG_ENTRIES = "gma_directory_log_entries_in_memory",
+        "raft log entries held in memory (appended, not yet purged behind a snapshot)";
+    gauge HISTORY_CHANGES = "gma_directory_history_changes", "changes kept for Watch resumption";
+    gauge HISTORY_BYTES = "gma_directory_history_bytes",
+        "bytes of records (protobuf-encoded) in the changes kept for Watch resumption";
+}
+
+/// Samples the terms of this member's memory that grow with use (called every expiry tick).
+pub(crate) fn memory(log_entries: usize, (changes, bytes): (usize, usize)) {
+    metrics::gauge!(LOG_ENTRIES).set(log_entries as f64);
+    metrics::gauge!(HISTORY_CHANGES).set(changes as f64);
+    metrics::gauge!(HISTORY_BYTES).set(bytes as f64);
 }
 
 /// Samples the raft state into the gauges (called every expiry tick).

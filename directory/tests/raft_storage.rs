@@ -355,6 +355,7 @@ async fn install_with_compacted_history_sends_what_it_has() {
     let limits = Limits {
         max_records: 100,
         history_limit: 1,
+        ..Limits::default()
     };
     let (_log_a, mut sm_a, _) = open(dir_a.path(), limits, 16).unwrap();
     sm_a.apply([

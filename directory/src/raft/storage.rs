@@ -35,6 +35,12 @@
 //!   purges only what a snapshot covers).
 //! - The stored snapshot never goes backwards: a built snapshot older than the stored one (an
 //!   install overtook a concurrent build) is returned but not stored.
+//!
+//! Memory: the log's entries stay in memory ([`Mem`]) from their append until a purge after the
+//! next snapshot (`snapshot_logs`, `snapshot_log_bytes` and `snapshot_keep_logs` bound them;
+//! [`LogStore::appended_bytes`] lets the server trigger a snapshot by bytes). The snapshot's
+//! data is not kept: only its meta is; [`RaftStateMachine::get_current_snapshot`] (a lagging
+//! follower's catch-up) reads the file again.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -187,6 +193,8 @@ pub struct LogStore {
 struct LogInner {
     log: Log,
     mem: SyncRwLock<Mem>,
+    /// Bytes of entry records appended since `open` (as encoded in the log), never decreasing.
+    appended: AtomicU64,
     segment_bytes: u64,
     /// Held while the storage is open.
     _lock: Box<dyn Send + Sync + Debug>,
@@ -259,15 +267,14 @@ impl Mem {
 
 /// A snapshot's meta and data as read from its file.
 type StoredSnapshot = (SnapshotMeta<NodeId, Node>, Vec<u8>);
-/// The stored snapshot kept in memory.
-type CachedSnapshot = (SnapshotMeta<NodeId, Node>, Arc<Vec<u8>>);
 
-/// The snapshot on disk and its cached copy.
+/// The snapshot on disk and its meta.
 struct SnapshotStore {
     fs: Arc<dyn Fs>,
     path: PathBuf,
-    /// The stored snapshot (meta, data), kept for `get_current_snapshot`.
-    current: SyncRwLock<Option<CachedSnapshot>>,
+    /// The meta of the stored snapshot. Its data stays on disk (as large as the whole state):
+    /// `get_current_snapshot` reads the file.
+    current: SyncRwLock<Option<SnapshotMeta<NodeId, Node>>>,
     /// Serializes "compare with the stored snapshot, then replace it" between a build (in its
     /// own task) and an install.
     write: Mutex<()>,
@@ -377,7 +384,7 @@ pub fn open_on(
                 last_applied: snap_meta.last_log_id,
                 last_membership: snap_meta.last_membership.clone(),
             };
-            *snapshots.current.write() = Some((snap_meta, Arc::new(data)));
+            *snapshots.current.write() = Some(snap_meta);
             st
         }
         None => SmState {
@@ -401,6 +408,7 @@ pub fn open_on(
         inner: Arc::new(LogInner {
             log,
             mem: SyncRwLock::new(mem),
+            appended: AtomicU64::new(0),
             segment_bytes: opts.segment_bytes.max(1),
             _lock: lock,
         }),
@@ -495,11 +503,26 @@ impl LogStore {
         }
         let mut last = 0;
         for r in recs {
-            let p = inner.log.append(&r.encode())?;
+            let bytes = r.encode();
+            let p = inner.log.append(&bytes)?;
+            if matches!(r, LogRecord::Entry(_)) {
+                inner.appended.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
             mem.apply(r, p.segment);
             last = p.seq;
         }
         Ok(last)
+    }
+
+    /// Bytes of entries appended since the storage was opened (as written to the log); the
+    /// server compares it across snapshots to trigger one by size (`snapshot_log_bytes`).
+    pub fn appended_bytes(&self) -> u64 {
+        self.inner.appended.load(Ordering::Relaxed)
+    }
+
+    /// Entries held in memory (appended and not yet purged).
+    pub fn entries_in_memory(&self) -> usize {
+        self.mem().entries.len()
     }
 
     /// Waits until everything written so far (a `save_committed` included) is durable.
@@ -656,15 +679,19 @@ impl SnapshotStore {
         Ok(Some((meta, body[12 + mlen..].to_vec())))
     }
 
-    fn current(&self) -> Option<Snapshot<TypeConfig>> {
-        self.current.read().as_ref().map(|(meta, data)| Snapshot {
-            meta: meta.clone(),
-            snapshot: Box::new(Cursor::new(data.to_vec())),
-        })
+    /// The stored snapshot, read from its file (blocking).
+    fn current(&self) -> Result<Option<Snapshot<TypeConfig>>, DirError> {
+        if self.current.read().is_none() {
+            return Ok(None);
+        }
+        Ok(self.load()?.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
     }
 
     fn stored_last_log_id(&self) -> Option<LogId> {
-        self.current.read().as_ref().and_then(|(m, _)| m.last_log_id)
+        self.current.read().as_ref().and_then(|m| m.last_log_id)
     }
 
     /// Replaces the stored snapshot durably (temporary file, fdatasync, rename, folder fsync).
@@ -673,7 +700,7 @@ impl SnapshotStore {
     async fn store(
         &self,
         meta: &SnapshotMeta<NodeId, Node>,
-        data: Arc<Vec<u8>>,
+        data: &[u8],
         only_if_newer: bool,
     ) -> Result<bool, StorageError> {
         if only_if_newer && self.stored_last_log_id() > meta.last_log_id {
@@ -684,7 +711,7 @@ impl SnapshotStore {
         file.extend_from_slice(SNAPSHOT_MAGIC);
         file.extend_from_slice(&(m.len() as u32).to_le_bytes());
         file.extend_from_slice(&m);
-        file.extend_from_slice(&data);
+        file.extend_from_slice(data);
         let crc = crc32fast::hash(&file);
         file.extend_from_slice(&crc.to_le_bytes());
         let (fs, path) = (self.fs.clone(), self.path.clone());
@@ -692,7 +719,7 @@ impl SnapshotStore {
             .await
             .map_err(|e| write_snapshot_err(Some(meta), std::io::Error::other(e.to_string())))?
             .map_err(|e| write_snapshot_err(Some(meta), e))?;
-        *self.current.write() = Some((meta.clone(), data));
+        *self.current.write() = Some(meta.clone());
         Ok(true)
     }
 }
@@ -740,16 +767,17 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             snapshot_id,
         };
         let data = serde_json::to_vec(&body).map_err(|e| write_snapshot_err(Some(&meta), e))?;
-        let data = Arc::new(data);
+        drop(body);
         {
             let _write = self.snapshots.write.lock().await;
-            if !self.snapshots.store(&meta, data.clone(), true).await? {
+            if !self.snapshots.store(&meta, &data, true).await? {
                 tracing::info!(snapshot = %meta.snapshot_id, "a newer snapshot is stored; not replacing it");
             }
         }
+        tracing::debug!(snapshot = %meta.snapshot_id, bytes = data.len(), "raft snapshot built");
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data.to_vec())),
+            snapshot: Box::new(Cursor::new(data)),
         })
     }
 }
@@ -817,7 +845,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let dir = restore(self.limits, body).map_err(|e| read_snapshot_err(Some(meta), e))?;
         {
             let _write = self.snapshots.write.lock().await;
-            self.snapshots.store(meta, Arc::new(data), false).await?;
+            self.snapshots.store(meta, &data, false).await?;
         }
 
         let mut guard = self.shared.state.write().await;
@@ -845,6 +873,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        Ok(self.snapshots.current())
+        let snapshots = self.snapshots.clone();
+        let meta = snapshots.current.read().clone();
+        tokio::task::spawn_blocking(move || snapshots.current())
+            .await
+            .map_err(|e| read_snapshot_err(meta.as_ref(), std::io::Error::other(e.to_string())))?
+            .map_err(|e| read_snapshot_err(meta.as_ref(), e))
     }
 }

@@ -322,6 +322,7 @@ fn capacity_is_bounded() {
     let mut s = DirectoryState::new(Limits {
         max_records: 1,
         history_limit: 10,
+        ..Limits::default()
     });
     s.apply(register(
         producer("p1", &["host.cpu"]),
@@ -581,6 +582,7 @@ fn history_is_bounded_and_compaction_is_out_of_range() {
     let mut s = DirectoryState::new(Limits {
         max_records: 100,
         history_limit: 3,
+        ..Limits::default()
     });
     s.apply(register(
         producer("p0", &["host.cpu"]),
@@ -624,6 +626,56 @@ fn history_is_bounded_and_compaction_is_out_of_range() {
     assert_eq!(a.changes.len(), 5);
     assert_eq!(a.effects.compacted, Some(3..=7));
     assert_eq!(s.compacted(), 7);
+}
+
+#[test]
+fn history_is_bounded_by_bytes() {
+    // A producer with many sources: each change of it is large.
+    let big = |id: &str| {
+        let mut b = producer_body(id, &["host.cpu"]);
+        b.sources = (0..100).map(|i| format!("node-{i:05}.example.org")).collect();
+        pb::Record {
+            record: Some(Body::Producer(b)),
+        }
+    };
+    let one = prost::Message::encoded_len(&pb::RecordEntry {
+        record: Some(big("p0")),
+        lease_id: 1,
+        create_revision: 1,
+        mod_revision: 1,
+    });
+    let mut s = DirectoryState::new(Limits {
+        max_records: 100,
+        history_limit: 1000,
+        // Room for two such changes, not three.
+        history_bytes: 3 * one - 1,
+    });
+    s.apply(register(big("p0"), vec![schema("host.cpu", 1)], 1000, T0))
+        .unwrap();
+    for i in 1..6 {
+        s.apply(register(big(&format!("p{i}")), vec![], 1000, T0))
+            .unwrap();
+        let (n, bytes) = s.history_size();
+        assert!(bytes <= 3 * one - 1, "{bytes} > {}", 3 * one - 1);
+        assert!(n <= 2, "{n} changes kept");
+    }
+    assert_eq!((s.revision(), s.compacted()), (6, 4));
+    let all = RecordFilter::default();
+    assert_eq!(s.changes_since(5, &all).unwrap().len(), 2);
+    assert!(s.changes_since(4, &all).is_err());
+    // The byte count survives export and restore.
+    let r = DirectoryState::restore(s.limits(), s.export()).unwrap();
+    assert_eq!(r.history_size(), s.history_size());
+    // A change larger than the whole bound is dropped at once (live watchers got it).
+    let mut tiny = DirectoryState::new(Limits {
+        history_bytes: 10,
+        ..Limits::default()
+    });
+    tiny.apply(register(big("p0"), vec![schema("host.cpu", 1)], 1000, T0))
+        .unwrap();
+    assert_eq!(tiny.history_size(), (0, 0));
+    assert_eq!((tiny.revision(), tiny.compacted()), (1, 1));
+    assert!(tiny.changes_since(2, &all).unwrap().is_empty());
 }
 
 #[test]
@@ -1001,6 +1053,7 @@ fn export_is_the_inverse_of_restore() {
     let limits = Limits {
         max_records: 100,
         history_limit: 2,
+        ..Limits::default()
     };
     let mut c = DirectoryState::new(limits);
     for i in 0..4 {
