@@ -322,6 +322,9 @@ where
     Ok(bound)
 }
 
+/// Events a companion producer keeps for resuming consumers (its `gma.rpc` ring).
+pub const COMPANION_BUFFER_EVENTS: usize = 10_000;
+
 /// What a companion producer publishes for.
 pub struct Companion {
     /// `directory`, `archiver`: the `role` of the `gma.rpc` events.
@@ -359,6 +362,11 @@ pub async fn companion(
         &c.endpoint,
         gma_producer::Identity {
             push: false,
+            // The resume ring fills with one event per RPC method every `rpc_events_ms`: a
+            // directory member's ~1 event/s filled the producer default of 100,000 events over
+            // a day, its memory growing all the while. 10,000 events (~1.5 MiB) still let a
+            // consumer resume after hours.
+            buffer_events: COMPANION_BUFFER_EVENTS,
             ..gma_producer::Identity::new(
                 source.clone(),
                 gma_core::registration::Registration {
