@@ -163,6 +163,13 @@ impl HubInner {
         self.next_seq
     }
 
+    /// A block-policy subscription still needs every event from `next` on, set while the
+    /// caller holds the lock (e.g. together with its start). A new pin only takes room away,
+    /// so no waiting writer needs waking; [`Hub::pin`] moves a pin later on.
+    pub fn pin(&mut self, id: u64, next: u64) {
+        self.pins.insert(id, next);
+    }
+
     /// Oldest seq still in the ring (== head when empty).
     pub fn oldest(&self) -> u64 {
         self.ring.front().map(|e| e.seq).unwrap_or(self.next_seq)
@@ -899,6 +906,20 @@ mod tests {
         assert_eq!(hub.lock().room(), 3);
         hub.unpin(9);
         assert_eq!(hub.lock().room(), usize::MAX);
+    }
+
+    #[test]
+    fn a_pin_set_under_the_lock_holds_the_ring_for_the_reader() {
+        let hub = Hub::with_block_reserve(1, 2, 2);
+        hub.add_schemas(&[schema()]).unwrap();
+        let a = hub.series("t.x", "a").unwrap();
+        hub.lock().pin(3, 1);
+        assert_eq!(hub.lock().room(), 2);
+        for i in 0..4 {
+            hub.publish_series(&a, 1, &[f64::from(i)], &[]).unwrap();
+        }
+        assert_eq!(hub.lock().oldest(), 1, "capacity plus reserve kept for the pin");
+        hub.unpin(3);
     }
 
     #[test]
