@@ -112,6 +112,10 @@ pub struct StreamProcs {
     /// larger batches cost fewer messages, frames and wake-ups per event, and wait longer.
     #[arg(long, default_value_t = 1000)]
     pub max_batch: u32,
+    /// The generator publishes whole events looked up by name and source (`Hub::publish`)
+    /// instead of through series handles resolved once (for before/after comparisons).
+    #[arg(long)]
+    pub by_name: bool,
 }
 
 #[derive(Args, Debug)]
@@ -189,6 +193,14 @@ pub enum BenchScenario {
         batch: usize,
         #[arg(long, default_value_t = 1 << 20)]
         buffer_events: usize,
+        /// Publish whole events looked up by name and source (`Hub::publish`) instead of
+        /// through series handles resolved once: the publish path before the handles.
+        #[arg(long)]
+        by_name: bool,
+        /// Publish this many events, then exit (0: run until killed). With nothing
+        /// subscribed it measures the publish path alone, e.g. under callgrind.
+        #[arg(long, default_value_t = 0)]
+        events: u64,
     },
     /// The directory, 1 and 3 nodes (real processes): registrations/s at 1 and 64 clients,
     /// Search and Watch latency percentiles, leader failover time.

@@ -80,7 +80,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             publish_rate,
             batch,
             buffer_events,
-        } => wire::producer(publish_rate, batch, buffer_events).await,
+            by_name,
+            events,
+        } => wire::producer(publish_rate, batch, buffer_events, by_name, events).await,
         BenchScenario::StreamConsumer {
             addr,
             subscribers,

@@ -365,18 +365,38 @@ pub async fn consumer(
 /// that publishes `batch`-event batches of 3-value `bench.x` events into its hub at `rate`
 /// events/s (0: back to back). It knows nothing of the consumers; it honours the producer's
 /// block policy (waits for room before each batch, see [`gma_producer::Hub::wait_for_room`]).
-/// Prints `gma producer listening on ADDR` like `gma producer`, then runs until killed.
-pub async fn producer(rate: u64, batch: usize, buffer_events: usize) -> anyhow::Result<()> {
+/// Prints `gma producer listening on ADDR` like `gma producer`, then runs until killed (or,
+/// with `events` > 0, until it published that many, rounded up to whole batches). It
+/// publishes through series handles resolved once ([`gma_producer::Hub::series`]), or, with
+/// `by_name`, whole events looked up by name and source ([`gma_producer::Hub::publish`]).
+pub async fn producer(
+    rate: u64,
+    batch: usize,
+    buffer_events: usize,
+    by_name: bool,
+    events: u64,
+) -> anyhow::Result<()> {
     if batch == 0 || batch > buffer_events {
         bail!("--batch must be positive and at most --buffer-events");
     }
     let (hub, addr, _stop) = crate::stream::start_producer(buffer_events).await?;
     eprintln!("gma producer listening on {addr}");
     let source = tokio::task::spawn_blocking(move || {
-        let mut events = bench_events(batch, SOURCES);
+        // Each source's series resolved once, as a sensor would: no lookup per event.
+        let series = (0..SOURCES)
+            .map(|s| hub.series("bench.x", &format!("s{s}")))
+            .collect::<Result<Vec<_>, _>>();
+        let series = match series {
+            Ok(s) => s,
+            Err(e) => return Err(anyhow::anyhow!("bench source: {e}")),
+        };
+        let mut by_name_events = bench_events(if by_name { batch } else { 0 }, SOURCES);
         let t0 = Instant::now();
         let mut sent = 0u64;
         loop {
+            if events > 0 && sent >= events {
+                return Ok(sent);
+            }
             if rate > 0 {
                 let due = (t0.elapsed().as_secs_f64() * rate as f64) as u64;
                 if sent + batch as u64 > due {
@@ -388,18 +408,33 @@ pub async fn producer(rate: u64, batch: usize, buffer_events: usize) -> anyhow::
             if !hub.wait_for_room(batch, Instant::now() + Duration::from_millis(100)) {
                 continue;
             }
+            // The same events as `bench_events`: value i of the batch, from source i % 100.
             let ts = now_ns();
-            for (j, e) in events.iter_mut().enumerate() {
-                e.timestamp_ns = ts;
-                e.numbers[0] = (sent + j as u64) as f64;
+            if by_name {
+                for (j, e) in by_name_events.iter_mut().enumerate() {
+                    e.timestamp_ns = ts;
+                    e.numbers[0] = (sent + j as u64) as f64;
+                }
+                if let (_, Err(e)) = hub.publish(&by_name_events) {
+                    return Err(anyhow::anyhow!("bench source: {e}"));
+                }
+                sent += batch as u64;
+                continue;
             }
-            if let (_, Err(e)) = hub.publish(&events) {
-                return anyhow::Error::msg(format!("bench source: {e}"));
+            let mut p = hub.publisher();
+            for j in 0..batch {
+                let v = [(sent + j as u64) as f64, 0.5, 1.0];
+                if let Err(e) = p.publish(&series[j % SOURCES], ts, &v, &[]) {
+                    return Err(anyhow::anyhow!("bench source: {e}"));
+                }
             }
+            drop(p);
             sent += batch as u64;
         }
     });
-    Err(source.await.context("bench source")?)
+    let sent = source.await.context("bench source")??;
+    eprintln!("bench source: published {sent} events");
+    Ok(())
 }
 
 // ------------------------------------------------------------------------------------------
@@ -582,7 +617,10 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
             o.batch.to_string(),
             "--buffer-events".into(),
             o.buffer_events.to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(o.by_name.then(|| "--by-name".to_string()))
+        .collect(),
     };
     let producer_name = match o.source {
         Source::Ingest => "gma producer",

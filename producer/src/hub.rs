@@ -7,6 +7,13 @@
 //! producer run (epoch). The ring is bounded in events (`buffer_events`) and, when asked, in
 //! bytes (`buffer_bytes`: the events' slots and their values' allocations, [`stored_bytes`]), so
 //! that a slow agent's ring does not grow its memory past a configured size.
+//!
+//! Two ways in: [`Hub::publish`] takes whole [`EventData`] (name and source strings looked up
+//! per event), for pushed events and sensors' batches; a publisher that publishes the same
+//! series again and again resolves each once ([`Hub::series`] -> [`SeriesHandle`], as a
+//! Prometheus client keeps a child of a metric) and then writes events with no lookup and no
+//! intermediate event ([`Hub::publisher`] for a batch under one lock, [`Hub::publish_series`]
+//! for one event). Both assign seqs and fill the ring and the latest-value table the same way.
 
 use std::collections::VecDeque;
 
@@ -43,7 +50,35 @@ pub enum PublishError {
     },
     #[error("too many series (limit {MAX_SERIES})")]
     TooManySeries,
+    #[error("series handle of another hub: resolve it with this hub's `series`")]
+    ForeignSeries,
 }
+
+/// A series resolved once with [`Hub::series`]: publishing through it skips the lookup by name
+/// and source. Valid for the life of the hub that made it (series are never removed; a newer
+/// schema version applies to new series only, so its layout holds); another hub refuses it
+/// ([`PublishError::ForeignSeries`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeriesHandle {
+    hub: u64,
+    id: u32,
+    layout: Layout,
+}
+
+impl SeriesHandle {
+    /// The series' id in its hub (the id subscriptions declare it under).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The numbers and strings each of its events carries.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+}
+
+/// Tells hubs apart, so that a handle is only used with the hub that made it.
+static NEXT_HUB_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One event in the log.
 #[derive(Debug, Clone)]
@@ -96,6 +131,8 @@ pub struct RingLimits {
 
 pub struct HubInner {
     pub epoch: u64,
+    /// This hub's identity in [`SeriesHandle`]s.
+    hub_id: u64,
     next_seq: u64,
     ring: VecDeque<Stored>,
     capacity: usize,
@@ -124,6 +161,13 @@ impl HubInner {
     /// Seq the next published event gets.
     pub fn head(&self) -> u64 {
         self.next_seq
+    }
+
+    /// A block-policy subscription still needs every event from `next` on, set while the
+    /// caller holds the lock (e.g. together with its start). A new pin only takes room away,
+    /// so no waiting writer needs waking; [`Hub::pin`] moves a pin later on.
+    pub fn pin(&mut self, id: u64, next: u64) {
+        self.pins.insert(id, next);
     }
 
     /// Oldest seq still in the ring (== head when empty).
@@ -306,6 +350,7 @@ impl Hub {
         Arc::new(Hub {
             inner: Mutex::new(HubInner {
                 epoch,
+                hub_id: NEXT_HUB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 next_seq: 1,
                 ring,
                 capacity,
@@ -425,6 +470,147 @@ impl Hub {
         self.head_tx.send_replace(head);
         (head - 1, first_err.map_or(Ok(()), Err))
     }
+
+    /// Resolves series (`name`, `source`) once, creating it (its event's schema must be
+    /// registered) if it is new, for publishing through [`Hub::publisher`] or
+    /// [`Hub::publish_series`] without a lookup per event.
+    pub fn series(&self, name: &str, source: &str) -> Result<SeriesHandle, PublishError> {
+        let mut inner = self.inner.lock();
+        let id = match inner.by_name.get(name).and_then(|m| m.get(source)) {
+            Some(id) => *id,
+            None => {
+                validate_event_name(name)?;
+                inner.series_id(name, source)?
+            }
+        };
+        Ok(SeriesHandle {
+            hub: inner.hub_id,
+            id,
+            layout: inner.series[id as usize].layout,
+        })
+    }
+
+    /// Publishes one event of a resolved series; returns its seq. For many events at once,
+    /// [`Hub::publisher`] takes the lock once for all of them.
+    pub fn publish_series(
+        &self,
+        series: &SeriesHandle,
+        timestamp_ns: i64,
+        numbers: &[f64],
+        strings: &[String],
+    ) -> Result<u64, PublishError> {
+        let mut p = self.publisher();
+        p.publish(series, timestamp_ns, numbers, strings)
+    }
+
+    /// Holds the hub's lock to publish a batch of events of resolved series, each written
+    /// straight into its ring slot. The subscriptions see the batch when the [`Publisher`] is
+    /// dropped (one wake-up per batch). Nothing else of the hub can be used meanwhile (its
+    /// lock is held): keep the batch short and do not call the hub from inside it.
+    pub fn publisher(&self) -> Publisher<'_> {
+        let inner = self.inner.lock();
+        let start = inner.next_seq;
+        // The pins cannot move while the lock is held: their minimum once per batch.
+        let pin = inner.pins.values().min().copied();
+        Publisher {
+            hub: self,
+            inner: Some(inner),
+            pin,
+            start,
+            rejected: 0,
+        }
+    }
+}
+
+/// A batch being published into the hub (see [`Hub::publisher`]); ends when dropped.
+pub struct Publisher<'a> {
+    hub: &'a Hub,
+    /// `Some` until dropped.
+    inner: Option<parking_lot::MutexGuard<'a, HubInner>>,
+    pin: Option<u64>,
+    start: u64,
+    rejected: u64,
+}
+
+impl Publisher<'_> {
+    /// Publishes one event of `series` (a handle of this hub) with these values, which must
+    /// match its layout; returns its seq. A refused event takes no seq.
+    pub fn publish(
+        &mut self,
+        series: &SeriesHandle,
+        timestamp_ns: i64,
+        numbers: &[f64],
+        strings: &[String],
+    ) -> Result<u64, PublishError> {
+        let Some(inner) = self.inner.as_deref_mut() else {
+            unreachable!("the lock is held until the publisher is dropped");
+        };
+        let r = if series.hub != inner.hub_id {
+            Err(PublishError::ForeignSeries)
+        } else {
+            check_layout(inner, series.id, series.layout, numbers.len(), strings.len())
+        };
+        match r {
+            Ok(()) => Ok(append(
+                inner,
+                series.id,
+                series.layout,
+                timestamp_ns,
+                numbers,
+                strings,
+                self.pin,
+            )),
+            Err(e) => {
+                self.rejected += 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// Seq the next published event gets.
+    pub fn head(&self) -> u64 {
+        self.inner.as_ref().map_or(self.start, |i| i.next_seq)
+    }
+}
+
+impl Drop for Publisher<'_> {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        let head = inner.next_seq;
+        drop(inner);
+        metrics::counter!(crate::telemetry::EVENTS_PUBLISHED).increment(head - self.start);
+        if self.rejected > 0 {
+            metrics::counter!(crate::telemetry::PUBLISH_REJECTED).increment(self.rejected);
+        }
+        if head != self.start {
+            self.hub.head_tx.send_replace(head);
+        }
+    }
+}
+
+/// An event of series `id` (layout `layout`) must carry `doubles` numbers and `strings` strings.
+fn check_layout(
+    inner: &HubInner,
+    id: u32,
+    layout: Layout,
+    doubles: usize,
+    strings: usize,
+) -> Result<(), PublishError> {
+    if doubles == layout.doubles && strings == layout.strings {
+        return Ok(());
+    }
+    let info = &inner.series[id as usize];
+    Err(PublishError::Layout {
+        name: info.name.clone(),
+        origin: info.source.clone(),
+        version: info.schema_version,
+        want_d: layout.doubles,
+        want_s: layout.strings,
+        got_d: doubles,
+        got_s: strings,
+    })
 }
 
 fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<(), PublishError> {
@@ -439,42 +625,51 @@ fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<
             inner.series_id(&e.name, &e.source)?
         }
     };
-    let info = &inner.series[id as usize];
-    let Layout { doubles, strings } = info.layout;
-    if e.numbers.len() != doubles || e.strings.len() != strings {
-        return Err(PublishError::Layout {
-            name: e.name.clone(),
-            origin: e.source.clone(),
-            version: info.schema_version,
-            want_d: doubles,
-            want_s: strings,
-            got_d: e.numbers.len(),
-            got_s: e.strings.len(),
-        });
-    }
+    let layout = inner.series[id as usize].layout;
+    check_layout(inner, id, layout, e.numbers.len(), e.strings.len())?;
+    append(inner, id, layout, e.timestamp_ns, &e.numbers, &e.strings, pin);
+    Ok(())
+}
+
+/// Appends an event of series `id` whose values match its `layout` (checked by the caller):
+/// assigns its seq (returned), evicts what the ring's bounds say, writes the values into the
+/// evicted event's boxes when their layout matches (no allocation per event once the ring is
+/// full), and updates the latest-value table in place.
+fn append(
+    inner: &mut HubInner,
+    id: u32,
+    layout: Layout,
+    timestamp_ns: i64,
+    numbers: &[f64],
+    strings: &[String],
+    pin: Option<u64>,
+) -> u64 {
+    let Layout {
+        doubles,
+        strings: n_strings,
+    } = layout;
     let seq = inner.next_seq;
     inner.next_seq += 1;
     // What the event will take under a byte bound: its values (as copied, at their lengths).
     let incoming = match inner.byte_capacity {
         None => 0,
         Some(_) => {
-            let strings = if e.strings.is_empty() {
+            let strings_bytes = if strings.is_empty() {
                 0
             } else {
-                heap_bytes(std::mem::size_of_val(e.strings.as_slice()))
-                    + e.strings.iter().map(|s| heap_bytes(s.len())).sum::<usize>()
+                heap_bytes(std::mem::size_of_val(strings))
+                    + strings.iter().map(|s| heap_bytes(s.len())).sum::<usize>()
             };
-            heap_bytes(std::mem::size_of_val(e.numbers.as_slice())) + strings
+            heap_bytes(std::mem::size_of_val(numbers)) + strings_bytes
         }
     };
-    // The event evicted last, if any: its boxes are reused (no allocation per event once the
-    // ring is full and the layouts repeat).
+    // The event evicted last, if any: its boxes are reused.
     let mut evicted = None;
     loop {
-        let bytes = inner.bytes_with(incoming);
-        let over_bytes = inner
-            .byte_capacity
-            .is_some_and(|cap| bytes > cap && !inner.ring.is_empty());
+        let over_bytes = match inner.byte_capacity {
+            None => false,
+            Some(cap) => inner.bytes_with(incoming) > cap && !inner.ring.is_empty(),
+        };
         if inner.ring.len() < inner.capacity && !over_bytes {
             break;
         }
@@ -482,7 +677,7 @@ fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<
         let held = inner.ring.len() < inner.capacity.saturating_add(inner.block_reserve)
             && inner
                 .byte_capacity
-                .is_none_or(|cap| bytes <= cap.saturating_add(inner.byte_reserve))
+                .is_none_or(|cap| inner.bytes_with(incoming) <= cap.saturating_add(inner.byte_reserve))
             && match (inner.ring.front(), pin) {
                 (Some(front), Some(pin)) => front.seq >= pin,
                 _ => false,
@@ -492,38 +687,40 @@ fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<
         }
         match inner.ring.pop_front() {
             Some(old) => {
-                inner.value_bytes = inner.value_bytes.saturating_sub(stored_bytes(&old));
+                if inner.byte_capacity.is_some() {
+                    inner.value_bytes = inner.value_bytes.saturating_sub(stored_bytes(&old));
+                }
                 evicted = Some(old);
             }
             None => break,
         }
     }
     let stored = match evicted {
-        Some(mut old) if old.numbers.len() == doubles && old.strings.len() == strings => {
-            old.numbers.copy_from_slice(&e.numbers);
-            old.strings.clone_from_slice(&e.strings);
+        Some(mut old) if old.numbers.len() == doubles && old.strings.len() == n_strings => {
+            old.numbers.copy_from_slice(numbers);
+            old.strings.clone_from_slice(strings);
             Stored {
                 seq,
-                timestamp_ns: e.timestamp_ns,
+                timestamp_ns,
                 series: id,
                 ..old
             }
         }
         _ => Stored {
             seq,
-            timestamp_ns: e.timestamp_ns,
+            timestamp_ns,
             series: id,
-            numbers: e.numbers.clone().into_boxed_slice(),
-            strings: e.strings.clone().into_boxed_slice(),
+            numbers: numbers.into(),
+            strings: strings.into(),
         },
     };
     match &mut inner.latest[id as usize] {
-        Some(l) if l.numbers.len() == doubles && l.strings.len() == strings => {
+        Some(l) if l.numbers.len() == doubles && l.strings.len() == n_strings => {
             l.seq = seq;
-            l.timestamp_ns = e.timestamp_ns;
+            l.timestamp_ns = timestamp_ns;
             l.series = id;
-            l.numbers.copy_from_slice(&e.numbers);
-            l.strings.clone_from_slice(&e.strings);
+            l.numbers.copy_from_slice(numbers);
+            l.strings.clone_from_slice(strings);
         }
         l => *l = Some(stored.clone()),
     }
@@ -537,7 +734,7 @@ fn publish_one(inner: &mut HubInner, e: &EventData, pin: Option<u64>) -> Result<
         }
     }
     inner.ring.push_back(stored);
-    Ok(())
+    seq
 }
 
 /// The slots of a ring bounded in bytes after it grows from `capacity`.
@@ -709,6 +906,143 @@ mod tests {
         assert_eq!(hub.lock().room(), 3);
         hub.unpin(9);
         assert_eq!(hub.lock().room(), usize::MAX);
+    }
+
+    #[test]
+    fn a_pin_set_under_the_lock_holds_the_ring_for_the_reader() {
+        let hub = Hub::with_block_reserve(1, 2, 2);
+        hub.add_schemas(&[schema()]).unwrap();
+        let a = hub.series("t.x", "a").unwrap();
+        hub.lock().pin(3, 1);
+        assert_eq!(hub.lock().room(), 2);
+        for i in 0..4 {
+            hub.publish_series(&a, 1, &[f64::from(i)], &[]).unwrap();
+        }
+        assert_eq!(hub.lock().oldest(), 1, "capacity plus reserve kept for the pin");
+        hub.unpin(3);
+    }
+
+    #[test]
+    fn a_series_handle_publishes_like_an_event_with_its_name_and_source() {
+        // The same events through both paths give the same ring, seqs and latest values.
+        let by_name = Hub::new(1, 3);
+        let by_handle = Hub::new(1, 3);
+        for h in [&by_name, &by_handle] {
+            h.add_schemas(&[schema()]).unwrap();
+        }
+        let a = by_handle.series("t.x", "a").unwrap();
+        let b = by_handle.series("t.x", "b").unwrap();
+        assert_eq!((a.id(), b.id()), (0, 1));
+        assert_eq!(
+            by_handle.series("t.x", "a").unwrap(),
+            a,
+            "resolved once, found again"
+        );
+        assert_eq!(
+            a.layout(),
+            Layout {
+                doubles: 1,
+                strings: 0
+            }
+        );
+        let evs = [ev("a", 1.0), ev("b", 2.0), ev("a", 3.0), ev("a", 4.0)];
+        let (last, r) = by_name.publish(&evs);
+        r.unwrap();
+        {
+            let mut p = by_handle.publisher();
+            for (e, h) in evs.iter().zip([a, b, a, a]) {
+                let seq = p.publish(&h, e.timestamp_ns, &e.numbers, &e.strings).unwrap();
+                assert_eq!(seq + 1, p.head());
+            }
+        }
+        assert_eq!(last, 4);
+        let view = |h: &Hub| {
+            let inner = h.lock();
+            let ring: Vec<_> = inner
+                .since(0)
+                .map(|e| (e.seq, e.series, e.timestamp_ns, e.numbers.to_vec()))
+                .collect();
+            let latest: Vec<_> = inner
+                .latest()
+                .map(|e| (e.seq, e.series, e.numbers.to_vec()))
+                .collect();
+            (inner.head(), inner.oldest(), ring, latest)
+        };
+        assert_eq!(view(&by_name), view(&by_handle));
+        assert_eq!(*by_handle.watch_head().borrow(), 5, "subscriptions told the head");
+        assert_eq!(by_handle.publish_series(&b, 7, &[9.0], &[]).unwrap(), 5);
+        assert_eq!(
+            by_handle.lock().latest_of(1).map(|e| (e.seq, e.numbers[0])),
+            Some((5, 9.0))
+        );
+        assert_eq!(*by_handle.watch_head().borrow(), 6);
+    }
+
+    #[test]
+    fn a_series_handle_is_checked_against_its_hub_and_layout() {
+        let hub = Hub::new(1, 10);
+        let other = Hub::new(1, 10);
+        for h in [&hub, &other] {
+            h.add_schemas(&[schema()]).unwrap();
+        }
+        assert!(matches!(
+            hub.series("t.y", "a"),
+            Err(PublishError::UnknownSchema(_))
+        ));
+        assert!(matches!(
+            hub.series("t.x", "bad source\n"),
+            Err(PublishError::Name(_))
+        ));
+        let a = hub.series("t.x", "a").unwrap();
+        let theirs = other.series("t.x", "a").unwrap();
+        {
+            let mut p = hub.publisher();
+            assert!(matches!(
+                p.publish(&theirs, 1, &[1.0], &[]),
+                Err(PublishError::ForeignSeries)
+            ));
+            let wrong = p.publish(&a, 1, &[1.0, 2.0], &[]);
+            assert!(
+                matches!(&wrong, Err(PublishError::Layout { name, origin, want_d: 1, got_d: 2, .. }) if name == "t.x" && origin == "a"),
+                "{wrong:?}"
+            );
+            assert_eq!(p.head(), 1, "refused events take no seq");
+            assert_eq!(p.publish(&a, 1, &[1.0], &[]).unwrap(), 1);
+        }
+        assert_eq!(hub.lock().head(), 2);
+        // A newer schema version applies to new series: the handle's layout still holds.
+        let mut v2 = schema();
+        v2.version = 2;
+        v2.fields.push(dbl("w", "", ""));
+        hub.add_schemas(&[v2]).unwrap();
+        assert_eq!(hub.publish_series(&a, 2, &[2.0], &[]).unwrap(), 2);
+        let b = hub.series("t.x", "b").unwrap();
+        assert_eq!(
+            b.layout(),
+            Layout {
+                doubles: 2,
+                strings: 0
+            }
+        );
+        assert_eq!(hub.publish_series(&b, 2, &[1.0, 2.0], &[]).unwrap(), 3);
+    }
+
+    #[test]
+    fn a_publisher_under_a_byte_bound_and_a_block_pin_keeps_the_bounds() {
+        const CAP: usize = 8 * 1024;
+        let hub = bytes_bound(CAP, 1_000_000);
+        let a = hub.series("t.x", "a").unwrap();
+        hub.pin(7, 1);
+        let names = ["sda".to_string()];
+        for i in 0..1_000u32 {
+            hub.publisher().publish(&a, 1, &[f64::from(i)], &names).unwrap();
+            assert!(hub.lock().ring_bytes() <= 2 * CAP);
+        }
+        let inner = hub.lock();
+        assert!(inner.ring_bytes() > CAP, "held past the bound for the reader");
+        assert!(inner.oldest() > 1, "and dropped past the reserve");
+        assert_eq!(inner.since(0).map(stored_bytes).sum::<usize>(), inner.value_bytes);
+        assert_eq!(inner.oldest() + inner.len() as u64, inner.head());
     }
 
     #[test]

@@ -62,7 +62,7 @@ use tokio::sync::watch;
 pub use error::Error;
 /// The name [`Producer::new`] and [`Producer::run`] have always used for it.
 pub use error::Error as ProducerError;
-pub use hub::Hub;
+pub use hub::{Hub, SeriesHandle};
 pub use subscription::Registry;
 
 /// Producer configuration (`gma producer --config FILE`; flags override).

@@ -800,13 +800,16 @@ pub async fn run(
     let _pin = block.then(|| PinGuard { hub: &hub, id });
     let mut head = hub.watch_head();
     let epoch = {
-        let inner = hub.lock();
+        let mut inner = hub.lock();
         cursor.start(&inner, start);
+        if block {
+            // Under the same lock as the start: a writer publishing between the two could
+            // otherwise overwrite the events from the start on before the pin held them (a
+            // gap under block, seen with a 2,000-event ring and a back-to-back source).
+            inner.pin(id, cursor.next);
+        }
         inner.epoch
     };
-    if block {
-        hub.pin(id, cursor.next);
-    }
     let mut out = Vec::with_capacity(2);
     loop {
         head.borrow_and_update();
