@@ -30,7 +30,7 @@ pub struct ProducerArgs {
     #[arg(long)]
     pub buffer_events: Option<usize>,
     /// Bytes those events may take at most, slots and values (`buffer_bytes` in --config;
-    /// default: bounded by --buffer-events only, in gma-agent 1 MiB; docs/producer.md).
+    /// default: bounded by --buffer-events only, in gma-agent 512 KiB; docs/producer.md).
     #[arg(long)]
     pub buffer_bytes: Option<usize>,
     /// Simulated hosts, from a TOML file (see docs/simulation.md).
@@ -117,11 +117,12 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
 }
 
 /// The ring's byte bound of the agent-only executable `gma-agent` when neither `buffer_bytes`
-/// nor `--buffer-bytes` sets one: 1 MiB holds about 7,000 host-sensor events, about 10 minutes
-/// of resume at an agent's 11 events per second, and keeps the agent within 8 MiB resident at
-/// steady state (docs/producer.md, "The ring's memory"; docs/PERFORMANCE.md). `gma producer`
-/// keeps no byte bound by default: it also serves simulations and relays sized in events.
-pub const AGENT_BUFFER_BYTES: usize = 1 << 20;
+/// nor `--buffer-bytes` sets one: 512 KiB held 3,156 host-sensor events when measured, about
+/// 4.7 minutes of resume at an agent's 11 events per second, and keeps the agent within 8 MiB
+/// resident at steady state with a subscriber (1 MiB did not: docs/PERFORMANCE.md, "The agent
+/// at steady state"). `gma producer` keeps no byte bound by default: it also serves
+/// simulations and relays sized in events.
+pub const AGENT_BUFFER_BYTES: usize = 512 << 10;
 
 /// The config of `gma-agent` started with these flags: [`producer_config`], its ring bounded
 /// by [`AGENT_BUFFER_BYTES`] unless the config or the flags give `buffer_bytes`.

@@ -3,7 +3,7 @@
 //! smaller resident set on every host. Same flags, config, start-up and behaviour as `gma
 //! producer` (registers, serves, sensors, control, resume ring; gma_producer::cli), on a
 //! current-thread runtime (an agent's load is a few events per second), with one default of its
-//! own: the resume ring is bounded to 1 MiB (`buffer_bytes`, gma_producer::cli::
+//! own: the resume ring is bounded to 512 KiB (`buffer_bytes`, gma_producer::cli::
 //! AGENT_BUFFER_BYTES) unless configured. The Prometheus endpoints (`--metrics-listen`,
 //! `--prometheus`) are served by `gma producer` only: they are refused here. The Debian package
 //! ships it as /usr/bin/gma-agent, run by gma-agent.service (docs/packaging.md).
