@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # Builds the Debian package of the fabric with cargo-deb (metadata: [package.metadata.deb] in
 # gma/Cargo.toml; units, configs and maintainer scripts: packaging/debian/; docs/packaging.md).
+# The package holds two executables: `gma` (every role and the clients) and `gma-agent` (the
+# agent alone, gma-producer's bin, which gma-agent.service runs). cargo-deb builds only the
+# binaries of the package it packs, so this script builds both, stages them as
+# target/<profile>/gma and target/<profile>/gma-agent in the directory of a profile nothing is
+# built with, and runs `cargo deb --no-build --profile <that profile>`.
 #
 #   scripts/build-deb.sh          release build of `gma` (13 min of CPU from a cold release
-#                                 cache; docs/packaging.md), package in target/debian/
+#                                 cache; docs/packaging.md) and `agent`-profile build of
+#                                 `gma-agent` (its smaller code keeps the agent's RSS small;
+#                                 docs/PERFORMANCE.md), package in target/debian/
 #   scripts/build-deb.sh --install-cargo-deb   only install cargo-deb (scripts/test.sh)
-#   scripts/build-deb.sh --ci [BIN]  no build: packages the debug `gma` command the test
+#   scripts/build-deb.sh --ci [BIN [AGENT]]  no build: packages the debug `gma` command the test
 #                                 suite already built (BIN, default target/debug/gma-e2e, which
-#                                 is `gma::main`, see tests/Cargo.toml) into target/debian/ci/,
-#                                 with fast compression. Same files, units, configs and scripts as the
-#                                 release package; only the binary is a debug build.
+#                                 is `gma::main`, see tests/Cargo.toml) and the debug `gma-agent`
+#                                 beside it (AGENT, default BIN's directory/gma-agent, which
+#                                 scripts/test.sh builds) into target/debian/ci/, with fast
+#                                 compression. Same files, units, configs and scripts as the
+#                                 release package; only the binaries are debug builds.
 #
 # Installs cargo-deb (pinned) into the cargo home when it is missing (about 2 minutes of
 # compiling from crates.io). Prints the absolute path of the .deb on its last line.
@@ -27,26 +36,42 @@ if [ "${1:-}" = --install-cargo-deb ]; then
 fi
 
 target_dir=${CARGO_TARGET_DIR:-target}
+
+# Copies `gma` ($2) and `gma-agent` ($3) into target/$1, where cargo-deb looks for the assets
+# named target/release/... when it runs with --profile $1.
+stage() {
+    local built
+    for built in "$2" "$3"; do
+        if [ ! -x "$built" ]; then
+            echo "build-deb: $built is missing: build it first" \
+                "(cargo build -p gma-tests --bin gma-e2e and cargo build -p gma-producer" \
+                "--bin gma-agent, or run the tests)" >&2
+            exit 1
+        fi
+    done
+    mkdir -p "$target_dir/$1"
+    cp -f "$2" "$target_dir/$1/gma"
+    cp -f "$3" "$target_dir/$1/gma-agent"
+}
+
 case "${1:-}" in
 "")
-    deb=$(cargo deb -p gma --output "$target_dir/debian/")
+    cargo build --release --locked -p gma --bin gma >&2
+    cargo build --profile agent --locked -p gma-producer --bin gma-agent >&2
+    # deb-release: the release profile under another name (Cargo.toml), only a staging place.
+    stage deb-release "$target_dir/release/gma" "$target_dir/agent/gma-agent"
+    deb=$(cargo deb -p gma --no-build --profile deb-release --output "$target_dir/debian/")
     ;;
 --ci)
     built=${2:-$target_dir/debug/gma-e2e}
-    if [ ! -x "$built" ]; then
-        echo "build-deb: $built is missing: build the test binary first" \
-            "(cargo build -p gma-tests --bin gma-e2e, or run the tests)" >&2
-        exit 1
-    fi
-    # cargo-deb packages target/<profile>/gma: give it the suite's binary under that name, in
-    # the directory of the profile deb-ci (the dev profile under a name cargo-deb accepts;
-    # nothing is ever built with it).
-    mkdir -p "$target_dir/deb-ci"
-    cp -f "$built" "$target_dir/deb-ci/gma"
+    agent=${3:-$(dirname "$built")/gma-agent}
+    # deb-ci: the dev profile under a name cargo-deb accepts (Cargo.toml); nothing is ever
+    # built with it.
+    stage deb-ci "$built" "$agent"
     deb=$(cargo deb -p gma --no-build --profile deb-ci --fast --output "$target_dir/debian/ci/")
     ;;
 *)
-    echo "usage: scripts/build-deb.sh [--ci [BIN] | --install-cargo-deb]" >&2
+    echo "usage: scripts/build-deb.sh [--ci [BIN [AGENT]] | --install-cargo-deb]" >&2
     exit 2
     ;;
 esac

@@ -555,6 +555,79 @@ pub fn reflection(
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
+/// A gRPC service made by `make` on its first request and kept (`None`: it could not be made;
+/// its requests get INTERNAL).
+struct Lazy<S> {
+    make: Arc<dyn Fn() -> Option<S> + Send + Sync>,
+    made: Arc<std::sync::OnceLock<Option<S>>>,
+}
+
+impl<S> Lazy<S> {
+    fn new(make: impl Fn() -> Option<S> + Send + Sync + 'static) -> Lazy<S> {
+        Lazy {
+            make: Arc::new(make),
+            made: Arc::default(),
+        }
+    }
+}
+
+impl<S> Lazy<S> {
+    /// A reflection service of `names` (`pick` builds it from them).
+    fn reflection(
+        names: Arc<[&'static str]>,
+        pick: impl Fn(&[&str]) -> Result<S, tonic_reflection::server::Error> + Send + Sync + 'static,
+    ) -> Lazy<S> {
+        // Not failing: the descriptor sets are compiled in (tested below).
+        Lazy::new(move || {
+            pick(&names)
+                .inspect_err(|e| tracing::error!(error = %e, "gRPC reflection not served: the descriptor sets do not load"))
+                .ok()
+        })
+    }
+}
+
+impl<S> Clone for Lazy<S> {
+    fn clone(&self) -> Self {
+        Lazy {
+            make: self.make.clone(),
+            made: self.made.clone(),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Lazy<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<Request<tonic::body::Body>> for Lazy<S>
+where
+    S: Service<Request<tonic::body::Body>, Response = Response<tonic::body::Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
+        match self.made.get_or_init(|| (self.make)()) {
+            // The generated servers are always ready.
+            Some(s) => Box::pin(s.clone().call(req)),
+            None => {
+                let status = tonic::Status::internal("server reflection is not available on this server");
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
+}
+
 /// Serves `services` on `incoming` with the layers of `server` (from [`grpc_server`]) until
 /// `signal` resolves, then stops accepting and drains.
 ///
@@ -585,11 +658,12 @@ where
         reporter.set_service_status(name, ServingStatus::Serving).await;
     }
     routes = routes.add_service(health);
-    match reflection(&names) {
-        Ok((v1, v1alpha)) => routes = routes.add_service(v1).add_service(v1alpha),
-        // Not reached: the descriptor sets are compiled in (tested below).
-        Err(e) => tracing::error!(error = %e, "gRPC reflection not served: the descriptor sets do not load"),
-    }
+    // Built on their first request: their tables are ~0.5 MiB of every process's heap
+    // (docs/PERFORMANCE.md, the agent's memory) and most processes are never asked.
+    let shared: Arc<[&'static str]> = names.clone().into();
+    routes = routes
+        .add_service(Lazy::reflection(shared.clone(), |n| reflection(n).map(|r| r.0)))
+        .add_service(Lazy::reflection(shared, |n| reflection(n).map(|r| r.1)));
     let signal = async move {
         signal.await;
         for name in names.iter().copied().chain([""]) {
@@ -785,6 +859,43 @@ async fn serve_http_conn<IO, S, B>(
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+
+    /// A lazy service is made on its first request only, once, and a failed make answers
+    /// INTERNAL.
+    #[tokio::test]
+    async fn a_lazy_service_is_made_on_its_first_request_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        #[derive(Clone)]
+        struct Ok200;
+        impl Service<Request<tonic::body::Body>> for Ok200 {
+            type Response = Response<tonic::body::Body>;
+            type Error = Infallible;
+            type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _req: Request<tonic::body::Body>) -> Self::Future {
+                std::future::ready(Ok(Response::new(tonic::body::Body::default())))
+            }
+        }
+        let made = Arc::new(AtomicUsize::new(0));
+        let counted = made.clone();
+        let mut lazy = Lazy::new(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Some(Ok200)
+        });
+        let mut other = lazy.clone();
+        assert_eq!(made.load(Ordering::Relaxed), 0, "made before any request");
+        let req = || Request::new(tonic::body::Body::default());
+        assert!(lazy.call(req()).await.is_ok());
+        assert!(other.call(req()).await.is_ok());
+        assert_eq!(made.load(Ordering::Relaxed), 1, "made once, shared by the clones");
+
+        let mut failed: Lazy<Ok200> = Lazy::new(|| None);
+        let resp = failed.call(req()).await.unwrap();
+        let status = tonic::Status::from_header_map(resp.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::Internal);
+    }
 
     /// The reflection services build from the compiled-in descriptor sets (what serve_grpc
     /// relies on), and every service a role may name is in them.

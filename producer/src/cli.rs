@@ -30,7 +30,7 @@ pub struct ProducerArgs {
     #[arg(long)]
     pub buffer_events: Option<usize>,
     /// Bytes those events may take at most, slots and values (`buffer_bytes` in --config;
-    /// default: bounded by --buffer-events only; docs/producer.md).
+    /// default: bounded by --buffer-events only, in gma-agent 512 KiB; docs/producer.md).
     #[arg(long)]
     pub buffer_bytes: Option<usize>,
     /// Simulated hosts, from a TOML file (see docs/simulation.md).
@@ -116,6 +116,22 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
     Ok(cfg)
 }
 
+/// The ring's byte bound of the agent-only executable `gma-agent` when neither `buffer_bytes`
+/// nor `--buffer-bytes` sets one: 512 KiB held 3,156 host-sensor events when measured, about
+/// 4.7 minutes of resume at an agent's 11 events per second, and keeps the agent within 8 MiB
+/// resident at steady state with a subscriber (1 MiB did not: docs/PERFORMANCE.md, "The agent
+/// at steady state"). `gma producer` keeps no byte bound by default: it also serves
+/// simulations and relays sized in events.
+pub const AGENT_BUFFER_BYTES: usize = 512 << 10;
+
+/// The config of `gma-agent` started with these flags: [`producer_config`], its ring bounded
+/// by [`AGENT_BUFFER_BYTES`] unless the config or the flags give `buffer_bytes`.
+pub fn agent_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
+    let mut cfg = producer_config(a)?;
+    cfg.buffer_bytes.get_or_insert(AGENT_BUFFER_BYTES);
+    Ok(cfg)
+}
+
 /// A producer bound and built, not yet serving: the caller may serve more beside it (`gma
 /// producer`'s Prometheus endpoints, from [`Opened::hub`]) before [`serve`].
 pub struct Opened {
@@ -188,4 +204,40 @@ pub fn init_logging(filter: &str) {
         .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .with(targets)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        producer: ProducerArgs,
+    }
+
+    fn flags(args: &[&str]) -> ProducerArgs {
+        let argv = std::iter::once("gma-agent").chain(args.iter().copied());
+        Flags::try_parse_from(argv)
+            .map(|f| f.producer)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_agent_bounds_its_ring_in_bytes_unless_told_otherwise() {
+        let none = flags(&[]);
+        assert_eq!(
+            agent_config(&none).map(|c| c.buffer_bytes).ok(),
+            Some(Some(AGENT_BUFFER_BYTES))
+        );
+        // `gma producer` keeps the events-only bound.
+        assert_eq!(producer_config(&none).map(|c| c.buffer_bytes).ok(), Some(None));
+        let given = flags(&["--buffer-bytes", "65536"]);
+        assert_eq!(
+            agent_config(&given).map(|c| c.buffer_bytes).ok(),
+            Some(Some(65536))
+        );
+    }
 }

@@ -442,6 +442,15 @@ impl Group {
         }
     }
 
+    /// Drops the chunks that end at or before `next` (a lone member past them).
+    fn drop_passed(&mut self, next: u64) {
+        while self.chunks.front().is_some_and(|c| c.to <= next) {
+            if let Some(old) = self.chunks.pop_front() {
+                self.bytes -= old.bytes.len();
+            }
+        }
+    }
+
     /// The chunk starting at `next`, encoding it from the log when `next` is the group's end.
     /// `Err(to)`: `next` is inside the chunk ending at `to` (read privately up to there).
     /// `Ok(None)`: nothing shared to offer.
@@ -814,6 +823,14 @@ pub async fn run(
     loop {
         head.borrow_and_update();
         let caught_up = next_messages(&hub, group.as_deref(), &mut cursor, epoch, &mut out);
+        // A group whose one member is this stream keeps no chunk the stream has passed: no one
+        // reads it again (a stream joining later at an older seq reads privately). Otherwise an
+        // agent's one subscriber keeps the ring's whole window a second time, encoded.
+        if let Some(g) = &group {
+            if Arc::strong_count(g) == 1 {
+                g.lock().drop_passed(cursor.next);
+            }
+        }
         if block {
             hub.pin(id, cursor.next);
         }
@@ -1095,6 +1112,35 @@ mod tests {
         let got = drain(&hub, Some(&group), &mut c2, &mut d2);
         assert_eq!(got.iter().map(|e| e.1).collect::<Vec<_>>(), vec![1.0, 2.0, 3.0]);
         assert_eq!(group.lock().chunks.len(), 2);
+    }
+
+    /// A lone member's group drops the chunks it has passed and still serves it every event.
+    #[test]
+    fn a_lone_members_group_keeps_no_chunk_it_has_passed() {
+        let hub = hub(1000);
+        let s = spec();
+        let group = Mutex::new(Group::new(&s));
+        let mut c = Cursor::new(s);
+        c.start(&hub.lock(), Start::From(1));
+        let mut dec = BatchDecoder::new();
+        let mut got = Vec::new();
+        for round in 0..5 {
+            publish(&hub, "a", &[f64::from(round), 0.5]);
+            got.extend(
+                drain(&hub, Some(&group), &mut c, &mut dec)
+                    .into_iter()
+                    .map(|e| e.1),
+            );
+            let mut g = group.lock();
+            assert!(!g.chunks.is_empty(), "the round's chunk was shared");
+            g.drop_passed(c.next);
+            assert!(
+                g.chunks.is_empty() && g.bytes == 0,
+                "round {round}: a passed chunk kept"
+            );
+        }
+        let want: Vec<f64> = (0..5).flat_map(|r| [f64::from(r), 0.5]).collect();
+        assert_eq!(got, want, "every event, in order");
     }
 
     /// A group keeps no chunk of events its ring has overwritten.

@@ -1,16 +1,18 @@
 //! The Debian package (docs/packaging.md), on this machine: built by `scripts/build-deb.sh
-//! --ci` from the suite's own `gma` (or `GMA_DEB=path.deb`), installed with `dpkg -i`, its
-//! units checked by `systemd-analyze verify`, every role started from its installed config
-//! without systemd — the unit's own ExecStart line, as the unit's User= (setpriv), in its
-//! WorkingDirectory= — and seen serving (the agent registered with the installed directory and
-//! answering `gma query`), then `dpkg -r` and `dpkg --purge` remove it.
+//! --ci` from the suite's own `gma` and `gma-agent` (or `GMA_DEB=path.deb`), installed with
+//! `dpkg -i`, its units checked by `systemd-analyze verify`, every role started from its
+//! installed config without systemd — the unit's own ExecStart line, as the unit's User=
+//! (setpriv), in its WorkingDirectory= — and seen serving (the agent, `/usr/bin/gma-agent`,
+//! registered with the installed directory, answering `gma query` and obeying `gma agent
+//! set|disable|enable`, kept in its state directory), then `dpkg -r` and `dpkg --purge` remove
+//! it.
 //!
 //! Needs root, dpkg, systemd-analyze and setpriv (the CI machine has them; under `CI=true` a
 //! missing one fails the test). The shipped configs listen on fixed loopback ports
 //! (127.0.0.1:7000 ...): the test rewrites those addresses in the installed /etc/gma files to
 //! free ports before starting the roles, so it cannot clash with parallel tests; the command
 //! lines are the installed units' unchanged. It is the only test that touches /etc/gma,
-//! /var/lib/gma, /usr/bin/gma or the `gma` user (one test function: nothing to serialize).
+//! /var/lib/gma, /usr/bin/gma, /usr/bin/gma-agent or the `gma` user (one test function: nothing to serialize).
 // A test: a set-up step that fails is a failed test.
 #![allow(clippy::unwrap_used)]
 
@@ -33,6 +35,8 @@ const UNITS: [&str; 6] = [
     "gma-directory@.service",
     "gma-rescheduler.service",
 ];
+/// The executables the package installs: every role and the clients, and the agent alone.
+const BINARIES: [&str; 2] = ["/usr/bin/gma", "/usr/bin/gma-agent"];
 /// The loopback addresses of the shipped single-host set-up (packaging/debian/etc).
 const SHIPPED: [&str; 6] = [
     "127.0.0.1:7000", // directory member 1
@@ -262,7 +266,11 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
         Err(_) => {
             let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-deb.sh");
             let bin = common::gma_bin();
-            let out = must(script.to_str().unwrap(), &["--ci", bin.to_str().unwrap()]);
+            let agent = common::agent_bin();
+            let out = must(
+                script.to_str().unwrap(),
+                &["--ci", bin.to_str().unwrap(), agent.to_str().unwrap()],
+            );
             PathBuf::from(out.lines().last().unwrap().trim())
         }
     };
@@ -279,7 +287,16 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
         .collect();
     units.sort();
     assert_eq!(units, UNITS, "the units the package installs");
-    assert!(Path::new("/usr/bin/gma").is_file());
+    for bin in BINARIES {
+        assert!(Path::new(bin).is_file(), "{bin} is not installed");
+    }
+    // The agent's unit runs the agent-only executable.
+    let agent_line = service_line(&Path::new(UNIT_DIR).join("gma-agent.service"), "");
+    assert_eq!(
+        agent_line.argv,
+        ["/usr/bin/gma-agent", "--config", "/etc/gma/agent.toml"],
+        "gma-agent.service's ExecStart"
+    );
     let conffiles = must("dpkg-query", &["-W", "-f=${Conffiles}", "gma"]);
     let configs = [
         "agent.toml",
@@ -410,6 +427,35 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
         "gma query host.load gave no event of {agent_source}; last: {last}"
     );
 
+    // The installed agent obeys the control service: a period set, a sensor disabled and
+    // enabled again, a process watch (of itself), kept in its state directory (agent.toml's
+    // state_dir, written as the gma user).
+    for args in [
+        ["agent", "set", "host.mem", "5000"].as_slice(),
+        &["agent", "disable", "host.disk"],
+        &["agent", "enable", "host.disk"],
+        &["agent", "watch", "itself", "--comm", "gma-agent"],
+    ] {
+        let mut argv = args.to_vec();
+        argv.extend(["--producer", agent.as_str()]);
+        must("/usr/bin/gma", &argv);
+    }
+    let sensors = must(
+        "/usr/bin/gma",
+        &["agent", "sensors", "--producer", &agent, "--output", "json"],
+    );
+    assert!(
+        sensors.contains("host.mem") && sensors.contains("5000"),
+        "gma agent sensors after set: {sensors}"
+    );
+    let kept = Path::new("/var/lib/gma/agent/control.json");
+    let m = std::fs::metadata(kept).unwrap_or_else(|e| panic!("{}: {e}", kept.display()));
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&m),
+        gma_uid,
+        "control.json owner"
+    );
+
     // The other roles registered too (their own producer records, the archiver's consumer).
     for (pattern, id, consumers) in [
         ("*", format!("broker@{}", fresh["127.0.0.1:7510"]), false),
@@ -452,7 +498,9 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
 
     // Remove: the program and units go; configs, state and the user stay (Debian's `remove`).
     must("dpkg", &["-r", "gma"]);
-    assert!(!Path::new("/usr/bin/gma").exists());
+    for bin in BINARIES {
+        assert!(!Path::new(bin).exists(), "{bin} left after dpkg -r");
+    }
     for u in UNITS {
         assert!(!Path::new(UNIT_DIR).join(u).exists(), "{u} left after dpkg -r");
     }

@@ -2,13 +2,16 @@
 //! executable (no archiver, Arrow/Parquet, broker, dashboard, directory or openraft code), for a
 //! smaller resident set on every host. Same flags, config, start-up and behaviour as `gma
 //! producer` (registers, serves, sensors, control, resume ring; gma_producer::cli), on a
-//! current-thread runtime (an agent's load is a few events per second). The Prometheus endpoints
-//! (`--metrics-listen`, `--prometheus`) are served by `gma producer` only: they are refused here.
+//! current-thread runtime (an agent's load is a few events per second), with one default of its
+//! own: the resume ring is bounded to 512 KiB (`buffer_bytes`, gma_producer::cli::
+//! AGENT_BUFFER_BYTES) unless configured. The Prometheus endpoints (`--metrics-listen`,
+//! `--prometheus`) are served by `gma producer` only: they are refused here. The Debian package
+//! ships it as /usr/bin/gma-agent, run by gma-agent.service (docs/packaging.md).
 
 use anyhow::bail;
 use clap::Parser;
 use gma_core::cli::{catch_shutdown_signals, set_security, ClientTlsArgs, GLOBAL_HEADING};
-use gma_producer::cli::{open, producer_config, serve, ProducerArgs};
+use gma_producer::cli::{agent_config, open, serve, ProducerArgs};
 
 /// The GMA host agent: a producer with this host's sensors (the flags of `gma producer`).
 #[derive(Parser, Debug)]
@@ -43,7 +46,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let endpoint = &cli.producer.role.endpoint;
     set_security(cli.tls.server(endpoint), endpoint.access_policy.clone());
-    let cfg = producer_config(&cli.producer)?;
+    // The ring bounded in bytes by default (AGENT_BUFFER_BYTES): the agent's memory at steady
+    // state is its base plus that bound.
+    let cfg = agent_config(&cli.producer)?;
     if let Some(m) = &cfg.endpoint.metrics_listen {
         bail!("gma-agent serves no Prometheus metrics ({m}): leave out --metrics-listen (and metrics_listen in --config), or run `gma producer`");
     }
