@@ -1,4 +1,4 @@
-//! The process's heap as jemalloc (the `gma` binary's global allocator, src/main.rs) counts it,
+//! The process's heap as jemalloc (the `gma` binary's allocator with `--features jemalloc`) counts it,
 //! exported with the other metrics at each scrape: what the program holds (`allocated`) next
 //! to what the allocator keeps resident for it (`resident`), so a growing RSS can be told apart
 //! as live data or as the allocator's own keeping (docs/archiver.md, "Memory, term by term").

@@ -1,7 +1,8 @@
 //! `gma`: the one operator binary; everything is in the library (src/lib.rs).
 
-/// jemalloc instead of glibc malloc for every role (why, measured side by side: docs/PERFORMANCE.md,
-/// "Memory over time, soaks and plots").
+/// With the `jemalloc` feature, jemalloc instead of glibc malloc for every role: to compare the
+/// two on the archiver's RSS over a soak (docs/PERFORMANCE.md, "Memory over time, soaks and
+/// plots"; not yet measured side by side).
 /// Its statistics are exported as `gma_process_heap_*` (src/heap.rs). Built without the
 /// `jemalloc` feature, the binary keeps the system allocator (the gauges then read zeros).
 #[cfg(feature = "jemalloc")]
