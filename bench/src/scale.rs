@@ -417,11 +417,15 @@ impl Role {
 }
 
 /// Writes an archiver config (`listen` on port 0, id [`ARCHIVER_ID`], provenance on, then
-/// `rest`) to `conf` and starts `gma archiver --config` on it.
+/// `rest`) to `conf` and starts `gma archiver --config` on it. Its /metrics is served on a
+/// loopback port of its own (`gma archiver metrics on ADDR` on its stderr; `ss -ltnp` finds
+/// it), for a heap profile during a run (`gma_process_heap_*`).
 async fn start_archiver(name: &str, conf: &Path, rest: String) -> anyhow::Result<Role> {
     std::fs::write(
         conf,
-        format!("listen = \"127.0.0.1:0\"\nid = {ARCHIVER_ID:?}\nprovenance = true\n{rest}"),
+        format!(
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nid = {ARCHIVER_ID:?}\nprovenance = true\n{rest}"
+        ),
     )?;
     Role::start(
         name,

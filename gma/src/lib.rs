@@ -16,6 +16,7 @@ mod emit;
 mod federation;
 mod fedtree;
 mod grid;
+mod heap;
 mod monitor;
 mod netprobe;
 mod parquet;

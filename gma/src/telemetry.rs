@@ -218,6 +218,7 @@ pub fn recorder() -> anyhow::Result<PrometheusHandle> {
     gma_dashboard::telemetry::describe();
     gma_monitor::telemetry::describe();
     gma_relay::telemetry::describe();
+    crate::heap::describe();
     let _ = HANDLE.set(handle);
     HANDLE
         .get()
@@ -252,6 +253,7 @@ fn check_plain_listen(what: &str, addr: &str, allow_plaintext: bool) -> anyhow::
 pub async fn serve_metrics(role: &str, addr: &str, door: &MetricsDoor) -> anyhow::Result<SocketAddr> {
     let handle = recorder()?;
     serve_guarded("--metrics-listen", role, "metrics", addr, door, move |_, _| {
+        crate::heap::record();
         handle.render()
     })
     .await

@@ -238,14 +238,7 @@ impl Store {
             self.chunks.rotate()?;
         }
         let tail = self.chunks.tail_segment();
-        let oldest = {
-            let g = self.inner.lock();
-            g.streams
-                .values()
-                .flat_map(|st| st.chunks.values())
-                .filter_map(|m| m.loc.map(|(seg, _)| seg))
-                .fold(tail, u64::min)
-        };
+        let oldest = self.inner.lock().oldest_seg(tail);
         let mut ops: Vec<(ChunkKey, PendingChunk)> = ops.into_iter().collect();
         ops.sort_by_key(|o| o.0);
         // Each stream entry is encoded once, for the record and for sled (each copy dropped
@@ -273,14 +266,12 @@ impl Store {
                     (Some(_), Some(off)) => {
                         let loc = (pos.segment, pos.offset + *off);
                         // Still live (not removed again since)? Then it lives in the file now.
-                        if let Some(m) = inner
+                        let live = inner
                             .streams
                             .get_mut(&sid)
-                            .and_then(|st| st.chunks.get_mut(&(tk, ctr)))
-                        {
-                            if m.loc.is_none() {
-                                m.loc = Some(loc);
-                            }
+                            .is_some_and(|st| st.chunks.locate((tk, ctr), loc));
+                        if live {
+                            inner.count_seg(loc.0, true);
                         }
                         let bytes = op.as_deref().unwrap_or_default();
                         let m = ChunkMeta {
@@ -377,11 +368,13 @@ impl<'a> SledBatches<'a> {
 }
 
 /// A counter for a new chunk of `st` starting at `tk`, unused by its chunks and by `taken`.
+/// Counters only grow (an open starts above every stored one), so the check is cheap until
+/// they wrap around.
 pub(super) fn free_counter(st: &Stream, tk: u64, next: &mut u32, taken: &[(u64, u32)]) -> u32 {
     loop {
         let c = *next;
         *next = next.wrapping_add(1);
-        if !st.chunks.contains_key(&(tk, c)) && !taken.contains(&(tk, c)) {
+        if !st.chunks.contains((tk, c)) && !taken.contains(&(tk, c)) {
             return c;
         }
     }

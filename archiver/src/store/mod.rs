@@ -103,6 +103,7 @@
 
 mod codec;
 mod durability;
+mod index;
 mod layout;
 mod query;
 mod recover;
@@ -122,6 +123,7 @@ use gma_proto::v1 as pb;
 use parking_lot::Mutex;
 
 use crate::chunk::{ChunkError, ChunkWriter};
+use index::ChunkIndex;
 use layout::{encode_meta, stream_key, ChunkMeta, FieldKind, FieldMeta, StreamMeta};
 
 pub use query::{Agg, ArchivedSeries, Points, QuerySpec, QueryStats, MAX_BUCKETS};
@@ -267,10 +269,12 @@ struct Stream {
     n_strings: usize,
     /// Per field, its column among the fields of its kind.
     cols: Vec<usize>,
-    /// Sealed chunks by (first timestamp key, counter).
-    chunks: BTreeMap<(u64, u32), ChunkMeta>,
+    /// Sealed chunks by (first timestamp key, counter): the time index ([`index`]).
+    chunks: ChunkIndex,
     sealed_rows: u64,
     sealed_bytes: u64,
+    /// The time range of the sealed chunks (widened as they come; recomputed by retention).
+    sealed_range: Option<(i64, i64)>,
     open: ChunkWriter,
     /// WAL position (record seq, row of this stream within it, from 1) of the newest row
     /// pushed into `open` (or the sealed position).
@@ -300,9 +304,10 @@ impl Stream {
             n_doubles: nd,
             n_strings: ns,
             cols,
-            chunks: BTreeMap::new(),
+            chunks: ChunkIndex::default(),
             sealed_rows: 0,
             sealed_bytes: 0,
+            sealed_range: None,
             open: ChunkWriter::new(nd, ns),
         }
     }
@@ -316,33 +321,41 @@ impl Stream {
     }
 
     fn time_range(&self) -> Option<(i64, i64)> {
-        let mut r: Option<(i64, i64)> = None;
-        let mut widen = |lo: i64, hi: i64| {
-            r = Some(match r {
-                None => (lo, hi),
-                Some((a, b)) => (a.min(lo), b.max(hi)),
-            })
-        };
-        for m in self.chunks.values() {
-            widen(m.min_ts, m.max_ts);
+        match (self.sealed_range, self.open.min_ts(), self.open.max_ts()) {
+            (r, Some(lo), Some(hi)) => Some(widen(r, lo, hi)),
+            (r, _, _) => r,
         }
-        if let (Some(lo), Some(hi)) = (self.open.min_ts(), self.open.max_ts()) {
-            widen(lo, hi);
-        }
-        r
     }
 
     fn add_chunk(&mut self, k: (u64, u32), m: ChunkMeta) {
         self.sealed_rows += m.rows as u64;
         self.sealed_bytes += m.bytes as u64;
+        self.sealed_range = Some(widen(self.sealed_range, m.min_ts, m.max_ts));
         self.chunks.insert(k, m);
     }
 
-    fn remove_chunk(&mut self, k: (u64, u32)) {
-        if let Some(m) = self.chunks.remove(&k) {
+    /// Removes the chunks of `keys`; returns those it held.
+    fn remove_chunks(&mut self, keys: &[(u64, u32)]) -> Vec<((u64, u32), ChunkMeta)> {
+        let gone = self.chunks.remove_all(keys);
+        for (_, m) in &gone {
             self.sealed_rows -= m.rows as u64;
             self.sealed_bytes -= m.bytes as u64;
         }
+        if !gone.is_empty() {
+            self.sealed_range = self
+                .chunks
+                .iter()
+                .fold(None, |r, (_, m)| Some(widen(r, m.min_ts, m.max_ts)));
+        }
+        gone
+    }
+}
+
+/// `r` widened to cover `[lo, hi]`.
+fn widen(r: Option<(i64, i64)>, lo: i64, hi: i64) -> (i64, i64) {
+    match r {
+        None => (lo, hi),
+        Some((a, b)) => (a.min(lo), b.max(hi)),
     }
 }
 
@@ -359,6 +372,10 @@ struct Inner {
     next_ctr: u32,
     wal_bytes: u64,
     resume: HashMap<String, ResumePoint>,
+    /// Live located chunks per chunk-log segment (segments without any may go once no
+    /// older one is needed): kept as chunks are located and removed, instead of a walk over
+    /// every chunk at each checkpoint.
+    segs: BTreeMap<u64, u64>,
     pending: Pending,
     /// Write-ahead records before this one are all in the chunk log (the last checkpoint's
     /// `C`): the first record a replay reads.
@@ -376,6 +393,24 @@ impl Inner {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// A located chunk of segment `seg` came (`live`) or went.
+    fn count_seg(&mut self, seg: u64, live: bool) {
+        let n = self.segs.entry(seg).or_insert(0);
+        if live {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.segs.remove(&seg);
+            }
+        }
+    }
+
+    /// The first chunk-log segment a live chunk lies in, or `tail` when none is older.
+    fn oldest_seg(&self, tail: u64) -> u64 {
+        self.segs.keys().next().map_or(tail, |&s| s.min(tail))
     }
 
     fn poison(&mut self, e: StoreError) -> StoreError {

@@ -348,16 +348,24 @@ impl Store {
             let Some(st) = g.streams.get(&sid) else {
                 continue;
             };
-            for (&(tk, ctr), m) in &st.chunks {
-                if m.min_ts < to && m.max_ts >= from {
-                    out.push(Src {
-                        min: m.min_ts,
-                        max: m.max_ts,
-                        order: out.len(),
-                        col,
-                        data: SrcData::Key(chunk_key(sid, tk, ctr)),
-                    });
-                }
+            // In key order (storage order among equal timestamps).
+            let mut hits: Vec<_> = st
+                .chunks
+                .iter()
+                .filter(|(_, m)| m.min_ts < to && m.max_ts >= from)
+                .collect();
+            hits.sort_unstable_by_key(|(k, _)| *k);
+            for ((tk, ctr), m) in hits {
+                out.push(Src {
+                    min: m.min_ts,
+                    max: m.max_ts,
+                    order: out.len(),
+                    col,
+                    data: SrcData::Key(
+                        chunk_key(sid, tk, ctr),
+                        m.loc.map(|(seg, off)| (seg, off, m.bytes as usize)),
+                    ),
+                });
             }
             if let (Some(lo), Some(hi)) = (st.open.min_ts(), st.open.max_ts()) {
                 if lo < to && hi >= from {
@@ -374,9 +382,10 @@ impl Store {
         out
     }
 
-    /// A chunk's bytes (pending, in flight or from the chunk log); `None` once removed.
-    fn chunk(&self, k: &ChunkKey) -> Result<Option<Arc<[u8]>>, StoreError> {
-        let (seg, off, len) = match lookup(&self.inner.lock(), k) {
+    /// A chunk's bytes (pending, in flight or from the chunk log at `at`, where the plan saw
+    /// it); `None` once removed.
+    fn chunk(&self, k: &ChunkKey, at: Option<(u64, u64, usize)>) -> Result<Option<Arc<[u8]>>, StoreError> {
+        let (seg, off, len) = match lookup(&self.inner.lock(), k, at) {
             Found::Bytes(b) => return Ok(Some(b)),
             Found::Gone => return Ok(None),
             Found::At(seg, off, len) => (seg, off, len),
@@ -384,7 +393,7 @@ impl Store {
         match self.chunks.read_at(seg, off, len) {
             Ok(b) => Ok(Some(b.into())),
             // Removed, and its segment deleted, since it was looked up?
-            Err(e) => match lookup(&self.inner.lock(), k) {
+            Err(e) => match lookup(&self.inner.lock(), k, None) {
                 Found::At(..) => Err(e.into()),
                 _ => Ok(None),
             },
@@ -418,7 +427,7 @@ impl Store {
             for s in group.iter() {
                 let stored;
                 let bytes: &[u8] = match &s.data {
-                    SrcData::Key(k) => match self.chunk(k)? {
+                    SrcData::Key(k, at) => match self.chunk(k, *at)? {
                         Some(v) => {
                             stored = v;
                             &stored[..]
@@ -429,7 +438,7 @@ impl Store {
                     SrcData::Open(b) => b,
                 };
                 let r = ChunkReader::new(bytes).map_err(|e| match &s.data {
-                    SrcData::Key(k) => corrupt(format!("chunk {}: {e}", describe_chunk_key(k))),
+                    SrcData::Key(k, _) => corrupt(format!("chunk {}: {e}", describe_chunk_key(k))),
                     SrcData::Open(_) => corrupt(format!("open chunk: {e}")),
                 })?;
                 stats.chunks_read += 1;
@@ -462,19 +471,24 @@ enum Found {
     Gone,
 }
 
-fn lookup(inner: &Inner, k: &ChunkKey) -> Found {
+/// Where the chunk `k` is: pending bytes, removed, or in the chunk log (at `at` when the caller
+/// knows, else as the time index says).
+fn lookup(inner: &Inner, k: &ChunkKey, at: Option<(u64, u64, usize)>) -> Found {
     let (streams, pending) = (&inner.streams, &inner.pending);
     match pending.get(k) {
         Some(Some(b)) => return Found::Bytes(b),
         Some(None) => return Found::Gone,
         None => {}
     }
+    if let Some((seg, off, len)) = at {
+        return Found::At(seg, off, len);
+    }
     let Some((sid, tk, ctr)) = parse_chunk_key(k) else {
         return Found::Gone;
     };
     match streams
         .get(&sid)
-        .and_then(|st| st.chunks.get(&(tk, ctr)))
+        .and_then(|st| st.chunks.get((tk, ctr)))
         .and_then(|m| m.loc.map(|(seg, off)| (seg, off, m.bytes as usize)))
     {
         Some((seg, off, len)) => Found::At(seg, off, len),
@@ -497,7 +511,8 @@ struct SeriesPlan {
 }
 
 enum SrcData {
-    Key([u8; 17]),
+    /// A sealed chunk: its key, and where it lay in the chunk log when the plan was made.
+    Key([u8; 17], Option<(u64, u64, usize)>),
     Open(Vec<u8>),
 }
 

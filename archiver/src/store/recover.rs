@@ -178,11 +178,15 @@ impl Store {
         chunks.remove_before_blocking(oldest)?;
 
         let mut next_ctr = 0u32;
+        let mut segs = BTreeMap::new();
         for (k, m) in index {
             let (sid, tk, ctr) = parse_chunk_key(&k).ok_or_else(|| corrupt("malformed chunk key"))?;
             let st = streams
                 .get_mut(&sid)
                 .ok_or_else(|| corrupt(format!("chunk of unknown stream {sid}")))?;
+            if let Some((seg, _)) = m.loc {
+                *segs.entry(seg).or_insert(0u64) += 1;
+            }
             st.add_chunk((tk, ctr), m);
             next_ctr = next_ctr.max(ctr.wrapping_add(1));
         }
@@ -250,6 +254,7 @@ impl Store {
                 next_ctr,
                 wal_bytes,
                 resume,
+                segs,
                 pending,
                 covered: checkpointed,
                 last_checkpoint: Instant::now(),

@@ -52,12 +52,8 @@ impl Store {
                 return Err(inner.poison(e));
             }
         }
-        let victims: Vec<((u64, u32), ChunkMeta)> = st
-            .chunks
-            .iter()
-            .filter(|(_, m)| m.min_ts < cutoff)
-            .map(|(k, m)| (*k, *m))
-            .collect();
+        let victims: Vec<((u64, u32), ChunkMeta)> =
+            st.chunks.iter().filter(|(_, m)| m.min_ts < cutoff).collect();
         if victims.is_empty() {
             return Ok(0);
         }
@@ -115,13 +111,18 @@ impl Store {
                 added.push(((tk, ctr), nm, enc));
             }
         }
-        for k in removed_keys {
+        for k in &removed_keys {
             pending.remove_chunk(chunk_key(sid, k.0, k.1));
-            st.remove_chunk(k);
         }
+        let gone = st.remove_chunks(&removed_keys);
         for (k, m, enc) in added {
             pending.put_chunk(chunk_key(sid, k.0, k.1), enc);
             st.add_chunk(k, m);
+        }
+        for (_, m) in gone {
+            if let Some((seg, _)) = m.loc {
+                inner.count_seg(seg, false);
+            }
         }
         Ok(deleted_rows * values)
     }
