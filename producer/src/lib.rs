@@ -515,6 +515,7 @@ impl Producer {
         hub.add_schemas(&[budget::budget_schema()])
             .map_err(|e| ProducerError::Config(format!("gma.budget: {e}")))?;
         let sensor_tasks = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let tickers = Arc::new(Tickers::default());
         let spawner: control::Spawner = {
             let (hub, counters, stop_rx, tasks) = (
                 hub.clone(),
@@ -527,6 +528,7 @@ impl Producer {
                     sensor,
                     slot,
                     setting,
+                    tickers.clone(),
                     hub.clone(),
                     counters.clone(),
                     stop_rx.clone(),
@@ -768,30 +770,87 @@ fn aligned_tick(period: Duration) -> tokio::time::Instant {
     epoch + Duration::from_nanos(at)
 }
 
+/// One timer per sampling period, shared by every sensor of that period. Each sensor used to
+/// re-arm a timer of its own after every sample: nine timer-wheel entries re-armed a second on
+/// an agent, each re-arm waking the runtime's driver (a write to its eventfd) while it was
+/// running anyway (docs/PERFORMANCE.md, the agent's CPU). Now one ticker task per period
+/// counts ticks on a `watch` channel and the sensors of that period wait on it: one timer and
+/// one re-arm a tick, the sensors sampling in the same turn of the runtime as before.
+#[derive(Default)]
+struct Tickers {
+    /// The tick counter of each period in use; a ticker removes its own entry, under this
+    /// lock, once no sensor holds a receiver (a period changed, sensors removed).
+    by_period: parking_lot::Mutex<std::collections::HashMap<Duration, watch::Sender<u64>>>,
+}
+
+impl Tickers {
+    /// The ticks of `period` (starting the ticker if none runs): the first one at least a
+    /// period away and a multiple of `period` since the first sensor started ([`aligned_tick`]).
+    fn subscribe(self: &Arc<Self>, period: Duration) -> watch::Receiver<u64> {
+        let mut map = self.by_period.lock();
+        if let Some(tx) = map.get(&period) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(0);
+        map.insert(period, tx);
+        drop(map);
+        tokio::spawn(self.clone().run(period));
+        rx
+    }
+
+    async fn run(self: Arc<Self>, period: Duration) {
+        let mut at = aligned_tick(period);
+        if at <= tokio::time::Instant::now() {
+            // A sensor samples once as it subscribes: no tick at the same instant.
+            at += period;
+        }
+        let mut tick = tokio::time::interval_at(at, period);
+        // A late tick (a slow start, a busy host) does not move the later ones: they stay on
+        // the shared instants.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            let mut map = self.by_period.lock();
+            let Some(tx) = map.get(&period) else {
+                return;
+            };
+            if tx.receiver_count() == 0 {
+                map.remove(&period);
+                return;
+            }
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
 async fn sensor_loop(
     mut sensor: Box<dyn Sensor>,
     slot: Arc<control::Slot>,
     mut setting: watch::Receiver<control::Setting>,
+    tickers: Arc<Tickers>,
     hub: Arc<Hub>,
     counters: Arc<AgentCounters>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut cur = *setting.borrow_and_update();
-    let start = aligned_tick(cur.period);
-    let mut tick = tokio::time::interval_at(start, cur.period);
-    // A late tick (a slow start, a busy host) does not move the later ones: they stay on the
-    // instants shared with the other sensors of the period (with `Delay` a sensor late once
-    // sampled off step for good, a second batch and wake-up every period).
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // The ticks shared with the other sensors of the period (a tick missed while disabled
+    // makes the sensor sample as soon as it is enabled again).
+    let mut ticks = tickers.subscribe(cur.period);
     // Every sensor samples once as it starts (host.info's period is long: a broker must not wait
     // a period for a new host's software), then in step with the others of its period.
-    let mut first = start > tokio::time::Instant::now();
+    let mut first = true;
     let mut buf = Vec::new();
     let mut errors: u64 = 0;
     loop {
         tokio::select! {
             _ = std::future::ready(()), if first && cur.enabled => first = false,
-            _ = tick.tick(), if cur.enabled => first = false,
+            ticked = ticks.changed(), if cur.enabled => {
+                // The ticker is gone only when the runtime shuts down.
+                if ticked.is_err() {
+                    return;
+                }
+                first = false;
+            }
             changed = setting.changed() => {
                 // The sender is gone: the control removed this sensor (a runtime watch).
                 if changed.is_err() {
@@ -801,9 +860,7 @@ async fn sensor_loop(
                 if next.period != cur.period {
                     // The next sample is at most one new period away, in step with the other
                     // sensors of that period.
-                    let start = aligned_tick(next.period);
-                    tick = tokio::time::interval_at(start, next.period);
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    ticks = tickers.subscribe(next.period);
                 }
                 cur = next;
                 continue;
@@ -880,5 +937,48 @@ async fn publish_rpc(
         if let (_, Err(e)) = hub.publish(&events) {
             tracing::warn!(error = %e, "cannot publish gma.rpc");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits for `done` (checked every millisecond) until a generous deadline.
+    async fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done() {
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    }
+
+    /// Sensors of one period share one ticker, which goes away with its last sensor.
+    #[tokio::test(flavor = "current_thread")]
+    async fn one_ticker_per_period_while_sensors_use_it() {
+        let tickers = Arc::new(Tickers::default());
+        let period = Duration::from_millis(5);
+        let mut a = tickers.subscribe(period);
+        let mut b = tickers.subscribe(period);
+        let mut other = tickers.subscribe(Duration::from_millis(7));
+        assert_eq!(tickers.by_period.lock().len(), 2, "one per period");
+        a.changed().await.unwrap();
+        b.changed().await.unwrap();
+        other.changed().await.unwrap();
+        // Both see the same tick: one counter for the period.
+        assert_eq!(*a.borrow_and_update(), *b.borrow_and_update());
+        drop((a, b));
+        assert!(
+            wait_until(|| tickers.by_period.lock().len() == 1).await,
+            "the 5 ms ticker stops with its last sensor"
+        );
+        // The other period still ticks, and a new sensor of the first starts a ticker again.
+        other.changed().await.unwrap();
+        let mut c = tickers.subscribe(period);
+        c.changed().await.unwrap();
+        assert_eq!(tickers.by_period.lock().len(), 2);
     }
 }

@@ -4,8 +4,11 @@
 //! CPU time comes from utime + stime of `/proc/self/stat`, in clock ticks. The tick rate is
 //! read from the `AT_CLKTCK` entry of `/proc/self/auxv` (what `sysconf(_SC_CLK_TCK)` returns,
 //! without needing libc); if that cannot be read we assume 100 Hz, the USER_HZ of every
-//! mainstream Linux architecture. Resident memory is `VmRSS` of `/proc/self/status`, falling
-//! back to `/proc/self/statm` pages of 4096 bytes.
+//! mainstream Linux architecture. Resident memory is the `rss` field of the same
+//! `/proc/self/stat` (the figure `VmRSS` of `/proc/self/status` shows, in pages) times the page
+//! size (`AT_PAGESZ` of the auxiliary vector, else 4096): one `/proc` file a sample, not two —
+//! the kernel's generation of `status` cost as much as `stat` (docs/PERFORMANCE.md, the
+//! agent's CPU).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +23,10 @@ const SELF_STATUS: &str = "/proc/self/status";
 const SELF_STATM: &str = "/proc/self/statm";
 /// Assumed when `AT_CLKTCK` cannot be read.
 pub const DEFAULT_CLOCK_TICKS: u64 = 100;
-const STATM_PAGE_BYTES: u64 = 4096;
+/// Assumed when `AT_PAGESZ` cannot be read.
+pub const DEFAULT_PAGE_BYTES: u64 = 4096;
+/// `AT_PAGESZ` in `<linux/auxvec.h>`.
+const AT_PAGESZ: usize = 6;
 /// `AT_CLKTCK` in `<linux/auxvec.h>`.
 const AT_CLKTCK: usize = 17;
 
@@ -48,6 +54,8 @@ pub struct SelfStat {
     /// System CPU time, clock ticks.
     pub stime: u64,
     pub threads: u64,
+    /// Resident pages (`rss`, field 24: what `VmRSS` of `status` shows in KiB).
+    pub rss_pages: u64,
 }
 
 /// Parses `/proc/<pid>/stat`. The command name (field 2) is in parentheses and may itself
@@ -63,10 +71,11 @@ pub fn parse_self_stat(text: &str) -> Result<SelfStat, SensorError> {
         utime: field(14, "utime")?,
         stime: field(15, "stime")?,
         threads: field(20, "num_threads")?,
+        rss_pages: field(24, "rss")?,
     })
 }
 
-/// `VmRSS` of `/proc/<pid>/status`, in KiB.
+/// `VmRSS` of `/proc/<pid>/status`, in KiB (the sensor reads the same figure from `stat`).
 pub fn parse_vm_rss_kb(text: &str) -> Result<u64, SensorError> {
     for (i, line) in text.lines().enumerate() {
         if let Some(rest) = line.strip_prefix("VmRSS:") {
@@ -89,13 +98,24 @@ pub fn parse_statm_rss_pages(text: &str) -> Result<u64, SensorError> {
 /// The `AT_CLKTCK` value of an auxiliary vector (`/proc/self/auxv`: native-endian word pairs
 /// of key and value, ended by key 0). `None` when absent, zero or truncated.
 pub fn parse_auxv_clock_ticks(auxv: &[u8]) -> Option<u64> {
+    auxv_entry(auxv, AT_CLKTCK)
+}
+
+/// The `AT_PAGESZ` value (bytes per page) of an auxiliary vector; `None` when absent, zero or
+/// truncated.
+pub fn parse_auxv_page_bytes(auxv: &[u8]) -> Option<u64> {
+    auxv_entry(auxv, AT_PAGESZ)
+}
+
+/// The non-zero value of `wanted` in an auxiliary vector.
+fn auxv_entry(auxv: &[u8], wanted: usize) -> Option<u64> {
     const W: usize = std::mem::size_of::<usize>();
     for pair in auxv.chunks_exact(2 * W) {
         let key = usize::from_ne_bytes(pair[..W].try_into().ok()?);
         let value = usize::from_ne_bytes(pair[W..].try_into().ok()?);
         match key {
             0 => return None,
-            AT_CLKTCK => return (value > 0).then_some(value as u64),
+            k if k == wanted => return (value > 0).then_some(value as u64),
             _ => {}
         }
     }
@@ -114,6 +134,7 @@ struct Baseline {
 pub(crate) struct Agent {
     counters: Arc<AgentCounters>,
     clock_ticks: f64,
+    page_bytes: u64,
     prev: Option<Baseline>,
 }
 
@@ -125,28 +146,15 @@ pub(crate) fn sensor(
     counters: Arc<AgentCounters>,
     proc_self: &Path,
 ) -> ProcSensor<Agent> {
-    let ticks = std::fs::read(proc_self.join("auxv"))
-        .ok()
-        .and_then(|b| parse_auxv_clock_ticks(&b))
-        .unwrap_or(DEFAULT_CLOCK_TICKS);
+    let auxv = std::fs::read(proc_self.join("auxv")).unwrap_or_default();
+    let ticks = parse_auxv_clock_ticks(&auxv).unwrap_or(DEFAULT_CLOCK_TICKS);
     let probe = Agent {
         counters,
         clock_ticks: ticks as f64,
+        page_bytes: parse_auxv_page_bytes(&auxv).unwrap_or(DEFAULT_PAGE_BYTES),
         prev: None,
     };
     ProcSensor::new(source, period, proc_self, schemas::gma_agent(), probe)
-}
-
-/// Resident memory, KiB.
-fn rss_kb(files: &mut Files) -> Result<u64, SensorError> {
-    match files.read("status", parse_vm_rss_kb) {
-        Ok(kb) => Ok(kb),
-        // Without VmRSS (unusual kernels, restricted /proc) statm still has the pages.
-        Err(_) => {
-            let pages = files.read("statm", parse_statm_rss_pages)?;
-            Ok(pages.saturating_mul(STATM_PAGE_BYTES) / 1024)
-        }
-    }
 }
 
 impl Probe for Agent {
@@ -154,7 +162,7 @@ impl Probe for Agent {
 
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         let stat = files.read("stat", parse_self_stat)?;
-        let rss_kb = rss_kb(files)?;
+        let rss_kb = stat.rss_pages.saturating_mul(self.page_bytes) / 1024;
         let now_ns = out.now_ns;
         let cur = Baseline {
             now_ns,
@@ -209,7 +217,8 @@ Threads:\t7
             SelfStat {
                 utime: 250,
                 stime: 50,
-                threads: 7
+                threads: 7,
+                rss_pages: 4321,
             }
         );
         for bad in [
@@ -217,6 +226,8 @@ Threads:\t7
             "4242 gma S 1",
             "4242 (gma) S 1 2 3",
             "4242 (gma) S 1 2 3 4 5 6 7 8 9 x 50 0 0 20 0 7",
+            // ends before rss (field 24)
+            "4242 (gma) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 7 0 1 2",
         ] {
             assert!(parse_self_stat(bad).is_err(), "{bad:?}");
         }
@@ -243,6 +254,7 @@ Threads:\t7
             auxv.extend_from_slice(&word(v));
         }
         assert_eq!(parse_auxv_clock_ticks(&auxv), Some(250));
+        assert_eq!(parse_auxv_page_bytes(&auxv), Some(4096));
         assert_eq!(
             parse_auxv_clock_ticks(&auxv[..std::mem::size_of::<usize>() * 3]),
             None
@@ -251,6 +263,7 @@ Threads:\t7
         // the real one, where there is one
         if let Ok(b) = std::fs::read("/proc/self/auxv") {
             assert!(parse_auxv_clock_ticks(&b).is_some_and(|t| t > 0));
+            assert!(parse_auxv_page_bytes(&b).is_some_and(|p| p.is_power_of_two()));
         }
     }
 
@@ -259,7 +272,6 @@ Threads:\t7
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         std::fs::write(p.join("stat"), STAT_FIXTURE).unwrap();
-        std::fs::write(p.join("statm"), "256000 1024 1000 100 0 5000 0\n").unwrap();
         let counters = Arc::new(AgentCounters::default());
         let mut s = sensor("h", Duration::from_secs(1), counters.clone(), p);
         assert_eq!(
@@ -276,10 +288,9 @@ Threads:\t7
             counters.record(10);
         }
         s.sample(2_000_000_000, &mut out).unwrap();
-        assert_eq!(out[0].numbers, [25.0, 4.0, 150.0, 15.0, 7.0]);
-        std::fs::write(p.join("status"), STATUS_FIXTURE).unwrap();
+        // RSS: 4321 pages of 4096 bytes (no auxv: the default page) = VmRSS 17284 kB
+        assert_eq!(out[0].numbers, [25.0, 17284.0 / 1024.0, 150.0, 15.0, 7.0]);
         s.sample(3_000_000_000, &mut out).unwrap();
-        assert!((out[1].numbers[1] - 17284.0 / 1024.0).abs() < 1e-9);
         assert_eq!(out[1].numbers[0], 0.0);
     }
 }

@@ -142,8 +142,8 @@ pub(crate) struct Bench {
     last_ns: Option<i64>,
     share: BenchShare,
     /// The benchmark may be due at the next sample: it samples blocking (off the producer's
-    /// thread), and only then runs. Between runs the hourly check is a `/proc/loadavg` read
-    /// on the producer's own thread.
+    /// thread), and only then runs. Between runs a sample reads nothing; once due, each
+    /// sample reads `/proc/loadavg` on the producer's own thread until the host is idle.
     armed: bool,
 }
 
@@ -165,11 +165,14 @@ impl Probe for Bench {
     }
 
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        let load = files.read("loadavg", parse_loadavg)?;
         let every = self.every.as_secs_f64();
+        // `/proc/loadavg` is read only once the interval has passed (not every second).
         let due = match self.last_ns {
             None => true,
-            Some(last) => elapsed_s(last, out.now_ns).is_some_and(|s| s >= every) && load.load1 < IDLE_LOAD1,
+            Some(last) => {
+                elapsed_s(last, out.now_ns).is_some_and(|s| s >= every)
+                    && files.read("loadavg", parse_loadavg)?.load1 < IDLE_LOAD1
+            }
         };
         if due && self.armed {
             let s = run(self.budget);
@@ -240,6 +243,8 @@ mod tests {
         assert_eq!(out.len(), 2, "idle and due");
         assert!(!s.blocking());
         std::fs::remove_file(p.join("loadavg")).unwrap();
-        assert!(s.sample(9000 * sec, &mut out).is_err());
+        s.sample(4002 * sec, &mut out).unwrap();
+        assert_eq!(out.len(), 2, "not due: loadavg not read");
+        assert!(s.sample(9000 * sec, &mut out).is_err(), "due: loadavg read");
     }
 }

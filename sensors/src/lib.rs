@@ -215,7 +215,7 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
         let b = bench::Bench::new(cfg.bench_budget, cfg.bench_every, scores.clone());
         sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_bench(), b)));
     }
-    let load = load::Load { queue, bench: scores };
+    let load = load::Load::new(queue, scores);
     sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_load(), load)));
     sensors
 }

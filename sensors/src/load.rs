@@ -2,7 +2,8 @@
 //! the jobs pending in the local batch system as the batch sensor last read them
 //! ([`crate::batch`]; 0 without one) and the benchmark scores are the agent's last
 //! `host.bench` run ([`crate::bench`]; NaN before one, or with the benchmark off); the
-//! simulator fills them in for its virtual hosts.
+//! simulator fills them in for its virtual hosts. `total_cpus` and `memory_mb` are read again
+//! every [`SIZE_REFRESH`] (a minute), `load1` every sample.
 
 use crate::batch::QueueShare;
 use crate::bench::BenchShare;
@@ -18,30 +19,63 @@ pub fn free_cpus(cpus: f64, load1: f64) -> f64 {
     (cpus - load1).max(0.0).floor()
 }
 
+/// How long `host.load` keeps the host's size (CPUs from `/proc/stat`, memory from
+/// `/proc/meminfo`) before reading it again: it changes only when CPUs or memory are
+/// hot-plugged, and those two files are among the costliest `/proc` files the agent reads (the
+/// kernel generates every line of them; docs/PERFORMANCE.md, the agent's CPU). A hot-plugged
+/// CPU shows in `cpus` and `free_cpus` within this time.
+pub const SIZE_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Emits `host.load` every sample.
 pub(crate) struct Load {
     /// Jobs waiting in the batch system (written by the batch sensor).
     pub(crate) queue: QueueShare,
     /// The benchmark scores (written by the benchmark sensor).
     pub(crate) bench: BenchShare,
+    /// The host's size as last read: CPUs, MemTotal in MiB, and the sample time (UTC ns).
+    size: Option<(f64, f64, i64)>,
+}
+
+impl Load {
+    pub(crate) fn new(queue: QueueShare, bench: BenchShare) -> Load {
+        Load {
+            queue,
+            bench,
+            size: None,
+        }
+    }
+
+    /// CPUs and MemTotal (MiB): kept from an earlier sample less than [`SIZE_REFRESH`] ago,
+    /// else read again.
+    fn size(&mut self, files: &mut Files, now_ns: i64) -> Result<(f64, f64), SensorError> {
+        let refresh = SIZE_REFRESH.as_nanos() as i64;
+        if let Some((cores, mem_mb, at)) = self.size {
+            // A clock that went backwards reads again.
+            if now_ns >= at && now_ns - at < refresh {
+                return Ok((cores, mem_mb));
+            }
+        }
+        let cores = files.read("stat", |t| match count_cpus(t) {
+            0 => Err(SensorError::parse("/proc/stat", 0, "no per-cpu \"cpuN\" lines")),
+            n => Ok(n as f64),
+        })?;
+        let mem_mb = kib_to_mib(files.read("meminfo", parse_meminfo)?.total_kb);
+        self.size = Some((cores, mem_mb, now_ns));
+        Ok((cores, mem_mb))
+    }
 }
 
 impl Probe for Load {
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         let load = files.read("loadavg", parse_loadavg)?;
-        // Re-counted every sample: CPUs can be hot-plugged.
-        let cores = files.read("stat", |t| match count_cpus(t) {
-            0 => Err(SensorError::parse("/proc/stat", 0, "no per-cpu \"cpuN\" lines")),
-            n => Ok(n as f64),
-        })?;
-        let mem = files.read("meminfo", parse_meminfo)?;
+        let (cores, mem_mb) = self.size(files, out.now_ns)?;
         let bench = self.bench.get();
         let numbers = vec![
             load.load1,
             free_cpus(cores, load.load1),
             cores,
             self.queue.get(),
-            kib_to_mib(mem.total_kb),
+            mem_mb,
             bench.map_or(f64::NAN, |b| b.specint),
             bench.map_or(f64::NAN, |b| b.specfp),
         ];
@@ -80,10 +114,7 @@ mod tests {
         };
         let queue = QueueShare::default();
         let bench = BenchShare::default();
-        let load = Load {
-            queue: queue.clone(),
-            bench: bench.clone(),
-        };
+        let load = Load::new(queue.clone(), bench.clone());
         let mut s = crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_load(), load);
         let mut out = Vec::new();
         s.sample(7, &mut out).unwrap();
@@ -104,6 +135,18 @@ mod tests {
         bench.set(scores);
         s.sample(9, &mut out).unwrap();
         assert_eq!(out[2].numbers[5..], [1500.0, 1200.0]);
+        // The size is kept for SIZE_REFRESH: a hot-plugged CPU shows after it.
+        let refresh = SIZE_REFRESH.as_nanos() as i64;
+        std::fs::write(
+            p.join("stat"),
+            "cpu  1 1 1 1\ncpu0 1 1 1 1\ncpu1 0 0 0 0\ncpu2 0 0 0 0\ncpu3 0 0 0 0\ncpu4 0 0 0 0\n",
+        )
+        .unwrap();
+        s.sample(7 + refresh - 1, &mut out).unwrap();
+        assert_eq!(out[3].numbers[2], 4.0, "kept");
+        s.sample(7 + refresh, &mut out).unwrap();
+        assert_eq!(out[4].numbers[2], 5.0, "read again");
+        // A clock that went backwards reads again too; a stat without CPUs is an error then.
         std::fs::write(p.join("stat"), "cpu  1 1 1 1\n").unwrap();
         assert!(s.sample(10, &mut out).is_err());
     }

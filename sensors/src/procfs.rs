@@ -40,7 +40,11 @@ pub(crate) struct Files {
     root: PathBuf,
     /// `root` is `/proc` or below it.
     in_proc: bool,
+    /// Read room: its length is the room, zero-filled once (see [`pread_whole`]); empty until
+    /// the first read (a sensor that reads no file holds none).
     buf: Vec<u8>,
+    /// The room of the first read.
+    capacity: usize,
     kept: Vec<Kept>,
 }
 
@@ -60,7 +64,8 @@ impl Files {
         Files {
             root: root.to_path_buf(),
             in_proc: root.starts_with("/proc"),
-            buf: Vec::with_capacity(capacity),
+            buf: Vec::new(),
+            capacity,
             kept: Vec::new(),
         }
     }
@@ -96,15 +101,21 @@ impl Files {
         if gone || kept.file.is_none() {
             kept.file = Some(std::fs::File::open(&kept.path).map_err(io)?);
         }
+        if self.buf.len() < self.capacity {
+            self.buf.resize(self.capacity, 0);
+        }
         let read = match &kept.file {
             Some(f) => pread_whole(f, &mut self.buf),
-            None => Ok(()),
+            None => Ok(0),
         };
-        if let Err(source) = read {
-            kept.file = None;
-            return Err(io(source));
-        }
-        let text = std::str::from_utf8(&self.buf)
+        let n = match read {
+            Ok(n) => n,
+            Err(source) => {
+                kept.file = None;
+                return Err(io(source));
+            }
+        };
+        let text = std::str::from_utf8(&self.buf[..n])
             .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         let path = &kept.path;
         parse(text).map_err(|e| e.in_file(path))
@@ -130,40 +141,29 @@ impl Files {
     }
 }
 
-/// Reads all of `f` from offset 0 into `buf` (cleared first): `pread`s at the offsets read so
-/// far until one returns nothing, as `read` would (a multi-record `/proc` file comes a page or
-/// so at a time; the kernel continues where the last read ended).
-fn pread_whole(f: &std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<()> {
+/// Reads all of `f` from offset 0 into `buf`, returning how many bytes it holds: `pread`s at
+/// the offsets read so far until one returns nothing, as `read` would (a multi-record `/proc`
+/// file comes a page or so at a time; the kernel continues where the last read ended). `buf`'s
+/// length is its room, zero-filled once as it grows and never again: a read does not clear or
+/// fill the bytes it will overwrite (that `memset` was 3 % of the agent's CPU).
+fn pread_whole(f: &std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
-    buf.clear();
+    let mut at = 0;
     loop {
-        if buf.capacity() - buf.len() < 1024 {
+        if buf.len() - at < 1024 {
             if buf.len() >= MAX_FILE_BYTES {
                 return Err(std::io::Error::other(format!(
                     "larger than {} MiB",
                     MAX_FILE_BYTES >> 20
                 )));
             }
-            buf.reserve(buf.capacity().max(4096));
+            buf.resize(buf.len() + buf.len().max(4096), 0);
         }
-        let at = buf.len();
-        // The spare capacity, zero-filled so it is initialised (`read_at` takes a `&mut [u8]`).
-        buf.resize(buf.capacity(), 0);
-        let read = f.read_at(&mut buf[at..], at as u64);
-        let n = match read {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
-                buf.truncate(at);
-                continue;
-            }
-            Err(e) => {
-                buf.truncate(at);
-                return Err(e);
-            }
-        };
-        buf.truncate(at + n);
-        if n == 0 {
-            return Ok(());
+        match f.read_at(&mut buf[at..], at as u64) {
+            Ok(0) => return Ok(at),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
