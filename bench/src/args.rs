@@ -201,6 +201,11 @@ pub enum BenchScenario {
         /// subscribed it measures the publish path alone, e.g. under callgrind.
         #[arg(long, default_value_t = 0)]
         events: u64,
+        /// With --events: publish nothing until this many block-policy subscriptions are
+        /// live, and exit only once they have read every event (a fixed count of events
+        /// streamed, for callgrind on the whole producer).
+        #[arg(long, default_value_t = 0)]
+        wait_subscribers: usize,
     },
     /// The directory, 1 and 3 nodes (real processes): registrations/s at 1 and 64 clients,
     /// Search and Watch latency percentiles, leader failover time.

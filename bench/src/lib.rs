@@ -82,7 +82,18 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             buffer_events,
             by_name,
             events,
-        } => wire::producer(publish_rate, batch, buffer_events, by_name, events).await,
+            wait_subscribers,
+        } => {
+            wire::producer(
+                publish_rate,
+                batch,
+                buffer_events,
+                by_name,
+                events,
+                wait_subscribers,
+            )
+            .await
+        }
         BenchScenario::StreamConsumer {
             addr,
             subscribers,

@@ -369,12 +369,16 @@ pub async fn consumer(
 /// with `events` > 0, until it published that many, rounded up to whole batches). It
 /// publishes through series handles resolved once ([`gma_producer::Hub::series`]), or, with
 /// `by_name`, whole events looked up by name and source ([`gma_producer::Hub::publish`]).
+/// With `wait_subscribers` > 0 it publishes only once that many block-policy subscriptions
+/// are live and, with `events`, exits only once they have read all of them: the producer's
+/// whole work for a fixed count of events streamed (callgrind).
 pub async fn producer(
     rate: u64,
     batch: usize,
     buffer_events: usize,
     by_name: bool,
     events: u64,
+    wait_subscribers: usize,
 ) -> anyhow::Result<()> {
     if batch == 0 || batch > buffer_events {
         bail!("--batch must be positive and at most --buffer-events");
@@ -391,10 +395,27 @@ pub async fn producer(
             Err(e) => return Err(anyhow::anyhow!("bench source: {e}")),
         };
         let mut by_name_events = bench_events(if by_name { batch } else { 0 }, SOURCES);
+        // Subscribers come from another process: poll for them (a bench harness, not a test).
+        let poll = |what: &str, done: &dyn Fn(&gma_producer::hub::HubInner) -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(600);
+            while !done(&hub.lock()) {
+                if Instant::now() > deadline {
+                    return Err(anyhow::anyhow!("bench source: no {what} within 600 s"));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(())
+        };
+        if wait_subscribers > 0 {
+            poll("subscribers", &|i| i.pinned() >= wait_subscribers)?;
+        }
         let t0 = Instant::now();
         let mut sent = 0u64;
         loop {
             if events > 0 && sent >= events {
+                if wait_subscribers > 0 {
+                    poll("catching up", &|i| i.unread() == 0)?;
+                }
                 return Ok(sent);
             }
             if rate > 0 {

@@ -170,6 +170,20 @@ impl HubInner {
         self.pins.insert(id, next);
     }
 
+    /// Block-policy subscriptions pinning the ring.
+    pub fn pinned(&self) -> usize {
+        self.pins.len()
+    }
+
+    /// Events published that the slowest block-policy subscription has not read yet (0 with
+    /// none): a bench waits on it for its subscribers to catch up.
+    pub fn unread(&self) -> u64 {
+        self.pins
+            .values()
+            .min()
+            .map_or(0, |&pin| self.next_seq.saturating_sub(pin))
+    }
+
     /// Oldest seq still in the ring (== head when empty).
     pub fn oldest(&self) -> u64 {
         self.ring.front().map(|e| e.seq).unwrap_or(self.next_seq)
@@ -377,8 +391,16 @@ impl Hub {
 
     /// A block-policy subscription still needs every event from `next` on.
     pub fn pin(&self, id: u64, next: u64) {
-        let moved = self.inner.lock().pins.insert(id, next) != Some(next);
-        if moved {
+        let mut inner = self.inner.lock();
+        let wake = match inner.pins.insert(id, next) {
+            // Room follows the slowest pin only: a writer waiting for room is woken when the
+            // slowest moves on (or a new pin comes), not by every member of a fan-out passing
+            // every chunk (100 wake-ups per chunk at 1 -> 100, each for nothing but one).
+            Some(old) => old < next && inner.pins.iter().all(|(k, &p)| *k == id || p > old),
+            None => true,
+        };
+        drop(inner);
+        if wake {
             self.room.notify_all();
         }
     }

@@ -38,8 +38,13 @@ pub const MAX_MAX_BATCH: usize = 10_000;
 /// Chunks a fan-out group keeps for members that are behind (members drift apart under
 /// saturation; a short window sends laggards down the costlier private path).
 const GROUP_CHUNKS: usize = 4096;
-/// Encoded bytes a fan-out group keeps at most.
-const GROUP_BYTES: usize = 16 << 20;
+/// Encoded bytes a fan-out group keeps at most. Under the block policy the members spread over
+/// up to the ring's window (the source waits for the slowest, the fastest reads at the head):
+/// a member the cache no longer covers encodes every batch of its own, which costs the producer
+/// more than the members' sending (at 1 -> 100 with a 1 M-event ring and 16 MiB, ≈ 40 % of
+/// its CPU samples). 64 MiB covers a 1 M-event ring of small events (27 bytes each); the ring's window
+/// bounds the cache as well, and a lone member keeps none.
+const GROUP_BYTES: usize = 64 << 20;
 
 /// Encodings since the process started: shared chunks of fan-out groups (as the
 /// `gma_producer_chunks_encoded_total` metric) and private batches (a stream's own encoder).
@@ -428,6 +433,11 @@ pub struct Group {
     bytes: usize,
     /// Writes the chunks (its buffers reused from one chunk to the next).
     writer: ChunkWriter,
+    /// Per series id: the number of the last chunk that referred to it (a chunk's distinct
+    /// series found by an index, not a hash per event).
+    seen: Vec<u32>,
+    /// The number of the chunk being written (never 0 while writing: 0 is "never seen").
+    round: u32,
 }
 
 impl Group {
@@ -439,6 +449,8 @@ impl Group {
             chunks: VecDeque::new(),
             bytes: 0,
             writer: ChunkWriter::default(),
+            seen: Vec::new(),
+            round: 0,
         }
     }
 
@@ -479,24 +491,34 @@ impl Group {
         }
         // Straight to bytes (the same bytes a shared `BatchEncoder` and prost would write).
         let enc = &mut self.writer;
-        let mut seen = foldhash::HashSet::with_capacity_and_hasher(16, Default::default());
+        self.round = self.round.wrapping_add(1);
+        if self.round == 0 {
+            self.seen.fill(0);
+            self.round = 1;
+        }
+        let (round, seen) = (self.round, &mut self.seen);
+        let mut series = Vec::new();
         let mut last = next;
         for (scanned, e) in inner.since(next).enumerate() {
             if enc.len() >= self.max_batch || scanned >= self.max_batch * 16 {
                 break;
             }
             if select(&mut self.class, &self.selector, inner, e.series) {
-                if !seen.contains(&e.series) {
-                    if seen.len() >= self.max_batch {
+                let i = e.series as usize;
+                if i >= seen.len() {
+                    seen.resize(inner.series.len().max(i + 1), 0);
+                }
+                if seen[i] != round {
+                    if series.len() >= self.max_batch {
                         break;
                     }
-                    seen.insert(e.series);
+                    seen[i] = round;
+                    series.push(e.series);
                 }
                 enc.push(e.series, e.seq, e.timestamp_ns, &e.numbers, &e.strings);
             }
             last = e.seq;
         }
-        let series: Vec<u32> = seen.into_iter().collect();
         let events = enc.len();
         let bytes = enc.finish(epoch);
         let chunk = Arc::new(Chunk {
