@@ -416,7 +416,7 @@ fn packed_varints<T>(col: &[u8], out: &mut Vec<T>, conv: impl Fn(u64) -> T) -> R
 /// Appends a packed column of doubles (little-endian, 8 bytes each).
 #[inline]
 fn packed_doubles(col: &[u8], out: &mut Vec<f64>) -> Result<(), CodecError> {
-    if col.len() % 8 != 0 {
+    if !col.len().is_multiple_of(8) {
         return Err(malformed(
             "undecodable EventBatch: a column of doubles is not whole",
         ));
