@@ -148,6 +148,8 @@ pub struct SeqBook {
 }
 
 impl SeqBook {
+    /// Books one seq; called per event, so inlined into the subscription's decode loop.
+    #[inline]
     pub fn see(&mut self, seq: u64) {
         match self.first {
             None => {

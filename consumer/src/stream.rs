@@ -11,7 +11,6 @@ use std::time::Duration;
 use gma_core::codec::{BatchDecoder, EventRef};
 use gma_proto::v1 as pb;
 use gma_proto::wire::SubscribeResponse;
-use prost::Message;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::Streaming;
 
@@ -96,7 +95,8 @@ pub struct ProducerStream {
     address: String,
     opts: StreamOptions,
     /// Responses with the batch left as its bytes (`gma.v1.SubscribeResponse`'s twin, same
-    /// bytes on the wire): it is decoded below from one contiguous buffer into `batch`.
+    /// bytes on the wire): it is read below from that one contiguous buffer into `batch`
+    /// ([`gma_core::codec::read_batch`]: the packed columns straight from the slice).
     inbound: Option<Streaming<SubscribeResponse>>,
     decoder: BatchDecoder,
     /// The batch being read, its columns' memory kept from one batch to the next.
@@ -251,15 +251,11 @@ impl ProducerStream {
                         conflated: 0,
                     }));
                 }
+                // Read straight from the received bytes into the reused batch, then decoded
+                // (`BatchDecoder::decode_bytes`); the bytes are tonic's receive buffer, not a copy.
                 let batch = &mut self.batch;
-                batch.clear();
-                if let Err(e) = batch.merge(msg.batch) {
-                    let err =
-                        ConsumerError::Protocol(self.address.clone(), format!("undecodable batch: {e}"));
-                    return self.broke(err);
-                }
                 let mut last = None;
-                let decoded = self.decoder.decode_each(batch, |e| {
+                let decoded = self.decoder.decode_bytes(&msg.batch, batch, |e| {
                     last = Some(e.seq);
                     f(e);
                 });

@@ -330,19 +330,151 @@ impl OwnedEvent {
     }
 }
 
+/// Reads an encoded `gma.v1.EventBatch` into `batch`, as `prost::Message::merge` would
+/// (cleared first, so it is `decode`; the columns' memory is kept from one batch to the next).
+///
+/// The event columns (series ids, seq and timestamp deltas, doubles, marks), almost every byte
+/// of a batch, are read straight from the slice: one loop per packed column with a one-byte
+/// fast path for varints and the doubles copied as little-endian words, where prost reads them
+/// through `Buf` (a bounds check and a buffer advance per value). Every other field (the
+/// declarations, gaps, strings, scalars, an unpacked column, unknown fields) goes to prost's
+/// own field decoder, so what is accepted and what is refused is prost's (a property test
+/// below checks both on arbitrary bytes).
+pub fn read_batch(batch: &mut pb::EventBatch, mut bytes: &[u8]) -> Result<(), CodecError> {
+    use prost::encoding::{decode_key, decode_varint, DecodeContext, WireType};
+    use prost::Message;
+    batch.clear();
+    let bad = |e: prost::DecodeError| malformed(format!("undecodable EventBatch: {e}"));
+    while !bytes.is_empty() {
+        let (tag, wire_type) = decode_key(&mut bytes).map_err(bad)?;
+        if wire_type == WireType::LengthDelimited && matches!(tag, 4 | 5 | 6 | 7 | 12) {
+            let len = decode_varint(&mut bytes).map_err(bad)?;
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|l| *l <= bytes.len())
+                .ok_or_else(|| malformed("undecodable EventBatch: a column runs past the end"))?;
+            let (col, rest) = bytes.split_at(len);
+            bytes = rest;
+            match tag {
+                4 => packed_varints(col, &mut batch.series_ids, |v| v as u32)?,
+                5 => packed_varints(col, &mut batch.seq_deltas, |v| v)?,
+                6 => packed_varints(col, &mut batch.ts_deltas, |v| {
+                    ((v >> 1) as i64) ^ -((v & 1) as i64)
+                })?,
+                7 => packed_doubles(col, &mut batch.numbers)?,
+                _ => packed_varints(col, &mut batch.marks, |v| v as u32)?,
+            }
+            continue;
+        }
+        // Prost's decoder for this one field (the same call its `merge` makes per field).
+        batch
+            .merge_field(tag, wire_type, &mut bytes, DecodeContext::default())
+            .map_err(bad)?;
+    }
+    Ok(())
+}
+
+/// Appends the varints of a packed column, each converted by `conv` (prost's conversions:
+/// `uint32` truncates, `sint64` is zigzag). A varint of more than 10 bytes, one above
+/// `u64::MAX` or one cut by the column's end is an error, as in prost.
+#[inline]
+fn packed_varints<T>(col: &[u8], out: &mut Vec<T>, conv: impl Fn(u64) -> T) -> Result<(), CodecError> {
+    // At least one byte per value: reserve for the most the column can hold, at most once.
+    out.reserve(col.len());
+    let mut i = 0;
+    while let Some(&b) = col.get(i) {
+        if b < 0x80 {
+            out.push(conv(u64::from(b)));
+            i += 1;
+            continue;
+        }
+        let mut v = u64::from(b & 0x7f);
+        let mut shift = 7;
+        i += 1;
+        loop {
+            let Some(&b) = col.get(i) else {
+                return Err(malformed(
+                    "undecodable EventBatch: a varint is cut by its column's end",
+                ));
+            };
+            i += 1;
+            // The tenth byte may only hold the top bit of a u64.
+            if shift == 63 && b > 1 {
+                return Err(malformed("undecodable EventBatch: invalid varint"));
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                break;
+            }
+            shift += 7;
+        }
+        out.push(conv(v));
+    }
+    Ok(())
+}
+
+/// Appends a packed column of doubles (little-endian, 8 bytes each).
+#[inline]
+fn packed_doubles(col: &[u8], out: &mut Vec<f64>) -> Result<(), CodecError> {
+    if !col.len().is_multiple_of(8) {
+        return Err(malformed(
+            "undecodable EventBatch: a column of doubles is not whole",
+        ));
+    }
+    out.extend(col.chunks_exact(8).map(|w| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        f64::from_le_bytes(b)
+    }));
+    Ok(())
+}
+
+/// Series ids below this are looked up in a plain table ([`BatchDecoder`]), at most 8 bytes
+/// each (512 KiB); larger ids in a hash map.
+const DENSE_IDS: u32 = 1 << 16;
+
 /// Decodes the batches of one stream.
 ///
 /// Keeps one `Arc` per declared series (at most [`MAX_SERIES_PER_STREAM`]): the events it
 /// decodes share it, and a declaration repeated unchanged keeps it.
 #[derive(Debug, Default)]
 pub struct BatchDecoder {
+    /// Every declared series, by id.
     series: foldhash::HashMap<u32, Arc<SeriesInfo>>,
+    /// The same `Arc`s of the ids below [`DENSE_IDS`] (producers number their series from 0):
+    /// each event's lookup is an index, not a hash (twice per event, see `decode_each`).
+    dense: Vec<Option<Arc<SeriesInfo>>>,
     last_seq: Option<u64>,
 }
 
 impl BatchDecoder {
     pub fn new() -> BatchDecoder {
         BatchDecoder::default()
+    }
+
+    /// The series declared as `id`.
+    #[inline]
+    fn get(&self, id: u32) -> Option<&Arc<SeriesInfo>> {
+        if id < DENSE_IDS {
+            self.dense.get(id as usize).and_then(Option::as_ref)
+        } else {
+            self.series.get(&id)
+        }
+    }
+
+    /// Reads an encoded `EventBatch` into `batch` ([`read_batch`]: its memory reused) and
+    /// decodes it ([`BatchDecoder::decode_each`]): what a stream's consumer does per message.
+    pub fn decode_bytes<F>(
+        &mut self,
+        bytes: &[u8],
+        batch: &mut pb::EventBatch,
+        f: F,
+    ) -> Result<usize, CodecError>
+    where
+        F: FnMut(EventRef<'_>),
+    {
+        read_batch(batch, bytes)?;
+        self.decode_each(batch, f)
     }
 
     /// Learns the batch's declarations, checks it, and calls `f` for each event in order.
@@ -376,7 +508,15 @@ impl BatchDecoder {
                 layout: Layout::of(&d.fields),
                 fields: d.fields.clone().into(),
             };
-            self.series.insert(d.id, Arc::new(info));
+            let info = Arc::new(info);
+            if d.id < DENSE_IDS {
+                let i = d.id as usize;
+                if self.dense.len() <= i {
+                    self.dense.resize(i + 1, None);
+                }
+                self.dense[i] = Some(Arc::clone(&info));
+            }
+            self.series.insert(d.id, info);
         }
         let n = b.series_ids.len();
         if b.seq_deltas.len() != n || b.ts_deltas.len() != n {
@@ -396,7 +536,7 @@ impl BatchDecoder {
         let (mut need_d, mut need_s) = (0usize, 0usize);
         let mut seq = b.first_seq;
         for i in 0..n {
-            let s = self.series.get(&b.series_ids[i]).ok_or_else(|| {
+            let s = self.get(b.series_ids[i]).ok_or_else(|| {
                 malformed(format!(
                     "event {i} refers to undeclared series {}",
                     b.series_ids[i]
@@ -439,7 +579,7 @@ impl BatchDecoder {
                 ts = ts.wrapping_add(b.ts_deltas[i]);
             }
             // Checked above: the series exists.
-            let Some(s) = self.series.get(&b.series_ids[i]) else {
+            let Some(s) = self.get(b.series_ids[i]) else {
                 continue;
             };
             let (nd, ns) = (s.layout.doubles, s.layout.strings);
@@ -604,6 +744,258 @@ mod tests {
         let mut bad = chunk.clone();
         bad.marks = vec![0];
         assert!(BatchDecoder::new().decode(&bad).is_err());
+    }
+
+    /// A batch with every field set, the columns' varints of every length (ids up to 2^32-1,
+    /// seq deltas up to 2^64-1, negative timestamp deltas).
+    fn full_batch() -> pb::EventBatch {
+        let a = series(0, "a");
+        let b = series(70_000, "b");
+        let mut enc = BatchEncoder::new();
+        enc.push(&a, 1, -5, &[1.5, f64::NAN], &["eth0".into()]);
+        enc.push_marked(
+            &b,
+            300,
+            i64::MIN / 2,
+            &[-0.0, f64::INFINITY],
+            &["ü".into()],
+            Mark::Leave,
+        );
+        enc.push(&a, u64::MAX - 1, i64::MAX / 2, &[3.0, 4.0], &[String::new()]);
+        enc.gap(2, 299, 298, "slow consumer");
+        enc.conflated(3);
+        let mut b = enc.finish(u64::MAX);
+        b.dropped = 17;
+        b.series_ids.push(u32::MAX);
+        b
+    }
+
+    #[test]
+    fn read_batch_reads_what_prost_writes() {
+        use prost::Message;
+        let full = full_batch();
+        let bytes = full.encode_to_vec();
+        let mut got = pb::EventBatch::default();
+        read_batch(&mut got, &bytes).unwrap();
+        // NaN != NaN: compare the doubles' bits, then the rest.
+        let bits = |b: &pb::EventBatch| b.numbers.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&full));
+        let strip = |mut b: pb::EventBatch| {
+            b.numbers.clear();
+            b
+        };
+        assert_eq!(strip(got.clone()), strip(full.clone()));
+        // The batch is cleared first and its columns' memory kept.
+        let cap = got.numbers.capacity();
+        read_batch(&mut got, &pb::EventBatch::default().encode_to_vec()).unwrap();
+        assert_eq!(got, pb::EventBatch::default());
+        assert_eq!(got.numbers.capacity(), cap);
+    }
+
+    #[test]
+    fn read_batch_takes_unpacked_columns_and_skips_unknown_fields() {
+        // series_ids [5, 300] unpacked (field 4, varint), numbers [2.5] unpacked (field 7,
+        // fixed64), then an unknown field 99 (varint 1) and an unknown group (field 20).
+        let mut bytes = vec![0x20, 5, 0x20, 0xac, 0x02, 0x39];
+        bytes.extend(2.5f64.to_le_bytes());
+        bytes.extend([0x98, 0x06, 1, 0xa3, 0x01, 0x08, 1, 0xa4, 0x01]);
+        let mut got = pb::EventBatch::default();
+        read_batch(&mut got, &bytes).unwrap();
+        assert_eq!(got.series_ids, vec![5, 300]);
+        assert_eq!(got.numbers, vec![2.5]);
+    }
+
+    #[test]
+    fn read_batch_refuses_what_prost_refuses() {
+        let cases: [&[u8]; 6] = [
+            // A column of doubles that is not whole.
+            &[0x3a, 3, 0, 0, 0],
+            // A column longer than the message.
+            &[0x22, 5, 1, 2],
+            // A varint cut by its column's end.
+            &[0x22, 1, 0x80, 0x01],
+            // An 11-byte varint, then one above u64::MAX.
+            &[
+                0x2a, 11, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+            ],
+            &[
+                0x2a, 10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02,
+            ],
+            // Field 0.
+            &[0x02, 0],
+        ];
+        for bytes in cases {
+            use prost::Message;
+            assert!(pb::EventBatch::decode(bytes).is_err(), "prost refuses {bytes:x?}");
+            let mut got = pb::EventBatch::default();
+            assert!(
+                read_batch(&mut got, bytes).is_err(),
+                "read_batch refuses {bytes:x?}"
+            );
+        }
+        // The largest varint prost accepts (u64::MAX, 10 bytes) is read.
+        let max = [
+            0x2a, 10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+        ];
+        let mut got = pb::EventBatch::default();
+        read_batch(&mut got, &max).unwrap();
+        assert_eq!(got.seq_deltas, vec![u64::MAX]);
+    }
+
+    #[test]
+    fn decode_bytes_finds_small_and_large_series_ids() {
+        use prost::Message;
+        let (a, b) = (series(3, "a"), series(DENSE_IDS + 5, "b"));
+        let mut enc = BatchEncoder::new();
+        enc.push(&a, 1, 10, &[1.0, 2.0], &["x".into()]);
+        enc.push(&b, 2, 20, &[3.0, 4.0], &["y".into()]);
+        let bytes = enc.finish(1).encode_to_vec();
+        let (mut dec, mut batch) = (BatchDecoder::new(), pb::EventBatch::default());
+        let mut seen = Vec::new();
+        let n = dec
+            .decode_bytes(&bytes, &mut batch, |e| {
+                seen.push((e.series.source.clone(), e.seq, e.numbers.to_vec()))
+            })
+            .unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(
+            seen,
+            vec![
+                ("a".to_string(), 1, vec![1.0, 2.0]),
+                ("b".to_string(), 2, vec![3.0, 4.0])
+            ]
+        );
+        // An id neither declared small nor large is an error, not a panic.
+        enc.push(&series(4, "c"), 3, 30, &[1.0, 2.0], &["z".into()]);
+        let mut c = enc.finish(1);
+        c.series.clear();
+        assert!(dec.decode_bytes(&c.encode_to_vec(), &mut batch, |_| {}).is_err());
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+        use prost::Message;
+
+        fn arb_batch() -> impl Strategy<Value = pb::EventBatch> {
+            (
+                proptest::collection::vec(any::<u32>(), 0..40),
+                proptest::collection::vec(any::<u64>(), 0..40),
+                proptest::collection::vec(any::<i64>(), 0..40),
+                proptest::collection::vec(any::<f64>(), 0..80),
+                proptest::collection::vec(any::<u32>(), 0..40),
+                proptest::collection::vec("[a-zé]{0,4}", 0..4),
+                (
+                    any::<u64>(),
+                    any::<i64>(),
+                    any::<u64>(),
+                    any::<u64>(),
+                    any::<u64>(),
+                ),
+                proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), "[a-z ]{0,8}"), 0..3),
+                proptest::collection::vec((any::<u32>(), "[a-z.]{0,6}", "[a-z0-9]{0,6}", any::<u32>()), 0..3),
+            )
+                .prop_map(
+                    |(
+                        ids,
+                        seqs,
+                        tss,
+                        numbers,
+                        marks,
+                        strings,
+                        (fs, ft, dropped, epoch, conflated),
+                        gaps,
+                        decls,
+                    )| {
+                        pb::EventBatch {
+                            series: decls
+                                .into_iter()
+                                .map(|(id, name, source, v)| pb::SeriesDecl {
+                                    id,
+                                    name,
+                                    source,
+                                    schema_version: v,
+                                    fields: vec![crate::event::dbl("x", "", "")],
+                                })
+                                .collect(),
+                            first_seq: fs,
+                            first_timestamp_ns: ft,
+                            series_ids: ids,
+                            seq_deltas: seqs,
+                            ts_deltas: tss,
+                            numbers,
+                            strings,
+                            dropped,
+                            gaps: gaps
+                                .into_iter()
+                                .map(|(from_seq, to_seq, dropped, reason)| pb::Gap {
+                                    from_seq,
+                                    to_seq,
+                                    dropped,
+                                    reason,
+                                })
+                                .collect(),
+                            epoch,
+                            marks,
+                            conflated,
+                        }
+                    },
+                )
+        }
+
+        /// Equal, with the doubles compared by their bits (NaN).
+        fn same(a: &pb::EventBatch, b: &pb::EventBatch) -> bool {
+            let bits = |x: &pb::EventBatch| x.numbers.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let (mut a2, mut b2) = (a.clone(), b.clone());
+            a2.numbers.clear();
+            b2.numbers.clear();
+            bits(a) == bits(b) && a2 == b2
+        }
+
+        proptest! {
+            /// Whatever prost writes, read_batch reads back, into a batch that held another.
+            #[test]
+            fn round_trip(b in arb_batch(), before in arb_batch()) {
+                let bytes = b.encode_to_vec();
+                let mut got = before;
+                read_batch(&mut got, &bytes).unwrap();
+                prop_assert!(same(&got, &b), "{got:?} != {b:?}");
+            }
+
+            /// On any bytes, read_batch and prost agree: both refuse, or both give the same batch.
+            #[test]
+            fn agrees_with_prost_on_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+                let theirs = pb::EventBatch::decode(&bytes[..]);
+                let mut ours = pb::EventBatch::default();
+                let r = read_batch(&mut ours, &bytes);
+                match theirs {
+                    Ok(t) => {
+                        prop_assert!(r.is_ok(), "prost read {bytes:x?}, read_batch refused: {r:?}");
+                        prop_assert!(same(&ours, &t));
+                    }
+                    Err(_) => prop_assert!(r.is_err(), "prost refused {bytes:x?}, read_batch read {ours:?}"),
+                }
+            }
+
+            /// Arbitrary bytes after a valid batch's (a damaged tail): the same agreement.
+            #[test]
+            fn agrees_with_prost_on_damaged_batches(b in arb_batch(), cut in any::<prop::sample::Index>(), tail in proptest::collection::vec(any::<u8>(), 0..12)) {
+                let mut bytes = b.encode_to_vec();
+                let at = cut.index(bytes.len() + 1);
+                bytes.truncate(at);
+                bytes.extend(tail);
+                let theirs = pb::EventBatch::decode(&bytes[..]);
+                let mut ours = pb::EventBatch::default();
+                let r = read_batch(&mut ours, &bytes);
+                match theirs {
+                    Ok(t) => {
+                        prop_assert!(r.is_ok(), "prost read {bytes:x?}, read_batch refused: {r:?}");
+                        prop_assert!(same(&ours, &t));
+                    }
+                    Err(_) => prop_assert!(r.is_err(), "prost refused {bytes:x?}, read_batch read {ours:?}"),
+                }
+            }
+        }
     }
 
     #[test]
