@@ -205,12 +205,20 @@ impl Store {
             let mut sealed = 0u64;
             let (cut, c) = if seal_all {
                 let keep = self.opts.wal_keep_bytes;
-                if keep == 0 || self.wal.tail_len() >= keep / 8 {
+                if keep == 0 || self.wal.tail_len() >= keep / 16 {
                     self.wal.rotate()?;
                 }
                 let cut = self.wal.next_seq();
-                let floor = keep_floor(wal_segs, self.wal.tail_segment(), keep);
+                // Each stream gets a budget between half and all of `keep` (by its id), so
+                // streams that started together do not all seal at one checkpoint: one
+                // checkpoint record holding every stream's long chunk passed the log's record
+                // limit (256 MiB) at 10,000 hosts and stopped the archiver.
+                let tail = self.wal.tail_segment();
+                let floors: Vec<u64> = (0..KEEP_SHARES)
+                    .map(|k| keep_floor(wal_segs, tail, stream_keep(keep, k)))
+                    .collect();
                 for st in streams.values_mut() {
+                    let floor = floors[st.meta.id as usize % KEEP_SHARES as usize];
                     if !st.open.is_empty() && st.open_from < floor && seal(st, pending, next_ctr)? {
                         sealed += 1;
                     }
@@ -341,6 +349,15 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Streams are spread over this many shares of the write-ahead budget.
+const KEEP_SHARES: u64 = 8;
+
+/// The budget of the streams of share `k` (< [`KEEP_SHARES`]): `keep × (S + k) / (2S)`, from
+/// half of `keep` to just under all of it.
+pub(super) fn stream_keep(keep: u64, k: u64) -> u64 {
+    (keep / (2 * KEEP_SHARES)).saturating_mul(KEEP_SHARES + k)
 }
 
 /// The first write-ahead record a checkpoint may keep for open rows: the first seq of the oldest
@@ -717,7 +734,7 @@ mod tests {
             dir.path(),
             StoreOptions {
                 chunk_rows: 1000,
-                wal_keep_bytes: 1 << 16,
+                wal_keep_bytes: 1 << 17,
                 ..StoreOptions::default()
             },
         )
@@ -725,7 +742,7 @@ mod tests {
         let mut reference = Vec::new();
         for r in 1..5 {
             round(&store, &mut reference, 200).await;
-            // One segment per round (each passes an eighth of the budget), and the current one.
+            // One segment per round (each passes a sixteenth of the budget), and the current one.
             assert_eq!(store.wal.segments().len(), r + 1, "round {r}");
             assert_eq!(store.stats().chunks, 0);
             assert_eq!(store.inner.lock().covered, 1);
@@ -786,6 +803,14 @@ mod tests {
         let store = Store::open(dir.path(), o).unwrap();
         assert_eq!(store.stats().samples, 2 * 4030 * 3);
         check_raw(&store, &reference, i64::MIN, i64::MAX);
+    }
+
+    #[test]
+    fn stream_budgets_spread_from_half_to_all_of_the_budget() {
+        let keep = 1 << 30;
+        assert_eq!(stream_keep(keep, 0), keep / 2);
+        assert_eq!(stream_keep(keep, KEEP_SHARES - 1), keep / 16 * 15);
+        assert_eq!(stream_keep(0, 3), 0);
     }
 
     #[test]

@@ -49,11 +49,13 @@
 //! sled, whose flush is not an fsync.
 //!
 //! [`Store::checkpoint`] folds the write-ahead log into chunks, in this order:
-//! 1. under the store lock: start a new write-ahead segment when the current one holds an
-//!    eighth of [`StoreOptions::wal_keep_bytes`] (always when it is 0); note the *cut* = the
+//! 1. under the store lock: start a new write-ahead segment when the current one holds a
+//!    sixteenth of [`StoreOptions::wal_keep_bytes`] (always when it is 0); note the *cut* = the
 //!    next write-ahead seq; the *floor* = the first seq of the oldest segment such that it and
-//!    the newer ones hold at most `wal_keep_bytes`; seal every open chunk whose first row lies
-//!    before the floor; note `C` = the record of the oldest open row left (the cut when none
+//!    the newer ones hold at most the stream's share of `wal_keep_bytes` (between half and all
+//!    of it, by stream id: streams started together then do not all seal at one checkpoint,
+//!    whose one record must stay under the log's 256 MiB); seal every open chunk whose first
+//!    row lies before its stream's floor; note `C` = the record of the oldest open row left (the cut when none
 //!    is open); take the pending chunk operations, the dictionary (with the sealed positions)
 //!    and the resume points;
 //! 2. wait until the write-ahead records before the cut are durable (the resume points count
@@ -194,8 +196,9 @@ pub struct StoreOptions {
     /// The most bytes of write-ahead segments a checkpoint keeps for open rows (see
     /// Durability): a stream's open chunk stays open across checkpoints while the segment
     /// holding its first row is within this budget (counted from the newest segment); past
-    /// it, the checkpoint seals it and the segment goes. 0: every checkpoint seals every open
-    /// chunk. A checkpoint starts a new segment once the current one holds an eighth of it.
+    /// it, the checkpoint seals it and the segment goes (each stream gets between half and
+    /// all of the budget, by its id, so that they do not all seal at one checkpoint). 0: every
+    /// checkpoint seals every open chunk. A checkpoint starts a new segment once the current one holds a sixteenth of it.
     pub wal_keep_bytes: u64,
     /// A chunk-log segment is closed once it holds this many bytes (whole segments are deleted
     /// once retention removed every chunk in them).
@@ -215,7 +218,7 @@ impl Default for StoreOptions {
             chunk_rows: 1024,
             checkpoint_wal_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(300),
-            wal_keep_bytes: 1 << 30,
+            wal_keep_bytes: 512 << 20,
             chunk_segment_bytes: 64 << 20,
             index_cache_bytes: 64 << 20,
             #[cfg(test)]
