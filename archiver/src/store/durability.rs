@@ -805,6 +805,50 @@ mod tests {
         check_raw(&store, &reference, i64::MIN, i64::MAX);
     }
 
+    /// Streams that started together do not all seal at one checkpoint (one record holding a
+    /// long chunk of every stream passed the log's record limit at 10,000 hosts).
+    #[tokio::test]
+    async fn streams_started_together_seal_at_different_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreOptions {
+                chunk_rows: 100_000,
+                wal_keep_bytes: 1 << 16,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        let hosts: Vec<_> = (0..16).map(|i| cpu(&format!("h{i}"))).collect();
+        let mut seq = 0u64;
+        let mut sealed = Vec::new();
+        for _ in 0..30 {
+            for _ in 0..4 {
+                let events: Vec<_> = hosts
+                    .iter()
+                    .flat_map(|h| (0..10).map(move |_| h))
+                    .map(|h| {
+                        seq += 1;
+                        ev(h, seq, seq as i64 * SEC, &[1.0, 2.0], &["ok"])
+                    })
+                    .collect();
+                store.append("p1", rp(1, seq + 1), &events).unwrap();
+            }
+            store.flush().await.unwrap();
+            let before = store.stats().chunks;
+            store.checkpoint().await.unwrap();
+            sealed.push(store.stats().chunks - before);
+        }
+        let first = sealed
+            .iter()
+            .copied()
+            .find(|n| *n > 0)
+            .expect("the budget never sealed");
+        assert!(first < 16, "all 16 streams sealed at one checkpoint: {sealed:?}");
+        assert!(sealed.iter().sum::<u64>() >= 16, "{sealed:?}");
+        assert_eq!(store.stats().samples, seq * 3);
+    }
+
     #[test]
     fn stream_budgets_spread_from_half_to_all_of_the_budget() {
         let keep = 1 << 30;
