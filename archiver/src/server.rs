@@ -46,10 +46,15 @@ pub struct RetentionRule {
 pub struct StoreTuning {
     /// Rows per sealed chunk.
     pub chunk_rows: usize,
-    /// Seal every open chunk and trim the write-ahead log when it passes this many MiB ...
+    /// Checkpoint (fold sealed chunks into the chunk log, trim the write-ahead log) when the
+    /// write-ahead log grew by this many MiB ...
     pub checkpoint_wal_mib: u64,
     /// ... or this many seconds after the last checkpoint.
     pub checkpoint_interval_s: u64,
+    /// The most MiB of write-ahead log a checkpoint keeps for rows still in open chunks (the
+    /// open chunks whose first row lies in older segments are sealed then); 0 seals every open
+    /// chunk at every checkpoint. Bounds the open rows in memory and the replay at start.
+    pub wal_keep_mib: u64,
     /// The most MiB sled keeps in its page cache for the index (chunk index and stream
     /// dictionary pages); sled's own default is 1 GiB.
     pub index_cache_mib: u64,
@@ -62,6 +67,7 @@ impl Default for StoreTuning {
             chunk_rows: d.chunk_rows,
             checkpoint_wal_mib: d.checkpoint_wal_bytes >> 20,
             checkpoint_interval_s: d.checkpoint_interval.as_secs(),
+            wal_keep_mib: d.wal_keep_bytes >> 20,
             index_cache_mib: d.index_cache_bytes >> 20,
         }
     }
@@ -184,6 +190,9 @@ impl ArchiverConfig {
                 "store.checkpoint_wal_mib and store.checkpoint_interval_s must be at least 1".into(),
             ));
         }
+        if self.store.wal_keep_mib > 1 << 20 {
+            return Err(bad("store.wal_keep_mib must lie in 0..=1048576".into()));
+        }
         if self.store.index_cache_mib == 0 || self.store.index_cache_mib > 1 << 20 {
             return Err(bad("store.index_cache_mib must lie in 1..=1048576".into()));
         }
@@ -209,6 +218,7 @@ impl ArchiverConfig {
                 chunk_rows: self.store.chunk_rows,
                 checkpoint_wal_bytes: self.store.checkpoint_wal_mib << 20,
                 checkpoint_interval: Duration::from_secs(self.store.checkpoint_interval_s),
+                wal_keep_bytes: self.store.wal_keep_mib << 20,
                 index_cache_bytes: self.store.index_cache_mib << 20,
                 ..StoreOptions::default()
             },

@@ -73,8 +73,8 @@ impl Store {
         }
 
         let rec = encode_record(producer, resume, &defs, &accepted);
-        let seq = match self.wal.append(&rec) {
-            Ok(p) => p.seq,
+        let (seq, segment) = match self.wal.append(&rec) {
+            Ok(p) => (p.seq, p.segment),
             Err(e) => return Err(inner.poison(e.into())),
         };
         if seq != inner.next_wal {
@@ -86,6 +86,7 @@ impl Store {
         stats.wal_bytes = (gma_durable::log::HEADER + rec.len()) as u64;
         inner.next_wal += 1;
         inner.wal_bytes += stats.wal_bytes;
+        *inner.wal_segs.entry(segment).or_insert(0) += stats.wal_bytes;
         let chunk_rows = self.opts.chunk_rows;
         let Inner {
             streams,
@@ -102,6 +103,9 @@ impl Store {
             };
             let j = if st.head.0 == seq { st.head.1 + 1 } else { 1 };
             st.head = (seq, j);
+            if st.open.is_empty() {
+                st.open_from = seq;
+            }
             strs.clear();
             strs.extend(e.strings.iter().map(String::as_str));
             if let Err(err) = st.open.push(e.timestamp_ns, &e.numbers, &strs) {
@@ -181,8 +185,10 @@ impl Store {
     }
 
     async fn checkpoint_inner(&self, seal_all: bool) -> Result<(), StoreError> {
-        // 1. Under the lock: seal, cut the write-ahead log at `c`, take what goes out.
-        let (c, ops, dict, resume) = {
+        // 1. Under the lock: seal what the write-ahead budget drops, cut the log, take what
+        //    goes out. `cut`: the first record after this checkpoint; `c`: the first record a
+        //    replay needs (the oldest open row's, `cut` when none is open).
+        let (cut, c, ops, dict, resume) = {
             let mut g = self.inner.lock();
             let inner = &mut *g;
             inner.check()?;
@@ -193,24 +199,41 @@ impl Store {
                 streams,
                 next_ctr,
                 pending,
+                wal_segs,
                 ..
             } = inner;
             let mut sealed = 0u64;
-            if seal_all {
+            let (cut, c) = if seal_all {
+                let keep = self.opts.wal_keep_bytes;
+                if keep == 0 || self.wal.tail_len() >= keep / 16 {
+                    self.wal.rotate()?;
+                }
+                let cut = self.wal.next_seq();
+                // Each stream gets a budget between half and all of `keep` (by its id), so
+                // streams that started together do not all seal at one checkpoint: one
+                // checkpoint record holding every stream's long chunk passed the log's record
+                // limit (256 MiB) at 10,000 hosts and stopped the archiver.
+                let tail = self.wal.tail_segment();
+                let floors: Vec<u64> = (0..KEEP_SHARES)
+                    .map(|k| keep_floor(wal_segs, tail, stream_keep(keep, k)))
+                    .collect();
                 for st in streams.values_mut() {
-                    if seal(st, pending, next_ctr)? {
+                    let floor = floors[st.meta.id as usize % KEEP_SHARES as usize];
+                    if !st.open.is_empty() && st.open_from < floor && seal(st, pending, next_ctr)? {
                         sealed += 1;
                     }
                 }
-            }
-            metrics::counter!(crate::telemetry::CHUNKS_SEALED).increment(sealed);
-            let c = if seal_all {
-                self.wal.rotate()?;
-                inner.covered = inner.next_wal;
-                inner.next_wal
+                let c = streams
+                    .values()
+                    .filter(|st| !st.open.is_empty())
+                    .map(|st| st.open_from)
+                    .fold(cut, u64::min);
+                inner.covered = c;
+                (cut, c)
             } else {
-                inner.covered
+                (self.wal.next_seq(), inner.covered)
             };
+            metrics::counter!(crate::telemetry::CHUNKS_SEALED).increment(sealed);
             let ops = std::mem::take(&mut inner.pending.ops);
             inner.pending.in_flight = ops.clone();
             let dict: Vec<StreamMeta> = inner.streams.values().map(|st| st.meta.clone()).collect();
@@ -220,18 +243,19 @@ impl Store {
                 sealed,
                 chunk_ops = ops.len(),
                 wal_bytes = inner.wal_bytes,
+                replay_from = c,
                 "checkpoint"
             );
             if seal_all {
                 inner.wal_bytes = 0;
                 inner.last_checkpoint = Instant::now();
             }
-            (c, ops, dict, resume)
+            (cut, c, ops, dict, resume)
         };
-        // 2. The write-ahead records the chunks come from are durable (a commit's chunks come
-        //    from records before the last one appended).
-        let from = if seal_all { c - 1 } else { self.wal.next_seq() - 1 };
-        self.wal.sync(from).await?;
+        // 2. The write-ahead records before the cut are durable: the chunks come from them, and
+        //    the record's resume points and sealed positions count them (open rows among them
+        //    are replayed from the log, which must hold them).
+        self.wal.sync(cut - 1).await?;
         // 3. One chunk-log record, fdatasynced. `oldest`: the first segment a live chunk (or
         //    this record) needs once this record is applied.
         if self.chunks.tail_len() >= self.opts.chunk_segment_bytes {
@@ -308,8 +332,14 @@ impl Store {
         batch.insert(META_OLDEST, &oldest.to_be_bytes())?;
         batch.insert(META_APPLIED, &pos.seq.to_be_bytes())?;
         batch.finish()?;
-        // 5. What the chunk log now covers goes.
-        self.wal.remove_before(c).await?;
+        // 5. What no open row needs any more goes.
+        let dropped = self.wal.remove_before(c).await?;
+        if !dropped.is_empty() {
+            let mut g = self.inner.lock();
+            for s in &dropped {
+                g.wal_segs.remove(s);
+            }
+        }
         let gone = self.chunks.remove_before(oldest).await?;
         if !gone.is_empty() {
             tracing::info!(
@@ -319,6 +349,32 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Streams are spread over this many shares of the write-ahead budget.
+const KEEP_SHARES: u64 = 8;
+
+/// The budget of the streams of share `k` (< [`KEEP_SHARES`]): `keep × (S + k) / (2S)`, from
+/// half of `keep` to just under all of it.
+pub(super) fn stream_keep(keep: u64, k: u64) -> u64 {
+    (keep / (2 * KEEP_SHARES)).saturating_mul(KEEP_SHARES + k)
+}
+
+/// The first write-ahead record a checkpoint may keep for open rows: the first seq of the oldest
+/// segment such that it and every newer one (`tail`, the current, included) hold at most
+/// `keep` bytes; `tail` when even the next older one does not fit. Open chunks whose first row
+/// lies before it are sealed, and the segments before it go.
+pub(super) fn keep_floor(segs: &std::collections::BTreeMap<u64, u64>, tail: u64, keep: u64) -> u64 {
+    let mut kept = segs.get(&tail).copied().unwrap_or(0);
+    let mut floor = tail;
+    for (&first, &bytes) in segs.range(..tail).rev() {
+        kept += bytes;
+        if kept > keep {
+            break;
+        }
+        floor = first;
+    }
+    floor
 }
 
 /// Most entries of one sled batch a checkpoint applies.
@@ -575,6 +631,7 @@ mod tests {
                     chunk_rows: 10,
                     checkpoint_wal_bytes: 1000,
                     checkpoint_interval: Duration::from_secs(3600),
+                    wal_keep_bytes: 0,
                     ..StoreOptions::default()
                 },
             )
@@ -601,5 +658,213 @@ mod tests {
         assert_eq!(store.stats().open_rows, 8);
         check_raw(&store, &reference, i64::MIN, i64::MAX);
         assert_eq!(store.resume_points().get("p1"), Some(&rp(7, 28)));
+    }
+    /// Open chunks kept across checkpoints (`wal_keep_bytes` large): their rows are replayed
+    /// from the write-ahead segments the checkpoints kept, once, after a stop at any point.
+    #[tokio::test]
+    async fn rows_kept_open_across_checkpoints_come_back_once_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let keep = StoreOptions {
+            chunk_rows: 1000,
+            wal_keep_bytes: 1 << 30,
+            ..StoreOptions::default()
+        };
+        let mut reference;
+        {
+            let store = Store::open(dir.path(), keep.clone()).unwrap();
+            reference = fill(&store, 20, 5, 0);
+            store.flush().await.unwrap();
+            store.checkpoint().await.unwrap();
+            let s = store.stats();
+            assert_eq!((s.chunks, s.open_rows, s.wal_bytes), (0, 40, 0));
+            reference.extend(fill(&store, 13, 4, 20));
+            store.flush().await.unwrap();
+            store.checkpoint().await.unwrap();
+            // Not checkpointed: the crash comes after a flush.
+            reference.extend(fill(&store, 3, 3, 33));
+            store.flush().await.unwrap();
+        }
+        {
+            let store = Store::open(dir.path(), keep.clone()).unwrap();
+            let s = store.stats();
+            assert_eq!((s.chunks, s.open_rows, s.samples), (0, 2 * 36, 2 * 36 * 3));
+            check_raw(&store, &reference, i64::MIN, i64::MAX);
+            assert_eq!(store.resume_points().get("p1"), Some(&rp(7, 37)));
+            // A checkpoint right after the replay keeps them open still; a reopen after it
+            // (nothing appended) finds the same.
+            store.checkpoint().await.unwrap();
+        }
+        {
+            let store = Store::open(dir.path(), keep).unwrap();
+            let s = store.stats();
+            assert_eq!((s.chunks, s.open_rows, s.samples), (0, 2 * 36, 2 * 36 * 3));
+            check_raw(&store, &reference, i64::MIN, i64::MAX);
+            // Rows sealed at chunk_rows in a later process must not come back from the log.
+        }
+        // Reopened with a budget of 0: the next checkpoint seals them all and drops the log.
+        {
+            let store = Store::open(dir.path(), opts(1000)).unwrap();
+            reference.extend(fill(&store, 2, 2, 36));
+            store.flush().await.unwrap();
+            store.checkpoint().await.unwrap();
+            let s = store.stats();
+            assert_eq!((s.chunks, s.open_rows), (2, 0));
+            assert_eq!(store.wal.segments().len(), 1);
+        }
+        let store = Store::open(dir.path(), opts(1000)).unwrap();
+        let s = store.stats();
+        assert_eq!((s.chunks, s.open_rows, s.samples), (2, 0, 2 * 38 * 3));
+        check_raw(&store, &reference, i64::MIN, i64::MAX);
+    }
+
+    /// One round of the budget tests: `rows` more rows of both streams, flushed, checkpointed.
+    async fn round(store: &Store, reference: &mut Vec<(String, i64, f64, String, f64)>, rows: usize) {
+        let start = reference.len() / 2;
+        reference.extend(fill(store, rows, 50, start));
+        store.flush().await.unwrap();
+        store.checkpoint().await.unwrap();
+    }
+
+    /// A write-ahead segment stays while an open chunk's first row lies in it, and goes at the
+    /// first checkpoint after no open row needs it.
+    #[tokio::test]
+    async fn write_ahead_segments_go_only_once_no_open_row_needs_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreOptions {
+                chunk_rows: 1000,
+                wal_keep_bytes: 1 << 17,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        let mut reference = Vec::new();
+        for r in 1..5 {
+            round(&store, &mut reference, 200).await;
+            // One segment per round (each passes a sixteenth of the budget), and the current one.
+            assert_eq!(store.wal.segments().len(), r + 1, "round {r}");
+            assert_eq!(store.stats().chunks, 0);
+            assert_eq!(store.inner.lock().covered, 1);
+        }
+        // Under the budget all along: nothing was sealed for it.
+        assert!(store.wal.bytes_on_disk() < 1 << 16);
+        // The fifth round fills both chunks (1,000 rows): sealed by the appends, so no open row
+        // needs the log, and every segment before the cut goes.
+        round(&store, &mut reference, 200).await;
+        let s = store.stats();
+        assert_eq!((s.chunks, s.open_rows), (2, 0));
+        assert_eq!(store.wal.segments().len(), 1);
+        assert_eq!(store.inner.lock().covered, store.wal.next_seq());
+        check_raw(&store, &reference, i64::MIN, i64::MAX);
+    }
+
+    /// Past `wal_keep_bytes` a checkpoint seals the open chunks whose first row lies in the
+    /// segments it drops: the log on disk stays within the budget (plus the newest segment),
+    /// and the archive holds every row once, before and after a reopen.
+    #[tokio::test]
+    async fn the_write_ahead_budget_forces_seals() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = StoreOptions {
+            chunk_rows: 100_000,
+            wal_keep_bytes: 1 << 16,
+            ..StoreOptions::default()
+        };
+        let mut reference = Vec::new();
+        {
+            let store = Store::open(dir.path(), o.clone()).unwrap();
+            let mut sealed_at = None;
+            for r in 1..=20 {
+                round(&store, &mut reference, 200).await;
+                let segs = store.inner.lock().wal_segs.clone();
+                assert!(
+                    segs.values().sum::<u64>() <= 1 << 16,
+                    "round {r}: {segs:?} kept past the budget"
+                );
+                assert_eq!(store.wal.bytes_on_disk(), segs.values().sum::<u64>());
+                if store.stats().chunks > 0 && sealed_at.is_none() {
+                    sealed_at = Some(r);
+                }
+            }
+            // Sealed by the budget long before chunk_rows, more than once, all rows kept.
+            let s = store.stats();
+            let first = sealed_at.expect("the budget never sealed");
+            assert!(
+                first > 2 && s.chunks >= 4,
+                "first seal at round {first}, {} chunks",
+                s.chunks
+            );
+            assert_eq!(s.samples, 2 * 20 * 200 * 3);
+            check_raw(&store, &reference, i64::MIN, i64::MAX);
+            // Rows since the last checkpoint, flushed: the crash follows.
+            reference.extend(fill(&store, 30, 10, 4000));
+            store.flush().await.unwrap();
+        }
+        let store = Store::open(dir.path(), o).unwrap();
+        assert_eq!(store.stats().samples, 2 * 4030 * 3);
+        check_raw(&store, &reference, i64::MIN, i64::MAX);
+    }
+
+    /// Streams that started together do not all seal at one checkpoint (one record holding a
+    /// long chunk of every stream passed the log's record limit at 10,000 hosts).
+    #[tokio::test]
+    async fn streams_started_together_seal_at_different_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreOptions {
+                chunk_rows: 100_000,
+                wal_keep_bytes: 1 << 16,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        let hosts: Vec<_> = (0..16).map(|i| cpu(&format!("h{i}"))).collect();
+        let mut seq = 0u64;
+        let mut sealed = Vec::new();
+        for _ in 0..30 {
+            for _ in 0..4 {
+                let events: Vec<_> = hosts
+                    .iter()
+                    .flat_map(|h| (0..10).map(move |_| h))
+                    .map(|h| {
+                        seq += 1;
+                        ev(h, seq, seq as i64 * SEC, &[1.0, 2.0], &["ok"])
+                    })
+                    .collect();
+                store.append("p1", rp(1, seq + 1), &events).unwrap();
+            }
+            store.flush().await.unwrap();
+            let before = store.stats().chunks;
+            store.checkpoint().await.unwrap();
+            sealed.push(store.stats().chunks - before);
+        }
+        let first = sealed
+            .iter()
+            .copied()
+            .find(|n| *n > 0)
+            .expect("the budget never sealed");
+        assert!(first < 16, "all 16 streams sealed at one checkpoint: {sealed:?}");
+        assert!(sealed.iter().sum::<u64>() >= 16, "{sealed:?}");
+        assert_eq!(store.stats().samples, seq * 3);
+    }
+
+    #[test]
+    fn stream_budgets_spread_from_half_to_all_of_the_budget() {
+        let keep = 1 << 30;
+        assert_eq!(stream_keep(keep, 0), keep / 2);
+        assert_eq!(stream_keep(keep, KEEP_SHARES - 1), keep / 16 * 15);
+        assert_eq!(stream_keep(0, 3), 0);
+    }
+
+    #[test]
+    fn the_keep_floor_counts_whole_segments_from_the_newest() {
+        let segs: std::collections::BTreeMap<u64, u64> = [(1, 40), (10, 30), (20, 20), (30, 5)].into();
+        assert_eq!(keep_floor(&segs, 30, 0), 30);
+        assert_eq!(keep_floor(&segs, 30, 24), 30);
+        assert_eq!(keep_floor(&segs, 30, 25), 20);
+        assert_eq!(keep_floor(&segs, 30, 55), 10);
+        assert_eq!(keep_floor(&segs, 30, 95), 1);
+        assert_eq!(keep_floor(&segs, 40, 1000), 1);
     }
 }

@@ -12,8 +12,8 @@
 //! stream id varint, timestamp as a zigzag varint delta from the previous event's, the doubles
 //! as raw little-endian 8 bytes, the strings as varint length + bytes).
 //!
-//! `DIR/chunks/*.chunks` holds one record per checkpoint ([`codec::encode_checkpoint`]): the next
-//! write-ahead seq, the oldest chunk segment still needed, the whole stream dictionary, every
+//! `DIR/chunks/*.chunks` holds one record per checkpoint ([`codec::encode_checkpoint`]): the first
+//! write-ahead seq a replay needs, the oldest chunk segment still needed, the whole stream dictionary, every
 //! resume point, and the chunk operations since the previous checkpoint — sealed chunks with
 //! their bytes ([`crate::chunk`]) and removed ones. One record is one atomic step.
 //!
@@ -35,7 +35,10 @@
 //!   reflects) and `Moldest` (the oldest chunk segment still needed).
 //!
 //! Each stream's newest rows sit in memory in an open [`ChunkWriter`]. Invariant: the open rows
-//! of a stream are exactly its rows in the write-ahead records after its sealed position.
+//! of a stream are exactly its rows in the write-ahead records after its sealed position. An
+//! open chunk stays open across checkpoints (it is sealed at `chunk_rows`, or when the
+//! write-ahead budget drops the segment of its first row), so the write-ahead log is kept from
+//! the oldest open row on: `Mnext_wal` is that record, not the last checkpoint's cut.
 //!
 //! # Durability
 //!
@@ -46,16 +49,30 @@
 //! sled, whose flush is not an fsync.
 //!
 //! [`Store::checkpoint`] folds the write-ahead log into chunks, in this order:
-//! 1. under the store lock: seal every open chunk, note `C` = the next write-ahead seq, start a
-//!    new write-ahead segment at `C`, take the pending chunk operations, the dictionary (with
-//!    the sealed positions) and the resume points;
-//! 2. wait until the write-ahead records before `C` are durable;
+//! 1. under the store lock: start a new write-ahead segment when the current one holds a
+//!    sixteenth of [`StoreOptions::wal_keep_bytes`] (always when it is 0); note the *cut* = the
+//!    next write-ahead seq; the *floor* = the first seq of the oldest segment such that it and
+//!    the newer ones hold at most the stream's share of `wal_keep_bytes` (between half and all
+//!    of it, by stream id: streams started together then do not all seal at one checkpoint,
+//!    whose one record must stay under the log's 256 MiB); seal every open chunk whose first
+//!    row lies before its stream's floor; note `C` = the record of the oldest open row left (the cut when none
+//!    is open); take the pending chunk operations, the dictionary (with the sealed positions)
+//!    and the resume points;
+//! 2. wait until the write-ahead records before the cut are durable (the resume points count
+//!    them, and the open rows among them are replayed from them);
 //! 3. append them as one chunk-log record and fdatasync it (a new chunk segment, and the folder
 //!    fsync, when the current one is full);
 //! 4. apply them to the sled index (batches of at most 8,192 entries, the record's position
 //!    `Mapplied` in a last one of its own; not flushed: the chunk log is the truth);
-//! 5. delete the write-ahead segments before `C` and the chunk segments before the oldest one
-//!    that still holds a live chunk (each followed by a folder fsync).
+//! 5. delete the write-ahead segments whose records all lie before `C` (no open row needs
+//!    them: every row of theirs is in a chunk of this record or an earlier one) and the chunk
+//!    segments before the oldest one that still holds a live chunk (each followed by a folder
+//!    fsync).
+//!
+//! With `wal_keep_bytes` 0 every checkpoint seals every open chunk and `C` is the cut. With a
+//! budget, a stream's chunk holds about `wal_keep_bytes / (write-ahead bytes per row of all
+//! streams)` of its rows; the price is a longer replay at open (at most `wal_keep_bytes` plus
+//! the newest segment).
 //!
 //! [`Store::open`] reads the index from sled, replays the chunk-log records after `Mapplied`
 //! (sled may have lost its last batches, or be gone: it is rebuilt), drops index entries that
@@ -176,6 +193,13 @@ pub struct StoreOptions {
     pub checkpoint_wal_bytes: u64,
     /// ... or this long after the last checkpoint (when the log is not empty).
     pub checkpoint_interval: Duration,
+    /// The most bytes of write-ahead segments a checkpoint keeps for open rows (see
+    /// Durability): a stream's open chunk stays open across checkpoints while the segment
+    /// holding its first row is within this budget (counted from the newest segment); past
+    /// it, the checkpoint seals it and the segment goes (each stream gets between half and
+    /// all of the budget, by its id, so that they do not all seal at one checkpoint). 0: every
+    /// checkpoint seals every open chunk. A checkpoint starts a new segment once the current one holds a sixteenth of it.
+    pub wal_keep_bytes: u64,
     /// A chunk-log segment is closed once it holds this many bytes (whole segments are deleted
     /// once retention removed every chunk in them).
     pub chunk_segment_bytes: u64,
@@ -194,6 +218,7 @@ impl Default for StoreOptions {
             chunk_rows: 1024,
             checkpoint_wal_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(300),
+            wal_keep_bytes: 512 << 20,
             chunk_segment_bytes: 64 << 20,
             index_cache_bytes: 64 << 20,
             #[cfg(test)]
@@ -279,6 +304,9 @@ struct Stream {
     /// WAL position (record seq, row of this stream within it, from 1) of the newest row
     /// pushed into `open` (or the sealed position).
     head: (u64, u32),
+    /// The write-ahead record of the first row in `open` (meaningless while it is empty): a
+    /// checkpoint keeps the log from there on (or seals the chunk).
+    open_from: u64,
 }
 
 impl Stream {
@@ -309,6 +337,7 @@ impl Stream {
             sealed_bytes: 0,
             sealed_range: None,
             open: ChunkWriter::new(nd, ns),
+            open_from: 0,
         }
     }
 
@@ -377,9 +406,13 @@ struct Inner {
     /// every chunk at each checkpoint.
     segs: BTreeMap<u64, u64>,
     pending: Pending,
-    /// Write-ahead records before this one are all in the chunk log (the last checkpoint's
-    /// `C`): the first record a replay reads.
+    /// Write-ahead records before this one are not needed any more (the last checkpoint's
+    /// `C`: the first record of an open row, or the checkpoint's cut when none is open): the
+    /// first record a replay reads.
     covered: u64,
+    /// Bytes of each write-ahead segment (by its first seq) still on disk: what the
+    /// `wal_keep_bytes` budget counts.
+    wal_segs: BTreeMap<u64, u64>,
     last_checkpoint: Instant,
     /// Set when a write failed after the in-memory state changed.
     poisoned: Option<String>,

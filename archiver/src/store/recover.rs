@@ -238,6 +238,16 @@ impl Store {
             )));
         }
         let next_wal = wal.next_seq();
+        // The budget counts whole segment files (the replay read only from `checkpointed`).
+        let wal_dir = dir.join("wal");
+        let mut wal_segs = BTreeMap::new();
+        for s in wal.segments() {
+            let len = fs
+                .len(&Log::segment_path(&wal_dir, "wal", s))
+                .map_err(|e| StoreError::Storage(format!("write-ahead segment {s}: {e}")))?
+                .unwrap_or(0);
+            wal_segs.insert(s, len);
+        }
         let next_sid = streams.keys().next_back().map_or(0, |s| s + 1);
         tracing::info!(streams = streams.len(), records, replayed, "archive store opened");
         Ok(Store {
@@ -257,6 +267,7 @@ impl Store {
                 segs,
                 pending,
                 covered: checkpointed,
+                wal_segs,
                 last_checkpoint: Instant::now(),
                 poisoned: None,
             }),
@@ -357,6 +368,9 @@ pub(super) fn replay_record(
             *p = (seq, 1);
         }
         if *p > (st.meta.sealed_wal, st.meta.sealed_rows) {
+            if st.open.is_empty() {
+                st.open_from = seq;
+            }
             st.open.push(ts, &doubles, &strings)?;
             st.head = *p;
             pushed += 1;
@@ -518,6 +532,13 @@ mod tests {
         let opts = StoreOptions {
             chunk_rows: rng.random_range(3..12),
             chunk_segment_bytes: rng.random_range(200..3000),
+            // Every open chunk sealed at each checkpoint; open chunks kept across checkpoints
+            // until a small budget seals them; kept until full.
+            wal_keep_bytes: match rng.random_range(0..3) {
+                0 => 0,
+                1 => rng.random_range(100..4000),
+                _ => 1 << 30,
+            },
             ack_before_sync,
             ..StoreOptions::default()
         };

@@ -40,9 +40,12 @@ pub(crate) fn ev(s: &Arc<SeriesInfo>, seq: u64, ts: i64, numbers: &[f64], string
     }
 }
 
+/// Options with `chunk_rows`; every checkpoint seals every open chunk (`wal_keep_bytes` 0),
+/// which most tests count on.
 pub(crate) fn opts(chunk_rows: usize) -> StoreOptions {
     StoreOptions {
         chunk_rows,
+        wal_keep_bytes: 0,
         ..StoreOptions::default()
     }
 }
