@@ -952,6 +952,21 @@ mod tests {
             bits(a) == bits(b) && a2 == b2
         }
 
+        /// read_batch and prost agree on `bytes`: both refuse, or both give the same batch.
+        fn agree_with_prost(bytes: &[u8]) -> Result<(), TestCaseError> {
+            let theirs = pb::EventBatch::decode(bytes);
+            let mut ours = pb::EventBatch::default();
+            let r = read_batch(&mut ours, bytes);
+            match theirs {
+                Ok(t) => {
+                    prop_assert!(r.is_ok(), "prost read {bytes:x?}, read_batch refused: {r:?}");
+                    prop_assert!(same(&ours, &t));
+                }
+                Err(_) => prop_assert!(r.is_err(), "prost refused {bytes:x?}, read_batch read {ours:?}"),
+            }
+            Ok(())
+        }
+
         proptest! {
             /// Whatever prost writes, read_batch reads back, into a batch that held another.
             #[test]
@@ -965,16 +980,7 @@ mod tests {
             /// On any bytes, read_batch and prost agree: both refuse, or both give the same batch.
             #[test]
             fn agrees_with_prost_on_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
-                let theirs = pb::EventBatch::decode(&bytes[..]);
-                let mut ours = pb::EventBatch::default();
-                let r = read_batch(&mut ours, &bytes);
-                match theirs {
-                    Ok(t) => {
-                        prop_assert!(r.is_ok(), "prost read {bytes:x?}, read_batch refused: {r:?}");
-                        prop_assert!(same(&ours, &t));
-                    }
-                    Err(_) => prop_assert!(r.is_err(), "prost refused {bytes:x?}, read_batch read {ours:?}"),
-                }
+                agree_with_prost(&bytes)?;
             }
 
             /// Arbitrary bytes after a valid batch's (a damaged tail): the same agreement.
@@ -984,16 +990,7 @@ mod tests {
                 let at = cut.index(bytes.len() + 1);
                 bytes.truncate(at);
                 bytes.extend(tail);
-                let theirs = pb::EventBatch::decode(&bytes[..]);
-                let mut ours = pb::EventBatch::default();
-                let r = read_batch(&mut ours, &bytes);
-                match theirs {
-                    Ok(t) => {
-                        prop_assert!(r.is_ok(), "prost read {bytes:x?}, read_batch refused: {r:?}");
-                        prop_assert!(same(&ours, &t));
-                    }
-                    Err(_) => prop_assert!(r.is_err(), "prost refused {bytes:x?}, read_batch read {ours:?}"),
-                }
+                agree_with_prost(&bytes)?;
             }
         }
     }
