@@ -19,8 +19,6 @@ use crate::procfs::{elapsed_s, kib_to_mib, parse_num, rate, Emit, Files, Probe, 
 use crate::{schemas, SensorError};
 
 const SELF_STAT: &str = "/proc/self/stat";
-const SELF_STATUS: &str = "/proc/self/status";
-const SELF_STATM: &str = "/proc/self/statm";
 /// Assumed when `AT_CLKTCK` cannot be read.
 pub const DEFAULT_CLOCK_TICKS: u64 = 100;
 /// Assumed when `AT_PAGESZ` cannot be read.
@@ -73,26 +71,6 @@ pub fn parse_self_stat(text: &str) -> Result<SelfStat, SensorError> {
         threads: field(20, "num_threads")?,
         rss_pages: field(24, "rss")?,
     })
-}
-
-/// `VmRSS` of `/proc/<pid>/status`, in KiB (the sensor reads the same figure from `stat`).
-pub fn parse_vm_rss_kb(text: &str) -> Result<u64, SensorError> {
-    for (i, line) in text.lines().enumerate() {
-        if let Some(rest) = line.strip_prefix("VmRSS:") {
-            return parse_num(rest.split_ascii_whitespace().next(), SELF_STATUS, i + 1, "VmRSS");
-        }
-    }
-    Err(SensorError::parse(SELF_STATUS, 0, "no VmRSS line"))
-}
-
-/// Resident pages (second field) of `/proc/<pid>/statm`.
-pub fn parse_statm_rss_pages(text: &str) -> Result<u64, SensorError> {
-    parse_num(
-        text.split_ascii_whitespace().nth(1),
-        SELF_STATM,
-        1,
-        "resident pages",
-    )
 }
 
 /// The `AT_CLKTCK` value of an auxiliary vector (`/proc/self/auxv`: native-endian word pairs
@@ -197,18 +175,6 @@ mod tests {
         250 50 0 0 20 0 7 0 123456 1048576000 4321 18446744073709551615 1 1 0 0 0 0 0 4096 17133 \
         0 0 0 17 1 0 0 0 0 0\n";
 
-    const STATUS_FIXTURE: &str = "\
-Name:\tgma
-Umask:\t0022
-State:\tS (sleeping)
-Tgid:\t4242
-VmPeak:\t 1100000 kB
-VmSize:\t 1024000 kB
-VmHWM:\t   20480 kB
-VmRSS:\t   17284 kB
-Threads:\t7
-";
-
     #[test]
     fn parses_self_stat_with_awkward_comm() {
         let s = parse_self_stat(STAT_FIXTURE).unwrap();
@@ -231,18 +197,6 @@ Threads:\t7
         ] {
             assert!(parse_self_stat(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn parses_rss() {
-        assert_eq!(parse_vm_rss_kb(STATUS_FIXTURE).unwrap(), 17284);
-        assert!(parse_vm_rss_kb("Name:\tkthreadd\n").is_err());
-        assert!(parse_vm_rss_kb("VmRSS: lots kB\n").is_err());
-        assert_eq!(
-            parse_statm_rss_pages("256000 4321 1000 100 0 5000 0\n").unwrap(),
-            4321
-        );
-        assert!(parse_statm_rss_pages("256000\n").is_err());
     }
 
     #[test]
