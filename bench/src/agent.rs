@@ -6,7 +6,9 @@
 //! µs of CPU per value sampled (the agent's own `gma.agent values_per_s`) and per value
 //! delivered to the subscriber, VmRSS at the end and VmHWM (peak), and apart the CPU of the
 //! host commands it ran and waited for (`df`, `dpkg-query` of host.info: its children's
-//! `cutime` + `cstime`). `--agent-arg` passes options to the agent (e.g.
+//! `cutime` + `cstime`); from `/proc/<pid>/task/*/schedstat`, its wake-ups a second (timeslices
+//! run, a count the machine's load does not change) and its CPU in nanoseconds rather than
+//! 10 ms ticks. `--agent-arg` passes options to the agent (e.g.
 //! `--agent-arg=--buffer-bytes=1048576`) to compare configurations.
 
 use std::path::{Path, PathBuf};
@@ -28,6 +30,28 @@ struct Delivered {
     counting: AtomicBool,
     events: AtomicU64,
     values: AtomicU64,
+}
+
+/// CPU time (ns) and times scheduled in, summed over the threads of `pid`
+/// (`/proc/<pid>/task/*/schedstat`: run time, wait time, timeslices run). Each wake-up of a
+/// sleeping thread is one timeslice, so the count is the process's wake-ups (and preemptions)
+/// whatever the machine's load; the run time is in nanoseconds, not in 10 ms ticks. A thread
+/// that exits between two readings takes its counts with it (the blocking pool's, at most one
+/// a minute on an agent).
+fn schedstat(pid: &str) -> (u64, u64) {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    let (mut ns, mut runs) = (0u64, 0u64);
+    for t in dir.flatten() {
+        let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        let mut f = s.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
+        ns += f.next().unwrap_or(0);
+        runs += f.nth(1).unwrap_or(0);
+    }
+    (ns, runs)
 }
 
 /// Subscribes to every event of the agent at `addr` and counts what arrives until the stream
@@ -210,6 +234,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     delivered.counting.store(true, Ordering::Relaxed);
     let (cpu0, _) = proc_usage(&pid)?;
     let child0 = children_cpu_s(&pid);
+    let (run_ns0, runs0) = schedstat(&pid);
     let t0 = Instant::now();
     let mut peak_rss: f64 = 0.0;
     while t0.elapsed() < Duration::from_secs(duration) {
@@ -218,6 +243,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     }
     let (cpu1, rss) = proc_usage(&pid)?;
     let child1 = children_cpu_s(&pid);
+    let (run_ns1, runs1) = schedstat(&pid);
     let seconds = t0.elapsed().as_secs_f64();
     delivered.counting.store(false, Ordering::Relaxed);
     let hwm = peak_rss_mib(&pid).unwrap_or(f64::NAN);
@@ -241,6 +267,9 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
     let us_per_delivered = (cpu1 - cpu0) * 1e6 / (values_out * seconds);
     let children = child1 - child0;
+    let wakes_per_s = runs1.saturating_sub(runs0) as f64 / seconds;
+    let run_s = run_ns1.saturating_sub(run_ns0) as f64 / 1e9;
+    let us_per_delivered_ns = run_s * 1e6 / (values_out * seconds);
     let us_per_value_with_children = (cpu1 - cpu0 + children) * 1e6 / (values_per_s * seconds);
     match output {
         Output::Json => emit(serde_json::json!({
@@ -265,6 +294,9 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             "delivered_events_per_s": events_out,
             "delivered_values_per_s": values_out,
             "cpu_us_per_value_delivered": if subscriber { serde_json::json!(us_per_delivered) } else { serde_json::Value::Null },
+            "schedstat_cpu_seconds": run_s,
+            "schedstat_us_per_value_delivered": if subscriber { serde_json::json!(us_per_delivered_ns) } else { serde_json::Value::Null },
+            "wakes_per_s": wakes_per_s,
             "processes": [{
                 "name": what, "cpu_seconds": cpu1 - cpu0,
                 "cpu_pct": cpu_pct, "rss_mib_peak": hwm, "rss_mib_end": rss,
@@ -290,6 +322,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             );
             println!("  peak rss (VmHWM)         {hwm:.1} MiB");
             println!("  rss anonymous / file     {anon:.1} MiB / {file:.1} MiB, {threads:.0} threads");
+            println!("  wake-ups                 {wakes_per_s:.2} /s (schedstat timeslices, all threads)");
             println!("  values sampled           {values_per_s:.0} /s");
             println!("  cost per value sampled   {us_per_value:.2} us of CPU");
             println!(
@@ -297,7 +330,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             );
             if subscriber {
                 println!("  delivered                {events_out:.1} events/s, {values_out:.0} values/s");
-                println!("  cost per value delivered {us_per_delivered:.2} us of CPU");
+                println!("  cost per value delivered {us_per_delivered:.2} us of CPU ({us_per_delivered_ns:.2} us by schedstat's ns)");
             }
         }
     }
