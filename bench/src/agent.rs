@@ -32,26 +32,48 @@ struct Delivered {
     values: AtomicU64,
 }
 
-/// CPU time (ns) and times scheduled in, summed over the threads of `pid`
+/// CPU time (ns) and times scheduled in of each thread of `pid`, by thread id
 /// (`/proc/<pid>/task/*/schedstat`: run time, wait time, timeslices run). Each wake-up of a
 /// sleeping thread is one timeslice, so the count is the process's wake-ups (and preemptions)
-/// whatever the machine's load; the run time is in nanoseconds, not in 10 ms ticks. A thread
-/// that exits between two readings takes its counts with it (the blocking pool's, at most one
-/// a minute on an agent).
-fn schedstat(pid: &str) -> (u64, u64) {
+/// whatever the machine's load; the run time is in nanoseconds, not in 10 ms ticks.
+fn schedstat(pid: &str) -> std::collections::HashMap<String, (u64, u64)> {
+    let mut out = std::collections::HashMap::new();
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return (0, 0);
+        return out;
     };
-    let (mut ns, mut runs) = (0u64, 0u64);
     for t in dir.flatten() {
         let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
             continue;
         };
         let mut f = s.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
-        ns += f.next().unwrap_or(0);
-        runs += f.nth(1).unwrap_or(0);
+        let ns = f.next().unwrap_or(0);
+        let runs = f.nth(1).unwrap_or(0);
+        out.insert(t.file_name().to_string_lossy().into_owned(), (ns, runs));
     }
-    (ns, runs)
+    out
+}
+
+/// What the threads of a process ran since a first reading: each thread's last reading less
+/// its first (zero for a thread born since). Read it often: a thread that exits (the blocking
+/// pool's, at most one a minute on an agent) takes what it ran since the last reading with it.
+#[derive(Default)]
+struct SchedDelta {
+    first: std::collections::HashMap<String, (u64, u64)>,
+    last: std::collections::HashMap<String, (u64, u64)>,
+}
+
+impl SchedDelta {
+    fn update(&mut self, now: std::collections::HashMap<String, (u64, u64)>) {
+        self.last.extend(now);
+    }
+
+    /// CPU nanoseconds and timeslices run since the first reading.
+    fn total(&self) -> (u64, u64) {
+        self.last.iter().fold((0, 0), |(ns, runs), (tid, &(n, r))| {
+            let (n0, r0) = self.first.get(tid).copied().unwrap_or((0, 0));
+            (ns + n.saturating_sub(n0), runs + r.saturating_sub(r0))
+        })
+    }
 }
 
 /// Subscribes to every event of the agent at `addr` and counts what arrives until the stream
@@ -234,16 +256,21 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     delivered.counting.store(true, Ordering::Relaxed);
     let (cpu0, _) = proc_usage(&pid)?;
     let child0 = children_cpu_s(&pid);
-    let (run_ns0, runs0) = schedstat(&pid);
+    let mut sched = SchedDelta {
+        first: schedstat(&pid),
+        ..SchedDelta::default()
+    };
     let t0 = Instant::now();
     let mut peak_rss: f64 = 0.0;
     while t0.elapsed() < Duration::from_secs(duration) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         peak_rss = peak_rss.max(proc_usage(&pid)?.1);
+        sched.update(schedstat(&pid));
     }
     let (cpu1, rss) = proc_usage(&pid)?;
     let child1 = children_cpu_s(&pid);
-    let (run_ns1, runs1) = schedstat(&pid);
+    sched.update(schedstat(&pid));
+    let (run_ns, runs) = sched.total();
     let seconds = t0.elapsed().as_secs_f64();
     delivered.counting.store(false, Ordering::Relaxed);
     let hwm = peak_rss_mib(&pid).unwrap_or(f64::NAN);
@@ -267,8 +294,8 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
     let us_per_delivered = (cpu1 - cpu0) * 1e6 / (values_out * seconds);
     let children = child1 - child0;
-    let wakes_per_s = runs1.saturating_sub(runs0) as f64 / seconds;
-    let run_s = run_ns1.saturating_sub(run_ns0) as f64 / 1e9;
+    let wakes_per_s = runs as f64 / seconds;
+    let run_s = run_ns as f64 / 1e9;
     let us_per_delivered_ns = run_s * 1e6 / (values_out * seconds);
     let us_per_value_with_children = (cpu1 - cpu0 + children) * 1e6 / (values_per_s * seconds);
     match output {
