@@ -6,7 +6,9 @@
 //! µs of CPU per value sampled (the agent's own `gma.agent values_per_s`) and per value
 //! delivered to the subscriber, VmRSS at the end and VmHWM (peak), and apart the CPU of the
 //! host commands it ran and waited for (`df`, `dpkg-query` of host.info: its children's
-//! `cutime` + `cstime`). `--agent-arg` passes options to the agent (e.g.
+//! `cutime` + `cstime`); per thread, from `/proc/<pid>/task/*/`, its wake-ups a second
+//! (voluntary context switches: a count the machine's load does not change), its preemptions,
+//! and its CPU in nanoseconds (schedstat) rather than 10 ms ticks. `--agent-arg` passes options to the agent (e.g.
 //! `--agent-arg=--buffer-bytes=1048576`) to compare configurations.
 
 use std::path::{Path, PathBuf};
@@ -28,6 +30,65 @@ struct Delivered {
     counting: AtomicBool,
     events: AtomicU64,
     values: AtomicU64,
+}
+
+/// Per thread of `pid`, by thread id: CPU nanoseconds (`task/*/schedstat`, not 10 ms ticks),
+/// voluntary and involuntary context switches (`task/*/status`). A voluntary switch is the
+/// thread going to sleep, so their count is its wake-ups, a figure the machine's load does not
+/// change; the involuntary ones are preemptions (more on a busy machine: the subscriber, woken
+/// by the agent's write, takes the CPU).
+fn sched_counts(pid: &str) -> std::collections::HashMap<String, [u64; 3]> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in dir.flatten() {
+        let ns = std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let counts = [
+            ns,
+            field("voluntary_ctxt_switches:"),
+            field("nonvoluntary_ctxt_switches:"),
+        ];
+        out.insert(t.file_name().to_string_lossy().into_owned(), counts);
+    }
+    out
+}
+
+/// What the threads of a process ran since a first reading: each thread's last reading less
+/// its first (zero for a thread born since). Read it often: a thread that exits (the blocking
+/// pool's, at most one a minute on an agent) takes what it ran since the last reading with it.
+#[derive(Default)]
+struct SchedDelta {
+    first: std::collections::HashMap<String, [u64; 3]>,
+    last: std::collections::HashMap<String, [u64; 3]>,
+}
+
+impl SchedDelta {
+    fn update(&mut self, now: std::collections::HashMap<String, [u64; 3]>) {
+        self.last.extend(now);
+    }
+
+    /// CPU nanoseconds, voluntary and involuntary switches since the first reading.
+    fn total(&self) -> [u64; 3] {
+        let mut sum = [0u64; 3];
+        for (tid, now) in &self.last {
+            let first = self.first.get(tid).copied().unwrap_or_default();
+            for i in 0..3 {
+                sum[i] += now[i].saturating_sub(first[i]);
+            }
+        }
+        sum
+    }
 }
 
 /// Subscribes to every event of the agent at `addr` and counts what arrives until the stream
@@ -210,14 +271,21 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     delivered.counting.store(true, Ordering::Relaxed);
     let (cpu0, _) = proc_usage(&pid)?;
     let child0 = children_cpu_s(&pid);
+    let mut sched = SchedDelta {
+        first: sched_counts(&pid),
+        ..SchedDelta::default()
+    };
     let t0 = Instant::now();
     let mut peak_rss: f64 = 0.0;
     while t0.elapsed() < Duration::from_secs(duration) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         peak_rss = peak_rss.max(proc_usage(&pid)?.1);
+        sched.update(sched_counts(&pid));
     }
     let (cpu1, rss) = proc_usage(&pid)?;
     let child1 = children_cpu_s(&pid);
+    sched.update(sched_counts(&pid));
+    let [run_ns, voluntary, preempted] = sched.total();
     let seconds = t0.elapsed().as_secs_f64();
     delivered.counting.store(false, Ordering::Relaxed);
     let hwm = peak_rss_mib(&pid).unwrap_or(f64::NAN);
@@ -241,6 +309,10 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     let us_per_value = (cpu1 - cpu0) * 1e6 / (values_per_s * seconds);
     let us_per_delivered = (cpu1 - cpu0) * 1e6 / (values_out * seconds);
     let children = child1 - child0;
+    let wakes_per_s = voluntary as f64 / seconds;
+    let preemptions_per_s = preempted as f64 / seconds;
+    let run_s = run_ns as f64 / 1e9;
+    let us_per_delivered_ns = run_s * 1e6 / (values_out * seconds);
     let us_per_value_with_children = (cpu1 - cpu0 + children) * 1e6 / (values_per_s * seconds);
     match output {
         Output::Json => emit(serde_json::json!({
@@ -265,6 +337,10 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             "delivered_events_per_s": events_out,
             "delivered_values_per_s": values_out,
             "cpu_us_per_value_delivered": if subscriber { serde_json::json!(us_per_delivered) } else { serde_json::Value::Null },
+            "schedstat_cpu_seconds": run_s,
+            "schedstat_us_per_value_delivered": if subscriber { serde_json::json!(us_per_delivered_ns) } else { serde_json::Value::Null },
+            "wakes_per_s": wakes_per_s,
+            "preemptions_per_s": preemptions_per_s,
             "processes": [{
                 "name": what, "cpu_seconds": cpu1 - cpu0,
                 "cpu_pct": cpu_pct, "rss_mib_peak": hwm, "rss_mib_end": rss,
@@ -290,6 +366,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             );
             println!("  peak rss (VmHWM)         {hwm:.1} MiB");
             println!("  rss anonymous / file     {anon:.1} MiB / {file:.1} MiB, {threads:.0} threads");
+            println!("  wake-ups                 {wakes_per_s:.2} /s, preempted {preemptions_per_s:.2} /s (context switches, all threads)");
             println!("  values sampled           {values_per_s:.0} /s");
             println!("  cost per value sampled   {us_per_value:.2} us of CPU");
             println!(
@@ -297,7 +374,7 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
             );
             if subscriber {
                 println!("  delivered                {events_out:.1} events/s, {values_out:.0} values/s");
-                println!("  cost per value delivered {us_per_delivered:.2} us of CPU");
+                println!("  cost per value delivered {us_per_delivered:.2} us of CPU ({us_per_delivered_ns:.2} us by schedstat's ns)");
             }
         }
     }

@@ -23,6 +23,7 @@
 //!   --prometheus ADDR`).
 //! - [`otlp`]: OTLP/gRPC metrics in (`gma producer --otlp-listen ADDR`, docs/otlp.md).
 //! - [`telemetry`]: the names of the Prometheus metrics this crate records.
+//! - `tick`: the clock of a sampling period (a kernel timer on Linux: one wake-up a tick).
 //!
 //! Every producer also monitors itself: its gRPC server runs behind a [`gma_core::rpc::RpcLayer`]
 //! and, every `rpc_events_ms`, it publishes one `gma.rpc` event per RPC method into its own hub.
@@ -41,6 +42,7 @@ pub mod registrar;
 pub mod service;
 pub mod subscription;
 pub mod telemetry;
+mod tick;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -804,10 +806,9 @@ impl Tickers {
             // A sensor samples once as it subscribes: no tick at the same instant.
             at += period;
         }
-        let mut tick = tokio::time::interval_at(at, period);
         // A late tick (a slow start, a busy host) does not move the later ones: they stay on
-        // the shared instants.
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // the shared instants. A kernel timer on Linux: one wake-up a tick (tick.rs).
+        let mut tick = tick::Clock::new(at, period);
         loop {
             tick.tick().await;
             let mut map = self.by_period.lock();

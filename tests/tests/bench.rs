@@ -172,6 +172,10 @@ fn agent_resched_filter_forecast() {
         o["children_cpu_seconds"].as_f64().is_some_and(|c| c >= 0.0),
         "{o}"
     );
+    // Wake-ups a second and CPU in nanoseconds from schedstat (0 or more, never missing).
+    for k in ["wakes_per_s", "schedstat_cpu_seconds"] {
+        assert!(o[k].as_f64().is_some_and(|v| v >= 0.0), "{k}: {o}");
+    }
     let gma = gma_bin();
     let o = &bench(&["agent", "--duration", "2", "--agent-bin", gma.to_str().unwrap()])[0];
     assert_eq!(o["agent"], format!("{} producer", gma.display()), "{o}");
