@@ -920,6 +920,48 @@ mod tests {
         assert_eq!(latest, vec![(0, 4.0), (1, 2.0)]);
     }
 
+    #[test]
+    fn up_to_three_numbers_stay_in_the_slot_and_more_go_to_a_box() {
+        for n in 0..=5usize {
+            let v: Vec<f64> = (0..n).map(|i| i as f64 + 0.5).collect();
+            let mut numbers = Numbers::from(&v[..]);
+            assert_eq!(&numbers[..], &v[..]);
+            assert_eq!(
+                numbers.heap_bytes(),
+                if n <= INLINE_NUMBERS { 0 } else { heap_bytes(8 * n) }
+            );
+            numbers.iter_mut().for_each(|x| *x *= 2.0);
+            assert!(numbers.iter().zip(&v).all(|(a, b)| *a == 2.0 * b), "{numbers:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_batch_hands_the_lock_over_and_keeps_its_seqs_and_the_pins() {
+        // A ring of 3,000 and a block subscription pinned at seq 1: a batch of 5,000 keeps
+        // the unread events within the reserve, however often it hands the lock over.
+        let hub = Hub::with_block_reserve(1, 3_000, 3_000);
+        hub.add_schemas(&[schema()]).unwrap();
+        let h = hub.series("t.x", "a").unwrap();
+        hub.lock().pin(7, 1);
+        let mut head = hub.watch_head();
+        let mut p = hub.publisher();
+        for i in 0..5_000u32 {
+            assert_eq!(p.publish(&h, 1, &[f64::from(i)], &[]).unwrap(), u64::from(i) + 1);
+        }
+        // The subscriptions were shown the events at each hand-over, before the batch ended.
+        assert!(head.has_changed().unwrap());
+        assert_eq!(*head.borrow_and_update(), u64::from(YIELD_EVERY) * 4 + 1);
+        drop(p);
+        let inner = hub.lock();
+        assert_eq!(
+            (inner.oldest(), inner.head()),
+            (1, 5_001),
+            "nothing unread was evicted"
+        );
+        let values: Vec<f64> = inner.since(4_998).map(|e| e.numbers[0]).collect();
+        assert_eq!(values, [4_997.0, 4_998.0, 4_999.0]);
+    }
+
     fn bytes_bound(bytes: usize, block_reserve: usize) -> Arc<Hub> {
         let hub = Hub::with_limits(
             1,
