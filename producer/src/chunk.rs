@@ -163,81 +163,6 @@ impl ChunkWriter {
     }
 }
 
-/// A chunk's events copied out of the hub's ring, written into a [`ChunkWriter`] later: a fan-out
-/// group copies them while it holds the hub's lock (a copy of the seqs, timestamps and values,
-/// no encoding) and encodes them after releasing it, so that the publisher appends the next
-/// events meanwhile instead of waiting for the encoding (on a 2-core host the publish and the
-/// encoding then run side by side). Its buffers are kept from one chunk to the next.
-#[derive(Debug, Default)]
-pub struct Staged {
-    events: Vec<StagedEvent>,
-    numbers: Vec<f64>,
-    /// String values; only the first `n_strings` are the staged events' (the others are kept
-    /// for their allocations).
-    strings: Vec<String>,
-    n_strings: usize,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct StagedEvent {
-    seq: u64,
-    ts: i64,
-    id: u32,
-    doubles: u32,
-    strings: u32,
-}
-
-impl Staged {
-    /// Events staged.
-    pub fn len(&self) -> usize {
-        self.events.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
-    }
-
-    /// Stages one event, as [`ChunkWriter::push`] takes it.
-    #[inline]
-    pub fn push(&mut self, id: u32, seq: u64, ts: i64, numbers: &[f64], strings: &[String]) {
-        self.events.push(StagedEvent {
-            seq,
-            ts,
-            id,
-            doubles: numbers.len() as u32,
-            strings: strings.len() as u32,
-        });
-        self.numbers.extend_from_slice(numbers);
-        for s in strings {
-            match self.strings.get_mut(self.n_strings) {
-                Some(kept) => kept.clone_from(s),
-                None => self.strings.push(s.clone()),
-            }
-            self.n_strings += 1;
-        }
-    }
-
-    /// Writes the staged events into `w` in the order they were staged; empties the stage.
-    pub fn write_into(&mut self, w: &mut ChunkWriter) {
-        let (mut n, mut s) = (0usize, 0usize);
-        for e in &self.events {
-            let (nd, ns) = (e.doubles as usize, e.strings as usize);
-            w.push(
-                e.id,
-                e.seq,
-                e.ts,
-                &self.numbers[n..n + nd],
-                &self.strings[s..s + ns],
-            );
-            n += nd;
-            s += ns;
-        }
-        self.events.clear();
-        self.numbers.clear();
-        self.n_strings = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,9 +210,6 @@ mod tests {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         // One writer for every case: each chunk starts clean after the previous finish.
         let mut w = ChunkWriter::with_capacity(8, 3);
-        // And the same events staged first (as a fan-out group copies them under the hub's
-        // lock), through one stage and writer for every case too.
-        let (mut staged, mut w2) = (Staged::default(), ChunkWriter::default());
         for case in 0..300 {
             let events = (rng.next() % 40) as usize;
             let epoch = if case % 5 == 0 {
@@ -318,7 +240,6 @@ mod tests {
                     .map(|_| "é".repeat((rng.next() % 200) as usize))
                     .collect();
                 w.push(s.id, seq, ts, &numbers, &strings);
-                staged.push(s.id, seq, ts, &numbers, &strings);
                 enc.push(s, seq, ts, &numbers, &strings);
             }
             assert_eq!(w.len(), events);
@@ -329,10 +250,6 @@ mod tests {
             };
             let got = w.finish(epoch);
             assert_eq!(&got[..], &want[..], "case {case}: {events} events");
-            assert_eq!(staged.len(), events);
-            staged.write_into(&mut w2);
-            assert!(staged.is_empty());
-            assert_eq!(&w2.finish(epoch)[..], &want[..], "case {case} staged");
             if events > 0 {
                 // And a consumer that has the declarations decodes it.
                 let mut d = BatchDecoder::new();

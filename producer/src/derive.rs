@@ -381,7 +381,7 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
                     .entry(e.series)
                     .or_insert_with(|| plan(&rules, &inner, e.series));
                 if st.is_some() {
-                    batch.push((e.series, e.timestamp_ns, Box::from(&*e.numbers)));
+                    batch.push((e.series, e.timestamp_ns, e.numbers.clone()));
                 }
             }
             next >= inner.head()

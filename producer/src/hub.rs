@@ -86,75 +86,8 @@ pub struct Stored {
     pub seq: u64,
     pub timestamp_ns: i64,
     pub series: u32,
-    pub numbers: Numbers,
+    pub numbers: Box<[f64]>,
     pub strings: Box<[String]>,
-}
-
-/// Numbers an event keeps in its ring slot itself; more go to an allocation of their own.
-pub const INLINE_NUMBERS: usize = 3;
-
-/// An event's numbers (a `[f64]` through `Deref`): up to [`INLINE_NUMBERS`] kept in the slot,
-/// more in a box. Kept inline, appending an event into a full ring touches one slot instead of
-/// a slot and its box (the box of the event evicted a whole ring ago: a cache miss per event,
-/// the largest item of the producer's profile at 1 -> 1), and a subscription reading the ring
-/// follows no pointer. A slot is 16 bytes larger for it ([`SLOT_BYTES`]), which an event of
-/// up to three numbers more than saves (no 32-byte allocation).
-#[derive(Clone)]
-pub struct Numbers(NumbersRepr);
-
-#[derive(Clone)]
-enum NumbersRepr {
-    Inline(u8, [f64; INLINE_NUMBERS]),
-    Heap(Box<[f64]>),
-}
-
-impl Numbers {
-    /// Bytes of its own allocation (0 when kept inline), as [`stored_bytes`] counts them.
-    fn heap_bytes(&self) -> usize {
-        match &self.0 {
-            NumbersRepr::Inline(..) => 0,
-            NumbersRepr::Heap(b) => heap_bytes(std::mem::size_of_val(&**b)),
-        }
-    }
-}
-
-impl From<&[f64]> for Numbers {
-    fn from(v: &[f64]) -> Numbers {
-        if v.len() <= INLINE_NUMBERS {
-            let mut a = [0.0; INLINE_NUMBERS];
-            a[..v.len()].copy_from_slice(v);
-            Numbers(NumbersRepr::Inline(v.len() as u8, a))
-        } else {
-            Numbers(NumbersRepr::Heap(v.into()))
-        }
-    }
-}
-
-impl std::ops::Deref for Numbers {
-    type Target = [f64];
-    #[inline]
-    fn deref(&self) -> &[f64] {
-        match &self.0 {
-            NumbersRepr::Inline(n, a) => &a[..usize::from(*n)],
-            NumbersRepr::Heap(b) => b,
-        }
-    }
-}
-
-impl std::ops::DerefMut for Numbers {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut [f64] {
-        match &mut self.0 {
-            NumbersRepr::Inline(n, a) => &mut a[..usize::from(*n)],
-            NumbersRepr::Heap(b) => b,
-        }
-    }
-}
-
-impl std::fmt::Debug for Numbers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
 }
 
 /// Bytes one ring slot takes (the [`Stored`] itself).
@@ -170,8 +103,8 @@ fn heap_bytes(n: usize) -> usize {
     }
 }
 
-/// The heap memory of an event's values (its slot not included): the numbers' allocation (none
-/// for up to [`INLINE_NUMBERS`]), the strings' array and each string's own. An estimate of the allocator's chunks, counted
+/// The heap memory of an event's values (its slot not included): the numbers' allocation,
+/// the strings' array and each string's own. An estimate of the allocator's chunks, counted
 /// against `buffer_bytes`.
 pub fn stored_bytes(e: &Stored) -> usize {
     let strings = if e.strings.is_empty() {
@@ -180,7 +113,7 @@ pub fn stored_bytes(e: &Stored) -> usize {
         heap_bytes(std::mem::size_of_val(&*e.strings))
             + e.strings.iter().map(|s| heap_bytes(s.capacity())).sum::<usize>()
     };
-    e.numbers.heap_bytes() + strings
+    heap_bytes(std::mem::size_of_val(&*e.numbers)) + strings
 }
 
 /// What bounds the ring.
@@ -251,10 +184,9 @@ impl HubInner {
             .map_or(0, |&pin| self.next_seq.saturating_sub(pin))
     }
 
-    /// Oldest seq still in the ring (== head when empty). The ring's seqs are contiguous (an
-    /// event is appended with the next seq, evicted from the front only), so this reads no slot.
+    /// Oldest seq still in the ring (== head when empty).
     pub fn oldest(&self) -> u64 {
-        self.next_seq - self.ring.len() as u64
+        self.ring.front().map(|e| e.seq).unwrap_or(self.next_seq)
     }
 
     /// Events a writer that can wait may publish now without overwriting one a block-policy
@@ -301,8 +233,8 @@ impl HubInner {
 
     /// Events with seq >= `from`, in order.
     pub fn since(&self, from: u64) -> impl Iterator<Item = &Stored> {
-        let skip = usize::try_from(from.saturating_sub(self.oldest())).unwrap_or(usize::MAX);
-        self.ring.range(skip.min(self.ring.len())..)
+        let skip = from.saturating_sub(self.oldest()) as usize;
+        self.ring.iter().skip(skip)
     }
 
     pub fn latest(&self) -> impl Iterator<Item = &Stored> {
@@ -594,11 +526,9 @@ impl Hub {
     }
 
     /// Holds the hub's lock to publish a batch of events of resolved series, each written
-    /// straight into its ring slot. The subscriptions are woken when the [`Publisher`] is
-    /// dropped and every [`YIELD_EVERY`] events of a longer batch, when the lock is also
-    /// handed to whoever waits for it (a subscription copying its next chunk out of the
-    /// ring), so that a long batch does not stall the streams. Otherwise nothing else of the
-    /// hub can be used meanwhile: do not call the hub from inside the batch.
+    /// straight into its ring slot. The subscriptions see the batch when the [`Publisher`] is
+    /// dropped (one wake-up per batch). Nothing else of the hub can be used meanwhile (its
+    /// lock is held): keep the batch short and do not call the hub from inside it.
     pub fn publisher(&self) -> Publisher<'_> {
         let inner = self.inner.lock();
         let start = inner.next_seq;
@@ -610,25 +540,18 @@ impl Hub {
             pin,
             start,
             rejected: 0,
-            since_yield: 0,
         }
     }
 }
-
-/// Events a [`Publisher`] appends before it hands the hub's lock to a waiting thread.
-pub const YIELD_EVERY: u32 = 1024;
 
 /// A batch being published into the hub (see [`Hub::publisher`]); ends when dropped.
 pub struct Publisher<'a> {
     hub: &'a Hub,
     /// `Some` until dropped.
     inner: Option<parking_lot::MutexGuard<'a, HubInner>>,
-    /// The slowest block subscription's pin, read when the lock was (re)taken.
     pin: Option<u64>,
     start: u64,
     rejected: u64,
-    /// Events appended since the lock was last taken.
-    since_yield: u32,
 }
 
 impl Publisher<'_> {
@@ -650,22 +573,15 @@ impl Publisher<'_> {
             check_layout(inner, series.id, series.layout, numbers.len(), strings.len())
         };
         match r {
-            Ok(()) => {
-                let seq = append(
-                    inner,
-                    series.id,
-                    series.layout,
-                    timestamp_ns,
-                    numbers,
-                    strings,
-                    self.pin,
-                );
-                self.since_yield += 1;
-                if self.since_yield >= YIELD_EVERY {
-                    self.yield_lock();
-                }
-                Ok(seq)
-            }
+            Ok(()) => Ok(append(
+                inner,
+                series.id,
+                series.layout,
+                timestamp_ns,
+                numbers,
+                strings,
+                self.pin,
+            )),
             Err(e) => {
                 self.rejected += 1;
                 Err(e)
@@ -676,23 +592,6 @@ impl Publisher<'_> {
     /// Seq the next published event gets.
     pub fn head(&self) -> u64 {
         self.inner.as_ref().map_or(self.start, |i| i.next_seq)
-    }
-
-    /// Shows the events so far to the subscriptions and hands the lock to a thread waiting
-    /// for it, if any (fairly: it runs before this one takes the lock back).
-    fn yield_lock(&mut self) {
-        self.since_yield = 0;
-        let Some(inner) = self.inner.as_mut() else {
-            return;
-        };
-        self.hub.head_tx.send_if_modified(|h| {
-            let moved = *h != inner.next_seq;
-            *h = inner.next_seq;
-            moved
-        });
-        parking_lot::MutexGuard::bump(inner);
-        // Pins may have moved or come and gone meanwhile.
-        self.pin = inner.pins.values().min().copied();
     }
 }
 
@@ -783,12 +682,7 @@ fn append(
                 heap_bytes(std::mem::size_of_val(strings))
                     + strings.iter().map(|s| heap_bytes(s.len())).sum::<usize>()
             };
-            let numbers_bytes = if numbers.len() <= INLINE_NUMBERS {
-                0
-            } else {
-                heap_bytes(std::mem::size_of_val(numbers))
-            };
-            numbers_bytes + strings_bytes
+            heap_bytes(std::mem::size_of_val(numbers)) + strings_bytes
         }
     };
     // The event evicted last, if any: its boxes are reused.
@@ -806,9 +700,10 @@ fn append(
             && inner
                 .byte_capacity
                 .is_none_or(|cap| inner.bytes_with(incoming) <= cap.saturating_add(inner.byte_reserve))
-            // The front's seq, from the ring's length (contiguous seqs; `seq` is taken): no
-            // read of a slot written a whole ring ago.
-            && pin.is_some_and(|pin| seq - inner.ring.len() as u64 >= pin);
+            && match (inner.ring.front(), pin) {
+                (Some(front), Some(pin)) => front.seq >= pin,
+                _ => false,
+            };
         if held {
             break;
         }
@@ -920,48 +815,6 @@ mod tests {
         assert_eq!(latest, vec![(0, 4.0), (1, 2.0)]);
     }
 
-    #[test]
-    fn up_to_three_numbers_stay_in_the_slot_and_more_go_to_a_box() {
-        for n in 0..=5usize {
-            let v: Vec<f64> = (0..n).map(|i| i as f64 + 0.5).collect();
-            let mut numbers = Numbers::from(&v[..]);
-            assert_eq!(&numbers[..], &v[..]);
-            assert_eq!(
-                numbers.heap_bytes(),
-                if n <= INLINE_NUMBERS { 0 } else { heap_bytes(8 * n) }
-            );
-            numbers.iter_mut().for_each(|x| *x *= 2.0);
-            assert!(numbers.iter().zip(&v).all(|(a, b)| *a == 2.0 * b), "{numbers:?}");
-        }
-    }
-
-    #[test]
-    fn a_long_batch_hands_the_lock_over_and_keeps_its_seqs_and_the_pins() {
-        // A ring of 3,000 and a block subscription pinned at seq 1: a batch of 5,000 keeps
-        // the unread events within the reserve, however often it hands the lock over.
-        let hub = Hub::with_block_reserve(1, 3_000, 3_000);
-        hub.add_schemas(&[schema()]).unwrap();
-        let h = hub.series("t.x", "a").unwrap();
-        hub.lock().pin(7, 1);
-        let mut head = hub.watch_head();
-        let mut p = hub.publisher();
-        for i in 0..5_000u32 {
-            assert_eq!(p.publish(&h, 1, &[f64::from(i)], &[]).unwrap(), u64::from(i) + 1);
-        }
-        // The subscriptions were shown the events at each hand-over, before the batch ended.
-        assert!(head.has_changed().unwrap());
-        assert_eq!(*head.borrow_and_update(), u64::from(YIELD_EVERY) * 4 + 1);
-        drop(p);
-        let inner = hub.lock();
-        assert_eq!(
-            (inner.oldest(), inner.head()),
-            (1, 5_001),
-            "nothing unread was evicted"
-        );
-        let values: Vec<f64> = inner.since(4_998).map(|e| e.numbers[0]).collect();
-        assert_eq!(values, [4_997.0, 4_998.0, 4_999.0]);
-    }
-
     fn bytes_bound(bytes: usize, block_reserve: usize) -> Arc<Hub> {
         let hub = Hub::with_limits(
             1,
@@ -993,8 +846,7 @@ mod tests {
         assert_eq!(heap_bytes(104), 112);
         const CAP: usize = 16 * 1024;
         let hub = bytes_bound(CAP, 0);
-        // One number (kept in the slot), one string of 5 bytes.
-        let per_event = SLOT_BYTES + heap_bytes(24) + heap_bytes(5);
+        let per_event = SLOT_BYTES + heap_bytes(8) + heap_bytes(24) + heap_bytes(5);
         for i in 0..2_000u32 {
             let (_, r) = hub.publish(&[named(f64::from(i), "eth-0")]);
             r.unwrap();

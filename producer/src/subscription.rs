@@ -29,7 +29,7 @@ use prost::bytes::Bytes;
 use prost::Message;
 use tokio::sync::{mpsc, Notify};
 
-use crate::chunk::{ChunkWriter, Staged};
+use crate::chunk::ChunkWriter;
 use crate::error::Error;
 use crate::hub::{Hub, HubInner, Stored};
 
@@ -238,7 +238,7 @@ impl Cursor {
             self.last_sent.insert(e.series, e.timestamp_ns);
         }
         if self.spec.delta_pct.is_some() {
-            self.delta_last.insert(e.series, Box::from(&*e.numbers));
+            self.delta_last.insert(e.series, e.numbers.clone());
         }
         Some(mark)
     }
@@ -433,9 +433,6 @@ pub struct Group {
     bytes: usize,
     /// Writes the chunks (its buffers reused from one chunk to the next).
     writer: ChunkWriter,
-    /// A new chunk's events, copied out of the ring under the hub's lock and encoded after
-    /// it is released ([`Group::seal`]): the publisher is not held up by the encoding.
-    staged: Staged,
     /// Per series id: the number of the last chunk that referred to it (a chunk's distinct
     /// series found by an index, not a hash per event).
     seen: Vec<u32>,
@@ -452,7 +449,6 @@ impl Group {
             chunks: VecDeque::new(),
             bytes: 0,
             writer: ChunkWriter::default(),
-            staged: Staged::default(),
             seen: Vec::new(),
             round: 0,
         }
@@ -467,17 +463,16 @@ impl Group {
         }
     }
 
-    /// The chunk starting at `next`, or, when `next` is the group's end, a new one's events
-    /// copied from the log (encode them with [`Group::seal`] once the hub's lock is released).
+    /// The chunk starting at `next`, encoding it from the log when `next` is the group's end.
     /// `Err(to)`: `next` is inside the chunk ending at `to` (read privately up to there).
     /// `Ok(None)`: nothing shared to offer.
-    fn chunk_at(&mut self, inner: &HubInner, next: u64) -> Result<Option<Offer>, u64> {
+    fn chunk_at(&mut self, inner: &HubInner, next: u64, epoch: u64) -> Result<Option<Arc<Chunk>>, u64> {
         if let (Some(first), Some(last)) = (self.chunks.front(), self.chunks.back()) {
             if next >= first.from && next < last.to {
                 let i = self.chunks.partition_point(|c| c.to <= next);
                 let c = &self.chunks[i];
                 return if c.from == next {
-                    Ok(Some(Offer::Ready(c.clone())))
+                    Ok(Some(c.clone()))
                 } else {
                     Err(c.to)
                 };
@@ -494,9 +489,8 @@ impl Group {
         if next >= inner.head() || next < inner.oldest() {
             return Ok(None);
         }
-        // Copied out here, under the hub's lock; written straight to bytes by `seal` after it
-        // (the same bytes a shared `BatchEncoder` and prost would write).
-        let enc = &mut self.staged;
+        // Straight to bytes (the same bytes a shared `BatchEncoder` and prost would write).
+        let enc = &mut self.writer;
         self.round = self.round.wrapping_add(1);
         if self.round == 0 {
             self.seen.fill(0);
@@ -525,29 +519,11 @@ impl Group {
             }
             last = e.seq;
         }
-        Ok(Some(Offer::New(Draft {
+        let events = enc.len();
+        let bytes = enc.finish(epoch);
+        let chunk = Arc::new(Chunk {
             from: next,
             to: last + 1,
-            series,
-            oldest: inner.oldest(),
-        })))
-    }
-
-    /// Encodes the events [`Group::chunk_at`] staged for `draft` into its chunk and keeps it
-    /// for the other members; the hub's lock need not (and should not) be held.
-    fn seal(&mut self, draft: Draft, epoch: u64) -> Arc<Chunk> {
-        let Draft {
-            from,
-            to,
-            series,
-            oldest,
-        } = draft;
-        self.staged.write_into(&mut self.writer);
-        let events = self.writer.len();
-        let bytes = self.writer.finish(epoch);
-        let chunk = Arc::new(Chunk {
-            from,
-            to,
             events,
             series,
             bytes,
@@ -558,6 +534,7 @@ impl Group {
         // overruns, never reads a chunk): the cache holds at most the ring's window, besides
         // its caps (otherwise each group filled its 16 MiB over minutes, a simulating producer
         // growing by that much per group long after its ring was full).
+        let oldest = inner.oldest();
         while self.chunks.len() > GROUP_CHUNKS
             || (self.bytes > GROUP_BYTES && self.chunks.len() > 1)
             || self.chunks.front().is_some_and(|c| c.to <= oldest)
@@ -568,41 +545,8 @@ impl Group {
         }
         metrics::counter!(crate::telemetry::CHUNKS_ENCODED).increment(1);
         SHARED_ENCODED.fetch_add(1, Ordering::Relaxed);
-        chunk
+        Ok(Some(chunk))
     }
-}
-
-/// What a group offers a member at its position.
-enum Offer {
-    /// A chunk already encoded.
-    Ready(Arc<Chunk>),
-    /// A new chunk's events, staged: [`Group::seal`] encodes them.
-    New(Draft),
-}
-
-impl Offer {
-    fn series(&self) -> &[u32] {
-        match self {
-            Offer::Ready(c) => &c.series,
-            Offer::New(d) => &d.series,
-        }
-    }
-
-    fn to(&self) -> u64 {
-        match self {
-            Offer::Ready(c) => c.to,
-            Offer::New(d) => d.to,
-        }
-    }
-}
-
-/// A chunk whose events are staged: seqs `from..to`, its distinct series, and the ring's
-/// oldest seq when they were copied (the cache keeps no chunk the ring has passed).
-struct Draft {
-    from: u64,
-    to: u64,
-    series: Vec<u32>,
-    oldest: u64,
 }
 
 /// Fan-out groups by selection, dropped when their last member leaves.
@@ -814,21 +758,11 @@ fn next_messages(
             && cursor.encoder.is_empty()
             && cursor.pending.is_empty();
         if plain {
-            match g.chunk_at(&inner, cursor.next) {
-                Ok(Some(offer)) => {
+            match g.chunk_at(&inner, cursor.next, epoch) {
+                Ok(Some(chunk)) => {
                     let decls = cursor
                         .encoder
-                        .declare_missing(offer.series().iter().map(|id| &*inner.series[*id as usize]));
-                    cursor.next = offer.to();
-                    let caught_up = cursor.caught_up(&inner);
-                    // The hub's lock is not held while a new chunk is encoded: the publisher
-                    // goes on meanwhile (the group's lock keeps the other members waiting for
-                    // the chunk instead of encoding it again).
-                    drop(inner);
-                    let chunk = match offer {
-                        Offer::Ready(c) => c,
-                        Offer::New(d) => g.seal(d, epoch),
-                    };
+                        .declare_missing(chunk.series.iter().map(|id| &*inner.series[*id as usize]));
                     if !decls.is_empty() {
                         out.push(encode(&pb::EventBatch {
                             series: decls,
@@ -840,7 +774,8 @@ fn next_messages(
                         metrics::counter!(crate::telemetry::EVENTS_SENT).increment(chunk.events as u64);
                         out.push(chunk.bytes.clone());
                     }
-                    return caught_up;
+                    cursor.next = chunk.to;
+                    return cursor.caught_up(&inner);
                 }
                 Ok(None) => {}
                 Err(to) => limit = to,
