@@ -604,6 +604,10 @@ pub(crate) async fn tell(stdin: &mut ChildStdin, what: &str) -> std::io::Result<
 struct Sample {
     at: Instant,
     cpu: Vec<f64>,
+    /// System (kernel) CPU seconds of each process.
+    sys: Vec<f64>,
+    /// Each process's read and write calls and their bytes (/proc/PID/io).
+    io: Vec<ProcIo>,
     bytes: u64,
     down: u64,
 }
@@ -612,12 +616,49 @@ fn sample(procs: &[&Proc], proxy: Option<&Proxy>) -> Sample {
     let me = std::process::id().to_string();
     let mut cpu: Vec<f64> = procs.iter().map(|p| p.usage().0).collect();
     cpu.push(proc_usage(&me).map(|u| u.0).unwrap_or(f64::NAN));
+    let pids = procs.iter().map(|p| p.pid.as_str()).chain([me.as_str()]);
+    let (sys, io) = pids.map(|p| (proc_sys(p), proc_io(p))).unzip();
     Sample {
         at: Instant::now(),
         cpu,
+        sys,
+        io,
         bytes: proxy.map_or(0, Proxy::bytes),
         down: proxy.map_or(0, |p| p.down.load(Ordering::Relaxed)),
     }
+}
+
+/// Write system calls of a process and the bytes they moved (`syscw`, `wchar` of
+/// /proc/PID/io: `write`/`writev` on sockets included, which is how tokio writes; its socket
+/// reads are `recv` calls, which /proc/PID/io does not count, so reads are left out).
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcIo {
+    writes: u64,
+    write_bytes: u64,
+}
+
+fn proc_io(pid: &str) -> ProcIo {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    ProcIo {
+        writes: field("syscw:"),
+        write_bytes: field("wchar:"),
+    }
+}
+
+/// System CPU seconds of a process (field 15 of /proc/PID/stat, 10 ms ticks).
+fn proc_sys(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace()
+        .nth(12)
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(f64::NAN, |t| t / 100.0)
 }
 
 pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Result<()> {
@@ -828,6 +869,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         .enumerate()
         .map(|(i, name)| {
             let cpu = s1.cpu[i] - s0.cpu[i];
+            let (a, b) = (s0.io.get(i).copied().unwrap_or_default(), s1.io.get(i).copied().unwrap_or_default());
             let (rss_end, peak) = rss.get(i).copied().unwrap_or_else(|| {
                 (
                     proc_usage(&me).map(|u| u.1).unwrap_or(f64::NAN),
@@ -836,6 +878,8 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
             });
             serde_json::json!({
                 "name": name, "cpu_seconds": cpu, "cores": cpu / seconds,
+                "sys_cpu_seconds": s1.sys.get(i).copied().unwrap_or(f64::NAN) - s0.sys.get(i).copied().unwrap_or(f64::NAN),
+                "write_calls": b.writes - a.writes, "write_bytes": b.write_bytes - a.write_bytes,
                 "rss_mib_end": rss_end, "rss_mib_peak": peak,
             })
         })
@@ -928,11 +972,17 @@ fn print_table(f: &serde_json::Value) {
     );
     if let Some(ps) = f["processes"].as_array() {
         for p in ps {
+            let per = |b: &str, c: &str| {
+                p[b].as_f64().unwrap_or(f64::NAN) / p[c].as_f64().unwrap_or(f64::NAN).max(1.0)
+            };
             println!(
-                "  {:<45} {:.2} cores, RSS {:.1} MiB",
+                "  {:<45} {:.2} cores ({:.2} system), RSS {:.1} MiB, {} writes of {:.0} B",
                 p["name"].as_str().unwrap_or("?"),
                 p["cores"].as_f64().unwrap_or(f64::NAN),
-                p["rss_mib_end"].as_f64().unwrap_or(f64::NAN)
+                p["sys_cpu_seconds"].as_f64().unwrap_or(f64::NAN) / n("seconds"),
+                p["rss_mib_end"].as_f64().unwrap_or(f64::NAN),
+                p["write_calls"],
+                per("write_bytes", "write_calls"),
             );
         }
     }

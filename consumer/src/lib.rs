@@ -61,7 +61,10 @@ pub(crate) async fn connect_with(
     let uri = ep.uri().to_string();
     let connected = match bytes {
         None => ep.connect().await,
-        Some(bytes) => ep.connect_with_connector(counted::CountingConnector { bytes }).await,
+        Some(bytes) => {
+            ep.connect_with_connector(counted::CountingConnector { bytes })
+                .await
+        }
     };
     connected.map_err(|e| ConsumerError::Connect(uri, error_chain(&e)))
 }
