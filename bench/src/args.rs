@@ -116,6 +116,11 @@ pub struct StreamProcs {
     /// instead of through series handles resolved once (for before/after comparisons).
     #[arg(long)]
     pub by_name: bool,
+    /// The consumers connect through a counting TCP proxy in the bench process (the older way
+    /// of counting socket bytes: a hop with CPU of its own) instead of straight to the
+    /// producer; their own transport counts the same bytes either way.
+    #[arg(long)]
+    pub proxy: bool,
 }
 
 #[derive(Args, Debug)]

@@ -2,8 +2,9 @@
 //! run in [`crate::stream`]).
 //!
 //! Processes: a producer process, K consumer processes (`gma bench stream-consumer`, hidden)
-//! holding N subscriptions between them, and this process, which runs a counting TCP proxy
-//! (and, with `--source ingest`, the publisher):
+//! holding N subscriptions between them, and this process, which runs the window and adds up
+//! the books (and, with `--source ingest`, the publisher; with `--proxy`, a counting TCP
+//! proxy):
 //!
 //! - `--source generator` (default): the producer process is `gma bench stream-producer`
 //!   (hidden): the producer library `gma producer` runs (hub, ring, subscription policies, gRPC
@@ -22,22 +23,26 @@
 //! figure is then what the stream sustains with nothing dropped. (An Ingest push is not held
 //! back: with `--source ingest` block keeps events only within the ring's block reserve, then
 //! gaps.) With `drop-oldest` the source runs free and the subscriptions' losses show as gaps.
-//! Every consumer connection goes through the proxy, which copies bytes both ways and counts
-//! them: everything gRPC, HTTP/2 and TCP payload put on the consumer's socket. Its CPU is this
-//! process's, reported apart from the producer's and consumers'. Each subscription (pattern
+//! Every consumer connection counts the bytes read from and written to its socket in its own
+//! transport ([`gma_consumer::counted`]): everything gRPC and HTTP/2 put on the socket, both
+//! ways, at the cost of an atomic add per read or write call. With `--proxy` the connections go
+//! through a TCP proxy in this process that copies and counts them too (the same bytes: the
+//! proxy's count is reported beside the consumers'); its CPU, a hop NATS does not have, is
+//! this process's, reported apart from the producer's and consumers'. Each subscription (pattern
 //! `*`) books every seq it receives: a seq below the next expected one is a duplicate, a jump
 //! must be covered by the `Gap`s the producer reported; what is neither received nor covered
 //! is `unexplained`. Drops are the gaps'.
 //!
 //! The window: once every subscription is live and the source has run 1 s, this process tells
-//! the consumers (a `start` line on their stdin) to count, samples /proc and the proxy
-//! counters, and after `--duration` s samples again and tells them `stop`.
+//! the consumers (a `start` line on their stdin) to count (events and socket bytes), samples
+//! /proc (and the proxy's counters), and after `--duration` s samples again and tells them `stop`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use gma_consumer::counted::SocketBytes;
 use gma_consumer::stream::{ProducerStream, Progress, StreamOptions};
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
@@ -258,6 +263,24 @@ pub async fn consumer(
     };
     let (state_tx, state_rx) = tokio::sync::watch::channel(BEFORE);
     let live = Arc::new(AtomicU64::new(0));
+    // Every byte this process's subscriptions read and write on their sockets, counted in
+    // their own transport (gma_consumer::counted), read at `start` and at `stop`.
+    let bytes = SocketBytes::new();
+    let window_bytes = {
+        let (mut state, bytes) = (state_rx.clone(), bytes.clone());
+        tokio::spawn(async move {
+            let mut at_start = (0, 0);
+            while state.changed().await.is_ok() {
+                let now = (bytes.read(), bytes.written());
+                match *state.borrow_and_update() {
+                    COUNTING => at_start = now,
+                    AFTER => return (now.0 - at_start.0, now.1 - at_start.1),
+                    _ => {}
+                }
+            }
+            (0, 0)
+        })
+    };
     let mut tasks = Vec::new();
     for i in 0..subscribers {
         let mut s = ProducerStream::new(
@@ -270,7 +293,8 @@ pub async fn consumer(
                 reconnect: false,
                 ..StreamOptions::default()
             },
-        );
+        )
+        .with_socket_bytes(bytes.clone());
         let (mut state, live) = (state_rx.clone(), live.clone());
         tasks.push(tokio::spawn(async move {
             let mut r = SubResult {
@@ -347,10 +371,12 @@ pub async fn consumer(
             "span": r.book.span(),
         }));
     }
+    let (read, written) = window_bytes.await.context("the byte window")?;
     let q = |p: f64| lat.value_at_quantile(p) as f64 / 1000.0;
     println!(
         "{}",
         serde_json::json!({
+            "socket_bytes": {"read": read, "written": written},
             "subscriptions": subs,
             "latency_ms": {"p50": q(0.5), "p99": q(0.99), "max": lat.max() as f64 / 1000.0, "batches": lat.len()},
         })
@@ -573,24 +599,66 @@ pub(crate) async fn tell(stdin: &mut ChildStdin, what: &str) -> std::io::Result<
     stdin.flush().await
 }
 
-/// CPU seconds and RSS of every process at one instant, and the proxy's bytes.
+/// CPU seconds and RSS of every process at one instant, and the proxy's bytes (with
+/// `--proxy`).
 struct Sample {
     at: Instant,
     cpu: Vec<f64>,
+    /// System (kernel) CPU seconds of each process.
+    sys: Vec<f64>,
+    /// Each process's read and write calls and their bytes (/proc/PID/io).
+    io: Vec<ProcIo>,
     bytes: u64,
     down: u64,
 }
 
-fn sample(procs: &[&Proc], proxy: &Proxy) -> Sample {
+fn sample(procs: &[&Proc], proxy: Option<&Proxy>) -> Sample {
     let me = std::process::id().to_string();
     let mut cpu: Vec<f64> = procs.iter().map(|p| p.usage().0).collect();
     cpu.push(proc_usage(&me).map(|u| u.0).unwrap_or(f64::NAN));
+    let pids = procs.iter().map(|p| p.pid.as_str()).chain([me.as_str()]);
+    let (sys, io) = pids.map(|p| (proc_sys(p), proc_io(p))).unzip();
     Sample {
         at: Instant::now(),
         cpu,
-        bytes: proxy.bytes(),
-        down: proxy.down.load(Ordering::Relaxed),
+        sys,
+        io,
+        bytes: proxy.map_or(0, Proxy::bytes),
+        down: proxy.map_or(0, |p| p.down.load(Ordering::Relaxed)),
     }
+}
+
+/// Write system calls of a process and the bytes they moved (`syscw`, `wchar` of
+/// /proc/PID/io: `write`/`writev` on sockets included, which is how tokio writes; its socket
+/// reads are `recv` calls, which /proc/PID/io does not count, so reads are left out).
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcIo {
+    writes: u64,
+    write_bytes: u64,
+}
+
+fn proc_io(pid: &str) -> ProcIo {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    ProcIo {
+        writes: field("syscw:"),
+        write_bytes: field("wchar:"),
+    }
+}
+
+/// System CPU seconds of a process (field 15 of /proc/PID/stat, 10 ms ticks).
+fn proc_sys(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace()
+        .nth(12)
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(f64::NAN, |t| t / 100.0)
 }
 
 pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Result<()> {
@@ -659,7 +727,14 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
     )
     .await?;
     crate::child::drain(lines);
-    let proxy = Proxy::start(&addr).await?;
+    // With --proxy the consumers connect through a counting proxy in this process (the
+    // bench's older way to count socket bytes, a hop of its own CPU); by default they connect
+    // to the producer directly and count the bytes in their own transport.
+    let proxy = match o.proxy {
+        true => Some(Proxy::start(&addr).await?),
+        false => None,
+    };
+    let consumer_addr = proxy.as_ref().map_or(addr.clone(), |p| p.addr.clone());
 
     // Consumer processes: the subscriptions spread evenly.
     let mut consumers = Vec::new();
@@ -671,7 +746,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
                 "bench".into(),
                 "stream-consumer".into(),
                 "--addr".into(),
-                proxy.addr.clone(),
+                consumer_addr.clone(),
                 "--subscribers".into(),
                 n.to_string(),
                 "--policy".into(),
@@ -724,7 +799,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
     }
     let mut all: Vec<&Proc> = vec![&producer];
     all.extend(consumers.iter().map(|c| &c.0));
-    let s0 = sample(&all, &proxy);
+    let s0 = sample(&all, proxy.as_ref());
     drop(all);
     for c in consumers.iter_mut() {
         tell(&mut c.2, "start")
@@ -734,7 +809,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
     tokio::time::sleep(Duration::from_secs(duration)).await;
     let mut all: Vec<&Proc> = vec![&producer];
     all.extend(consumers.iter().map(|c| &c.0));
-    let s1 = sample(&all, &proxy);
+    let s1 = sample(&all, proxy.as_ref());
     let rss: Vec<(f64, Option<f64>)> = all.iter().map(|p| (p.usage().1, peak_rss_mib(&p.pid))).collect();
     drop(all);
     for c in consumers.iter_mut() {
@@ -745,6 +820,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
     let mut subs = Vec::new();
     let mut lat_p99: f64 = 0.0;
     let mut lat_p50: f64 = 0.0;
+    let (mut read, mut written) = (0u64, 0u64);
     for (p, out, _, err) in consumers.iter_mut() {
         let json = match wait_line(out, "{", &p.name, Duration::from_secs(30)).await {
             Ok(rest) => format!("{{{rest}"),
@@ -752,6 +828,8 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         };
         let v: serde_json::Value =
             serde_json::from_str(&json).with_context(|| format!("{}: bad JSON {json}", p.name))?;
+        read += v["socket_bytes"]["read"].as_u64().unwrap_or(0);
+        written += v["socket_bytes"]["written"].as_u64().unwrap_or(0);
         lat_p50 = lat_p50.max(v["latency_ms"]["p50"].as_f64().unwrap_or(f64::NAN));
         lat_p99 = lat_p99.max(v["latency_ms"]["p99"].as_f64().unwrap_or(f64::NAN));
         if let Some(a) = v["subscriptions"].as_array() {
@@ -773,13 +851,17 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         .map(|s| s["window_events"].as_u64().unwrap_or(0))
         .collect();
     let min_sub = per_sub.iter().copied().min().unwrap_or(0) as f64 / seconds;
-    let window_bytes = s1.bytes - s0.bytes;
+    // The consumers' own counts (their sockets, between their `start` and `stop`); the
+    // proxy's, the same bytes copied, are reported beside them with --proxy.
+    let window_bytes = read + written;
     let bytes_per_event = window_bytes as f64 / window_events.max(1) as f64;
     let mut names: Vec<String> = vec![producer.name.clone()];
     names.extend(consumers.iter().map(|c| c.0.name.clone()));
-    names.push(match o.source {
-        Source::Ingest => "gma bench (Ingest publisher and counting proxy)".into(),
-        Source::Generator => "gma bench (counting proxy)".into(),
+    names.push(match (o.source, o.proxy) {
+        (Source::Ingest, true) => "gma bench (Ingest publisher and counting proxy)".into(),
+        (Source::Ingest, false) => "gma bench (Ingest publisher)".into(),
+        (Source::Generator, true) => "gma bench (counting proxy)".into(),
+        (Source::Generator, false) => "gma bench (run and books)".into(),
     });
     let me = std::process::id().to_string();
     let processes: Vec<serde_json::Value> = names
@@ -787,6 +869,7 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         .enumerate()
         .map(|(i, name)| {
             let cpu = s1.cpu[i] - s0.cpu[i];
+            let (a, b) = (s0.io.get(i).copied().unwrap_or_default(), s1.io.get(i).copied().unwrap_or_default());
             let (rss_end, peak) = rss.get(i).copied().unwrap_or_else(|| {
                 (
                     proc_usage(&me).map(|u| u.1).unwrap_or(f64::NAN),
@@ -795,6 +878,8 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
             });
             serde_json::json!({
                 "name": name, "cpu_seconds": cpu, "cores": cpu / seconds,
+                "sys_cpu_seconds": s1.sys.get(i).copied().unwrap_or(f64::NAN) - s0.sys.get(i).copied().unwrap_or(f64::NAN),
+                "write_calls": b.writes - a.writes, "write_bytes": b.write_bytes - a.write_bytes,
                 "rss_mib_end": rss_end, "rss_mib_peak": peak,
             })
         })
@@ -818,7 +903,10 @@ pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Resul
         "per_subscriber_events_per_s": window_events as f64 / seconds / o.subscribers as f64,
         "min_subscriber_events_per_s": min_sub,
         "socket_bytes": window_bytes,
-        "socket_bytes_down": s1.down - s0.down,
+        "socket_bytes_down": read,
+        "socket_bytes_counted_at": if o.proxy { "consumers' transport, through the proxy" } else { "consumers' transport" },
+        "proxy_bytes": o.proxy.then(|| s1.bytes - s0.bytes),
+        "proxy_bytes_down": o.proxy.then(|| s1.down - s0.down),
         "socket_bytes_per_event": bytes_per_event,
         "received": sum("received"),
         "dropped": sum("gap_dropped"),
@@ -865,10 +953,14 @@ fn print_table(f: &serde_json::Value) {
         n("min_subscriber_events_per_s")
     );
     println!(
-        "  on the socket            {:.1} bytes/event ({} bytes)",
+        "  on the socket            {:.1} bytes/event ({} bytes, counted in the {})",
         n("socket_bytes_per_event"),
-        f["socket_bytes"]
+        f["socket_bytes"],
+        f["socket_bytes_counted_at"].as_str().unwrap_or("?")
     );
+    if let Some(p) = f["proxy_bytes"].as_u64() {
+        println!("  through the proxy        {p} bytes");
+    }
     println!(
         "  protocol accounting      {} received, {} dropped in {} gaps, {} unexplained, {} duplicates",
         f["received"], f["dropped"], f["gaps"], f["unexplained"], f["duplicates"]
@@ -880,11 +972,17 @@ fn print_table(f: &serde_json::Value) {
     );
     if let Some(ps) = f["processes"].as_array() {
         for p in ps {
+            let per = |b: &str, c: &str| {
+                p[b].as_f64().unwrap_or(f64::NAN) / p[c].as_f64().unwrap_or(f64::NAN).max(1.0)
+            };
             println!(
-                "  {:<45} {:.2} cores, RSS {:.1} MiB",
+                "  {:<45} {:.2} cores ({:.2} system), RSS {:.1} MiB, {} writes of {:.0} B",
                 p["name"].as_str().unwrap_or("?"),
                 p["cores"].as_f64().unwrap_or(f64::NAN),
-                p["rss_mib_end"].as_f64().unwrap_or(f64::NAN)
+                p["sys_cpu_seconds"].as_f64().unwrap_or(f64::NAN) / n("seconds"),
+                p["rss_mib_end"].as_f64().unwrap_or(f64::NAN),
+                p["write_calls"],
+                per("write_bytes", "write_calls"),
             );
         }
     }

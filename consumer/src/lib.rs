@@ -1,6 +1,7 @@
 //! gma-consumer: the consumer side of the fabric, as a library.
 //!
 //! - [`connect`]: a gRPC channel to any role.
+//! - [`counted`]: [`counted::CountingConnector`], a channel's own socket bytes counted (benches).
 //! - [`directory`]: search (all pages) and lookups against the directory.
 //! - [`emit`]: [`emit::Emitter`], application sensors: push your own events (fields by name)
 //!   into a producer's `Ingest` service.
@@ -17,6 +18,7 @@
 /// `address` serves something else, e.g. the archiver's queries), so producers must not push.
 pub const PULL_ATTRIBUTE: &str = "gma.pull";
 
+pub mod counted;
 pub mod directory;
 pub mod emit;
 pub mod error;
@@ -43,21 +45,28 @@ pub fn is_refusal(code: tonic::Code) -> bool {
 /// Opens a channel to `addr` (`host:port` or `http(s)://host:port`), with this process's
 /// client TLS when one is installed ([`gma_core::tls::install_client`]).
 pub async fn connect(addr: &str) -> Result<Channel, ConsumerError> {
-    connect_with(addr, |ep| ep).await
+    connect_with(addr, |ep| ep, None).await
 }
 
-/// [`connect`] with the endpoint's settings adjusted by `adjust` (e.g. a stream's frame size).
+/// [`connect`] with the endpoint's settings adjusted by `adjust` (e.g. a stream's frame size)
+/// and, with `bytes`, the connection's socket bytes counted into them ([`counted`]).
 pub(crate) async fn connect_with(
     addr: &str,
     adjust: impl FnOnce(tonic::transport::Endpoint) -> tonic::transport::Endpoint,
+    bytes: Option<counted::SocketBytes>,
 ) -> Result<Channel, ConsumerError> {
     let ep =
         gma_core::tls::endpoint(addr).map_err(|e| ConsumerError::Address(addr.to_string(), e.to_string()))?;
     let ep = adjust(ep);
     let uri = ep.uri().to_string();
-    ep.connect()
-        .await
-        .map_err(|e| ConsumerError::Connect(uri, error_chain(&e)))
+    let connected = match bytes {
+        None => ep.connect().await,
+        Some(bytes) => {
+            ep.connect_with_connector(counted::CountingConnector { bytes })
+                .await
+        }
+    };
+    connected.map_err(|e| ConsumerError::Connect(uri, error_chain(&e)))
 }
 
 /// Renders an error with its sources, for one-line messages.

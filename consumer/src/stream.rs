@@ -14,6 +14,7 @@ use gma_proto::wire::SubscribeResponse;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::Streaming;
 
+use crate::counted::SocketBytes;
 use crate::{connect_with, ConsumerError};
 
 /// The largest HTTP/2 frame this side accepts on a subscription's connection (what the
@@ -105,6 +106,8 @@ pub struct ProducerStream {
     subscription_id: u64,
     attempt: u32,
     ended: bool,
+    /// Where this stream's connections count their socket bytes, if anywhere.
+    socket_bytes: Option<SocketBytes>,
 }
 
 impl ProducerStream {
@@ -119,7 +122,16 @@ impl ProducerStream {
             subscription_id: 0,
             attempt: 0,
             ended: false,
+            socket_bytes: None,
         }
+    }
+
+    /// Counts every byte this stream's connections read and write on their sockets (gRPC,
+    /// HTTP/2 and TLS included) into `bytes`, which other streams may share
+    /// ([`crate::counted`]).
+    pub fn with_socket_bytes(mut self, bytes: SocketBytes) -> ProducerStream {
+        self.socket_bytes = Some(bytes);
+        self
     }
 
     /// Starts from a known point (e.g. one saved before a consumer restart).
@@ -145,7 +157,12 @@ impl ProducerStream {
         // Frames as large as a batch: at HTTP/2's default of 16 KiB every batch of 1,000
         // events (27 KB) crossed in two or more frames, each a header and a pass of the
         // producer's and this side's framing.
-        let channel = connect_with(&self.address, |ep| ep.max_frame_size(STREAM_MAX_FRAME_BYTES)).await?;
+        let channel = connect_with(
+            &self.address,
+            |ep| ep.max_frame_size(STREAM_MAX_FRAME_BYTES),
+            self.socket_bytes.clone(),
+        )
+        .await?;
         let mut client =
             tonic::client::Grpc::new(channel).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
         let resume = self.resume.unwrap_or_default();

@@ -45,21 +45,23 @@ fn stream_in_process() {
 /// The cross-process stream: a producer process (the bench source inside it, or a `gma producer`
 /// fed through Ingest), 3 subscriptions in 2 consumer processes. Every
 /// subscription's books balance (each seq from its first to its last received once or inside a
-/// gap the producer reported, none twice), and the bytes the proxy counted on the consumers'
-/// sockets are there for the events delivered: at least one byte per event, and no more than
+/// gap the producer reported, none twice), and the bytes the consumers counted on their own
+/// sockets (and, with `--proxy`, the counting proxy between them and the producer) are there
+/// for the events delivered: at least one byte per event, and no more than
 /// the events' own self-describing size would be. A small ring (2,000 events) under a
 /// back-to-back source lets the producer drop for a slow consumer under drop-oldest: whatever
 /// it drops must come with its gaps. Under block the generator waits for the slowest
 /// subscription (the producer's policy holds it back): nothing is dropped, no seq is missing.
 #[test]
 fn stream_across_processes_books_balance() {
-    for (source, rate, ring, policy) in [
-        ("generator", "20000", "1048576", "block"),
-        ("generator", "0", "2000", "drop-oldest"),
-        ("generator", "0", "2000", "block"),
-        ("ingest", "0", "2000", "drop-oldest"),
+    for (source, rate, ring, policy, proxy) in [
+        ("generator", "20000", "1048576", "block", false),
+        ("generator", "20000", "1048576", "block", true),
+        ("generator", "0", "2000", "drop-oldest", false),
+        ("generator", "0", "2000", "block", false),
+        ("ingest", "0", "2000", "drop-oldest", false),
     ] {
-        let o = &bench(&[
+        let mut args = vec![
             "stream",
             "--source",
             source,
@@ -77,7 +79,11 @@ fn stream_across_processes_books_balance() {
             ring,
             "--policy",
             policy,
-        ])[0];
+        ];
+        if proxy {
+            args.push("--proxy");
+        }
+        let o = &bench(&args)[0];
         assert_eq!(o["mode"], "processes", "{o}");
         assert_eq!(o["source"], source, "{o}");
         assert_eq!(o["policy"], policy, "{o}");
@@ -102,6 +108,12 @@ fn stream_across_processes_books_balance() {
         // Name, source, timestamp, seq and three tagged doubles: over 40 bytes each in the
         // self-describing form; the stream's encoding must not cost more than that.
         assert!(bytes <= events * 64, "{o}");
+        if proxy {
+            let through = o["proxy_bytes"].as_u64().unwrap();
+            assert!(through >= events && through <= events * 64, "{o}");
+        } else {
+            assert!(o["proxy_bytes"].is_null(), "{o}");
+        }
         assert_eq!(o["processes"].as_array().unwrap().len(), 4, "{o}");
     }
 }
