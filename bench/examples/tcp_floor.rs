@@ -7,9 +7,9 @@
 //! /proc/self/stat) and the CPU-seconds per GB over all processes, and beside them the CPU of
 //! the kernel's ksoftirqd threads in the window (machine-wide).
 //!
-//! std only, outside the workspace (no crate of ours needed):
-//!   rustc -O --edition 2021 -o /tmp/tcp_floor bench/tools/tcp_floor.rs
-//!   /tmp/tcp_floor --conns 100 --readers 4 --chunk 27000 --seconds 5
+//! std only (no crate of ours used); an example of gma-bench so that the suite builds and lints it:
+//!   cargo build --release -p gma-bench --example tcp_floor
+//!   target/release/examples/tcp_floor --conns 100 --readers 4 --chunk 27000 --seconds 5
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -145,10 +145,7 @@ fn main() -> std::io::Result<()> {
     );
     println!("  writer   user {wu:.2} s  sys {ws:.2} s");
     println!("  readers  user {ru:.2} s  sys {rs:.2} s (whole run, incl. connect)");
-    println!(
-        "  ksoftirqd {:.2} s (machine-wide, not in `all`)",
-        k1 - k0
-    );
+    println!("  ksoftirqd {:.2} s (machine-wide, not in `all`)", k1 - k0);
     println!(
         "  all      {all:.2} CPU-s = {:.3} CPU-s per GB; {:.2} cores",
         all / gb,
