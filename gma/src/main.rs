@@ -18,7 +18,7 @@ fn main() {
 /// Freed pages go back to the system after jemalloc's decay time (10 s) even in a process that
 /// then allocates little (a directory member between snapshots): a background thread purges
 /// them, where jemalloc would otherwise purge only on its next allocations. One such thread for
-/// every arena (jemalloc's default is one per core).
+/// all arenas (jemalloc's default is up to one per core).
 #[cfg(feature = "jemalloc")]
 fn purge_in_the_background() {
     let one = tikv_jemalloc_ctl::max_background_threads::write(1);
