@@ -144,18 +144,7 @@ fn status_mib(pid: &str, key: &str) -> f64 {
 /// /proc/<pid>/stat): the host commands `host.info` and `batch.queue` run (`df`, `dpkg-query`,
 /// `sinfo`), which the agent's own CPU time does not include.
 fn children_cpu_s(pid: &str) -> f64 {
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1;
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            // Field 3 (state) is index 0: cutime (16) and cstime (17) are 13 and 14.
-            let cu: f64 = f.get(13)?.parse().ok()?;
-            let cs: f64 = f.get(14)?.parse().ok()?;
-            Some(cu + cs)
-        });
-    // USER_HZ, as `report::proc_usage` assumes.
-    ticks.map_or(f64::NAN, |t| t / 100.0)
+    crate::report::proc_stat_seconds(pid, &[13, 14]).unwrap_or(f64::NAN)
 }
 
 /// The agent's own sampling rate, from its latest `gma.agent` event (`values_per_s`).

@@ -71,6 +71,18 @@ pub fn proc_usage(pid: &str) -> anyhow::Result<(f64, f64)> {
     Ok(((utime + stime) / CLK_TCK, rss_kb / 1024.0))
 }
 
+/// The sum of some clock-tick fields of /proc/PID/stat, in seconds; `fields` index the fields
+/// after the command name (0 = state, 11 = utime, 12 = stime, 13 = cutime, 14 = cstime).
+pub fn proc_stat_seconds(pid: &str, fields: &[usize]) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let mut ticks = 0.0;
+    for &i in fields {
+        ticks += f.get(i)?.parse::<f64>().ok()?;
+    }
+    Some(ticks / CLK_TCK)
+}
+
 /// One sample of a process: seconds since the run began, its CPU seconds so far, its RSS.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Point {
@@ -174,6 +186,18 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_fields_are_summed_and_a_missing_one_is_none() {
+        let me = std::process::id().to_string();
+        // The fields parse; utime + stime is at least each of them (read a moment apart).
+        let u = proc_stat_seconds(&me, &[11]).unwrap();
+        let s = proc_stat_seconds(&me, &[12]).unwrap();
+        let both = proc_stat_seconds(&me, &[11, 12]).unwrap();
+        assert!(u >= 0.0 && s >= 0.0 && both >= u.max(s), "{u} {s} {both}");
+        assert_eq!(proc_stat_seconds(&me, &[10_000]), None);
+        assert_eq!(proc_stat_seconds("no-such-pid", &[11]), None);
+    }
 
     fn p(t_s: f64, rss_mib: f64) -> Point {
         Point {

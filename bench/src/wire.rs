@@ -651,14 +651,9 @@ fn proc_io(pid: &str) -> ProcIo {
     }
 }
 
-/// System CPU seconds of a process (field 15 of /proc/PID/stat, 10 ms ticks).
+/// System CPU seconds of a process (stime, field 15 of /proc/PID/stat).
 fn proc_sys(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    rest.split_whitespace()
-        .nth(12)
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(f64::NAN, |t| t / 100.0)
+    crate::report::proc_stat_seconds(pid, &[12]).unwrap_or(f64::NAN)
 }
 
 pub async fn run(duration: u64, o: StreamProcs, output: Output) -> anyhow::Result<()> {
