@@ -39,6 +39,7 @@ pub mod otlp;
 pub mod prometheus;
 pub mod push;
 pub mod registrar;
+pub mod send;
 pub mod service;
 pub mod subscription;
 pub mod telemetry;
@@ -668,10 +669,7 @@ impl Producer {
             None => None,
         };
         let services = gma_core::conn::Services::new()
-            .add_service(
-                gma_proto::wire::producer_server::ProducerServer::new(producer)
-                    .max_decoding_message_size(max),
-            )
+            .add_service(send::ProducerGrpc::new(producer, max))
             .add_service(
                 pb::ingest_server::IngestServer::new(service::IngestService {
                     hub: hub.clone(),

@@ -439,6 +439,46 @@ pub fn start_of(epoch: u64, resume_from_seq: u64, resume_epoch: u64) -> Start {
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<wire::SubscribeResponse, Status>> + Send>>;
 
+/// An accepted subscription: its id, its cancel flag, the connection's slot it holds, and its
+/// encoded `EventBatch`es as its task sends them. The first response message carries the id;
+/// the stream ends as soon as the subscription is cancelled (nothing is sent after an
+/// Unsubscribe has been confirmed) or its task ends.
+pub struct Opened {
+    pub id: u64,
+    pub cancel: Arc<subscription::Cancel>,
+    pub slot: gma_core::guard::Slot,
+    pub rx: mpsc::Receiver<Bytes>,
+}
+
+impl ProducerService {
+    /// Subscribe's checks, in order (charge, policy, the connection's subscription slot, the
+    /// request's validity), then the subscription's task started.
+    pub fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Opened, Status> {
+        let who = self.gate.admit(&req)?;
+        let grant = authorize_subscribe(&self.gate, &who, req.get_ref())?;
+        // One slot of this connection's subscriptions, held by the stream: closing the stream
+        // (or the connection) frees it.
+        let slot = self.gate.open_subscription(&req)?;
+        let req = req.into_inner();
+        let spec = granted_spec(&self.hub, &self.deriver, &who, &grant, &req)?;
+        let start = start_of(self.hub.epoch(), req.resume_from_seq, req.epoch);
+        let cursor = Cursor::new(spec);
+        let handle = self.registry.add(&req.consumer_id, &who);
+        let (id, cancel) = (handle.id, handle.cancel.clone());
+        // Two batches in flight at most: memory per subscriber stays bounded and latency low.
+        let (tx, rx) = mpsc::channel::<Bytes>(2);
+        tokio::spawn(subscription::run(
+            self.hub.clone(),
+            self.registry.clone(),
+            cursor,
+            start,
+            handle,
+            tx,
+        ));
+        Ok(Opened { id, cancel, slot, rx })
+    }
+}
+
 #[tonic::async_trait]
 impl wire::producer_server::Producer for ProducerService {
     async fn query(&self, req: Request<pb::QueryRequest>) -> Result<Response<pb::QueryResponse>, Status> {
@@ -506,29 +546,14 @@ impl wire::producer_server::Producer for ProducerService {
         &self,
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<SubscribeStream>, Status> {
-        let who = self.gate.admit(&req)?;
-        let grant = authorize_subscribe(&self.gate, &who, req.get_ref())?;
-        // One slot of this connection's subscriptions, held by the stream below: closing the
-        // stream (or the connection) frees it.
-        let slot = self.gate.open_subscription(&req)?;
-        let req = req.into_inner();
-        let spec = granted_spec(&self.hub, &self.deriver, &who, &grant, &req)?;
-        let start = start_of(self.hub.epoch(), req.resume_from_seq, req.epoch);
-        let cursor = Cursor::new(spec);
-        let handle = self.registry.add(&req.consumer_id, &who);
-        let (id, cancel) = (handle.id, handle.cancel.clone());
-        // Two batches in flight at most: memory per subscriber stays bounded and latency low.
-        let (tx, mut rx) = mpsc::channel::<Bytes>(2);
-        tokio::spawn(subscription::run(
-            self.hub.clone(),
-            self.registry.clone(),
-            cursor,
-            start,
-            handle,
-            tx,
-        ));
-        // The first message carries the subscription id. The stream ends as soon as the
-        // subscription is cancelled: nothing is sent after an Unsubscribe has been confirmed.
+        // Served by `crate::send` (the batches not copied into tonic's buffer); this is the
+        // same stream through tonic's encoder, for a server built from the generated one alone.
+        let Opened {
+            id,
+            cancel,
+            slot,
+            mut rx,
+        } = self.open_subscription(req)?;
         let mut first = Some(wire::SubscribeResponse {
             subscription_id: id,
             batch: Bytes::new(),

@@ -40,6 +40,13 @@ where
     }
 }
 
+/// The answer to a message that is not a valid protobuf of its method's type.
+pub fn undecodable(e: prost::DecodeError) -> Status {
+    Status::invalid_argument(format!(
+        "{e}: the message is not a valid protobuf of this method's type; send one encoded from the gma .proto files"
+    ))
+}
+
 /// Decodes a `U`; an undecodable message is `INVALID_ARGUMENT` with prost's reason.
 #[derive(Debug, Clone)]
 pub struct ProstDecoder<U> {
@@ -51,11 +58,7 @@ impl<U: Message + Default> Decoder for ProstDecoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf).map(Some).map_err(|e| {
-            Status::invalid_argument(format!(
-                "{e}: the message is not a valid protobuf of this method's type; send one encoded from the gma .proto files"
-            ))
-        })
+        U::decode(buf).map(Some).map_err(undecodable)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
