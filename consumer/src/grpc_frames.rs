@@ -14,11 +14,14 @@
 //!   trailers-only refusal) and its body read frame by frame into the [`Deframer`], ending
 //!   with the `grpc-status` of its trailers. Every failure is the [`Status`] tonic's client
 //!   gives for it, so callers handle refusals, reconnects and errors as before.
-//! - [`frame_message`]: one message with its 5-byte prefix, a request's whole body.
+//! - [`request`]: a unary or server-streaming request as tonic's client sends it, its body one
+//!   message behind its 5-byte prefix ([`frame_message`]).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
-use tonic::codegen::http::{header, HeaderMap, Response, StatusCode};
+use tonic::codegen::http::{
+    header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
 use tonic::codegen::Body;
 use tonic::{Code, Status};
 
@@ -92,7 +95,7 @@ impl Deframer {
         if self.partial.len() < PREFIX + len {
             return Ok(None);
         }
-        let mut message = self.partial.split().freeze();
+        let mut message = self.partial.split_to(PREFIX + len).freeze();
         message.advance(PREFIX);
         Ok(Some(message))
     }
@@ -260,6 +263,31 @@ fn status_of_http(http: StatusCode) -> Status {
     )
 }
 
+/// The request of a unary or server-streaming method as tonic's client sends it (a unit test
+/// compares the two): POST over HTTP/2 to `path` (`/package.Service/Method`), `te: trailers`,
+/// `content-type: application/grpc`, `message` as the whole body ([`frame_message`]); the
+/// channel adds the scheme, authority and user agent.
+pub fn request(
+    path: &'static str,
+    message: &impl prost::Message,
+) -> Result<Request<tonic::body::Body>, Status> {
+    let body = http_body_util::Full::new(frame_message(message)?);
+    let mut request = Request::new(tonic::body::Body::new(body));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = Uri::from_static(path);
+    *request.version_mut() = Version::HTTP_2;
+    let headers = request.headers_mut();
+    headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    // What tonic's generated client attaches for interceptors and layers.
+    if let Some((service, method)) = path.trim_start_matches('/').split_once('/') {
+        request
+            .extensions_mut()
+            .insert(tonic::GrpcMethod::new(service, method));
+    }
+    Ok(request)
+}
+
 /// `message` encoded behind its 5-byte prefix (uncompressed): a unary or server-streaming
 /// request's whole body.
 pub fn frame_message(message: &impl prost::Message) -> Result<Bytes, Status> {
@@ -351,6 +379,25 @@ mod tests {
     }
 
     #[test]
+    fn frames_pushed_without_draining_lose_nothing() -> Result<(), Status> {
+        let mut bytes = framed(b"one");
+        bytes.extend(framed(b"two"));
+        let mut d = Deframer::new(LIMIT);
+        d.push(Bytes::from(bytes));
+        d.push(Bytes::from(framed(b"three")));
+        let mut got = Vec::new();
+        while let Some(m) = d.next_message()? {
+            got.push(m);
+        }
+        assert_eq!(
+            got,
+            ["one", "two", "three"].map(|s| Bytes::from_static(s.as_bytes()))
+        );
+        assert!(!d.mid_message());
+        Ok(())
+    }
+
+    #[test]
     fn a_message_over_the_limit_is_refused_before_it_is_gathered() {
         let mut d = Deframer::new(4);
         d.push(Bytes::from(framed(b"12345")));
@@ -387,6 +434,77 @@ mod tests {
             );
             assert!(err.is_some_and(|s| s.message().contains("protocol error")));
         }
+    }
+
+    /// Records the requests tonic's client sends through it and answers each with an empty
+    /// trailers-only OK.
+    #[derive(Clone, Default)]
+    struct Recorder(std::sync::Arc<parking_lot::Mutex<Vec<Request<tonic::body::Body>>>>);
+
+    impl tonic::codegen::Service<Request<tonic::body::Body>> for Recorder {
+        type Response = Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
+            self.0.lock().push(req);
+            let mut r = Response::new(tonic::body::Body::empty());
+            r.headers_mut()
+                .insert("grpc-status", HeaderValue::from_static("0"));
+            std::future::ready(Ok(r))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_request_is_the_one_tonics_client_sends() -> Result<(), Box<dyn std::error::Error>> {
+        use gma_proto::v1::SubscribeRequest;
+        let req = SubscribeRequest {
+            patterns: vec!["cpu.*".into()],
+            max_batch: 10_000,
+            ..Default::default()
+        };
+        let path = "/gma.v1.Producer/Subscribe";
+        let recorder = Recorder::default();
+        let mut client = tonic::client::Grpc::new(recorder.clone());
+        client.ready().await?;
+        let codec =
+            gma_proto::codec::ProstCodec::<SubscribeRequest, gma_proto::wire::SubscribeResponse>::default();
+        let mut theirs = tonic::Request::new(req.clone());
+        theirs
+            .extensions_mut()
+            .insert(tonic::GrpcMethod::new("gma.v1.Producer", "Subscribe"));
+        client
+            .server_streaming(
+                theirs,
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                codec,
+            )
+            .await?;
+        let Some(theirs) = recorder.0.lock().pop() else {
+            panic!("tonic sent nothing");
+        };
+        let ours = request(path, &req)?;
+        assert_eq!(ours.method(), theirs.method());
+        assert_eq!(ours.uri(), theirs.uri());
+        assert_eq!(ours.version(), theirs.version());
+        assert_eq!(ours.headers(), theirs.headers());
+        assert_eq!(
+            ours.extensions()
+                .get::<tonic::GrpcMethod>()
+                .map(|m| (m.service(), m.method())),
+            theirs
+                .extensions()
+                .get::<tonic::GrpcMethod>()
+                .map(|m| (m.service(), m.method()))
+        );
+        let ours = ours.into_body().collect().await?.to_bytes();
+        let theirs = theirs.into_body().collect().await?.to_bytes();
+        assert_eq!(ours, theirs);
+        Ok(())
     }
 
     #[test]

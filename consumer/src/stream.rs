@@ -13,11 +13,10 @@ use gma_core::codec::{BatchDecoder, EventRef};
 use gma_proto::v1 as pb;
 use gma_proto::wire::SubscribeResponse;
 use prost::Message;
-use tonic::codegen::http::{self, header, HeaderValue};
 use tonic::codegen::Service;
 
 use crate::counted::SocketBytes;
-use crate::grpc_frames::{frame_message, GrpcResponse};
+use crate::grpc_frames::{request, GrpcResponse};
 use crate::{connect_with, error_chain, ConsumerError};
 
 /// The largest HTTP/2 frame this side accepts on a subscription's connection (what the
@@ -193,21 +192,9 @@ impl ProducerStream {
                     error_chain(&e)
                 )))
             })?;
-        // `Producer.Subscribe` as tonic's generated client sends it (the channel adds the
-        // scheme, authority and user agent), its response then read without tonic's
-        // `Streaming`, which copies every DATA frame into its own buffer.
-        let mut request = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(
-            frame_message(&req).map_err(rpc)?,
-        )));
-        *request.method_mut() = http::Method::POST;
-        *request.uri_mut() = http::Uri::from_static("/gma.v1.Producer/Subscribe");
-        *request.version_mut() = http::Version::HTTP_2;
-        let headers = request.headers_mut();
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        request
-            .extensions_mut()
-            .insert(tonic::GrpcMethod::new("gma.v1.Producer", "Subscribe"));
+        // `Producer.Subscribe` as tonic's generated client sends it, its response then read
+        // without tonic's `Streaming`, which copies every DATA frame into its own buffer.
+        let request = request("/gma.v1.Producer/Subscribe", &req).map_err(rpc)?;
         let response = channel
             .call(request)
             .await
