@@ -6,6 +6,8 @@
 //! - [`emit`]: [`emit::Emitter`], application sensors: push your own events (fields by name)
 //!   into a producer's `Ingest` service.
 //! - [`error`]: [`ConsumerError`], the crate's one error type and its mapping to gRPC statuses.
+//! - [`grpc_frames`]: a gRPC response read message by message as slices of its HTTP/2 DATA
+//!   frames (no copy into a decode buffer), for the subscriptions' streams.
 //! - [`registrar`]: keep a record (producer or consumer) in the directory under a lease.
 //! - [`sink`]: accept producer-initiated (pushed) streams: the `Consumer` service.
 //! - [`stream`]: [`stream::ProducerStream`], one subscription to one producer that reconnects
@@ -22,6 +24,7 @@ pub mod counted;
 pub mod directory;
 pub mod emit;
 pub mod error;
+pub mod grpc_frames;
 pub mod registrar;
 pub mod sink;
 pub mod stream;

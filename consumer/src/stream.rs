@@ -8,14 +8,16 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use gma_core::codec::{BatchDecoder, EventRef};
 use gma_proto::v1 as pb;
 use gma_proto::wire::SubscribeResponse;
-use tonic::codegen::http::uri::PathAndQuery;
-use tonic::Streaming;
+use prost::Message;
+use tonic::codegen::Service;
 
 use crate::counted::SocketBytes;
-use crate::{connect_with, ConsumerError};
+use crate::grpc_frames::{request, GrpcResponse};
+use crate::{connect_with, error_chain, ConsumerError};
 
 /// The largest HTTP/2 frame this side accepts on a subscription's connection (what the
 /// producer may send in one DATA frame; the protocol allows up to 16 MiB - 1).
@@ -95,10 +97,12 @@ pub enum Progress {
 pub struct ProducerStream {
     address: String,
     opts: StreamOptions,
-    /// Responses with the batch left as its bytes (`gma.v1.SubscribeResponse`'s twin, same
-    /// bytes on the wire): it is read below from that one contiguous buffer into `batch`
-    /// ([`gma_core::codec::read_batch`]: the packed columns straight from the slice).
-    inbound: Option<Streaming<SubscribeResponse>>,
+    /// The subscription's response, read message by message as slices of the received HTTP/2
+    /// DATA frames ([`crate::grpc_frames`]); each message is decoded as
+    /// `gma.v1.SubscribeResponse`'s twin with the batch left as its bytes (same bytes on the
+    /// wire), then read from that slice into `batch` ([`gma_core::codec::read_batch`]: the
+    /// packed columns straight from it).
+    inbound: Option<GrpcResponse<tonic::body::Body>>,
     decoder: BatchDecoder,
     /// The batch being read, its columns' memory kept from one batch to the next.
     batch: pb::EventBatch,
@@ -157,14 +161,12 @@ impl ProducerStream {
         // Frames as large as a batch: at HTTP/2's default of 16 KiB every batch of 1,000
         // events (27 KB) crossed in two or more frames, each a header and a pass of the
         // producer's and this side's framing.
-        let channel = connect_with(
+        let mut channel = connect_with(
             &self.address,
             |ep| ep.max_frame_size(STREAM_MAX_FRAME_BYTES),
             self.socket_bytes.clone(),
         )
         .await?;
-        let mut client =
-            tonic::client::Grpc::new(channel).max_decoding_message_size(gma_core::MAX_MESSAGE_BYTES);
         let resume = self.resume.unwrap_or_default();
         let req = pb::SubscribeRequest {
             patterns: self.opts.patterns.clone(),
@@ -182,31 +184,27 @@ impl ProducerStream {
             forecast: self.opts.forecast,
         };
         let rpc = |s| ConsumerError::Rpc(format!("subscribe to {}", self.address), s);
-        client
-            .ready()
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
             .await
-            .map_err(|e| rpc(tonic::Status::unavailable(format!("connection not ready: {e}"))))?;
-        // `Producer.Subscribe` as the generated client calls it, with the response's batch
-        // kept as bytes: tonic's receive buffer is read field by field (one bounds check and
-        // buffer advance per double) where a contiguous `Bytes` decodes at memory speed.
-        let codec = gma_proto::codec::ProstCodec::<pb::SubscribeRequest, SubscribeResponse>::default();
-        let mut request = tonic::Request::new(req);
-        request
-            .extensions_mut()
-            .insert(tonic::GrpcMethod::new("gma.v1.Producer", "Subscribe"));
-        let mut inbound = client
-            .server_streaming(
-                request,
-                PathAndQuery::from_static("/gma.v1.Producer/Subscribe"),
-                codec,
-            )
+            .map_err(|e| {
+                rpc(tonic::Status::unavailable(format!(
+                    "connection not ready: {}",
+                    error_chain(&e)
+                )))
+            })?;
+        // `Producer.Subscribe` as tonic's generated client sends it, its response then read
+        // without tonic's `Streaming`, which copies every DATA frame into its own buffer.
+        let request = request("/gma.v1.Producer/Subscribe", &req).map_err(rpc)?;
+        let response = channel
+            .call(request)
             .await
-            .map_err(rpc)?
-            .into_inner();
+            .map_err(|e| rpc(tonic::Status::from_error(Box::new(e))))?;
+        let mut inbound = GrpcResponse::new(response, gma_core::MAX_MESSAGE_BYTES).map_err(rpc)?;
         // The first message carries the subscription id.
         let first = inbound
             .message()
             .await
+            .and_then(|m| m.map(decode).transpose())
             .map_err(|s| ConsumerError::Rpc(format!("subscribe to {}", self.address), s))?
             .ok_or_else(|| {
                 ConsumerError::Protocol(self.address.clone(), "stream ended before it began".into())
@@ -258,7 +256,7 @@ impl ProducerStream {
         let Some(inbound) = self.inbound.as_mut() else {
             return Ok(None);
         };
-        match inbound.message().await {
+        match inbound.message().await.and_then(|m| m.map(decode).transpose()) {
             Ok(Some(msg)) => {
                 if msg.batch.is_empty() {
                     // No batch (the first message), or one with every field at its default.
@@ -269,7 +267,8 @@ impl ProducerStream {
                     }));
                 }
                 // Read straight from the received bytes into the reused batch, then decoded
-                // (`BatchDecoder::decode_bytes`); the bytes are tonic's receive buffer, not a copy.
+                // (`BatchDecoder::decode_bytes`); the bytes are a slice of the HTTP/2 DATA frame
+                // they came in (of a gathered buffer only when the message spanned frames).
                 let batch = &mut self.batch;
                 let mut last = None;
                 let decoded = self.decoder.decode_bytes(&msg.batch, batch, |e| {
@@ -318,4 +317,10 @@ impl ProducerStream {
             Err(s) => self.broke(ConsumerError::Rpc(format!("stream from {}", self.address), s)),
         }
     }
+}
+
+/// A message of the subscription as `gma.v1.SubscribeResponse`'s twin: its `batch` a slice of
+/// `message` (prost keeps a `bytes = "bytes"` field as a slice of a `Bytes` it decodes).
+fn decode(message: Bytes) -> Result<SubscribeResponse, tonic::Status> {
+    SubscribeResponse::decode(message).map_err(gma_proto::codec::not_a_message)
 }

@@ -183,7 +183,7 @@ async fn read_request(
         if let Some(len) = want {
             if buf.len() >= 5 + len {
                 let msg = buf.split_to(5 + len).split_off(5).freeze();
-                return pb::SubscribeRequest::decode(msg).map_err(gma_proto::codec::undecodable);
+                return pb::SubscribeRequest::decode(msg).map_err(gma_proto::codec::not_a_message);
             }
         }
         match body.frame().await {

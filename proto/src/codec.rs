@@ -40,8 +40,10 @@ where
     }
 }
 
-/// The answer to a message that is not a valid protobuf of its method's type.
-pub fn undecodable(e: prost::DecodeError) -> Status {
+/// The status of a message that is not a valid protobuf of its method's type:
+/// `INVALID_ARGUMENT` with prost's reason (also what a client that reads its responses' frames
+/// itself answers, e.g. `gma_consumer`'s subscriptions).
+pub fn not_a_message(e: prost::DecodeError) -> Status {
     Status::invalid_argument(format!(
         "{e}: the message is not a valid protobuf of this method's type; send one encoded from the gma .proto files"
     ))
@@ -58,7 +60,7 @@ impl<U: Message + Default> Decoder for ProstDecoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf).map(Some).map_err(undecodable)
+        U::decode(buf).map(Some).map_err(not_a_message)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
