@@ -4,8 +4,9 @@
 //! message is decoded (a `memmove` of every byte a subscription receives). HTTP/2 (h2, through
 //! hyper and tonic's `Channel`) already hands each DATA frame's payload over as a `Bytes` slice
 //! of its read buffer, so a message that lies inside one frame can be sliced out of it
-//! ([`Bytes::slice`], a reference count, no copy). Only a message that spans frames is
-//! gathered into a buffer of its own (the one copy left), bounded by the message size limit.
+//! ([`Bytes::slice`], a reference count, no copy), and a message that spans frames is kept as
+//! the slices of each ([`Message`], a `Buf` prost decodes from), bounded by the message size
+//! limit.
 //!
 //! - [`Deframer`]: the framing alone (no I/O): DATA payloads in, whole messages out. Each
 //!   message is prefixed by 5 bytes: a compressed flag (0: we never ask for compression) and
@@ -16,6 +17,8 @@
 //!   gives for it, so callers handle refusals, reconnects and errors as before.
 //! - [`request`]: a unary or server-streaming request as tonic's client sends it, its body one
 //!   message behind its 5-byte prefix ([`frame_message`]).
+
+use std::collections::VecDeque;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -30,15 +33,20 @@ const PREFIX: usize = 5;
 
 /// Splits the DATA frames of a gRPC body into its messages.
 ///
-/// Contract: after [`Deframer::push`], call [`Deframer::next_message`] until it returns `Ok(None)`
-/// before pushing the next frame; a message that lies inside one pushed frame comes back as a
-/// slice of that frame (no copy), one that spans frames as a buffer gathered from them.
+/// A message that lies inside one frame comes back as one slice of it; one that spans frames
+/// as the slices of each (no copy either way). The producer sends a large batch as two frames
+/// — the prefix and the response's small fields, then the batch's own buffer
+/// (`gma_producer::send`) — so the second case is the common one for large batches, and the
+/// batch field, wholly inside the second frame, is decoded as a slice of it
+/// ([`Message::copy_to_bytes`]).
 #[derive(Debug)]
 pub struct Deframer {
-    /// What is left of the last frame pushed, not yet split into messages.
-    frame: Bytes,
-    /// A message (prefix included) begun in an earlier frame, gathered here; empty: none.
-    partial: BytesMut,
+    /// Frames (or what is left of them) not yet split into messages, in order; none empty.
+    frames: VecDeque<Bytes>,
+    /// Bytes held in `frames`.
+    held: usize,
+    /// The length of the message whose prefix has been read, until the message is whole.
+    want: Option<usize>,
     /// The largest message accepted (bytes, prefix not counted).
     limit: usize,
 }
@@ -46,66 +54,71 @@ pub struct Deframer {
 impl Deframer {
     pub fn new(limit: usize) -> Deframer {
         Deframer {
-            frame: Bytes::new(),
-            partial: BytesMut::new(),
+            frames: VecDeque::new(),
+            held: 0,
+            want: None,
             limit,
         }
     }
 
-    /// Hands over the next DATA frame's payload.
+    /// Hands over the next DATA frame's payload. What is held stays bounded: a message's
+    /// length is checked against the limit as soon as its prefix is in, and whole messages
+    /// are taken out by [`Deframer::next_message`] before the next frame is read.
     pub fn push(&mut self, data: Bytes) {
-        // Per the contract `frame` is empty here; were it not, nothing is lost.
-        if !self.frame.is_empty() {
-            self.partial.extend_from_slice(&self.frame);
+        if !data.is_empty() {
+            self.held += data.len();
+            self.frames.push_back(data);
         }
-        self.frame = data;
     }
 
     /// Whether bytes of an unfinished message are held (the body must go on).
     pub fn mid_message(&self) -> bool {
-        !self.frame.is_empty() || !self.partial.is_empty()
+        self.held > 0 || self.want.is_some()
     }
 
     /// The next whole message, or `None` when the frames pushed so far hold no other.
-    pub fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
-        if self.partial.is_empty() {
-            if self.frame.len() < PREFIX {
-                // Not even a prefix left: keep it for the next frame.
-                self.gather(PREFIX);
-                return Ok(None);
+    pub fn next_message(&mut self) -> Result<Option<Message>, Status> {
+        let len = match self.want {
+            Some(len) => len,
+            None => {
+                if self.held < PREFIX {
+                    return Ok(None);
+                }
+                let mut prefix = [0u8; PREFIX];
+                self.take(PREFIX).copy_to_slice(&mut prefix);
+                let len = self.message_len(&prefix)?;
+                self.want = Some(len);
+                len
             }
-            let len = self.message_len(&self.frame[..PREFIX])?;
-            if self.frame.len() - PREFIX >= len {
-                // The whole message inside this frame: a slice of it, not a copy.
-                let message = self.frame.slice(PREFIX..PREFIX + len);
-                self.frame.advance(PREFIX + len);
-                return Ok(Some(message));
-            }
-            self.partial.reserve(PREFIX + len);
-            self.gather(PREFIX + len);
+        };
+        if self.held < len {
             return Ok(None);
         }
-        // A message spanning frames: its prefix first, then as much of it as this frame has.
-        self.gather(PREFIX);
-        if self.partial.len() < PREFIX {
-            return Ok(None);
-        }
-        let len = self.message_len(&self.partial[..PREFIX])?;
-        self.gather(PREFIX + len);
-        if self.partial.len() < PREFIX + len {
-            return Ok(None);
-        }
-        let mut message = self.partial.split_to(PREFIX + len).freeze();
-        message.advance(PREFIX);
-        Ok(Some(message))
+        self.want = None;
+        Ok(Some(self.take(len)))
     }
 
-    /// Moves bytes of the current frame into `partial` until it holds `upto` bytes (a copy:
-    /// only for a message that spans frames).
-    fn gather(&mut self, upto: usize) {
-        let take = upto.saturating_sub(self.partial.len()).min(self.frame.len());
-        self.partial.extend_from_slice(&self.frame[..take]);
-        self.frame.advance(take);
+    /// The first `n` bytes held (at most `held`), as slices of their frames.
+    fn take(&mut self, n: usize) -> Message {
+        let mut parts = VecDeque::new();
+        let mut need = n.min(self.held);
+        self.held -= need;
+        while need > 0 {
+            let Some(front) = self.frames.front_mut() else {
+                break;
+            };
+            if front.len() <= need {
+                need -= front.len();
+                parts.extend(self.frames.pop_front());
+            } else {
+                parts.push_back(front.split_to(need));
+                need = 0;
+            }
+        }
+        Message {
+            remaining: n - need,
+            parts,
+        }
     }
 
     /// The length a prefix announces, checked against the flag and the limit.
@@ -135,6 +148,83 @@ impl Deframer {
             )));
         }
         Ok(len)
+    }
+}
+
+/// One message's bytes: the slices of the frames it came in (one, unless it spanned frames).
+/// A `Buf`, so prost decodes straight from it; [`Message::copy_to_bytes`] hands out a slice
+/// of a frame, not a copy, whenever the bytes asked for lie inside one.
+#[derive(Debug, Default)]
+pub struct Message {
+    /// None empty.
+    parts: VecDeque<Bytes>,
+    remaining: usize,
+}
+
+impl Message {
+    /// The message as one buffer: its one slice, or a copy joining its slices.
+    pub fn into_bytes(mut self) -> Bytes {
+        match self.parts.len() {
+            0 => Bytes::new(),
+            1 => self.parts.pop_front().unwrap_or_default(),
+            _ => {
+                let mut all = BytesMut::with_capacity(self.remaining);
+                for p in &self.parts {
+                    all.extend_from_slice(p);
+                }
+                all.freeze()
+            }
+        }
+    }
+
+    /// How many frames the message spans (1 when it lay inside one; 0 when empty).
+    pub fn frames(&self) -> usize {
+        self.parts.len()
+    }
+}
+
+impl Buf for Message {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.parts.front().map_or(&[], |b| b.as_ref())
+    }
+
+    fn advance(&mut self, mut cnt: usize) {
+        cnt = cnt.min(self.remaining);
+        self.remaining -= cnt;
+        while cnt > 0 {
+            let Some(front) = self.parts.front_mut() else {
+                return;
+            };
+            if cnt < front.len() {
+                front.advance(cnt);
+                return;
+            }
+            cnt -= front.len();
+            self.parts.pop_front();
+        }
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        match self.parts.front_mut() {
+            Some(front) if front.len() >= len => {
+                let out = front.split_to(len);
+                if front.is_empty() {
+                    self.parts.pop_front();
+                }
+                self.remaining -= len;
+                out
+            }
+            // Across slices: joined (a copy), as `Buf`'s default does.
+            _ => {
+                let mut out = BytesMut::with_capacity(len);
+                out.put((&mut *self).take(len));
+                out.freeze()
+            }
+        }
     }
 }
 
@@ -182,7 +272,7 @@ where
     /// The next message; `Ok(None)` once the stream ended with an OK status. The stream's end
     /// with an error status in its trailers, a broken body, or a body that ends without
     /// trailers or inside a message is an error, once; after it, `Ok(None)`.
-    pub async fn message(&mut self) -> Result<Option<Bytes>, Status> {
+    pub async fn message(&mut self) -> Result<Option<Message>, Status> {
         loop {
             if self.done {
                 return Ok(None);
@@ -327,7 +417,7 @@ mod tests {
         for f in frames {
             d.push(f.clone());
             while let Some(m) = d.next_message()? {
-                out.push(m);
+                out.push(m.into_bytes());
             }
         }
         assert!(!d.mid_message(), "bytes left over");
@@ -387,7 +477,7 @@ mod tests {
         d.push(Bytes::from(framed(b"three")));
         let mut got = Vec::new();
         while let Some(m) = d.next_message()? {
-            got.push(m);
+            got.push(m.into_bytes());
         }
         assert_eq!(
             got,
@@ -407,7 +497,7 @@ mod tests {
         let mut d = Deframer::new(5);
         d.push(Bytes::from(framed(b"12345")));
         assert_eq!(
-            d.next_message().ok().flatten(),
+            d.next_message().ok().flatten().map(Message::into_bytes),
             Some(Bytes::from_static(b"12345"))
         );
         // Announced in a prefix split across frames: refused as soon as the prefix is whole.
@@ -542,6 +632,37 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn a_batch_sent_after_its_head_frame_is_decoded_as_a_slice_of_its_own_frame(
+    ) -> Result<(), prost::DecodeError> {
+        use prost::Message as _;
+        // The producer's layout for a large batch: the prefix and the response's fields up to
+        // the batch's length in one frame, the batch's own buffer in the next.
+        let msg = gma_proto::wire::SubscribeResponse {
+            subscription_id: 300,
+            batch: Bytes::from(vec![7u8; 40_000]),
+        };
+        let whole = framed(&msg.encode_to_vec());
+        let head_len = whole.len() - msg.batch.len();
+        let (head, batch) = (
+            Bytes::copy_from_slice(&whole[..head_len]),
+            Bytes::copy_from_slice(&whole[head_len..]),
+        );
+        let mut d = Deframer::new(LIMIT);
+        d.push(head);
+        assert!(matches!(d.next_message(), Ok(None)));
+        d.push(batch.clone());
+        let Ok(Some(message)) = d.next_message() else {
+            panic!("no message");
+        };
+        assert_eq!(message.frames(), 2);
+        let got = gma_proto::wire::SubscribeResponse::decode(message)?;
+        assert_eq!(got, msg);
+        assert!(inside(&got.batch, &batch), "the batch was copied");
+        assert!(!d.mid_message());
+        Ok(())
+    }
+
     type TestBody = StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Status>>>>;
 
     fn response(
@@ -580,7 +701,7 @@ mod tests {
         };
         loop {
             match s.message().await {
-                Ok(Some(m)) => got.push(m),
+                Ok(Some(m)) => got.push(m.into_bytes()),
                 Ok(None) => return (got, Ok(())),
                 Err(e) => {
                     // Once, then the end.
@@ -682,12 +803,11 @@ mod tests {
             for (i, f) in frames.iter().enumerate() {
                 d.push(f.clone());
                 while let Some(m) = d.next_message().map_err(|e| TestCaseError::fail(e.to_string()))? {
-                    if !m.is_empty() {
-                        // Whole inside this frame: a slice of it; across frames: a copy.
-                        let starts: usize = got.iter().map(|m: &Bytes| PREFIX + m.len()).sum();
-                        prop_assert_eq!(inside(&m, f), starts >= at[i]);
+                    // Never a copy: every slice of the message is one of a frame pushed so far.
+                    for part in &m.parts {
+                        prop_assert!(frames[..=i].iter().any(|f| inside(part, f)));
                     }
-                    got.push(m);
+                    got.push(m.into_bytes());
                 }
             }
             prop_assert!(!d.mid_message());

@@ -8,15 +8,14 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use gma_core::codec::{BatchDecoder, EventRef};
 use gma_proto::v1 as pb;
 use gma_proto::wire::SubscribeResponse;
-use prost::Message;
+use prost::Message as _;
 use tonic::codegen::Service;
 
 use crate::counted::SocketBytes;
-use crate::grpc_frames::{request, GrpcResponse};
+use crate::grpc_frames::{request, GrpcResponse, Message};
 use crate::{connect_with, error_chain, ConsumerError};
 
 /// The largest HTTP/2 frame this side accepts on a subscription's connection (what the
@@ -320,7 +319,8 @@ impl ProducerStream {
 }
 
 /// A message of the subscription as `gma.v1.SubscribeResponse`'s twin: its `batch` a slice of
-/// `message` (prost keeps a `bytes = "bytes"` field as a slice of a `Bytes` it decodes).
-fn decode(message: Bytes) -> Result<SubscribeResponse, tonic::Status> {
+/// the frame it came in (prost reads a `bytes = "bytes"` field with `copy_to_bytes`, which
+/// [`Message`] answers with a slice whenever the field lies inside one frame).
+fn decode(message: Message) -> Result<SubscribeResponse, tonic::Status> {
     SubscribeResponse::decode(message).map_err(gma_proto::codec::not_a_message)
 }
