@@ -100,17 +100,23 @@ pub struct StreamProcs {
     /// into a `gma producer` through Ingest.
     #[arg(long, value_enum, default_value = "generator")]
     pub source: Source,
-    /// The producer's ring (resume buffer), in events.
-    #[arg(long, default_value_t = 1 << 20)]
+    /// The producer's ring (resume buffer), in events; the producer's own default unless
+    /// given. Under block it is also how far the slowest subscription may lag: a larger ring
+    /// lets the subscriptions drift further apart (higher latency, and at 1 -> 100 the members
+    /// read chunks that fell out of the cache).
+    #[arg(long, default_value_t = gma_producer::DEFAULT_BUFFER_EVENTS)]
     pub buffer_events: usize,
     /// The subscriptions' slow-consumer policy. `block` (default): the figure is what the
     /// stream sustains with nothing dropped (the generator waits for the slowest subscription);
     /// `drop-oldest`: the source runs free and what the subscriptions miss shows as gaps.
     #[arg(long, value_enum, default_value = "block")]
     pub policy: StreamPolicy,
-    /// Events per batch the subscriptions ask for (the producer's `max_batch`, 1..=10000):
-    /// larger batches cost fewer messages, frames and wake-ups per event, and wait longer.
-    #[arg(long, default_value_t = 1000)]
+    /// Events per batch the subscriptions ask for (`SubscribeRequest.max_batch`, 1..=10000;
+    /// a subscriber that asks nothing gets the producer's 1,000). A batch holds at most what
+    /// the ring has when it is read, so a larger cap adds no wait: under load it means fewer
+    /// messages, frames, write calls and wake-ups per event, and a batch of 32 KiB or more
+    /// is sent without a copy (`gma_producer::send`).
+    #[arg(long, default_value_t = gma_producer::subscription::MAX_MAX_BATCH as u32)]
     pub max_batch: u32,
     /// The generator publishes whole events looked up by name and source (`Hub::publish`)
     /// instead of through series handles resolved once (for before/after comparisons).
@@ -196,7 +202,7 @@ pub enum BenchScenario {
         publish_rate: u64,
         #[arg(long, default_value_t = 5000)]
         batch: usize,
-        #[arg(long, default_value_t = 1 << 20)]
+        #[arg(long, default_value_t = gma_producer::DEFAULT_BUFFER_EVENTS)]
         buffer_events: usize,
         /// Publish whole events looked up by name and source (`Hub::publish`) instead of
         /// through series handles resolved once: the publish path before the handles.

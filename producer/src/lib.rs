@@ -170,7 +170,7 @@ impl Default for ProducerConfig {
             state_dir: None,
             cpu_budget_pct: None,
             budget_check_ms: 10_000,
-            buffer_events: 100_000,
+            buffer_events: DEFAULT_BUFFER_EVENTS,
             buffer_bytes: None,
             host_sensors: true,
             packages: None,
@@ -730,6 +730,10 @@ impl Producer {
 }
 
 /// Smallest `buffer_bytes`: one page.
+/// The ring's size in events unless configured (`buffer_events`): the resume window, and under
+/// the block policy how far the slowest subscription may lag.
+pub const DEFAULT_BUFFER_EVENTS: usize = 100_000;
+
 pub const MIN_BUFFER_BYTES: usize = 4096;
 /// Largest `buffer_bytes`: 64 GiB.
 pub const MAX_BUFFER_BYTES: usize = 64 << 30;
