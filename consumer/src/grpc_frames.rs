@@ -121,7 +121,8 @@ impl Deframer {
         }
     }
 
-    /// The length a prefix announces, checked against the flag and the limit.
+    /// The length a prefix announces, checked against the flag and the limit. The answers are
+    /// tonic's own (the producer reads its requests with this too, `gma_producer::send`).
     fn message_len(&self, mut prefix: &[u8]) -> Result<usize, Status> {
         let flag = prefix.get_u8();
         let len = prefix.get_u32() as usize;
@@ -129,21 +130,18 @@ impl Deframer {
             0 => {}
             1 => {
                 return Err(Status::internal(
-                    "protocol error: received a compressed message, but this consumer never asks for \
-                     compression: the producer must send its messages uncompressed",
+                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
                 ))
             }
             f => {
                 return Err(Status::internal(format!(
-                    "protocol error: received a message with the invalid compressed flag {f} \
-                     (valid flags are 0 and 1)"
+                    "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1)"
                 )))
             }
         }
         if len > self.limit {
             return Err(Status::out_of_range(format!(
-                "a message of {len} bytes is larger than the limit of {} bytes: ask for smaller \
-                 batches (max_batch)",
+                "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
                 self.limit
             )));
         }

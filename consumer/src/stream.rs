@@ -267,7 +267,8 @@ impl ProducerStream {
                 }
                 // Read straight from the received bytes into the reused batch, then decoded
                 // (`BatchDecoder::decode_bytes`); the bytes are a slice of the HTTP/2 DATA frame
-                // they came in (of a gathered buffer only when the message spanned frames).
+                // they came in (`grpc_frames::Message`: never a copy while the batch lies inside
+                // one frame, as the producer sends it).
                 let batch = &mut self.batch;
                 let mut last = None;
                 let decoded = self.decoder.decode_bytes(&msg.batch, batch, |e| {

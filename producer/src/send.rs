@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use gma_consumer::grpc_frames::Deframer;
 use gma_proto::v1 as pb;
 use gma_proto::wire::producer_server::ProducerServer;
 use http_body::Frame;
@@ -155,46 +156,20 @@ async fn read_request(
             )));
         }
     }
-    let mut buf = BytesMut::new();
-    let mut want: Option<usize> = None;
+    let mut frames = Deframer::new(max_message);
     loop {
-        if want.is_none() && buf.len() >= 5 {
-            match buf[0] {
-                0 => {}
-                1 => {
-                    return Err(Status::internal(
-                        "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-                    ))
-                }
-                f => {
-                    return Err(Status::internal(format!(
-                        "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
-                    )))
-                }
-            }
-            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-            if len > max_message {
-                return Err(Status::out_of_range(format!(
-                    "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
-                )));
-            }
-            want = Some(len);
-        }
-        if let Some(len) = want {
-            if buf.len() >= 5 + len {
-                let msg = buf.split_to(5 + len).split_off(5).freeze();
-                return pb::SubscribeRequest::decode(msg).map_err(gma_proto::codec::not_a_message);
-            }
+        if let Some(message) = frames.next_message()? {
+            return pb::SubscribeRequest::decode(message).map_err(gma_proto::codec::not_a_message);
         }
         match body.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
+                    frames.push(data);
                 }
             }
             Some(Err(s)) => return Err(s),
-            None if buf.is_empty() => return Err(Status::internal("Missing request message.")),
-            None => return Err(Status::internal("Unexpected EOF decoding stream.")),
+            None if frames.mid_message() => return Err(Status::internal("Unexpected EOF decoding stream.")),
+            None => return Err(Status::internal("Missing request message.")),
         }
     }
 }
