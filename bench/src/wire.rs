@@ -19,7 +19,7 @@
 //! (the default) each subscription pins the ring at the next seq it has to read
 //! ([`gma_producer::Hub::pin`]); the subscription's task stops reading when its channel and
 //! HTTP/2 stream window are full (the consumer's socket is behind), and the generator, a source
-//! that can wait, waits for room before each batch ([`gma_producer::Hub::wait_for_room`]): the
+//! that can wait, waits for room before each batch ([`gma_producer::Hub::publisher_with_room`]): the
 //! figure is then what the stream sustains with nothing dropped. (An Ingest push is not held
 //! back: with `--source ingest` block keeps events only within the ring's block reserve, then
 //! gaps.) With `drop-oldest` the source runs free and the subscriptions' losses show as gaps.
@@ -392,7 +392,7 @@ pub async fn consumer(
 /// subscription policy and gRPC server), with no sensors and one bench-only source: a thread
 /// that publishes `batch`-event batches of 3-value `bench.x` events into its hub at `rate`
 /// events/s (0: back to back). It knows nothing of the consumers; it honours the producer's
-/// block policy (waits for room before each batch, see [`gma_producer::Hub::wait_for_room`]).
+/// block policy (waits for room before each batch, see [`gma_producer::Hub::publisher_with_room`]).
 /// Prints `gma producer listening on ADDR` like `gma producer`, then runs until killed (or,
 /// with `events` > 0, until it published that many, rounded up to whole batches). It
 /// publishes through series handles resolved once ([`gma_producer::Hub::series`]), or, with
@@ -454,12 +454,14 @@ pub async fn producer(
                 }
             }
             // A block subscription that has not read far enough holds the source back.
-            if !hub.wait_for_room(batch, Instant::now() + Duration::from_millis(100)) {
+            let Some(mut p) = hub.publisher_with_room(batch, Instant::now() + Duration::from_millis(100))
+            else {
                 continue;
-            }
+            };
             // The same events as `bench_events`: value i of the batch, from source i % 100.
             let ts = now_ns();
             if by_name {
+                drop(p);
                 for (j, e) in by_name_events.iter_mut().enumerate() {
                     e.timestamp_ns = ts;
                     e.numbers[0] = (sent + j as u64) as f64;
@@ -470,7 +472,6 @@ pub async fn producer(
                 sent += batch as u64;
                 continue;
             }
-            let mut p = hub.publisher();
             for j in 0..batch {
                 let v = [(sent + j as u64) as f64, 0.5, 1.0];
                 if let Err(e) = p.publish(&series[j % SOURCES], ts, &v, &[]) {

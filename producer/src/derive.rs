@@ -348,7 +348,7 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
     let mut rules = Vec::new();
     // Per series id: None = not classified yet, Some(None) = nothing derived.
     let mut states: HashMap<u32, Option<SeriesState>> = HashMap::new();
-    let mut batch: Vec<(u32, i64, Box<[f64]>)> = Vec::new();
+    let mut batch: Vec<(u32, i64, crate::hub::Numbers)> = Vec::new();
     let mut out = Vec::new();
     loop {
         let (v, r) = deriver.snapshot();
@@ -358,6 +358,18 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
             rules = r;
         }
         batch.clear();
+        if rules.is_empty() {
+            // Nothing to derive: follow the head the hub announces, without its lock (taking
+            // it after every publish made the writer and every stream wait their turn behind
+            // this task, most of the producer's context switches in `gma bench stream`).
+            states.clear();
+            next = next.max(*head.borrow_and_update());
+            tokio::select! {
+                r = head.changed() => if r.is_err() { return },
+                _ = stop.changed() => return,
+            }
+            continue;
+        }
         let caught_up = {
             let inner = hub.lock();
             if replan {
@@ -371,10 +383,6 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
                 }
             }
             next = next.max(inner.oldest());
-            if rules.is_empty() {
-                // Nothing to derive: skip the log instead of walking it under the hub's lock.
-                next = next.max(inner.head());
-            }
             for e in inner.since(next).take(PASS) {
                 next = e.seq + 1;
                 let st = states

@@ -80,13 +80,21 @@ impl SeriesHandle {
 /// Tells hubs apart, so that a handle is only used with the hub that made it.
 static NEXT_HUB_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// Numbers an event keeps in its ring slot; more go to the heap.
+pub const INLINE_NUMBERS: usize = 3;
+
+/// An event's numbers: up to [`INLINE_NUMBERS`] in the slot itself, so writing an event into
+/// the ring and encoding it for a subscription touch the slot alone (the ring is read and
+/// written in order; a separate allocation per event was a second, scattered place to load).
+pub type Numbers = smallvec::SmallVec<[f64; INLINE_NUMBERS]>;
+
 /// One event in the log.
 #[derive(Debug, Clone)]
 pub struct Stored {
     pub seq: u64,
     pub timestamp_ns: i64,
     pub series: u32,
-    pub numbers: Box<[f64]>,
+    pub numbers: Numbers,
     pub strings: Box<[String]>,
 }
 
@@ -103,9 +111,9 @@ fn heap_bytes(n: usize) -> usize {
     }
 }
 
-/// The heap memory of an event's values (its slot not included): the numbers' allocation,
-/// the strings' array and each string's own. An estimate of the allocator's chunks, counted
-/// against `buffer_bytes`.
+/// The heap memory of an event's values (its slot not included): the numbers' allocation
+/// (none when they fit in the slot), the strings' array and each string's own. An estimate of
+/// the allocator's chunks, counted against `buffer_bytes`.
 pub fn stored_bytes(e: &Stored) -> usize {
     let strings = if e.strings.is_empty() {
         0
@@ -113,7 +121,16 @@ pub fn stored_bytes(e: &Stored) -> usize {
         heap_bytes(std::mem::size_of_val(&*e.strings))
             + e.strings.iter().map(|s| heap_bytes(s.capacity())).sum::<usize>()
     };
-    heap_bytes(std::mem::size_of_val(&*e.numbers)) + strings
+    numbers_heap_bytes(e.numbers.capacity()) + strings
+}
+
+/// The heap memory of `n` numbers as a slot keeps them.
+fn numbers_heap_bytes(n: usize) -> usize {
+    if n <= INLINE_NUMBERS {
+        0
+    } else {
+        heap_bytes(n * std::mem::size_of::<f64>())
+    }
 }
 
 /// What bounds the ring.
@@ -168,6 +185,18 @@ impl HubInner {
     /// so no waiting writer needs waking; [`Hub::pin`] moves a pin later on.
     pub fn pin(&mut self, id: u64, next: u64) {
         self.pins.insert(id, next);
+    }
+
+    /// Moves the pin of block-policy subscription `id` to `next`; returns whether a writer
+    /// waiting for room should be woken ([`Hub::wake_writers`], once the lock is released).
+    /// Room follows the slowest pin only: a waiting writer is woken when the slowest moves on
+    /// (or a new pin comes), not by every member of a fan-out passing every chunk (100
+    /// wake-ups per chunk at 1 -> 100, each for nothing but one).
+    pub fn move_pin(&mut self, id: u64, next: u64) -> bool {
+        match self.pins.insert(id, next) {
+            Some(old) => old < next && self.pins.iter().all(|(k, &p)| *k == id || p > old),
+            None => true,
+        }
     }
 
     /// Block-policy subscriptions pinning the ring.
@@ -270,8 +299,10 @@ impl HubInner {
 
     /// The ring's bytes (see [`HubInner::ring_bytes`]) once an event whose values take
     /// `incoming` is in: the slots grow when every one is taken.
-    fn bytes_with(&self, incoming: usize) -> usize {
-        let slots = if self.ring.len() < self.ring.capacity() {
+    fn bytes_with(&self, incoming: usize, spare: bool) -> usize {
+        // A spare slot at the back (an evicted event, see `append`) takes the incoming one.
+        let len = self.ring.len() - usize::from(spare);
+        let slots = if len < self.ring.capacity() {
             self.ring.capacity()
         } else {
             grown(self.ring.capacity())
@@ -391,18 +422,15 @@ impl Hub {
 
     /// A block-policy subscription still needs every event from `next` on.
     pub fn pin(&self, id: u64, next: u64) {
-        let mut inner = self.inner.lock();
-        let wake = match inner.pins.insert(id, next) {
-            // Room follows the slowest pin only: a writer waiting for room is woken when the
-            // slowest moves on (or a new pin comes), not by every member of a fan-out passing
-            // every chunk (100 wake-ups per chunk at 1 -> 100, each for nothing but one).
-            Some(old) => old < next && inner.pins.iter().all(|(k, &p)| *k == id || p > old),
-            None => true,
-        };
-        drop(inner);
+        let wake = self.inner.lock().move_pin(id, next);
         if wake {
-            self.room.notify_all();
+            self.wake_writers();
         }
+    }
+
+    /// Wakes writers waiting for room (see [`HubInner::move_pin`]).
+    pub fn wake_writers(&self) {
+        self.room.notify_all();
     }
 
     pub fn unpin(&self, id: u64) {
@@ -411,18 +439,19 @@ impl Hub {
     }
 
     /// Waits (blocking the thread) until `n` events fit without overwriting any a block-policy
-    /// subscription has not read ([`HubInner::room`]), at most until `deadline`; returns whether
-    /// they fit. For a source that can wait (a bench generator): the block policy then holds
-    /// the writer back instead of costing the reserve and, past it, a gap. `n` above the ring's
-    /// capacity never fits while a block subscription exists.
-    pub fn wait_for_room(&self, n: usize, deadline: std::time::Instant) -> bool {
+    /// subscription has not read ([`HubInner::room`]), at most until `deadline`; returns a
+    /// [`Publisher`] (the lock still held from the check) when they fit. For a source that can
+    /// wait (a bench generator): the block policy then holds the writer back instead of costing
+    /// the reserve and, past it, a gap. `n` above the ring's capacity never fits while a block
+    /// subscription exists.
+    pub fn publisher_with_room(&self, n: usize, deadline: std::time::Instant) -> Option<Publisher<'_>> {
         let mut inner = self.inner.lock();
         while inner.room() < n {
-            if self.room.wait_until(&mut inner, deadline).timed_out() {
-                return inner.room() >= n;
+            if self.room.wait_until(&mut inner, deadline).timed_out() && inner.room() < n {
+                return None;
             }
         }
-        true
+        Some(self.publisher_locked(inner))
     }
 
     /// Receives the head seq after every publish.
@@ -530,7 +559,10 @@ impl Hub {
     /// dropped (one wake-up per batch). Nothing else of the hub can be used meanwhile (its
     /// lock is held): keep the batch short and do not call the hub from inside it.
     pub fn publisher(&self) -> Publisher<'_> {
-        let inner = self.inner.lock();
+        self.publisher_locked(self.inner.lock())
+    }
+
+    fn publisher_locked<'a>(&'a self, inner: parking_lot::MutexGuard<'a, HubInner>) -> Publisher<'a> {
         let start = inner.next_seq;
         // The pins cannot move while the lock is held: their minimum once per batch.
         let pin = inner.pins.values().min().copied();
@@ -682,61 +714,93 @@ fn append(
                 heap_bytes(std::mem::size_of_val(strings))
                     + strings.iter().map(|s| heap_bytes(s.len())).sum::<usize>()
             };
-            heap_bytes(std::mem::size_of_val(numbers)) + strings_bytes
+            numbers_heap_bytes(numbers.len()) + strings_bytes
         }
     };
-    // The event evicted last, if any: its boxes are reused.
-    let mut evicted = None;
+    // An evicted event is turned round to the back of the ring (`rotate_left`: in place when
+    // the ring's buffer is full) as the spare slot the new event is written into, reusing its
+    // boxes; the slot is not moved through the stack. A second eviction drops the spare first.
+    let mut spare = false;
     loop {
+        let len = inner.ring.len() - usize::from(spare);
         let over_bytes = match inner.byte_capacity {
             None => false,
-            Some(cap) => inner.bytes_with(incoming) > cap && !inner.ring.is_empty(),
+            Some(cap) => inner.bytes_with(incoming, spare) > cap && len > 0,
         };
-        if inner.ring.len() < inner.capacity && !over_bytes {
+        if len < inner.capacity && !over_bytes {
             break;
         }
         // A block subscription that has not read the oldest event keeps it, within the reserve.
-        let held = inner.ring.len() < inner.capacity.saturating_add(inner.block_reserve)
-            && inner
-                .byte_capacity
-                .is_none_or(|cap| inner.bytes_with(incoming) <= cap.saturating_add(inner.byte_reserve))
+        let held = len < inner.capacity.saturating_add(inner.block_reserve)
+            && inner.byte_capacity.is_none_or(|cap| {
+                inner.bytes_with(incoming, spare) <= cap.saturating_add(inner.byte_reserve)
+            })
             && match (inner.ring.front(), pin) {
-                (Some(front), Some(pin)) => front.seq >= pin,
+                (Some(front), Some(pin)) if len > 0 => front.seq >= pin,
                 _ => false,
             };
-        if held {
+        if held || len == 0 {
             break;
         }
-        match inner.ring.pop_front() {
-            Some(old) => {
-                if inner.byte_capacity.is_some() {
-                    inner.value_bytes = inner.value_bytes.saturating_sub(stored_bytes(&old));
-                }
-                evicted = Some(old);
-            }
-            None => break,
+        if spare {
+            inner.ring.pop_back();
         }
+        if inner.byte_capacity.is_some() {
+            if let Some(old) = inner.ring.front() {
+                let b = stored_bytes(old);
+                inner.value_bytes = inner.value_bytes.saturating_sub(b);
+            }
+        }
+        inner.ring.rotate_left(1);
+        spare = true;
     }
-    let stored = match evicted {
-        Some(mut old) if old.numbers.len() == doubles && old.strings.len() == n_strings => {
-            old.numbers.copy_from_slice(numbers);
-            old.strings.clone_from_slice(strings);
-            Stored {
-                seq,
-                timestamp_ns,
-                series: id,
-                ..old
+    let reuse = spare
+        && inner
+            .ring
+            .back()
+            .is_some_and(|old| old.numbers.len() == doubles && old.strings.len() == n_strings);
+    if reuse {
+        if let Some(slot) = inner.ring.back_mut() {
+            slot.seq = seq;
+            slot.timestamp_ns = timestamp_ns;
+            slot.series = id;
+            slot.numbers.copy_from_slice(numbers);
+            slot.strings.clone_from_slice(strings);
+        }
+    } else {
+        if spare {
+            inner.ring.pop_back();
+        }
+        if inner.byte_capacity.is_some() {
+            let len = inner.ring.len();
+            if len == inner.ring.capacity() {
+                // Grown in steps of a quarter (not doubled): the slots are counted in the bound.
+                let target = grown(inner.ring.capacity());
+                inner.ring.reserve_exact(target - len);
             }
         }
-        _ => Stored {
+        inner.ring.push_back(Stored {
             seq,
             timestamp_ns,
             series: id,
-            numbers: numbers.into(),
+            numbers: Numbers::from_slice(numbers),
             strings: strings.into(),
-        },
+        });
+    }
+    let HubInner {
+        ring,
+        latest,
+        byte_capacity,
+        value_bytes,
+        ..
+    } = inner;
+    let Some(stored) = ring.back() else {
+        unreachable!("the event was just written");
     };
-    match &mut inner.latest[id as usize] {
+    if byte_capacity.is_some() {
+        *value_bytes += stored_bytes(stored);
+    }
+    match &mut latest[id as usize] {
         Some(l) if l.numbers.len() == doubles && l.strings.len() == n_strings => {
             l.seq = seq;
             l.timestamp_ns = timestamp_ns;
@@ -746,16 +810,6 @@ fn append(
         }
         l => *l = Some(stored.clone()),
     }
-    if inner.byte_capacity.is_some() {
-        inner.value_bytes += stored_bytes(&stored);
-        let len = inner.ring.len();
-        if len == inner.ring.capacity() {
-            // Grown in steps of a quarter (not doubled): the slots are counted in the bound.
-            let target = grown(inner.ring.capacity());
-            inner.ring.reserve_exact(target - len);
-        }
-    }
-    inner.ring.push_back(stored);
     seq
 }
 
@@ -846,7 +900,7 @@ mod tests {
         assert_eq!(heap_bytes(104), 112);
         const CAP: usize = 16 * 1024;
         let hub = bytes_bound(CAP, 0);
-        let per_event = SLOT_BYTES + heap_bytes(8) + heap_bytes(24) + heap_bytes(5);
+        let per_event = SLOT_BYTES + numbers_heap_bytes(1) + heap_bytes(24) + heap_bytes(5);
         for i in 0..2_000u32 {
             let (_, r) = hub.publish(&[named(f64::from(i), "eth-0")]);
             r.unwrap();
@@ -885,6 +939,76 @@ mod tests {
         assert!(hub.lock().len() < kept / 4);
     }
 
+    proptest::proptest! {
+        /// Events of three layouts (numbers inline, numbers on the heap, a string), in any
+        /// order, through a ring bounded in events or in bytes: the ring holds exactly the last
+        /// ones published, in order, whatever slot each was written into, and the counted bytes
+        /// are the sum of its events'.
+        #[test]
+        fn a_ring_holds_the_last_events_published_whatever_their_layouts(
+            kinds in proptest::collection::vec(0usize..3, 1..300),
+            by_bytes in proptest::bool::ANY,
+        ) {
+            let limits = RingLimits {
+                events: 16,
+                bytes: by_bytes.then_some(2048),
+                block_reserve: 0,
+            };
+            let hub = Hub::with_limits(1, limits);
+            let field = |n: &str| dbl(n, "", "");
+            hub.add_schemas(&[
+                pb::EventSchema { name: "t.one".into(), version: 1, fields: vec![field("a")], description: String::new() },
+                pb::EventSchema {
+                    name: "t.five".into(),
+                    version: 1,
+                    fields: ["a", "b", "c", "d", "e"].map(field).to_vec(),
+                    description: String::new(),
+                },
+                pb::EventSchema {
+                    name: "t.named".into(),
+                    version: 1,
+                    fields: vec![field("a"), field("b"), gma_core::event::text("name", "")],
+                    description: String::new(),
+                },
+            ])
+            .unwrap();
+            let mut published = Vec::new();
+            for (i, k) in kinds.iter().enumerate() {
+                let v = i as f64;
+                let (name, numbers, strings) = match k {
+                    0 => ("t.one", vec![v], vec![]),
+                    1 => ("t.five", vec![v, 1.0, 2.0, 3.0, 4.0], vec![]),
+                    _ => ("t.named", vec![v, -1.0], vec!["x".repeat(i % 40)]),
+                };
+                let e = EventData { name: name.into(), source: "s".into(), timestamp_ns: i as i64, numbers, strings };
+                hub.publish(std::slice::from_ref(&e)).1.unwrap();
+                published.push(e);
+            }
+            let inner = hub.lock();
+            proptest::prop_assert_eq!(inner.head(), published.len() as u64 + 1);
+            let held: Vec<_> = inner.since(0).collect();
+            proptest::prop_assert!(!held.is_empty() && held.len() <= 16);
+            let tail = &published[published.len() - held.len()..];
+            for (i, (e, p)) in held.iter().zip(tail).enumerate() {
+                proptest::prop_assert_eq!(e.seq, inner.oldest() + i as u64);
+                proptest::prop_assert_eq!(&inner.series[e.series as usize].name, &p.name);
+                proptest::prop_assert_eq!(e.timestamp_ns, p.timestamp_ns);
+                proptest::prop_assert_eq!(&e.numbers[..], &p.numbers[..]);
+                proptest::prop_assert_eq!(&e.strings[..], &p.strings[..]);
+            }
+            if by_bytes {
+                proptest::prop_assert!(inner.ring_bytes() <= 2048);
+                proptest::prop_assert_eq!(held.iter().map(|e| stored_bytes(e)).sum::<usize>(), inner.value_bytes);
+            }
+            for l in inner.latest() {
+                let name = &inner.series[l.series as usize].name;
+                let last = published.iter().rev().find(|p| &p.name == name).unwrap();
+                proptest::prop_assert_eq!(&l.numbers[..], &last.numbers[..]);
+                proptest::prop_assert_eq!(&l.strings[..], &last.strings[..]);
+            }
+        }
+    }
+
     #[test]
     fn a_block_subscription_holds_events_within_the_byte_reserve() {
         const CAP: usize = 8 * 1024;
@@ -918,11 +1042,14 @@ mod tests {
             .unwrap();
         assert_eq!(hub.lock().room(), 1, "3 of 4 unread");
         let soon = Instant::now() + Duration::from_millis(1);
-        assert!(!hub.wait_for_room(2, soon));
-        assert!(hub.wait_for_room(1, soon));
+        assert!(hub.publisher_with_room(2, soon).is_none());
+        assert!(hub.publisher_with_room(1, soon).is_some());
         // The subscription reads two: a writer waiting for room for 3 goes on.
         let h = hub.clone();
-        let waiter = std::thread::spawn(move || h.wait_for_room(3, Instant::now() + Duration::from_secs(60)));
+        let waiter = std::thread::spawn(move || {
+            h.publisher_with_room(3, Instant::now() + Duration::from_secs(60))
+                .is_some()
+        });
         hub.pin(9, 3);
         assert!(waiter.join().unwrap());
         assert_eq!(hub.lock().room(), 3);

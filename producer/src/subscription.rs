@@ -164,7 +164,7 @@ pub struct Cursor {
     class: Vec<u8>,
     last_sent: HashMap<u32, i64>,
     when: HashMap<u32, WhenState>,
-    delta_last: HashMap<u32, Box<[f64]>>,
+    delta_last: HashMap<u32, crate::hub::Numbers>,
     /// Private batches; also the record of which series this stream has declared.
     pub encoder: BatchEncoder,
     /// Latest values still to send, in seq order, all below `next`: a start from the latest
@@ -740,14 +740,26 @@ fn encode(batch: &pb::EventBatch) -> Bytes {
     Bytes::from(batch.encode_to_vec())
 }
 
-/// The next messages of a stream (encoded `EventBatch`es) and whether it is caught up.
+/// The next messages of a stream (encoded `EventBatch`es) and whether it is caught up. A
+/// block-policy stream's pin (`pin`: its id) moves past what was read under the same lock.
 fn next_messages(
     hub: &Hub,
     group: Option<&Mutex<Group>>,
     cursor: &mut Cursor,
     epoch: u64,
+    pin: Option<u64>,
     out: &mut Vec<Bytes>,
 ) -> bool {
+    // Returns whether the stream is caught up, moving its pin first and releasing the lock.
+    let done = |mut inner: parking_lot::MutexGuard<'_, HubInner>, cursor: &Cursor| {
+        let caught_up = cursor.caught_up(&inner);
+        let wake = pin.is_some_and(|id| inner.move_pin(id, cursor.next));
+        drop(inner);
+        if wake {
+            hub.wake_writers();
+        }
+        caught_up
+    };
     let mut limit = u64::MAX;
     if let Some(group) = group {
         let mut g = group.lock();
@@ -775,7 +787,8 @@ fn next_messages(
                         out.push(chunk.bytes.clone());
                     }
                     cursor.next = chunk.to;
-                    return cursor.caught_up(&inner);
+                    drop(g);
+                    return done(inner, cursor);
                 }
                 Ok(None) => {}
                 Err(to) => limit = to,
@@ -789,7 +802,7 @@ fn next_messages(
         out.push(encode(&cursor.encoder.finish(epoch)));
         PRIVATE_ENCODED.fetch_add(1, Ordering::Relaxed);
     }
-    cursor.caught_up(&inner)
+    done(inner, cursor)
 }
 
 /// Benchmark hook (`gma bench filter`): reads `hub` from seq 1 to its head through a private
@@ -804,7 +817,7 @@ pub fn drain_for_bench(hub: &Hub, spec: Spec) -> (Vec<Bytes>, std::time::Duratio
     };
     let mut out = Vec::new();
     let t0 = std::time::Instant::now();
-    while !next_messages(hub, None, &mut cursor, epoch, &mut out) {}
+    while !next_messages(hub, None, &mut cursor, epoch, None, &mut out) {}
     (out, t0.elapsed())
 }
 
@@ -844,7 +857,14 @@ pub async fn run(
     let mut out = Vec::with_capacity(2);
     loop {
         head.borrow_and_update();
-        let caught_up = next_messages(&hub, group.as_deref(), &mut cursor, epoch, &mut out);
+        let caught_up = next_messages(
+            &hub,
+            group.as_deref(),
+            &mut cursor,
+            epoch,
+            block.then_some(id),
+            &mut out,
+        );
         // A group whose one member is this stream keeps no chunk the stream has passed: no one
         // reads it again (a stream joining later at an older seq reads privately). Otherwise an
         // agent's one subscriber keeps the ring's whole window a second time, encoded.
@@ -852,9 +872,6 @@ pub async fn run(
             if Arc::strong_count(g) == 1 {
                 g.lock().drop_passed(cursor.next);
             }
-        }
-        if block {
-            hub.pin(id, cursor.next);
         }
         let sent_any = !out.is_empty();
         for msg in out.drain(..) {
@@ -1050,7 +1067,7 @@ mod tests {
         let mut out = Vec::new();
         let mut msgs = Vec::new();
         loop {
-            let done = next_messages(hub, group, c, 7, &mut msgs);
+            let done = next_messages(hub, group, c, 7, None, &mut msgs);
             for m in msgs.drain(..) {
                 let b = pb::EventBatch::decode(m).unwrap();
                 dec.decode_each(&b, |e| out.push((e.series.source.clone(), e.numbers[0], e.mark)))
@@ -1260,7 +1277,7 @@ mod tests {
         c.start(&hub.lock(), Start::From(1));
         publish(&hub, "a", &(0..10).map(f64::from).collect::<Vec<_>>());
         let mut msgs = Vec::new();
-        next_messages(&hub, None, &mut c, 7, &mut msgs);
+        next_messages(&hub, None, &mut c, 7, None, &mut msgs);
         let b = pb::EventBatch::decode(msgs[0].clone()).unwrap();
         assert_eq!((b.gaps[0].from_seq, b.gaps[0].to_seq, b.dropped), (1, 7, 7));
         let got = drain(&hub, None, &mut c, &mut BatchDecoder::new());
@@ -1273,7 +1290,7 @@ mod tests {
         publish(&hub, "a", &[1.0, 2.0, 3.0, 4.0]);
         publish(&hub, "b", &[5.0, 6.0]);
         let mut msgs = Vec::new();
-        next_messages(&hub, None, &mut c, 7, &mut msgs);
+        next_messages(&hub, None, &mut c, 7, None, &mut msgs);
         let b = pb::EventBatch::decode(msgs[0].clone()).unwrap();
         assert_eq!(b.conflated, 4);
         assert!(b.gaps.is_empty());
@@ -1289,7 +1306,7 @@ mod tests {
     fn messages(hub: &Hub, c: &mut Cursor, dec: &mut BatchDecoder) -> (Vec<(String, f64, u64)>, Vec<usize>) {
         let (mut got, mut sizes, mut msgs) = (Vec::new(), Vec::new(), Vec::new());
         loop {
-            let done = next_messages(hub, None, c, 7, &mut msgs);
+            let done = next_messages(hub, None, c, 7, None, &mut msgs);
             for m in msgs.drain(..) {
                 let before = got.len();
                 dec.decode_each(&pb::EventBatch::decode(m).unwrap(), |e| {
@@ -1356,7 +1373,7 @@ mod tests {
         // One message per round: far slower than the producer.
         for r in 1..=30 {
             round(&hub, r);
-            next_messages(&hub, None, &mut c, 7, &mut msgs);
+            next_messages(&hub, None, &mut c, 7, None, &mut msgs);
             for m in msgs.drain(..) {
                 dec.decode_each(&pb::EventBatch::decode(m).unwrap(), |e| {
                     assert!(e.seq > last_seq, "seq {} after {last_seq}", e.seq);
@@ -1434,7 +1451,7 @@ mod interleavings {
         ) -> Result<bool, String> {
             let skipped = |from: u64, to: u64| (from..to).find(|s| selected[*s as usize]);
             let mut msgs = Vec::new();
-            let done = next_messages(hub, Some(group), &mut self.cursor, 7, &mut msgs);
+            let done = next_messages(hub, Some(group), &mut self.cursor, 7, None, &mut msgs);
             for m in msgs {
                 let b = pb::EventBatch::decode(m).map_err(|e| e.to_string())?;
                 for g in &b.gaps {
