@@ -63,7 +63,7 @@ pub fn parse_self_stat(text: &str) -> Result<SelfStat, SensorError> {
         .rfind(')')
         .ok_or_else(|| SensorError::parse(SELF_STAT, 1, "no \"(comm)\" field"))?;
     // After ")": field 3 (state) comes first. The fields are taken in order from one pass (no
-    // list of all fifty: this parse runs every second).
+    // list of all fifty-two: this parse runs every second).
     let mut fields = text[close + 1..].split_ascii_whitespace();
     let mut at = 2;
     let mut field = |n: usize, what: &str| {
