@@ -922,8 +922,9 @@ async fn sensor_loop(
 /// Publishes the RPC figures of `stats` as `gma.rpc` events (source `<source>/<method>`) every
 /// `period` until `stop`. A period in which no method was ever called publishes nothing. It
 /// ticks with the sensors of the same period ([`Tickers`]), on the same instants as every
-/// other period's ticks: no wake-up of its own (a tokio interval of 10 s woke an idle agent
-/// two or three times a period, its timer-wheel levels; docs/PERFORMANCE.md, the agent).
+/// other period's ticks: no timer-wheel entry of its own, and its events go out in the tick's
+/// write rather than a second one (docs/PERFORMANCE.md, "Fewer instructions and `pread`s a
+/// tick").
 async fn publish_rpc(
     stats: Arc<RpcStats>,
     hub: Arc<Hub>,
