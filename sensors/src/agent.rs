@@ -62,9 +62,15 @@ pub fn parse_self_stat(text: &str) -> Result<SelfStat, SensorError> {
     let close = text
         .rfind(')')
         .ok_or_else(|| SensorError::parse(SELF_STAT, 1, "no \"(comm)\" field"))?;
-    // After ")": field 3 (state) is index 0, so field n is index n - 3.
-    let rest: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
-    let field = |n: usize, what: &str| parse_num::<u64>(rest.get(n - 3).copied(), SELF_STAT, 1, what);
+    // After ")": field 3 (state) comes first. The fields are taken in order from one pass (no
+    // list of all fifty-two: this parse runs every second).
+    let mut fields = text[close + 1..].split_ascii_whitespace();
+    let mut at = 2;
+    let mut field = |n: usize, what: &str| {
+        let tok = fields.nth(n - at - 1);
+        at = n;
+        parse_num::<u64>(tok, SELF_STAT, 1, what)
+    };
     Ok(SelfStat {
         utime: field(14, "utime")?,
         stime: field(15, "stime")?,

@@ -43,11 +43,17 @@ impl MemInfo {
 }
 
 /// Parses `/proc/meminfo`. `MemTotal` and `MemFree` are required; the rest default to 0 (or,
-/// for `MemAvailable`, to free + buffers + cached). Lines we do not publish are not looked at.
+/// for `MemAvailable`, to free + buffers + cached). Lines we do not publish are not looked at,
+/// and the parse stops once it has all seven (they are among the first twenty of the file's
+/// fifty-odd lines; this parse runs every second).
 pub fn parse_meminfo(text: &str) -> Result<MemInfo, SensorError> {
     let mut m = MemInfo::default();
     let (mut total, mut free, mut available) = (false, false, false);
+    let mut seen = 0;
     for (i, line) in text.lines().enumerate() {
+        if seen == 7 {
+            break;
+        }
         let Some((key, rest)) = line.split_once(':') else {
             continue;
         };
@@ -72,6 +78,7 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, SensorError> {
         };
         let mut toks = rest.split_ascii_whitespace();
         *slot = parse_num(toks.next(), MEMINFO, i + 1, key)?;
+        seen += 1;
         if let Some(unit) = toks.next() {
             if unit != "kB" {
                 return Err(SensorError::parse(

@@ -104,8 +104,9 @@ impl Files {
         if self.buf.len() < self.capacity {
             self.buf.resize(self.capacity, 0);
         }
+        let in_proc = self.in_proc;
         let read = match &kept.file {
-            Some(f) => pread_whole(f, &mut self.buf),
+            Some(f) => pread_whole(f, &mut self.buf, in_proc),
             None => Ok(0),
         };
         let n = match read {
@@ -143,10 +144,12 @@ impl Files {
 
 /// Reads all of `f` from offset 0 into `buf`, returning how many bytes it holds: `pread`s at
 /// the offsets read so far until one returns nothing, as `read` would (a multi-record `/proc`
-/// file comes a page or so at a time; the kernel continues where the last read ended). `buf`'s
-/// length is its room, zero-filled once as it grows and never again: a read does not clear or
-/// fill the bytes it will overwrite (that `memset` was 3 % of the agent's CPU).
-fn pread_whole(f: &std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+/// file comes a page or so at a time; the kernel continues where the last read ended) — or, for
+/// a `/proc` file (`in_proc`), until one read is short enough to be the end ([`ends_proc_file`]:
+/// one `pread` a file instead of two). `buf`'s length is its room, zero-filled once as it grows
+/// and never again: a read does not clear or fill the bytes it will overwrite (that `memset`
+/// was 3 % of the agent's CPU).
+fn pread_whole(f: &std::fs::File, buf: &mut Vec<u8>, in_proc: bool) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
     let mut at = 0;
     loop {
@@ -161,11 +164,27 @@ fn pread_whole(f: &std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
         }
         match f.read_at(&mut buf[at..], at as u64) {
             Ok(0) => return Ok(at),
+            Ok(n) if in_proc && at == 0 && ends_proc_file(n, buf.len()) => return Ok(n),
             Ok(n) => at += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The longest line of the multi-record `/proc` files the sensors read (`/proc/diskstats`,
+/// `/proc/net/dev`: a name and at most twenty 20-digit counters), with room to spare.
+const PROC_MAX_LINE: usize = 1024;
+
+/// Whether a first read of a `/proc` file that returned `n` bytes into `room` bytes holds the
+/// whole file, so the read that would return nothing can be left out. A `/proc` text file is a
+/// kernel `seq_file` (or, below `/proc/sys`, one value): a read fills the caller's room unless
+/// the file ended or the kernel's own buffer (a page at least, 4096 bytes) cannot take the next
+/// record, a line here. So a read that stopped short of the room with at least
+/// [`PROC_MAX_LINE`] of that page left over stopped at the end. A longer file (a `/proc/stat`
+/// of many CPUs) is read on until a read returns nothing, as before.
+fn ends_proc_file(n: usize, room: usize) -> bool {
+    n < room && n + PROC_MAX_LINE <= 4096
 }
 
 /// Where a probe's sample goes: the sensor's source and period, the sample time, the events.
@@ -392,6 +411,35 @@ mod tests {
         assert_eq!(elapsed_s(10, 5), None);
         assert_eq!(elapsed_s(i64::MIN, i64::MAX), None);
         assert_eq!(elapsed_s(0, 1_500_000_000), Some(1.5));
+    }
+
+    #[test]
+    fn a_short_first_read_of_a_proc_file_is_its_end_only_well_inside_a_page() {
+        assert!(ends_proc_file(1233, 4096), "a /proc/stat of two CPUs");
+        assert!(ends_proc_file(0, 4096));
+        assert!(!ends_proc_file(4096, 4096), "the room filled: read on");
+        assert!(
+            !ends_proc_file(3500, 8192),
+            "the kernel's page may have been full"
+        );
+        assert!(ends_proc_file(4096 - PROC_MAX_LINE, 8192));
+        assert!(!ends_proc_file(4097 - PROC_MAX_LINE, 8192));
+    }
+
+    /// Below `/proc` a read ends early; what it reads is the whole file all the same.
+    #[test]
+    fn proc_files_read_whole() {
+        let Ok(want) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+            return; // no procfs here
+        };
+        let mut files = Files::new(Path::new("/proc"), 8);
+        for _ in 0..2 {
+            let got = files.read("sys/kernel/osrelease", |t| Ok(t.to_string())).unwrap();
+            assert_eq!(got, want);
+        }
+        // A multi-record file longer than a page comes in several reads, up to its end.
+        let mounts = files.read("self/mountinfo", |t| Ok(t.lines().count())).unwrap();
+        assert!(mounts > 0);
     }
 
     #[test]

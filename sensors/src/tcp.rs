@@ -29,27 +29,53 @@ pub fn parse_snmp_tcp(text: &str) -> Result<TcpCounters, SensorError> {
         .next()
         .filter(|(_, l)| l.starts_with("Tcp:"))
         .ok_or_else(|| SensorError::parse(SNMP, hi + 1, "Tcp: header not followed by a Tcp: value line"))?;
-    let names: Vec<&str> = header.split_ascii_whitespace().skip(1).collect();
-    let vals: Vec<&str> = values.split_ascii_whitespace().skip(1).collect();
-    if names.len() != vals.len() {
+    // Header names and values side by side, in one pass and without collecting either line
+    // (this parse runs every second); the first column of a name counts.
+    const WANTED: [&str; 5] = ["ActiveOpens", "CurrEstab", "InErrs", "OutSegs", "RetransSegs"];
+    let mut found: [Option<&str>; 5] = [None; 5];
+    let mut names = header.split_ascii_whitespace().skip(1);
+    let mut vals = values.split_ascii_whitespace().skip(1);
+    let (mut n_names, mut n_vals) = (0usize, 0usize);
+    loop {
+        match (names.next(), vals.next()) {
+            (Some(name), Some(val)) => {
+                n_names += 1;
+                n_vals += 1;
+                if let Some(i) = WANTED.iter().position(|w| *w == name) {
+                    found[i].get_or_insert(val);
+                }
+            }
+            (Some(_), None) => {
+                n_names += 1 + names.count();
+                break;
+            }
+            (None, Some(_)) => {
+                n_vals += 1 + vals.count();
+                break;
+            }
+            (None, None) => break,
+        }
+    }
+    if n_names != n_vals {
         return Err(SensorError::parse(
             SNMP,
             vi + 1,
-            format!("{} Tcp: values for {} header names", vals.len(), names.len()),
+            format!("{n_vals} Tcp: values for {n_names} header names"),
         ));
     }
-    let get = |name: &str| -> Result<u64, SensorError> {
-        let pos = names.iter().position(|n| *n == name).ok_or_else(|| {
+    let get = |i: usize| -> Result<u64, SensorError> {
+        let name = WANTED[i];
+        let val = found[i].ok_or_else(|| {
             SensorError::parse(SNMP, hi + 1, format!("no {name} column in the Tcp: header"))
         })?;
-        parse_num(Some(vals[pos]), SNMP, vi + 1, name)
+        parse_num(Some(val), SNMP, vi + 1, name)
     };
     Ok(TcpCounters {
-        active_opens: get("ActiveOpens")?,
-        curr_estab: get("CurrEstab")?,
-        in_errs: get("InErrs")?,
-        out_segs: get("OutSegs")?,
-        retrans_segs: get("RetransSegs")?,
+        active_opens: get(0)?,
+        curr_estab: get(1)?,
+        in_errs: get(2)?,
+        out_segs: get(3)?,
+        retrans_segs: get(4)?,
     })
 }
 
