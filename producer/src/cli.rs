@@ -117,8 +117,8 @@ pub fn producer_config(a: &ProducerArgs) -> anyhow::Result<ProducerConfig> {
 }
 
 /// The ring's byte bound of the agent-only executable `gma-agent` when neither `buffer_bytes`
-/// nor `--buffer-bytes` sets one: 512 KiB held 3,156 host-sensor events when measured, about
-/// 4.7 minutes of resume at an agent's 11 events per second, and keeps the agent within 8 MiB
+/// nor `--buffer-bytes` sets one: 512 KiB held 2,955 host-sensor events when measured, about
+/// 4.4 minutes of resume at an agent's 11 events per second, and keeps the agent within 8 MiB
 /// resident at steady state with a subscriber (1 MiB did not: docs/PERFORMANCE.md, "The agent
 /// at steady state"). `gma producer` keeps no byte bound by default: it also serves
 /// simulations and relays sized in events.
