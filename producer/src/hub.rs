@@ -766,6 +766,13 @@ fn append(
             slot.series = id;
             slot.numbers.copy_from_slice(numbers);
             slot.strings.clone_from_slice(strings);
+            // A reused string keeps its old capacity (or grows past the new length): held
+            // at its length, so the slot takes what the bound was checked against.
+            for s in slot.strings.iter_mut() {
+                if s.capacity() != s.len() {
+                    s.shrink_to_fit();
+                }
+            }
         }
     } else {
         if spare {
