@@ -98,6 +98,22 @@ pub struct Stored {
     pub strings: Box<[String]>,
 }
 
+impl Stored {
+    /// Whether this event's boxes hold values of `layout` (so they can take a new event's).
+    fn fits(&self, layout: Layout) -> bool {
+        self.numbers.len() == layout.doubles && self.strings.len() == layout.strings
+    }
+
+    /// Makes this event (whose boxes [`Stored::fits`] the values) the given one, in place.
+    fn rewrite(&mut self, seq: u64, timestamp_ns: i64, series: u32, numbers: &[f64], strings: &[String]) {
+        self.seq = seq;
+        self.timestamp_ns = timestamp_ns;
+        self.series = series;
+        self.numbers.copy_from_slice(numbers);
+        self.strings.clone_from_slice(strings);
+    }
+}
+
 /// Bytes one ring slot takes (the [`Stored`] itself).
 pub const SLOT_BYTES: usize = std::mem::size_of::<Stored>();
 
@@ -698,10 +714,6 @@ fn append(
     strings: &[String],
     pin: Option<u64>,
 ) -> u64 {
-    let Layout {
-        doubles,
-        strings: n_strings,
-    } = layout;
     let seq = inner.next_seq;
     inner.next_seq += 1;
     // What the event will take under a byte bound: its values (as copied, at their lengths).
@@ -754,18 +766,10 @@ fn append(
         inner.ring.rotate_left(1);
         spare = true;
     }
-    let reuse = spare
-        && inner
-            .ring
-            .back()
-            .is_some_and(|old| old.numbers.len() == doubles && old.strings.len() == n_strings);
+    let reuse = spare && inner.ring.back().is_some_and(|old| old.fits(layout));
     if reuse {
         if let Some(slot) = inner.ring.back_mut() {
-            slot.seq = seq;
-            slot.timestamp_ns = timestamp_ns;
-            slot.series = id;
-            slot.numbers.copy_from_slice(numbers);
-            slot.strings.clone_from_slice(strings);
+            slot.rewrite(seq, timestamp_ns, id, numbers, strings);
             // A reused string keeps its old capacity (or grows past the new length): held
             // at its length, so the slot takes what the bound was checked against.
             for s in slot.strings.iter_mut() {
@@ -808,13 +812,7 @@ fn append(
         *value_bytes += stored_bytes(stored);
     }
     match &mut latest[id as usize] {
-        Some(l) if l.numbers.len() == doubles && l.strings.len() == n_strings => {
-            l.seq = seq;
-            l.timestamp_ns = timestamp_ns;
-            l.series = id;
-            l.numbers.copy_from_slice(numbers);
-            l.strings.clone_from_slice(strings);
-        }
+        Some(l) if l.fits(layout) => l.rewrite(seq, timestamp_ns, id, numbers, strings),
         l => *l = Some(stored.clone()),
     }
     seq
