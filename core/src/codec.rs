@@ -377,40 +377,52 @@ pub fn read_batch(batch: &mut pb::EventBatch, mut bytes: &[u8]) -> Result<(), Co
 /// Appends the varints of a packed column, each converted by `conv` (prost's conversions:
 /// `uint32` truncates, `sint64` is zigzag). A varint of more than 10 bytes, one above
 /// `u64::MAX` or one cut by the column's end is an error, as in prost.
+///
+/// Eight bytes with no continuation bit are eight one-byte varints, appended at once: the
+/// usual column (series ids below 128, seq deltas of 1, equal timestamps) is read a word at a
+/// time. Where a word holds a longer varint, the varints are read one by one to its end.
 #[inline]
 fn packed_varints<T>(col: &[u8], out: &mut Vec<T>, conv: impl Fn(u64) -> T) -> Result<(), CodecError> {
     // At least one byte per value: reserve for the most the column can hold, at most once.
     out.reserve(col.len());
     let mut i = 0;
-    while let Some(&b) = col.get(i) {
-        if b < 0x80 {
-            out.push(conv(u64::from(b)));
-            i += 1;
-            continue;
-        }
-        let mut v = u64::from(b & 0x7f);
-        let mut shift = 7;
-        i += 1;
-        loop {
-            let Some(&b) = col.get(i) else {
-                return Err(malformed(
-                    "undecodable EventBatch: a varint is cut by its column's end",
-                ));
-            };
-            i += 1;
-            // The tenth byte may only hold the top bit of a u64.
-            if shift == 63 && b > 1 {
-                return Err(malformed("undecodable EventBatch: invalid varint"));
+    while i < col.len() {
+        if let Some(word) = col.get(i..i + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+            if u64::from_le_bytes(word) & 0x8080_8080_8080_8080 == 0 {
+                out.extend(word.map(|b| conv(u64::from(b))));
+                i += 8;
+                continue;
             }
-            v |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                break;
-            }
-            shift += 7;
         }
-        out.push(conv(v));
+        let word_end = i + 8;
+        while i < word_end.min(col.len()) {
+            let (v, len) = varint_at(&col[i..])?;
+            out.push(conv(v));
+            i += len;
+        }
     }
     Ok(())
+}
+
+/// The varint at the start of `bytes` (not empty) and its length.
+#[inline]
+fn varint_at(bytes: &[u8]) -> Result<(u64, usize), CodecError> {
+    let mut v = 0u64;
+    let mut shift = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        // The tenth byte may only hold the top bit of a u64.
+        if shift == 63 && b > 1 {
+            return Err(malformed("undecodable EventBatch: invalid varint"));
+        }
+        v |= u64::from(b & 0x7f) << shift;
+        if b < 0x80 {
+            return Ok((v, i + 1));
+        }
+        shift += 7;
+    }
+    Err(malformed(
+        "undecodable EventBatch: a varint is cut by its column's end",
+    ))
 }
 
 /// Appends a packed column of doubles (little-endian, 8 bytes each).
@@ -441,10 +453,18 @@ const DENSE_IDS: u32 = 1 << 16;
 pub struct BatchDecoder {
     /// Every declared series, by id.
     series: foldhash::HashMap<u32, Arc<SeriesInfo>>,
-    /// The same `Arc`s of the ids below [`DENSE_IDS`] (producers number their series from 0):
-    /// each event's lookup is an index, not a hash (twice per event, see `decode_each`).
-    dense: Vec<Option<Arc<SeriesInfo>>>,
+    /// The same `Arc`s of the ids below [`DENSE_IDS`] (producers number their series from 0),
+    /// each with its layout beside it: each event's lookup is an index, not a hash, and its
+    /// layout is read without following the `Arc` (twice per event, see `decode_each`).
+    dense: Vec<Dense>,
     last_seq: Option<u64>,
+}
+
+/// A series id's entry in [`BatchDecoder`]'s plain table.
+#[derive(Debug, Clone, Default)]
+struct Dense {
+    layout: Layout,
+    series: Option<Arc<SeriesInfo>>,
 }
 
 impl BatchDecoder {
@@ -452,13 +472,14 @@ impl BatchDecoder {
         BatchDecoder::default()
     }
 
-    /// The series declared as `id`.
+    /// The series declared as `id`, with its layout.
     #[inline]
-    fn get(&self, id: u32) -> Option<&Arc<SeriesInfo>> {
+    fn get(&self, id: u32) -> Option<(&Arc<SeriesInfo>, Layout)> {
         if id < DENSE_IDS {
-            self.dense.get(id as usize).and_then(Option::as_ref)
+            let d = self.dense.get(id as usize)?;
+            Some((d.series.as_ref()?, d.layout))
         } else {
-            self.series.get(&id)
+            self.series.get(&id).map(|s| (s, s.layout))
         }
     }
 
@@ -512,9 +533,12 @@ impl BatchDecoder {
             if d.id < DENSE_IDS {
                 let i = d.id as usize;
                 if self.dense.len() <= i {
-                    self.dense.resize(i + 1, None);
+                    self.dense.resize(i + 1, Dense::default());
                 }
-                self.dense[i] = Some(Arc::clone(&info));
+                self.dense[i] = Dense {
+                    layout: info.layout,
+                    series: Some(Arc::clone(&info)),
+                };
             }
             self.series.insert(d.id, info);
         }
@@ -532,25 +556,42 @@ impl BatchDecoder {
         if let Some(bad) = b.marks.iter().find(|m| Mark::from_code(**m).is_none()) {
             return Err(malformed(format!("unknown mark {bad}")));
         }
-        // First pass: check everything so a bad batch delivers nothing.
-        let (mut need_d, mut need_s) = (0usize, 0usize);
-        let mut seq = b.first_seq;
-        for i in 0..n {
-            let s = self.get(b.series_ids[i]).ok_or_else(|| {
-                malformed(format!(
-                    "event {i} refers to undeclared series {}",
-                    b.series_ids[i]
-                ))
-            })?;
-            need_d += s.layout.doubles;
-            need_s += s.layout.strings;
-            if i > 0 {
-                if b.seq_deltas[i] == 0 {
+        // First pass: check everything so a bad batch delivers nothing. Nothing in it branches
+        // on an event's values (the usual batch is good); a batch found bad is walked again
+        // for its first error.
+        let (mut need_d, mut need_s, mut undeclared) = (0usize, 0usize, false);
+        for &id in &b.series_ids {
+            match self.get(id) {
+                Some((_, l)) => {
+                    need_d += l.doubles;
+                    need_s += l.strings;
+                }
+                None => undeclared = true,
+            }
+        }
+        if undeclared {
+            if let Some((i, id)) = b
+                .series_ids
+                .iter()
+                .enumerate()
+                .find(|(_, id)| self.get(**id).is_none())
+            {
+                return Err(malformed(format!("event {i} refers to undeclared series {id}")));
+            }
+        }
+        // Every seq after the first increases, and the last fits in a u64.
+        let (mut zero, mut sum) = (false, 0u128);
+        for &d in b.seq_deltas.get(1..).unwrap_or_default() {
+            zero |= d == 0;
+            sum += u128::from(d);
+        }
+        if zero || u128::from(b.first_seq) + sum > u128::from(u64::MAX) {
+            let mut seq = b.first_seq;
+            for (i, &d) in b.seq_deltas.iter().enumerate().skip(1) {
+                if d == 0 {
                     return Err(malformed(format!("event {i}: seq does not increase")));
                 }
-                seq = seq
-                    .checked_add(b.seq_deltas[i])
-                    .ok_or_else(|| malformed("seq overflow"))?;
+                seq = seq.checked_add(d).ok_or_else(|| malformed("seq overflow"))?;
             }
         }
         if n > 0 {
@@ -573,30 +614,34 @@ impl BatchDecoder {
         let (mut di, mut si) = (0usize, 0usize);
         let mut seq = b.first_seq;
         let mut ts = b.first_timestamp_ns;
+        let marked = !b.marks.is_empty();
         for i in 0..n {
             if i > 0 {
                 seq += b.seq_deltas[i];
                 ts = ts.wrapping_add(b.ts_deltas[i]);
             }
             // Checked above: the series exists.
-            let Some(s) = self.get(b.series_ids[i]) else {
+            let Some((s, l)) = self.get(b.series_ids[i]) else {
                 continue;
             };
-            let (nd, ns) = (s.layout.doubles, s.layout.strings);
+            let mark = if marked {
+                b.marks
+                    .get(i)
+                    .and_then(|m| Mark::from_code(*m))
+                    .unwrap_or_default()
+            } else {
+                Mark::None
+            };
             f(EventRef {
                 series: s,
                 seq,
                 timestamp_ns: ts,
-                numbers: &b.numbers[di..di + nd],
-                strings: &b.strings[si..si + ns],
-                mark: b
-                    .marks
-                    .get(i)
-                    .and_then(|m| Mark::from_code(*m))
-                    .unwrap_or_default(),
+                numbers: &b.numbers[di..di + l.doubles],
+                strings: &b.strings[si..si + l.strings],
+                mark,
             });
-            di += nd;
-            si += ns;
+            di += l.doubles;
+            si += l.strings;
         }
         if n > 0 {
             self.last_seq = Some(seq);
@@ -1021,5 +1066,44 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("does not increase"));
+    }
+
+    /// The first pass checks a whole batch before any event is delivered; a batch it flags is
+    /// walked again for its first error's message.
+    #[test]
+    fn a_bad_batch_delivers_nothing_and_says_what_is_wrong() {
+        let (a, b) = (series(0, "a"), series(70_000, "b"));
+        let mut enc = BatchEncoder::new();
+        for seq in 1..=20 {
+            enc.push(
+                if seq % 2 == 0 { &a } else { &b },
+                seq,
+                1,
+                &[1.0, 2.0],
+                &["x".into()],
+            );
+        }
+        let good = enc.finish(1);
+        let error = |batch: &pb::EventBatch| {
+            let mut seen = 0;
+            let e = BatchDecoder::new().decode_each(batch, |_| seen += 1);
+            assert_eq!(seen, 0, "nothing delivered from a bad batch");
+            e.unwrap_err().to_string()
+        };
+        let mut bad = good.clone();
+        bad.series_ids[13] = 5;
+        assert!(error(&bad).contains("event 13 refers to undeclared series 5"));
+        let mut bad = good.clone();
+        bad.seq_deltas[17] = 0;
+        assert!(error(&bad).contains("event 17: seq does not increase"));
+        let mut bad = good.clone();
+        bad.seq_deltas[19] = u64::MAX - 18;
+        assert!(error(&bad).contains("seq overflow"));
+        // The largest seq there is still decodes.
+        let mut edge = good.clone();
+        edge.seq_deltas[19] = u64::MAX - 19;
+        let events = BatchDecoder::new().decode(&edge).unwrap();
+        assert_eq!(events.last().map(|e| e.seq), Some(u64::MAX));
+        assert_eq!(BatchDecoder::new().decode(&good).unwrap().len(), 20);
     }
 }
