@@ -54,10 +54,26 @@ stage() {
     cp -f "$3" "$target_dir/$1/gma-agent"
 }
 
+# How many of the functions producer/gma-agent.order places together (producer/build.rs) the
+# agent built here still has: the names change with the toolchain and dependency versions, and
+# a name the agent lacks loses its place (scripts/agent-order.sh writes the file again).
+order_coverage() {
+    local order=producer/gma-agent.order total have
+    total=$(grep -cv '^#' "$order" || true)
+    have=$(comm -12 <(nm --defined-only "$1" | awk '{print $NF}' | sort -u) \
+        <(grep -v '^#' "$order" | sort -u) | wc -l)
+    echo "build-deb: gma-agent has $have of the $total functions of $order" >&2
+    if [ $((have * 10)) -lt $((total * 9)) ]; then
+        echo "build-deb: fewer than 90 %: run scripts/agent-order.sh to place the agent's code" \
+            "together again (docs/PERFORMANCE.md, \"The agent's code in one place\")" >&2
+    fi
+}
+
 case "${1:-}" in
 "")
     cargo build --release --locked -p gma --bin gma >&2
     cargo build --profile agent --locked -p gma-producer --bin gma-agent >&2
+    order_coverage "$target_dir/agent/gma-agent"
     # deb-release: the release profile under another name (Cargo.toml), only a staging place.
     stage deb-release "$target_dir/release/gma" "$target_dir/agent/gma-agent"
     deb=$(cargo deb -p gma --no-build --profile deb-release --output "$target_dir/debian/")
