@@ -1,6 +1,6 @@
 //! Links `gma-agent` with the code it runs placed together: `gma-agent.order` (written by
-//! scripts/agent-order.sh) lists those functions, hottest first, and LLD puts them at the start
-//! of the executable's text (`--symbol-ordering-file`). The agent then runs ≈ 1 MiB of one
+//! scripts/agent-order.sh) lists those functions, most called first, and LLD puts them at the
+//! start of the executable's text (`--symbol-ordering-file`). The agent then runs ≈ 1 MiB of one
 //! place instead of pages strewn over its 4.6 MiB of code, and about 2 MiB fewer of its pages
 //! are resident (docs/PERFORMANCE.md, "The agent's code in one place").
 //!

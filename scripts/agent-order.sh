@@ -7,8 +7,9 @@
 #
 # How: the `agent`-profile gma-agent runs under valgrind's callgrind for SECONDS from the
 # bench's start (default 75: start-up, host.bench's and host.info's first runs, a minute of
-# ticks) with a subscriber of every event (`gma bench agent`, the release gma); every function callgrind saw run that the executable has is listed, ordered by
-# how often it was called (the per-tick code together), then by its own instructions.
+# ticks) with a subscriber of every event (`gma bench agent`, the release gma); every function
+# callgrind saw run that the executable has is listed, ordered by how often it was called (the
+# per-tick code together), then by its own instructions.
 #
 # The names are the `agent` profile's mangled symbols. They change with the toolchain and with
 # dependency versions; the linker skips a name it does not find, so a stale file costs only the
