@@ -558,7 +558,7 @@ impl BatchDecoder {
         }
         // First pass: check everything so a bad batch delivers nothing. Nothing in it branches
         // on an event's values (the usual batch is good); a batch found bad is walked again
-        // for its first error.
+        // for its first error ([`BatchDecoder::first_error`]).
         let (mut need_d, mut need_s, mut undeclared) = (0usize, 0usize, false);
         for &id in &b.series_ids {
             match self.get(id) {
@@ -569,30 +569,14 @@ impl BatchDecoder {
                 None => undeclared = true,
             }
         }
-        if undeclared {
-            if let Some((i, id)) = b
-                .series_ids
-                .iter()
-                .enumerate()
-                .find(|(_, id)| self.get(**id).is_none())
-            {
-                return Err(malformed(format!("event {i} refers to undeclared series {id}")));
-            }
-        }
         // Every seq after the first increases, and the last fits in a u64.
         let (mut zero, mut sum) = (false, 0u128);
         for &d in b.seq_deltas.get(1..).unwrap_or_default() {
             zero |= d == 0;
             sum += u128::from(d);
         }
-        if zero || u128::from(b.first_seq) + sum > u128::from(u64::MAX) {
-            let mut seq = b.first_seq;
-            for (i, &d) in b.seq_deltas.iter().enumerate().skip(1) {
-                if d == 0 {
-                    return Err(malformed(format!("event {i}: seq does not increase")));
-                }
-                seq = seq.checked_add(d).ok_or_else(|| malformed("seq overflow"))?;
-            }
+        if undeclared || zero || u128::from(b.first_seq) + sum > u128::from(u64::MAX) {
+            return Err(self.first_error(b));
         }
         if n > 0 {
             if let Some(last) = self.last_seq {
@@ -647,6 +631,27 @@ impl BatchDecoder {
             self.last_seq = Some(seq);
         }
         Ok(n)
+    }
+
+    /// The first event of `b` whose series is undeclared or whose seq does not follow, in
+    /// event order, as an error (a batch [`BatchDecoder::decode_each`] found bad).
+    fn first_error(&self, b: &pb::EventBatch) -> CodecError {
+        let mut seq = b.first_seq;
+        for (i, (&id, &d)) in b.series_ids.iter().zip(&b.seq_deltas).enumerate() {
+            if self.get(id).is_none() {
+                return malformed(format!("event {i} refers to undeclared series {id}"));
+            }
+            if i > 0 {
+                if d == 0 {
+                    return malformed(format!("event {i}: seq does not increase"));
+                }
+                match seq.checked_add(d) {
+                    Some(next) => seq = next,
+                    None => return malformed("seq overflow"),
+                }
+            }
+        }
+        malformed("a batch found bad has no bad event")
     }
 
     /// Decodes a batch into owned events.
@@ -1099,6 +1104,13 @@ mod tests {
         let mut bad = good.clone();
         bad.seq_deltas[19] = u64::MAX - 18;
         assert!(error(&bad).contains("seq overflow"));
+        // The first bad event is named, whatever is wrong with it.
+        let mut bad = good.clone();
+        bad.seq_deltas[4] = 0;
+        bad.series_ids[9] = 5;
+        assert!(error(&bad).contains("event 4: seq does not increase"));
+        bad.series_ids[3] = 6;
+        assert!(error(&bad).contains("event 3 refers to undeclared series 6"));
         // The largest seq there is still decodes.
         let mut edge = good.clone();
         edge.seq_deltas[19] = u64::MAX - 19;
