@@ -336,10 +336,10 @@ impl OwnedEvent {
 /// The event columns (series ids, seq and timestamp deltas, doubles, marks), almost every byte
 /// of a batch, are read straight from the slice: one loop per packed column, eight one-byte
 /// varints at a time where a word holds them, and the doubles copied as little-endian words,
-/// where prost reads them through `Buf` (a bounds check and a buffer advance per value). Every other field (the
-/// declarations, gaps, strings, scalars, an unpacked column, unknown fields) goes to prost's
-/// own field decoder, so what is accepted and what is refused is prost's (a property test
-/// below checks both on arbitrary bytes).
+/// where prost reads them through `Buf` (a bounds check and a buffer advance per value). Every
+/// other field (the declarations, gaps, strings, scalars, an unpacked column, unknown fields)
+/// goes to prost's own field decoder, so what is accepted and what is refused is prost's (a
+/// property test below checks both on arbitrary bytes).
 pub fn read_batch(batch: &mut pb::EventBatch, mut bytes: &[u8]) -> Result<(), CodecError> {
     use prost::encoding::{decode_key, decode_varint, DecodeContext, WireType};
     use prost::Message;

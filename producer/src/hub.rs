@@ -105,12 +105,21 @@ impl Stored {
     }
 
     /// Makes this event (whose boxes [`Stored::fits`] the values) the given one, in place.
+    /// Each string is held at its length, as a new event's are: `String::clone_from` keeps the
+    /// old capacity, so a string of another length is cloned afresh (a ring slot must take
+    /// what its byte bound was checked against, [`stored_bytes`]).
     fn rewrite(&mut self, seq: u64, timestamp_ns: i64, series: u32, numbers: &[f64], strings: &[String]) {
         self.seq = seq;
         self.timestamp_ns = timestamp_ns;
         self.series = series;
         self.numbers.copy_from_slice(numbers);
-        self.strings.clone_from_slice(strings);
+        for (old, new) in self.strings.iter_mut().zip(strings) {
+            if old.capacity() == new.len() {
+                old.clone_from(new);
+            } else {
+                *old = new.clone();
+            }
+        }
     }
 }
 
@@ -770,13 +779,6 @@ fn append(
     if reuse {
         if let Some(slot) = inner.ring.back_mut() {
             slot.rewrite(seq, timestamp_ns, id, numbers, strings);
-            // A reused string keeps its old capacity (or grows past the new length): held
-            // at its length, so the slot takes what the bound was checked against.
-            for s in slot.strings.iter_mut() {
-                if s.capacity() != s.len() {
-                    s.shrink_to_fit();
-                }
-            }
         }
     } else {
         if spare {
