@@ -394,35 +394,17 @@ fn packed_varints<T>(col: &[u8], out: &mut Vec<T>, conv: impl Fn(u64) -> T) -> R
                 continue;
             }
         }
-        let word_end = i + 8;
-        while i < word_end.min(col.len()) {
-            let (v, len) = varint_at(&col[i..])?;
+        // Prost's own varint decoder to the word's end.
+        let word_end = (i + 8).min(col.len());
+        let mut rest = &col[i..];
+        while col.len() - rest.len() < word_end {
+            let v = prost::encoding::decode_varint(&mut rest)
+                .map_err(|e| malformed(format!("undecodable EventBatch: {e}")))?;
             out.push(conv(v));
-            i += len;
         }
+        i = col.len() - rest.len();
     }
     Ok(())
-}
-
-/// The varint at the start of `bytes` (not empty) and its length.
-#[inline]
-fn varint_at(bytes: &[u8]) -> Result<(u64, usize), CodecError> {
-    let mut v = 0u64;
-    let mut shift = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        // The tenth byte may only hold the top bit of a u64.
-        if shift == 63 && b > 1 {
-            return Err(malformed("undecodable EventBatch: invalid varint"));
-        }
-        v |= u64::from(b & 0x7f) << shift;
-        if b < 0x80 {
-            return Ok((v, i + 1));
-        }
-        shift += 7;
-    }
-    Err(malformed(
-        "undecodable EventBatch: a varint is cut by its column's end",
-    ))
 }
 
 /// Appends a packed column of doubles (little-endian, 8 bytes each).
