@@ -70,7 +70,12 @@ impl Clock {
 }
 
 /// A non-blocking monotonic `timerfd` expiring first at `first` (at once when it is past),
-/// then every `period`.
+/// then every `period`. Armed at an absolute time ([`monotonic_at`]): timers of different
+/// periods whose ticks fall on the same instant (the 1 s sensors' and the 10 s `gma.rpc`
+/// ticker's every tenth second) expire at the same nanosecond, in one run of the kernel's
+/// timer interrupt, so the runtime wakes once for both and their events go out in one write.
+/// Armed relative to "now" each expired a few microseconds after the other: a second wake-up
+/// and a second write (docs/PERFORMANCE.md, "One wake-up a tick").
 #[cfg(target_os = "linux")]
 fn kernel_timer(
     first: Instant,
@@ -83,16 +88,12 @@ fn kernel_timer(
         TimerfdClockId::Monotonic,
         TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
     )?;
-    // A zero `it_value` would disarm the timer: the first tick at least a nanosecond away.
-    let delay = first
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_nanos(1));
     timerfd_settime(
         &fd,
-        TimerfdTimerFlags::empty(),
+        TimerfdTimerFlags::ABSTIME,
         &Itimerspec {
             it_interval: timespec(period),
-            it_value: timespec(delay),
+            it_value: monotonic_at(first),
         },
     )?;
     // The safe constructor is deprecated since tokio 1.54 (tokio#8587) because an arbitrary
@@ -101,6 +102,34 @@ fn kernel_timer(
     // one descriptor open for the `AsyncFd`'s whole life: the contract the unsafe one states.
     #[allow(deprecated)]
     tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
+}
+
+/// `at` on `CLOCK_MONOTONIC`, for an absolute `timerfd`. `Instant` keeps that clock's reading
+/// but does not show it: one pair of readings (an `Instant` and the clock's value), taken
+/// once for the process, converts every `Instant`, so equal instants give equal times (two
+/// readings per timer would differ by the nanoseconds between them). Never zero, which would
+/// disarm the timer: a time in the past expires at once.
+#[cfg(target_os = "linux")]
+fn monotonic_at(at: Instant) -> rustix::time::Timespec {
+    use rustix::time::{clock_gettime, ClockId};
+    static ANCHOR: std::sync::OnceLock<(std::time::Instant, u128)> = std::sync::OnceLock::new();
+    let (instant, mono_ns) = *ANCHOR.get_or_init(|| {
+        let instant = std::time::Instant::now();
+        let t = clock_gettime(ClockId::Monotonic);
+        let ns =
+            u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0);
+        (instant, ns)
+    });
+    let at = at.into_std();
+    let ns = match at.checked_duration_since(instant) {
+        Some(after) => mono_ns.saturating_add(after.as_nanos()),
+        None => mono_ns.saturating_sub(instant.duration_since(at).as_nanos()),
+    }
+    .max(1);
+    rustix::time::Timespec {
+        tv_sec: i64::try_from(ns / 1_000_000_000).unwrap_or(i64::MAX),
+        tv_nsec: (ns % 1_000_000_000).try_into().unwrap_or(0),
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -159,6 +188,29 @@ mod tests {
         assert!(
             since_start >= 6 * period.as_nanos(),
             "the tick after the missed ones is on a later instant of the period"
+        );
+    }
+
+    /// Equal instants are equal times on the kernel's clock, and the times keep the instants'
+    /// distances to the nanosecond, before and after the process's first reading.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn instants_convert_to_the_monotonic_clock_exactly() {
+        let ns = |t: rustix::time::Timespec| i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec);
+        let a = Instant::now();
+        let first = ns(monotonic_at(a));
+        assert_eq!(ns(monotonic_at(a)), first);
+        for d in [1, 999_999_999, 1_000_000_000, 10_000_000_007u64] {
+            let d = Duration::from_nanos(d);
+            assert_eq!(ns(monotonic_at(a + d)) - first, d.as_nanos() as i128);
+            if let Some(before) = a.checked_sub(d) {
+                assert_eq!(first - ns(monotonic_at(before)), d.as_nanos() as i128);
+            }
+        }
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        assert!(
+            first <= ns(now),
+            "an instant taken before the clock's reading is not after it"
         );
     }
 
