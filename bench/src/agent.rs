@@ -3,7 +3,8 @@
 //! producer`: `--agent-bin`), and (unless
 //! `--no-subscriber`) a subscriber in this process taking every event it publishes (pattern
 //! `*`, gRPC over loopback). Reported from /proc/<pid> of the agent alone: CPU % of one core,
-//! µs of CPU per value sampled (the agent's own `gma.agent values_per_s`) and per value
+//! µs of CPU per value sampled (the agent's own count, `gma.agent values_per_s` over the run's
+//! window; its latest figure without a subscriber) and per value
 //! delivered to the subscriber, VmRSS at the end and VmHWM (peak), and apart the CPU of the
 //! host commands it ran and waited for (`df`, `dpkg-query` of host.info: its children's
 //! `cutime` + `cstime`); per thread, from `/proc/<pid>/task/*/`, its wake-ups a second
@@ -24,12 +25,44 @@ use tokio::io::AsyncBufReadExt;
 use crate::args::Output;
 use crate::report::{cores, emit, peak_rss_mib, proc_usage};
 
-/// Events and values (numbers and strings) the subscriber took while `counting` was set.
+/// Events and values (numbers and strings) the subscriber took while `counting` was set, and
+/// the agent's own count of values sampled over the same window: the sum of its `gma.agent`
+/// `values_per_s` times the time since its previous event (each rate is over that interval,
+/// so the sum is the agent's count between its first and last event of the window).
 #[derive(Default)]
 struct Delivered {
     counting: AtomicBool,
     events: AtomicU64,
     values: AtomicU64,
+    sampled: parking_lot::Mutex<Sampled>,
+}
+
+/// `gma.agent`'s counts over the window.
+#[derive(Default)]
+struct Sampled {
+    /// Timestamps (ns) of the window's first and latest `gma.agent` event.
+    first_ns: Option<i64>,
+    last_ns: i64,
+    /// Values sampled between them.
+    values: f64,
+}
+
+impl Sampled {
+    /// One `gma.agent` event at `ts` reporting `per_s` values a second since its previous one.
+    fn see(&mut self, ts: i64, per_s: f64) {
+        match self.first_ns {
+            None => self.first_ns = Some(ts),
+            Some(_) if ts > self.last_ns => self.values += per_s * (ts - self.last_ns) as f64 / 1e9,
+            Some(_) => return,
+        }
+        self.last_ns = ts;
+    }
+
+    /// Values a second between the first and the latest event, if they are apart.
+    fn per_s(&self) -> Option<f64> {
+        let first = self.first_ns?;
+        (self.last_ns > first).then(|| self.values / ((self.last_ns - first) as f64 / 1e9))
+    }
 }
 
 /// Per thread of `pid`, by thread id: CPU nanoseconds (`task/*/schedstat`, not 10 ms ticks),
@@ -105,10 +138,16 @@ fn subscribe_all(addr: &str, d: Arc<Delivered>) -> tokio::task::JoinHandle<anyho
     tokio::spawn(async move {
         loop {
             let (mut n, mut v) = (0u64, 0u64);
+            let mut agent = Vec::new();
             let p = s
                 .next_with(|e| {
                     n += 1;
                     v += (e.numbers.len() + e.strings.len()) as u64;
+                    if e.series.name == "gma.agent" {
+                        if let Some(per_s) = e.number("values_per_s") {
+                            agent.push((e.timestamp_ns, per_s));
+                        }
+                    }
                 })
                 .await;
             match p {
@@ -116,6 +155,10 @@ fn subscribe_all(addr: &str, d: Arc<Delivered>) -> tokio::task::JoinHandle<anyho
                     if d.counting.load(Ordering::Relaxed) {
                         d.events.fetch_add(n, Ordering::Relaxed);
                         d.values.fetch_add(v, Ordering::Relaxed);
+                        let mut sampled = d.sampled.lock();
+                        for (ts, per_s) in agent {
+                            sampled.see(ts, per_s);
+                        }
                     }
                 }
                 Ok(None) => return Ok(()),
@@ -147,7 +190,8 @@ fn children_cpu_s(pid: &str) -> f64 {
     crate::report::proc_stat_seconds(pid, &[13, 14]).unwrap_or(f64::NAN)
 }
 
-/// The agent's own sampling rate, from its latest `gma.agent` event (`values_per_s`).
+/// The agent's own sampling rate, from its latest `gma.agent` event (`values_per_s`, over its
+/// latest tick).
 async fn sampled_per_s(addr: &str) -> anyhow::Result<f64> {
     let ch = gma_consumer::connect(addr).await.map_err(|e| anyhow!("{e}"))?;
     let mut client = pb::producer_client::ProducerClient::new(ch);
@@ -282,7 +326,13 @@ pub async fn agent(run: AgentRun, output: Output) -> anyhow::Result<()> {
     let (anon, file) = (status_mib(&pid, "RssAnon"), status_mib(&pid, "RssFile"));
     let threads = status_mib(&pid, "Threads") * 1024.0;
     let cpu_pct = (cpu1 - cpu0) / seconds * 100.0;
-    let values_per_s = sampled_per_s(&addr).await?;
+    // Over the window from the subscriber's `gma.agent` events; without a subscriber, the
+    // agent's latest figure (one tick's).
+    let over_window = delivered.sampled.lock().per_s();
+    let values_per_s = match over_window {
+        Some(v) => v,
+        None => sampled_per_s(&addr).await?,
+    };
     if let Some(h) = &sub {
         if h.is_finished() {
             bail!("the subscriber stopped before the end of the run");

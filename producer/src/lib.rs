@@ -518,7 +518,10 @@ impl Producer {
         hub.add_schemas(&[budget::budget_schema()])
             .map_err(|e| ProducerError::Config(format!("gma.budget: {e}")))?;
         let sensor_tasks = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let tickers = Arc::new(Tickers::default());
+        let tickers = Arc::new(Tickers {
+            counters: counters.clone(),
+            ..Tickers::default()
+        });
         let rpc_tickers = tickers.clone();
         let spawner: control::Spawner = {
             let (hub, counters, stop_rx, tasks) = (
@@ -787,6 +790,9 @@ struct Tickers {
     /// The tick counter of each period in use; a ticker removes its own entry, under this
     /// lock, once no sensor holds a receiver (a period changed, sensors removed).
     by_period: parking_lot::Mutex<std::collections::HashMap<Duration, watch::Sender<u64>>>,
+    /// Marked as each tick starts, before its sensors are woken: `gma.agent` reports the
+    /// samples of whole ticks ([`AgentCounters::mark_tick`]).
+    counters: Arc<AgentCounters>,
 }
 
 impl Tickers {
@@ -823,6 +829,7 @@ impl Tickers {
                 map.remove(&period);
                 return;
             }
+            self.counters.mark_tick();
             tx.send_modify(|n| *n = n.wrapping_add(1));
         }
     }

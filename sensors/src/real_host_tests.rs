@@ -44,6 +44,7 @@ fn host_sensors_on_this_machine() {
     // Let the CPU tick counters move (100 Hz) so host.cpu has a split to report.
     std::thread::sleep(Duration::from_millis(200));
     counters.record(5);
+    counters.mark_tick();
     let mut second = Vec::new();
     for s in &mut sensors {
         s.sample(t0 + SEC, &mut second)
