@@ -74,8 +74,8 @@ impl Clock {
 /// periods whose ticks fall on the same instant (the 1 s sensors' and the 10 s `gma.rpc`
 /// ticker's every tenth second) expire at the same nanosecond, in one run of the kernel's
 /// timer interrupt, so the runtime wakes once for both and their events go out in one write.
-/// Armed relative to "now" each expired a few microseconds after the other: a second wake-up
-/// and a second write (docs/PERFORMANCE.md, "One wake-up a tick").
+/// Armed relative to "now", they expired microseconds apart: mostly still one wake-up, now and
+/// then a second wake-up and write (docs/PERFORMANCE.md, "Ticks on one instant").
 #[cfg(target_os = "linux")]
 fn kernel_timer(
     first: Instant,
