@@ -112,26 +112,24 @@ fn kernel_timer(
 #[cfg(target_os = "linux")]
 fn monotonic_at(at: Instant) -> rustix::time::Timespec {
     use rustix::time::{clock_gettime, ClockId};
-    static ANCHOR: std::sync::OnceLock<(std::time::Instant, u128)> = std::sync::OnceLock::new();
-    let (instant, mono_ns) = *ANCHOR.get_or_init(|| {
+    static ANCHOR: std::sync::OnceLock<(std::time::Instant, Duration)> = std::sync::OnceLock::new();
+    let (instant, mono) = *ANCHOR.get_or_init(|| {
         // The clock read between two instants, paired with their midpoint.
         let before = std::time::Instant::now();
         let t = clock_gettime(ClockId::Monotonic);
         let after = std::time::Instant::now();
-        let ns =
-            u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0);
-        (before + after.duration_since(before) / 2, ns)
+        let mono = Duration::new(
+            u64::try_from(t.tv_sec).unwrap_or(0),
+            u32::try_from(t.tv_nsec).unwrap_or(0),
+        );
+        (before + after.duration_since(before) / 2, mono)
     });
     let at = at.into_std();
-    let ns = match at.checked_duration_since(instant) {
-        Some(after) => mono_ns.saturating_add(after.as_nanos()),
-        None => mono_ns.saturating_sub(instant.duration_since(at).as_nanos()),
-    }
-    .max(1);
-    rustix::time::Timespec {
-        tv_sec: i64::try_from(ns / 1_000_000_000).unwrap_or(i64::MAX),
-        tv_nsec: (ns % 1_000_000_000).try_into().unwrap_or(0),
-    }
+    let d = match at.checked_duration_since(instant) {
+        Some(after) => mono.saturating_add(after),
+        None => mono.saturating_sub(instant.duration_since(at)),
+    };
+    timespec(d.max(Duration::from_nanos(1)))
 }
 
 #[cfg(target_os = "linux")]
