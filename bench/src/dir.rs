@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use gma_core::addr::PortLease;
 use gma_core::time::now_ns;
 use gma_proto::v1 as pb;
 use hdrhistogram::Histogram;
@@ -118,6 +119,7 @@ pub(crate) struct Cluster {
     usage: UsageTable,
     sampler: tokio::task::JoinHandle<()>,
     tmp: tempfile::TempDir,
+    _ports: Vec<PortLease>,
 }
 
 impl Drop for Cluster {
@@ -129,38 +131,22 @@ impl Drop for Cluster {
     }
 }
 
-pub(crate) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")
-        .context("cannot find a free port")?
-        .local_addr()?
-        .port())
+/// A loopback port kept for a child process until the lease is dropped
+/// ([`gma_core::addr::reserve_port`]).
+pub(crate) fn reserve_port() -> anyhow::Result<PortLease> {
+    gma_core::addr::reserve_port().context("cannot reserve a port of 127.0.0.1")
 }
 
-/// Attempts at starting a cluster whose pre-chosen port another process took in between.
-const PORT_ATTEMPTS: usize = 5;
-
 impl Cluster {
-    /// Starts `n` members on free ports of 127.0.0.1. The members must know each other's
-    /// addresses before they start, so the ports are chosen first and bound later; when another
-    /// process takes one in between (tests run in parallel), the cluster is started again on new
-    /// ports, at most [`PORT_ATTEMPTS`] times.
+    /// Starts `n` members on reserved ports of 127.0.0.1: the members must know each other's
+    /// addresses before they start, so the ports are chosen first and bound later, and the leases
+    /// keep every other benchmark or test from them meanwhile.
     pub(crate) async fn start(n: usize) -> anyhow::Result<Cluster> {
-        let mut attempt = 1;
-        loop {
-            match Cluster::start_once(n).await {
-                Err(e) if attempt < PORT_ATTEMPTS && format!("{e:#}").contains("Address already in use") => {
-                    attempt += 1;
-                }
-                r => return r,
-            }
-        }
-    }
-
-    async fn start_once(n: usize) -> anyhow::Result<Cluster> {
         let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
-        let addrs = (0..n)
-            .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+        let ports = (0..n)
+            .map(|_| reserve_port())
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{}", p.port())).collect();
         let peers = (n > 1).then(|| {
             addrs
                 .iter()
@@ -186,6 +172,7 @@ impl Cluster {
             usage,
             sampler,
             tmp,
+            _ports: ports,
         };
         for i in 0..n {
             c.spawn(i, n > 1 && i == 0).await?;

@@ -28,7 +28,7 @@ use tonic::transport::Channel;
 
 use crate::args::Output;
 use crate::dir::{
-    dir_channels, free_port, histogram, op_phase, pct, register_req, Cluster, DirClient, OpFigures,
+    dir_channels, histogram, op_phase, pct, register_req, reserve_port, Cluster, DirClient, OpFigures,
 };
 use crate::report::{cores, proc_usage};
 
@@ -197,6 +197,7 @@ struct EtcdCluster {
     pids: Vec<String>,
     clients: Vec<String>,
     tmp: tempfile::TempDir,
+    _ports: Vec<gma_core::addr::PortLease>,
 }
 
 impl Drop for EtcdCluster {
@@ -210,10 +211,11 @@ impl Drop for EtcdCluster {
 impl EtcdCluster {
     async fn start(etcd: &Path, n: usize) -> anyhow::Result<EtcdCluster> {
         let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
-        let mut ports = Vec::new();
-        for _ in 0..n {
-            ports.push((free_port()?, free_port()?));
+        let mut leases = Vec::new();
+        for _ in 0..2 * n {
+            leases.push(reserve_port()?);
         }
+        let ports: Vec<(u16, u16)> = leases.chunks(2).map(|p| (p[0].port(), p[1].port())).collect();
         let initial = ports
             .iter()
             .enumerate()
@@ -225,6 +227,7 @@ impl EtcdCluster {
             pids: Vec::new(),
             clients: Vec::new(),
             tmp,
+            _ports: leases,
         };
         for (i, (client, peer)) in ports.iter().enumerate() {
             let data = c.tmp.path().join(format!("e{i}"));

@@ -59,6 +59,26 @@ pub fn agent_bin() -> PathBuf {
 /// Polls `pred` every 20 ms until it holds or `timeout` passes.
 pub use gma_core::time::wait_until;
 
+/// A port of 127.0.0.1 for a child process that must be told its address before it binds (a
+/// directory member and its peers, Prometheus, snmpd, the installed units): reserved outside the
+/// kernel's ephemeral range and kept from every other test until this test process ends (see
+/// [`gma_core::addr::reserve_port`]). A port found free by binding port 0 could be taken by
+/// another test's connection before the child bound it.
+pub fn reserved_port() -> u16 {
+    static HELD: Mutex<Vec<gma_core::addr::PortLease>> = Mutex::new(Vec::new());
+    let lease = gma_core::addr::reserve_port().unwrap_or_else(|e| panic!("no port for a child process: {e}"));
+    let port = lease.port();
+    HELD.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(lease);
+    port
+}
+
+/// `127.0.0.1:` and a [`reserved_port`].
+pub fn reserved_addr() -> String {
+    format!("127.0.0.1:{}", reserved_port())
+}
+
 /// Polls `attempt` every 20 ms until it answers `Ok(value)` and returns the value; after
 /// `timeout` the test fails naming `what` and the last `Err` (the diagnostic). The one async
 /// wait of the kit: a hand-written polling loop in a test should be this (or [`poll_for`]

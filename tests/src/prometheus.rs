@@ -24,13 +24,6 @@ pub struct Prometheus {
     ca: Option<PathBuf>,
 }
 
-fn free_tcp_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free TCP port: {e}"))
-}
-
 /// Percent-encodes a query-string value.
 pub fn urlencode(s: &str) -> String {
     let mut out = String::new();
@@ -45,8 +38,8 @@ pub fn urlencode(s: &str) -> String {
 }
 
 impl Prometheus {
-    /// Starts a server and waits until it is ready (at most 30 s). The port is found free by
-    /// binding port 0 first; a lost race is retried on another port.
+    /// Starts a server and waits until it is ready (at most 30 s), on a [`crate::reserved_port`];
+    /// a launch that fails is tried again on another port, at most three times.
     pub fn start() -> Result<Prometheus, String> {
         Prometheus::start_with(None)
     }
@@ -89,7 +82,7 @@ impl Prometheus {
         };
         let mut last = String::new();
         for _ in 0..3 {
-            p.port = free_tcp_port()?;
+            p.port = crate::reserved_port();
             match p.launch() {
                 Ok(()) => return Ok(p),
                 Err(e) => last = e,

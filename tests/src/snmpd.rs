@@ -32,13 +32,6 @@ pub struct Snmpd {
     child: Option<Child>,
 }
 
-fn free_udp_port() -> Result<u16, String> {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free UDP port: {e}"))
-}
-
 impl Snmpd {
     /// Starts an agent and waits until it answers (at most 15 s).
     pub fn start() -> Result<Snmpd, String> {
@@ -48,7 +41,7 @@ impl Snmpd {
             }
         }
         let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-        let port = free_udp_port()?;
+        let port = crate::reserved_port();
         let conf = format!(
             "agentAddress udp:127.0.0.1:{port}\n\
              rocommunity {COMMUNITY} 127.0.0.1\n\

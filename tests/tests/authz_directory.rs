@@ -17,11 +17,6 @@ use gma_proto::v1 as pb;
 use gma_proto::v1::directory_client::DirectoryClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
 /// A TLS channel trusting `ca`, presenting `who`'s certificate when given.
 async fn channel(dir: &Path, addr: &str, ca: &str, who: Option<&str>) -> Result<Channel, String> {
     let pem = |p: String| std::fs::read(dir.join(p)).unwrap();
@@ -129,7 +124,7 @@ effect = "allow"
     )
     .unwrap();
 
-    let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    let addrs: Vec<String> = (0..3).map(|_| reserved_addr()).collect();
     let peers = addrs
         .iter()
         .enumerate()
@@ -319,7 +314,7 @@ fn a_tls_cluster_without_a_client_ca_is_refused() {
 /// `policy.toml` in `dir`; returns the processes and their addresses.
 fn secured_cluster(dir: &Path, members: &str) -> (Vec<Proc>, Vec<String>) {
     let d = dir.to_str().unwrap();
-    let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    let addrs: Vec<String> = (0..3).map(|_| reserved_addr()).collect();
     let peers = addrs
         .iter()
         .enumerate()

@@ -14,14 +14,6 @@ use common::*;
 use gma_proto::v1 as pb;
 use tokio::runtime::Runtime;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Cluster {
     tmp: tempfile::TempDir,
     addrs: Vec<String>,
@@ -32,7 +24,7 @@ struct Cluster {
 impl Cluster {
     fn start(n: usize) -> Cluster {
         let tmp = tempdir();
-        let addrs: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let addrs: Vec<String> = (0..n).map(|_| reserved_addr()).collect();
         let peers = addrs
             .iter()
             .enumerate()
@@ -573,7 +565,7 @@ fn membership_changes_at_runtime() {
     leader(&rt, &c, Duration::from_secs(30)).expect("a leader is elected");
     rt.block_on(register(&c.all(), "before-join", 600_000)).unwrap();
     // A fourth member starts knowing the cluster (so it does not initialize itself) ...
-    let a4 = format!("127.0.0.1:{}", free_port());
+    let a4 = reserved_addr();
     c.peers = format!("{},4={a4}", c.peers);
     c.addrs.push(a4.clone());
     let p4 = c.spawn(3, false);

@@ -10,7 +10,7 @@
 //! Needs root, dpkg, systemd-analyze and setpriv (the CI machine has them; under `CI=true` a
 //! missing one fails the test). The shipped configs listen on fixed loopback ports
 //! (127.0.0.1:7000 ...): the test rewrites those addresses in the installed /etc/gma files to
-//! free ports before starting the roles, so it cannot clash with parallel tests; the command
+//! reserved ports (`reserved_addr`) before starting the roles, so it cannot clash with parallel tests; the command
 //! lines are the installed units' unchanged. It is the only test that touches /etc/gma,
 //! /var/lib/gma, /usr/bin/gma, /usr/bin/gma-agent or the `gma` user (one test function: nothing to serialize).
 // A test: a set-up step that fails is a failed test.
@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use gma_tests as common;
 use gma_tests::netns::missing_capability;
-use gma_tests::{wait_until, Proc};
+use gma_tests::{reserved_addr, wait_until, Proc};
 
 const UNIT_DIR: &str = "/usr/lib/systemd/system";
 /// The units the package ships, with the instance the test starts of a template.
@@ -72,11 +72,6 @@ fn have(program: &str) -> bool {
         .args(["-c", &format!("command -v {program}")])
         .output()
         .is_ok_and(|o| o.status.success())
-}
-
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
 }
 
 /// dpkg's status of the package (`install ok installed`, `deinstall ok config-files`), or
@@ -346,7 +341,7 @@ fn the_package_installs_its_roles_serve_and_it_uninstalls() {
     }
 
     // Free ports instead of the shipped ones (see the module doc), in the installed files.
-    let fresh: BTreeMap<&str, String> = SHIPPED.iter().map(|a| (*a, free_addr())).collect();
+    let fresh: BTreeMap<&str, String> = SHIPPED.iter().map(|a| (*a, reserved_addr())).collect();
     for c in configs {
         let path = Path::new("/etc/gma").join(c);
         let text = std::fs::read_to_string(&path).unwrap();

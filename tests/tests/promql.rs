@@ -424,11 +424,7 @@ fn the_archive_answers_promql_like_prometheus_itself() {
     let ours = format!("http://{http}");
 
     // A real Prometheus with its remote-write receiver, on a free port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = reserved_port();
     let cfg = tmp.path().join("prometheus.yml");
     std::fs::write(&cfg, "global: {scrape_interval: 1h}\n").unwrap();
     struct Kill(std::process::Child);

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
+use gma_core::addr::PortLease;
 use gma_core::time::wait_until;
 
 /// `SchedulerParameters` of the generated slurm.conf: they set how soon Slurm looks at a new
@@ -38,6 +39,8 @@ pub struct Cluster {
     ctld: Option<Child>,
     slurmd: Vec<Child>,
     munge_sock: PathBuf,
+    /// The daemons' ports, kept until the cluster is dropped.
+    _ports: Vec<PortLease>,
 }
 
 /// The programs the cluster needs.
@@ -59,11 +62,13 @@ pub fn which(prog: &str) -> bool {
         .any(|d| Path::new(d).join(prog).is_file())
 }
 
-fn free_port() -> Result<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| anyhow!("no free port: {e}"))
+/// A port for one of the daemons, kept from other clusters and tests while the lease lives
+/// ([`gma_core::addr::reserve_port`]).
+fn reserve_port(leases: &mut Vec<PortLease>) -> Result<u16> {
+    let lease = gma_core::addr::reserve_port().map_err(|e| anyhow!("no port for a Slurm daemon: {e}"))?;
+    let port = lease.port();
+    leases.push(lease);
+    Ok(port)
 }
 
 fn run(cmd: &mut Command) -> Result<String> {
@@ -109,13 +114,14 @@ impl Cluster {
             .tempdir()
             .map_err(|e| anyhow!("temp dir: {e}"))?;
         let d = dir.path().to_path_buf();
-        let (ctld_port, slurmd_port) = (free_port()?, free_port()?);
+        let mut ports = Vec::new();
+        let (ctld_port, slurmd_port) = (reserve_port(&mut ports)?, reserve_port(&mut ports)?);
         // Node names of its own, so several clusters (tests in parallel) never meet; the first
         // node listens on SlurmdPort, the others on a Port of their own.
         let node = format!("n{ctld_port}");
         let mut nodes = vec![(node.clone(), slurmd_port)];
         for i in 1..n.max(1) {
-            nodes.push((format!("n{ctld_port}x{i}"), free_port()?));
+            nodes.push((format!("n{ctld_port}x{i}"), reserve_port(&mut ports)?));
         }
         for sub in ["munge", "run", "state", "log", "jobs"] {
             std::fs::create_dir_all(d.join(sub)).map_err(|e| anyhow!("mkdir {sub}: {e}"))?;
@@ -182,6 +188,7 @@ impl Cluster {
             ctld: None,
             slurmd: Vec::new(),
             munge_sock,
+            _ports: ports,
         };
         c.ctld = Some(c.spawn_controller()?);
         for (name, _) in &nodes {
