@@ -1,5 +1,7 @@
 //! `host.cpu`: CPU time split from the aggregate `cpu ` line of `/proc/stat`, plus `/proc/loadavg`.
 
+use std::sync::Arc;
+
 use crate::procfs::{parse_num, Emit, Files, Probe};
 use crate::SensorError;
 
@@ -127,16 +129,51 @@ pub fn parse_loadavg(text: &str) -> Result<LoadAvg, SensorError> {
     })
 }
 
+/// How far apart two samples may be and still share one `/proc/loadavg` reading
+/// ([`LoadavgShare`]).
+const LOADAVG_SHARED_NS: i64 = 100_000_000;
+
+/// The `/proc/loadavg` reading of `host.cpu` and `host.load`, which both publish it and sample
+/// on the same ticks: whichever samples first reads the file and the other takes its reading,
+/// one read a tick rather than two. A reading is taken when it is less than 100 ms from the
+/// sample's time (the kernel updates the load averages every 5 s; the running and total task
+/// counts are as of that moment).
+#[derive(Clone, Default)]
+pub(crate) struct LoadavgShare(Arc<parking_lot::Mutex<Option<(i64, LoadAvg)>>>);
+
+impl LoadavgShare {
+    /// The shared reading if it is near `now_ns`, else a new one, shared from then on.
+    pub(crate) fn read(&self, files: &mut Files, now_ns: i64) -> Result<LoadAvg, SensorError> {
+        let mut last = self.0.lock();
+        if let Some((at, load)) = *last {
+            if now_ns.abs_diff(at) < LOADAVG_SHARED_NS as u64 {
+                return Ok(load);
+            }
+        }
+        let load = files.read("loadavg", parse_loadavg)?;
+        *last = Some((now_ns, load));
+        Ok(load)
+    }
+}
+
 /// Emits `host.cpu`. The first sample only records the baseline.
 #[derive(Default)]
 pub(crate) struct Cpu {
     prev: Option<CpuTimes>,
+    loadavg: LoadavgShare,
+}
+
+impl Cpu {
+    /// Reads `/proc/loadavg` through `loadavg`, shared with `host.load`.
+    pub(crate) fn new(loadavg: LoadavgShare) -> Cpu {
+        Cpu { prev: None, loadavg }
+    }
 }
 
 impl Probe for Cpu {
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
         let cur = files.read("stat", parse_proc_stat)?;
-        let load = files.read("loadavg", parse_loadavg)?;
+        let load = self.loadavg.read(files, out.now_ns)?;
         let Some(prev) = self.prev.replace(cur) else {
             return Ok(());
         };
@@ -237,6 +274,36 @@ btime 1700000000
         let e = parse_proc_stat("ctxt 1\ncpu  1 2 x 4\n").unwrap_err();
         assert!(e.to_string().contains("/proc/stat line 2"), "{e}");
         assert!(e.to_string().contains("system"), "{e}");
+    }
+
+    /// One reading serves both sensors of a tick; the next tick reads again.
+    #[test]
+    fn loadavg_is_read_once_a_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("loadavg");
+        std::fs::write(&path, "1.00 0.50 0.25 2/100 7\n").unwrap();
+        let share = LoadavgShare::default();
+        let (mut cpu_files, mut load_files) = (
+            crate::procfs::Files::new(dir.path(), 64),
+            crate::procfs::Files::new(dir.path(), 64),
+        );
+        let t = 1_000_000_000_000;
+        assert_eq!(share.read(&mut cpu_files, t).unwrap().load1, 1.0);
+        std::fs::write(&path, "3.00 0.50 0.25 4/100 7\n").unwrap();
+        let other = share.read(&mut load_files, t + 3_000_000).unwrap();
+        assert_eq!(
+            (other.load1, other.running),
+            (1.0, 2),
+            "the other sensor 3 ms later"
+        );
+        let next = share.read(&mut load_files, t + 1_000_000_000).unwrap();
+        assert_eq!((next.load1, next.running), (3.0, 4), "the next tick");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(share.read(&mut cpu_files, t + 1_002_000_000).unwrap().load1, 3.0);
+        assert!(
+            share.read(&mut cpu_files, t + 2_000_000_000).is_err(),
+            "read again: gone"
+        );
     }
 
     #[test]

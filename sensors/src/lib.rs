@@ -176,8 +176,13 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
         timeout: cfg.command_timeout,
     };
     let info = info::Info::new(&cfg.os_release, commands.clone(), cfg.packages.clone());
+    let loadavg = cpu::LoadavgShare::default();
     let mut sensors: Vec<Box<dyn Sensor>> = vec![
-        Box::new(ProcSensor::host(cfg, schemas::host_cpu(), cpu::Cpu::default())),
+        Box::new(ProcSensor::host(
+            cfg,
+            schemas::host_cpu(),
+            cpu::Cpu::new(loadavg.clone()),
+        )),
         Box::new(ProcSensor::host(cfg, schemas::host_mem(), mem::Mem)),
         Box::new(ProcSensor::host(cfg, schemas::host_net(), net::Net::default())),
         Box::new(ProcSensor::host(
@@ -215,7 +220,7 @@ pub fn host_sensors(cfg: &HostSensorConfig) -> Vec<Box<dyn Sensor>> {
         let b = bench::Bench::new(cfg.bench_budget, cfg.bench_every, scores.clone());
         sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_bench(), b)));
     }
-    let load = load::Load::new(queue, scores);
+    let load = load::Load::new(queue, scores, loadavg);
     sensors.push(Box::new(ProcSensor::host(cfg, schemas::host_load(), load)));
     sensors
 }

@@ -7,7 +7,7 @@
 
 use crate::batch::QueueShare;
 use crate::bench::BenchShare;
-use crate::cpu::parse_loadavg;
+use crate::cpu::LoadavgShare;
 use crate::info::count_cpus;
 use crate::mem::parse_meminfo;
 use crate::procfs::{kib_to_mib, Emit, Files, Probe};
@@ -34,14 +34,17 @@ pub(crate) struct Load {
     pub(crate) bench: BenchShare,
     /// The host's size as last read: CPUs, MemTotal in MiB, and the sample time (UTC ns).
     size: Option<(f64, f64, i64)>,
+    /// `/proc/loadavg`, read once a tick with `host.cpu`.
+    loadavg: LoadavgShare,
 }
 
 impl Load {
-    pub(crate) fn new(queue: QueueShare, bench: BenchShare) -> Load {
+    pub(crate) fn new(queue: QueueShare, bench: BenchShare, loadavg: LoadavgShare) -> Load {
         Load {
             queue,
             bench,
             size: None,
+            loadavg,
         }
     }
 
@@ -67,7 +70,7 @@ impl Load {
 
 impl Probe for Load {
     fn sample(&mut self, files: &mut Files, out: &mut Emit<'_>) -> Result<(), SensorError> {
-        let load = files.read("loadavg", parse_loadavg)?;
+        let load = self.loadavg.read(files, out.now_ns)?;
         let (cores, mem_mb) = self.size(files, out.now_ns)?;
         let bench = self.bench.get();
         let numbers = vec![
@@ -114,7 +117,7 @@ mod tests {
         };
         let queue = QueueShare::default();
         let bench = BenchShare::default();
-        let load = Load::new(queue.clone(), bench.clone());
+        let load = Load::new(queue.clone(), bench.clone(), LoadavgShare::default());
         let mut s = crate::procfs::ProcSensor::host(&cfg, crate::schemas::host_load(), load);
         let mut out = Vec::new();
         s.sample(7, &mut out).unwrap();
