@@ -131,10 +131,10 @@ impl Drop for Cluster {
     }
 }
 
-/// A loopback port kept for a child process until the lease is dropped
+/// `n` loopback ports kept for child processes until the leases are dropped
 /// ([`gma_core::addr::reserve_port`]).
-pub(crate) fn reserve_port() -> anyhow::Result<PortLease> {
-    gma_core::addr::reserve_port().context("cannot reserve a port of 127.0.0.1")
+pub(crate) fn reserve_ports(n: usize) -> anyhow::Result<Vec<PortLease>> {
+    gma_core::addr::reserve_ports(n).context("cannot reserve ports of 127.0.0.1")
 }
 
 impl Cluster {
@@ -143,9 +143,7 @@ impl Cluster {
     /// keep every other benchmark or test from them meanwhile.
     pub(crate) async fn start(n: usize) -> anyhow::Result<Cluster> {
         let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
-        let ports = (0..n)
-            .map(|_| reserve_port())
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let ports = reserve_ports(n)?;
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{}", p.port())).collect();
         let peers = (n > 1).then(|| {
             addrs

@@ -28,7 +28,7 @@ use tonic::transport::Channel;
 
 use crate::args::Output;
 use crate::dir::{
-    dir_channels, histogram, op_phase, pct, register_req, reserve_port, Cluster, DirClient, OpFigures,
+    dir_channels, histogram, op_phase, pct, register_req, reserve_ports, Cluster, DirClient, OpFigures,
 };
 use crate::report::{cores, proc_usage};
 
@@ -211,10 +211,7 @@ impl Drop for EtcdCluster {
 impl EtcdCluster {
     async fn start(etcd: &Path, n: usize) -> anyhow::Result<EtcdCluster> {
         let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
-        let mut leases = Vec::new();
-        for _ in 0..2 * n {
-            leases.push(reserve_port()?);
-        }
+        let leases = reserve_ports(2 * n)?;
         let ports: Vec<(u16, u16)> = leases.chunks(2).map(|p| (p[0].port(), p[1].port())).collect();
         let initial = ports
             .iter()

@@ -82,6 +82,12 @@ pub fn reserve_port() -> io::Result<PortLease> {
     })
 }
 
+/// `n` ports at once ([`reserve_port`]), for a cluster whose members must know each other's
+/// addresses before any starts.
+pub fn reserve_ports(n: usize) -> io::Result<Vec<PortLease>> {
+    (0..n).map(|_| reserve_port()).collect()
+}
+
 /// The first port of `pool`, from `start` on, that no lease in `dir` holds and that binds.
 fn reserve_in(dir: &std::path::Path, pool: &[u16], start: usize) -> io::Result<PortLease> {
     std::fs::create_dir_all(dir).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
@@ -142,7 +148,7 @@ mod tests {
     #[test]
     fn a_reserved_port_is_outside_the_ephemeral_range_and_not_handed_out_twice() {
         let (low, high) = ephemeral_range();
-        let leases: Vec<PortLease> = (0..20).map(|_| reserve_port().unwrap()).collect();
+        let leases = reserve_ports(20).unwrap();
         let ports: std::collections::BTreeSet<u16> = leases.iter().map(PortLease::port).collect();
         assert_eq!(ports.len(), leases.len(), "a port handed out twice: {ports:?}");
         for p in &ports {

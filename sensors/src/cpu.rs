@@ -131,7 +131,7 @@ pub fn parse_loadavg(text: &str) -> Result<LoadAvg, SensorError> {
 
 /// How far apart two samples may be and still share one `/proc/loadavg` reading
 /// ([`LoadavgShare`]).
-const LOADAVG_SHARED_NS: i64 = 100_000_000;
+const LOADAVG_SHARED_NS: u64 = 100_000_000;
 
 /// The `/proc/loadavg` reading of `host.cpu` and `host.load`, which both publish it and sample
 /// on the same ticks: whichever samples first reads the file and the other takes its reading,
@@ -146,7 +146,7 @@ impl LoadavgShare {
     pub(crate) fn read(&self, files: &mut Files, now_ns: i64) -> Result<LoadAvg, SensorError> {
         let mut last = self.0.lock();
         if let Some((at, load)) = *last {
-            if now_ns.abs_diff(at) < LOADAVG_SHARED_NS as u64 {
+            if now_ns.abs_diff(at) < LOADAVG_SHARED_NS {
                 return Ok(load);
             }
         }
@@ -157,7 +157,6 @@ impl LoadavgShare {
 }
 
 /// Emits `host.cpu`. The first sample only records the baseline.
-#[derive(Default)]
 pub(crate) struct Cpu {
     prev: Option<CpuTimes>,
     loadavg: LoadavgShare,

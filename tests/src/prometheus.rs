@@ -38,8 +38,7 @@ pub fn urlencode(s: &str) -> String {
 }
 
 impl Prometheus {
-    /// Starts a server and waits until it is ready (at most 30 s), on a [`crate::reserved_port`];
-    /// a launch that fails is tried again on another port, at most three times.
+    /// Starts a server on a [`crate::reserved_port`] and waits until it is ready (at most 30 s).
     pub fn start() -> Result<Prometheus, String> {
         Prometheus::start_with(None)
     }
@@ -76,19 +75,12 @@ impl Prometheus {
         }
         let mut p = Prometheus {
             dir,
-            port: 0,
+            port: crate::reserved_port(),
             child: None,
             ca: tls.map(|t| t.2.to_path_buf()),
         };
-        let mut last = String::new();
-        for _ in 0..3 {
-            p.port = crate::reserved_port();
-            match p.launch() {
-                Ok(()) => return Ok(p),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        p.launch()?;
+        Ok(p)
     }
 
     fn data(&self) -> PathBuf {

@@ -62,15 +62,6 @@ pub fn which(prog: &str) -> bool {
         .any(|d| Path::new(d).join(prog).is_file())
 }
 
-/// A port for one of the daemons, kept from other clusters and tests while the lease lives
-/// ([`gma_core::addr::reserve_port`]).
-fn reserve_port(leases: &mut Vec<PortLease>) -> Result<u16> {
-    let lease = gma_core::addr::reserve_port().map_err(|e| anyhow!("no port for a Slurm daemon: {e}"))?;
-    let port = lease.port();
-    leases.push(lease);
-    Ok(port)
-}
-
 fn run(cmd: &mut Command) -> Result<String> {
     let shown = format!("{cmd:?}");
     let out = cmd.output().map_err(|e| anyhow!("{shown}: {e}"))?;
@@ -114,14 +105,17 @@ impl Cluster {
             .tempdir()
             .map_err(|e| anyhow!("temp dir: {e}"))?;
         let d = dir.path().to_path_buf();
-        let mut ports = Vec::new();
-        let (ctld_port, slurmd_port) = (reserve_port(&mut ports)?, reserve_port(&mut ports)?);
+        // slurmctld's port and one per slurmd, kept from other clusters and tests while the
+        // cluster lives.
+        let ports = gma_core::addr::reserve_ports(n.max(1) + 1)
+            .map_err(|e| anyhow!("no ports for the Slurm daemons: {e}"))?;
+        let (ctld_port, slurmd_port) = (ports[0].port(), ports[1].port());
         // Node names of its own, so several clusters (tests in parallel) never meet; the first
         // node listens on SlurmdPort, the others on a Port of their own.
         let node = format!("n{ctld_port}");
         let mut nodes = vec![(node.clone(), slurmd_port)];
-        for i in 1..n.max(1) {
-            nodes.push((format!("n{ctld_port}x{i}"), reserve_port(&mut ports)?));
+        for (i, p) in ports.iter().enumerate().skip(2) {
+            nodes.push((format!("n{ctld_port}x{}", i - 1), p.port()));
         }
         for sub in ["munge", "run", "state", "log", "jobs"] {
             std::fs::create_dir_all(d.join(sub)).map_err(|e| anyhow!("mkdir {sub}: {e}"))?;
