@@ -11,9 +11,17 @@
 //!   [`Limits::handshake_timeout_ms`] of the accept, or the connection is closed. The preface is
 //!   checked byte by byte as it arrives (anything else is closed at once) and replayed to the
 //!   HTTP/2 server.
-//! - **Liveness.** TCP keep-alive on every accepted socket; gRPC servers ping idle HTTP/2
-//!   connections every [`Limits::keepalive_interval_ms`] and close those that do not answer
-//!   within [`Limits::keepalive_timeout_ms`] ([`grpc_server`]). HTTP/1 servers ([`serve_http`])
+//! - **Liveness.** The kernel finds dead peers without waking the role: every accepted socket
+//!   has TCP keep-alive (a probe after [`Limits::keepalive_interval_ms`] with nothing received,
+//!   then one every as long) and `TCP_USER_TIMEOUT` of [`Limits::keepalive_timeout_ms`] (sent
+//!   data or probes unacknowledged that long close the connection). gRPC servers also send an
+//!   HTTP/2 PING on a connection from which nothing has arrived for
+//!   [`Limits::http2_ping_interval_ms`] and close it when no answer comes within the timeout
+//!   ([`grpc_server`]): a peer whose kernel answers but whose process does not. That interval
+//!   is long (5 minutes) because a subscriber only reads, so its connection would be pinged
+//!   every interval: each PING wakes the serving role up to four times (tokio's timer wheel
+//!   on the way to the deadline, the PING, its answer), which was a quarter of the agent's
+//!   wake-ups at 10 s (docs/PERFORMANCE.md). HTTP/1 servers ([`serve_http`])
 //!   close a connection whose request headers have not all arrived within
 //!   [`Limits::header_read_timeout_ms`] — counted from when the server starts waiting for a
 //!   request, so it is also how long an idle keep-alive connection stays open.
@@ -313,8 +321,13 @@ fn tune(tcp: &TcpStream, limits: &Limits) {
     let _ = tcp.set_nodelay(true);
     let idle = Duration::from_millis(limits.keepalive_interval_ms);
     let ka = socket2::TcpKeepalive::new().with_time(idle).with_interval(idle);
-    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+    let sock = socket2::SockRef::from(tcp);
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "cannot set TCP keep-alive");
+    }
+    let unacked = Duration::from_millis(limits.keepalive_timeout_ms);
+    if let Err(e) = sock.set_tcp_user_timeout(Some(unacked)) {
+        tracing::debug!(error = %e, "cannot set TCP_USER_TIMEOUT");
     }
 }
 
@@ -436,12 +449,15 @@ where
     ReceiverStream::new(rx)
 }
 
-/// A tonic server with the HTTP/2 keep-alive of `limits` (ping every interval; no answer
-/// within the timeout closes the connection). Add layers, then [`serve_grpc`] with the role's
-/// [`Services`].
+/// A tonic server with the HTTP/2 PINGs of `limits` (one after
+/// [`Limits::http2_ping_interval_ms`] with nothing received, none when 0; no answer within
+/// [`Limits::keepalive_timeout_ms`] closes the connection). Add layers, then [`serve_grpc`]
+/// with the role's [`Services`].
 pub fn grpc_server(limits: &Limits) -> tonic::transport::Server {
+    let ping =
+        (limits.http2_ping_interval_ms > 0).then(|| Duration::from_millis(limits.http2_ping_interval_ms));
     tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_millis(limits.keepalive_interval_ms)))
+        .http2_keepalive_interval(ping)
         .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
 }
 
@@ -958,6 +974,86 @@ mod tests {
         assert!(g.admit(b).is_none(), "over the listener's cap");
         drop(p1);
         assert!(g.admit(a).is_some());
+    }
+
+    /// Every accepted socket carries the kernel's dead-peer detection of `limits`.
+    #[tokio::test]
+    async fn accepted_sockets_get_keepalive_and_a_user_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        let limits = Limits {
+            keepalive_interval_ms: 7_000,
+            keepalive_timeout_ms: 3_500,
+            ..Limits::default()
+        };
+        tune(&tcp, &limits);
+        let s = socket2::SockRef::from(&tcp);
+        assert!(s.keepalive().unwrap() && tcp.nodelay().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(7));
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), Duration::from_secs(7));
+        assert_eq!(s.tcp_user_timeout().unwrap(), Some(Duration::from_millis(3_500)));
+    }
+
+    #[test]
+    fn the_ping_interval_is_zero_or_at_least_a_second() {
+        let with = |ms| Limits {
+            http2_ping_interval_ms: ms,
+            ..Limits::default()
+        };
+        assert!(with(0).validate().is_ok() && with(1_000).validate().is_ok());
+        let e = with(999).validate().unwrap_err().to_string();
+        assert!(e.contains("limits.http2_ping_interval_ms"), "{e}");
+        assert!(with(86_400_001).validate().is_err());
+    }
+
+    /// A gRPC peer that sends nothing gets an HTTP/2 PING after `http2_ping_interval_ms`, and
+    /// when it does not answer, the connection is closed.
+    #[tokio::test]
+    async fn an_unanswered_ping_closes_the_connection() {
+        let limits = Limits {
+            http2_ping_interval_ms: 1_000,
+            keepalive_timeout_ms: 300,
+            ..Limits::default()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = Incoming::grpc(listener, None, &limits, "test");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_grpc(
+            grpc_server(&limits),
+            Services::new(),
+            incoming,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let mut peer = TcpStream::connect(addr).await.unwrap();
+        peer.write_all(PREFACE).await.unwrap();
+        // An empty SETTINGS frame (length 0, type 4, no flags, stream 0), then silence.
+        peer.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+        let frames = async {
+            let mut types = Vec::new();
+            let mut head = [0u8; 9];
+            while peer.read_exact(&mut head).await.is_ok() {
+                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                let mut payload = vec![0u8; len];
+                if peer.read_exact(&mut payload).await.is_err() {
+                    break;
+                }
+                types.push((head[3], head[4]));
+            }
+            types
+        };
+        let types = tokio::time::timeout(Duration::from_secs(60), frames)
+            .await
+            .expect("the server closes a connection whose PING goes unanswered");
+        assert!(
+            types.contains(&(6, 0)),
+            "a PING (type 6, not an ACK) before the close: {types:?}"
+        );
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test]

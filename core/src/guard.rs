@@ -41,11 +41,19 @@ pub struct Limits {
     /// HTTP/1 listeners: a request's headers must arrive within this many milliseconds of the
     /// server starting to wait for them (also how long an idle keep-alive connection stays).
     pub header_read_timeout_ms: u64,
-    /// HTTP/2 keep-alive ping interval of gRPC listeners (and the TCP keep-alive idle time of
-    /// every accepted socket).
+    /// TCP keep-alive of every accepted socket: the first probe after this many milliseconds
+    /// with nothing received, then one every this many. The kernel sends and answers them;
+    /// the role is not woken.
     pub keepalive_interval_ms: u64,
-    /// A gRPC connection whose keep-alive ping is not answered within this is closed.
+    /// `TCP_USER_TIMEOUT` of every accepted socket: a connection whose sent data or keep-alive
+    /// probes stay unacknowledged this long is closed by the kernel. Also how long an HTTP/2
+    /// PING ([`Limits::http2_ping_interval_ms`]) may go unanswered.
     pub keepalive_timeout_ms: u64,
+    /// gRPC listeners: an HTTP/2 PING on a connection from which nothing has arrived for this
+    /// many milliseconds (a subscriber only reads, so every this often on a stream), unanswered
+    /// within [`Limits::keepalive_timeout_ms`] closes it; finds a peer whose kernel still
+    /// acknowledges but whose process does not answer. 0: no pings.
+    pub http2_ping_interval_ms: u64,
 }
 
 impl Default for Limits {
@@ -60,6 +68,7 @@ impl Default for Limits {
             header_read_timeout_ms: 10_000,
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 20_000,
+            http2_ping_interval_ms: 300_000,
         }
     }
 }
@@ -95,6 +104,12 @@ impl Limits {
                     "limits.{key} must lie in [100, 86400000] milliseconds, not {ms}"
                 ));
             }
+        }
+        let ping = self.http2_ping_interval_ms;
+        if ping != 0 && !(1_000..=86_400_000).contains(&ping) {
+            return bad(format!(
+                "limits.http2_ping_interval_ms must be 0 (no pings) or lie in [1000, 86400000] milliseconds, not {ping}"
+            ));
         }
         Ok(())
     }
