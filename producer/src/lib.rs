@@ -23,6 +23,7 @@
 //!   --prometheus ADDR`).
 //! - [`otlp`]: OTLP/gRPC metrics in (`gma producer --otlp-listen ADDR`, docs/otlp.md).
 //! - [`telemetry`]: the names of the Prometheus metrics this crate records.
+//! - `sampling`: the sensors of a period sampled together, once a tick, in one publish.
 //! - `tick`: the clock of a sampling period (a kernel timer on Linux: one wake-up a tick).
 //!
 //! Every producer also monitors itself: its gRPC server runs behind a [`gma_core::rpc::RpcLayer`]
@@ -39,6 +40,7 @@ pub mod otlp;
 pub mod prometheus;
 pub mod push;
 pub mod registrar;
+mod sampling;
 pub mod send;
 pub mod service;
 pub mod subscription;
@@ -47,7 +49,6 @@ mod tick;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -518,28 +519,11 @@ impl Producer {
         hub.add_schemas(&[budget::budget_schema()])
             .map_err(|e| ProducerError::Config(format!("gma.budget: {e}")))?;
         let sensor_tasks = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let tickers = Arc::new(Tickers {
-            counters: counters.clone(),
-            ..Tickers::default()
-        });
-        let rpc_tickers = tickers.clone();
+        let sampling = sampling::Sampling::new(hub.clone(), counters.clone(), stop_rx.clone());
         let spawner: control::Spawner = {
-            let (hub, counters, stop_rx, tasks) = (
-                hub.clone(),
-                counters.clone(),
-                stop_rx.clone(),
-                sensor_tasks.clone(),
-            );
+            let (sampling, tasks) = (sampling.clone(), sensor_tasks.clone());
             Arc::new(move |sensor, slot, setting| {
-                let task = tokio::spawn(sensor_loop(
-                    sensor,
-                    slot,
-                    setting,
-                    tickers.clone(),
-                    hub.clone(),
-                    counters.clone(),
-                    stop_rx.clone(),
-                ));
+                let task = tokio::spawn(sampling::sensor_loop(sensor, slot, setting, sampling.clone()));
                 tasks.lock().push(task);
             })
         };
@@ -569,14 +553,11 @@ impl Producer {
         }
         tokio::spawn(derive::run(deriver.clone(), hub.clone(), stop_rx.clone()));
         if config.endpoint.rpc_events_ms() > 0 {
-            tokio::spawn(publish_rpc(
+            sampling.publish_rpc(
                 rpc.clone(),
-                hub.clone(),
                 config.source.clone().unwrap_or_default(),
                 Duration::from_millis(config.endpoint.rpc_events_ms()),
-                rpc_tickers,
-                stop_rx.clone(),
-            ));
+            );
         }
         let mut registrar_task = None;
         // A refusal of the first registration stops the producer (see registrar::run).
@@ -756,250 +737,4 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ProducerError> {
     Producer::new(config)?.run(listener, shutdown).await
-}
-
-/// The first tick of a sensor sampled every `period`: the next multiple of `period` since the
-/// first sensor of this process started. Sensors of the same period
-/// then sample at the same instant: one timer wake-up for all of them, and a subscriber gets
-/// their events in one batch (one gRPC message, one write) instead of one per sensor — the
-/// agent's cost per value delivered (docs/PERFORMANCE.md, "The agent").
-fn aligned_tick(period: Duration) -> tokio::time::Instant {
-    static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
-    let now = tokio::time::Instant::now();
-    let epoch = *EPOCH.get_or_init(|| now);
-    if now <= epoch {
-        // The first sensor, or a runtime whose clock is behind the first one's (a test's
-        // paused clock): sample now.
-        return now;
-    }
-    let p = period.as_nanos().max(1);
-    let since = now.saturating_duration_since(epoch).as_nanos();
-    let k = since.div_ceil(p);
-    let at = u64::try_from(k.saturating_mul(p)).unwrap_or(u64::MAX);
-    epoch + Duration::from_nanos(at)
-}
-
-/// One timer per sampling period, shared by every sensor of that period. Each sensor used to
-/// re-arm a timer of its own after every sample: nine timer-wheel entries re-armed a second on
-/// an agent, each re-arm waking the runtime's driver (a write to its eventfd) while it was
-/// running anyway (docs/PERFORMANCE.md, the agent's CPU). Now one ticker task per period
-/// counts ticks on a `watch` channel and the sensors of that period wait on it: one timer and
-/// one re-arm a tick, the sensors sampling in the same turn of the runtime as before.
-#[derive(Default)]
-struct Tickers {
-    /// The tick counter of each period in use; a ticker removes its own entry, under this
-    /// lock, once no sensor holds a receiver (a period changed, sensors removed).
-    by_period: parking_lot::Mutex<std::collections::HashMap<Duration, watch::Sender<u64>>>,
-    /// Marked as each tick starts, before its sensors are woken: `gma.agent` reports the
-    /// samples of whole ticks ([`AgentCounters::mark_tick`]).
-    counters: Arc<AgentCounters>,
-}
-
-impl Tickers {
-    /// The ticks of `period` (starting the ticker if none runs): the first one at least a
-    /// period away and a multiple of `period` since the first sensor started ([`aligned_tick`]).
-    fn subscribe(self: &Arc<Self>, period: Duration) -> watch::Receiver<u64> {
-        let mut map = self.by_period.lock();
-        if let Some(tx) = map.get(&period) {
-            return tx.subscribe();
-        }
-        let (tx, rx) = watch::channel(0);
-        map.insert(period, tx);
-        drop(map);
-        tokio::spawn(self.clone().run(period));
-        rx
-    }
-
-    async fn run(self: Arc<Self>, period: Duration) {
-        let mut at = aligned_tick(period);
-        if at <= tokio::time::Instant::now() {
-            // A sensor samples once as it subscribes: no tick at the same instant.
-            at += period;
-        }
-        // A late tick (a slow start, a busy host) does not move the later ones: they stay on
-        // the shared instants. A kernel timer on Linux: one wake-up a tick (tick.rs).
-        let mut tick = tick::Clock::new(at, period);
-        loop {
-            tick.tick().await;
-            let mut map = self.by_period.lock();
-            let Some(tx) = map.get(&period) else {
-                return;
-            };
-            if tx.receiver_count() == 0 {
-                map.remove(&period);
-                return;
-            }
-            self.counters.mark_tick();
-            tx.send_modify(|n| *n = n.wrapping_add(1));
-        }
-    }
-}
-
-async fn sensor_loop(
-    mut sensor: Box<dyn Sensor>,
-    slot: Arc<control::Slot>,
-    mut setting: watch::Receiver<control::Setting>,
-    tickers: Arc<Tickers>,
-    hub: Arc<Hub>,
-    counters: Arc<AgentCounters>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut cur = *setting.borrow_and_update();
-    // The ticks shared with the other sensors of the period (a tick missed while disabled
-    // makes the sensor sample as soon as it is enabled again).
-    let mut ticks = tickers.subscribe(cur.period);
-    // Every sensor samples once as it starts (host.info's period is long: a broker must not wait
-    // a period for a new host's software), then in step with the others of its period.
-    let mut first = true;
-    let mut buf = Vec::new();
-    let mut errors: u64 = 0;
-    loop {
-        tokio::select! {
-            _ = std::future::ready(()), if first && cur.enabled => first = false,
-            ticked = ticks.changed(), if cur.enabled => {
-                // The ticker is gone only when the runtime shuts down.
-                if ticked.is_err() {
-                    return;
-                }
-                first = false;
-            }
-            changed = setting.changed() => {
-                // The sender is gone: the control removed this sensor (a runtime watch).
-                if changed.is_err() {
-                    return;
-                }
-                let next = *setting.borrow_and_update();
-                if next.period != cur.period {
-                    // The next sample is at most one new period away, in step with the other
-                    // sensors of that period.
-                    ticks = tickers.subscribe(next.period);
-                }
-                cur = next;
-                continue;
-            }
-            _ = stop.changed() => return,
-        }
-        let began = std::time::Instant::now();
-        buf.clear();
-        let sampled = if sensor.blocking() {
-            // It runs host commands (each bounded by its timeout): off the async workers.
-            let now = now_ns();
-            let name = sensor.name().to_string();
-            let job = move || {
-                let r = sensor.sample(now, &mut buf);
-                (sensor, buf, r)
-            };
-            match tokio::task::spawn_blocking(job).await {
-                Ok((s, b, r)) => {
-                    (sensor, buf) = (s, b);
-                    r
-                }
-                Err(e) => {
-                    tracing::error!(sensor = %name, error = %e, "sensor sample panicked; the sensor stops");
-                    return;
-                }
-            }
-        } else {
-            sensor.sample(now_ns(), &mut buf)
-        };
-        slot.record(began.elapsed());
-        match sampled {
-            Ok(()) => {
-                let values: usize = buf.iter().map(|e| e.numbers.len() + e.strings.len()).sum();
-                counters.values.fetch_add(values as u64, Ordering::Relaxed);
-                counters.events.fetch_add(buf.len() as u64, Ordering::Relaxed);
-                if !buf.is_empty() {
-                    if let (_, Err(e)) = hub.publish(&buf) {
-                        tracing::warn!(sensor = sensor.name(), error = %e, "sensor produced a nonconforming event");
-                    }
-                }
-            }
-            Err(e) => {
-                errors += 1;
-                metrics::counter!(crate::telemetry::SENSOR_ERRORS).increment(1);
-                // Log the first error and then one in a hundred: a broken probe must not flood.
-                if errors == 1 || errors.is_multiple_of(100) {
-                    tracing::warn!(sensor = sensor.name(), errors, error = %e, "sensor sample failed");
-                }
-            }
-        }
-    }
-}
-
-/// Publishes the RPC figures of `stats` as `gma.rpc` events (source `<source>/<method>`) every
-/// `period` until `stop`. A period in which no method was ever called publishes nothing. It
-/// ticks with the sensors of the same period ([`Tickers`]), on the same instants as every
-/// other period's ticks: no timer-wheel entry of its own, and its events go out in the tick's
-/// write rather than a second one (docs/PERFORMANCE.md, "Fewer instructions and `pread`s a
-/// tick").
-async fn publish_rpc(
-    stats: Arc<RpcStats>,
-    hub: Arc<Hub>,
-    source: String,
-    period: Duration,
-    tickers: Arc<Tickers>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut ticks = tickers.subscribe(period);
-    loop {
-        tokio::select! {
-            ticked = ticks.changed() => {
-                // The ticker is gone only when the runtime shuts down.
-                if ticked.is_err() {
-                    return;
-                }
-            }
-            _ = stop.changed() => return,
-        }
-        let events = stats.events(&source, now_ns());
-        if events.is_empty() {
-            continue;
-        }
-        if let (_, Err(e)) = hub.publish(&events) {
-            tracing::warn!(error = %e, "cannot publish gma.rpc");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Waits for `done` (checked every millisecond) until a generous deadline.
-    async fn wait_until(mut done: impl FnMut() -> bool) -> bool {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !done() {
-            if tokio::time::Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        true
-    }
-
-    /// Sensors of one period share one ticker, which goes away with its last sensor.
-    #[tokio::test(flavor = "current_thread")]
-    async fn one_ticker_per_period_while_sensors_use_it() {
-        let tickers = Arc::new(Tickers::default());
-        let period = Duration::from_millis(5);
-        let mut a = tickers.subscribe(period);
-        let mut b = tickers.subscribe(period);
-        let mut other = tickers.subscribe(Duration::from_millis(7));
-        assert_eq!(tickers.by_period.lock().len(), 2, "one per period");
-        a.changed().await.unwrap();
-        b.changed().await.unwrap();
-        other.changed().await.unwrap();
-        // Both see the same tick: one counter for the period.
-        assert_eq!(*a.borrow_and_update(), *b.borrow_and_update());
-        drop((a, b));
-        assert!(
-            wait_until(|| tickers.by_period.lock().len() == 1).await,
-            "the 5 ms ticker stops with its last sensor"
-        );
-        // The other period still ticks, and a new sensor of the first starts a ticker again.
-        other.changed().await.unwrap();
-        let mut c = tickers.subscribe(period);
-        c.changed().await.unwrap();
-        assert_eq!(tickers.by_period.lock().len(), 2);
-    }
 }
