@@ -826,11 +826,12 @@ fn grown(capacity: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use gma_core::event::dbl;
 
-    fn schema() -> pb::EventSchema {
+    /// Event `t.x`: one double, `v` (also the sampling tests' event).
+    pub(crate) fn schema() -> pb::EventSchema {
         pb::EventSchema {
             name: "t.x".into(),
             version: 1,

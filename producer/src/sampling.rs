@@ -345,7 +345,7 @@ fn aligned_tick(period: Duration) -> tokio::time::Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gma_core::event::dbl;
+    use crate::hub::tests::schema;
     use gma_proto::v1 as pb;
 
     /// A sensor that records the instant and the thread of every sample.
@@ -353,15 +353,6 @@ mod tests {
         name: String,
         blocking: bool,
         samples: Arc<Mutex<Vec<(i64, std::thread::ThreadId)>>>,
-    }
-
-    fn schema() -> pb::EventSchema {
-        pb::EventSchema {
-            name: "t.x".into(),
-            version: 1,
-            fields: vec![dbl("v", "", "")],
-            description: String::new(),
-        }
     }
 
     impl Sensor for Probe {
