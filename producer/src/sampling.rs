@@ -90,6 +90,16 @@ impl Sampler {
 }
 
 impl Member {
+    fn new(name: String, sampler: Sampler, slot: Option<Arc<control::Slot>>) -> Arc<Member> {
+        Arc::new(Member {
+            name,
+            sampler: Mutex::new(Some(sampler)),
+            slot,
+            errors: AtomicU64::new(0),
+            due: Notify::new(),
+        })
+    }
+
     /// Samples into `out` (after what it holds), unless the sample may block or one is
     /// already running off the async workers: then returns false and leaves it.
     fn sample_here(&self, now: i64, out: &mut Vec<EventData>, counters: &AgentCounters) -> bool {
@@ -174,13 +184,11 @@ impl Sampling {
     /// with the sensors of that period: no clock of its own, and its events go out in the
     /// tick's write. A period in which no method was called publishes nothing.
     pub(crate) fn publish_rpc(self: &Arc<Self>, stats: Arc<RpcStats>, source: String, period: Duration) {
-        let member = Arc::new(Member {
-            name: gma_core::rpc::RPC_EVENT.to_string(),
-            sampler: Mutex::new(Some(Sampler::Rpc { stats, source })),
-            slot: None,
-            errors: AtomicU64::new(0),
-            due: Notify::new(),
-        });
+        let member = Member::new(
+            gma_core::rpc::RPC_EVENT.to_string(),
+            Sampler::Rpc { stats, source },
+            None,
+        );
         self.join(period, member);
     }
 
@@ -275,13 +283,7 @@ pub(crate) async fn sensor_loop(
     mut setting: watch::Receiver<control::Setting>,
     sampling: Arc<Sampling>,
 ) {
-    let member = Arc::new(Member {
-        name: sensor.name().to_string(),
-        sampler: Mutex::new(Some(Sampler::Sensor(sensor))),
-        slot: Some(slot),
-        errors: AtomicU64::new(0),
-        due: Notify::new(),
-    });
+    let member = Member::new(sensor.name().to_string(), Sampler::Sensor(sensor), Some(slot));
     let mut stop = sampling.stop.clone();
     let mut cur = *setting.borrow_and_update();
     let mut joined: Option<Duration> = None;
