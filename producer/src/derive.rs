@@ -67,7 +67,20 @@ struct Rule {
 /// The rules, shared between subscriptions (which add) and the deriver task (which applies).
 #[derive(Default)]
 pub struct Deriver {
-    rules: Mutex<(u64, Vec<Rule>)>,
+    rules: Mutex<Rules>,
+    /// Told when a rule is added. Without rules the deriver task waits for this alone, not
+    /// for every publish: the agent's one tick a second woke it for nothing (a task poll a
+    /// tick, with its code brought back into a cold cache).
+    added: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Rules {
+    /// Bumped by every rule added.
+    version: u64,
+    list: Vec<Rule>,
+    /// The hub's head when the first rule was added: what is derived starts there.
+    from: u64,
 }
 
 fn numeric(fields: &[pb::FieldSpec]) -> impl Iterator<Item = &pb::FieldSpec> {
@@ -156,13 +169,14 @@ impl Deriver {
                 patterns.push(Pattern::event(&text).map_err(|e| DeriveError::Pattern(e.to_string()))?);
             }
         }
-        let schemas: Vec<pb::EventSchema> = {
+        let (schemas, head): (Vec<pb::EventSchema>, u64) = {
             let inner = hub.lock();
-            inner
+            let schemas = inner
                 .schemas()
                 .filter(|s| !is_derived(&s.name) && base.patterns.iter().any(|p| p.matches(&s.name)))
                 .flat_map(|s| derived_schemas(s, windows, forecast))
-                .collect()
+                .collect();
+            (schemas, inner.head())
         };
         hub.add_schemas(&schemas)
             .map_err(|e| DeriveError::Schema(e.to_string()))?;
@@ -180,12 +194,17 @@ impl Deriver {
                     .eq(rule.windows.iter().map(|w| w.name))
                 && r.selector.key() == rule.selector.key()
         };
-        if !rules.1.iter().any(same) {
-            if rules.1.len() >= MAX_RULES {
+        if !rules.list.iter().any(same) {
+            if rules.list.len() >= MAX_RULES {
                 return Err(DeriveError::TooManyRules);
             }
-            rules.1.push(rule);
-            rules.0 += 1;
+            if rules.list.is_empty() {
+                rules.from = head;
+            }
+            rules.list.push(rule);
+            rules.version += 1;
+            drop(rules);
+            self.added.notify_one();
         }
         Ok(Selector {
             patterns,
@@ -193,9 +212,10 @@ impl Deriver {
         })
     }
 
-    fn snapshot(&self) -> (u64, Vec<Rule>) {
+    /// The rules' version, the rules, and where deriving starts.
+    fn snapshot(&self) -> (u64, Vec<Rule>, u64) {
         let r = self.rules.lock();
-        (r.0, r.1.clone())
+        (r.version, r.list.clone(), r.from)
     }
 }
 
@@ -351,7 +371,7 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
     let mut batch: Vec<(u32, i64, crate::hub::Numbers)> = Vec::new();
     let mut out = Vec::new();
     loop {
-        let (v, r) = deriver.snapshot();
+        let (v, r, from) = deriver.snapshot();
         let replan = v != version;
         if replan {
             version = v;
@@ -359,17 +379,14 @@ pub async fn run(deriver: Arc<Deriver>, hub: Arc<Hub>, mut stop: watch::Receiver
         }
         batch.clear();
         if rules.is_empty() {
-            // Nothing to derive: follow the head the hub announces, without its lock (taking
-            // it after every publish made the writer and every stream wait their turn behind
-            // this task, most of the producer's context switches in `gma bench stream`).
-            states.clear();
-            next = next.max(*head.borrow_and_update());
+            // Nothing to derive until a rule is added (rules are never removed).
             tokio::select! {
-                r = head.changed() => if r.is_err() { return },
+                _ = deriver.added.notified() => {}
                 _ = stop.changed() => return,
             }
             continue;
         }
+        next = next.max(from);
         let caught_up = {
             let inner = hub.lock();
             if replan {
@@ -504,6 +521,75 @@ mod tests {
             .map(|e| e.numbers.to_vec())
             .unwrap();
         assert!(last[3] > 5.0, "samples {last:?}");
+    }
+
+    /// Without rules the deriver waits for one, not for the hub's publishes; what the first
+    /// rule derives starts at the hub's head when it was added, whenever the task sees it.
+    #[tokio::test]
+    async fn the_first_rule_derives_from_the_head_it_was_added_at() {
+        let hub = Hub::new(1, 10_000);
+        hub.add_schemas(&[pb::EventSchema {
+            name: "t.x".into(),
+            version: 1,
+            fields: vec![dbl("v", "", "")],
+            description: String::new(),
+        }])
+        .unwrap();
+        let deriver = Arc::new(Deriver::default());
+        let (_stop_tx, stop) = watch::channel(false);
+        tokio::spawn(run(deriver.clone(), hub.clone(), stop));
+        tokio::task::yield_now().await;
+        let publish = |seconds: std::ops::Range<i64>| {
+            let evs: Vec<EventData> = seconds
+                .map(|s| EventData {
+                    name: "t.x".into(),
+                    source: "a".into(),
+                    timestamp_ns: s * 1_000_000_000,
+                    numbers: vec![s as f64],
+                    strings: vec![],
+                })
+                .collect();
+            hub.publish(&evs).1.unwrap();
+        };
+        let forecasts = || {
+            let inner = hub.lock();
+            inner
+                .since(0)
+                .filter(|e| inner.series[e.series as usize].name == "t.x.forecast")
+                .count()
+        };
+        // Before any rule: nothing is derived from these, now or later.
+        publish(0..5);
+        tokio::task::yield_now().await;
+        let sel = Selector {
+            patterns: vec![Pattern::event("t.x").unwrap()],
+            sources: vec![],
+        };
+        deriver.activate(&hub, &sel, &[], true).unwrap();
+        publish(10..13);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while forecasts() < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no forecasts after the rule"
+            );
+            tokio::task::yield_now().await;
+        }
+        // The deriver reads in seq order: once the last event's forecast is there, every
+        // earlier event it was going to derive from has been.
+        publish(20..21);
+        while forecasts() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no forecast of the last event"
+            );
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            forecasts(),
+            4,
+            "only the events from the rule's head on are derived"
+        );
     }
 
     #[test]

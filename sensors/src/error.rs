@@ -33,6 +33,7 @@ pub enum SensorError {
 }
 
 impl SensorError {
+    #[cold]
     pub(crate) fn parse(file: &str, line: usize, message: impl Into<String>) -> SensorError {
         SensorError::Parse {
             file: file.to_string(),

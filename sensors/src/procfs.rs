@@ -77,6 +77,16 @@ impl Files {
         file: &str,
         parse: impl FnOnce(&'b str) -> Result<T, SensorError>,
     ) -> Result<T, SensorError> {
+        let (text, path) = self.read_text(file)?;
+        parse(text).map_err(|e| e.in_file(path))
+    }
+
+    /// The text of `file` and its path. One copy of this code for every probe, not one inlined
+    /// into each probe's sample: the sensors of a tick run one after the other, and the first
+    /// brings this code into the cache for the rest (the agent's CPU a tick is mostly cache
+    /// misses after a second of idling; docs/PERFORMANCE.md, "Code a tick touches").
+    #[inline(never)]
+    fn read_text(&mut self, file: &str) -> Result<(&str, &Path), SensorError> {
         let i = match self.kept.iter().position(|k| k.name == file) {
             Some(i) => i,
             None => {
@@ -118,8 +128,7 @@ impl Files {
         };
         let text = std::str::from_utf8(&self.buf[..n])
             .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
-        let path = &kept.path;
-        parse(text).map_err(|e| e.in_file(path))
+        Ok((text, &kept.path))
     }
 
     /// [`Files::read`] of a file anywhere (`/etc/os-release`), opened for this read only.
@@ -351,17 +360,32 @@ impl<C: Copy> PartRates<C> {
 }
 
 /// Parses one whitespace-separated token; `what` names it in the error.
+#[inline(never)]
 pub(crate) fn parse_num<T: FromStr>(
     tok: Option<&str>,
     file: &str,
     line: usize,
     what: &str,
 ) -> Result<T, SensorError> {
-    let tok = tok.ok_or_else(|| SensorError::parse(file, line, format!("missing {what}")))?;
-    tok.parse().map_err(|_| {
-        let shown: String = tok.chars().take(40).collect();
-        SensorError::parse(file, line, format!("{what} {shown:?} is not a valid number"))
-    })
+    let Some(tok) = tok else {
+        return Err(missing(file, line, what));
+    };
+    tok.parse().map_err(|_| not_a_number(tok, file, line, what))
+}
+
+// The errors of `parse_num`, out of line: its callers' hot code stays short (fewer cache lines
+// a sample touches).
+#[cold]
+#[inline(never)]
+fn missing(file: &str, line: usize, what: &str) -> SensorError {
+    SensorError::parse(file, line, format!("missing {what}"))
+}
+
+#[cold]
+#[inline(never)]
+fn not_a_number(tok: &str, file: &str, line: usize, what: &str) -> SensorError {
+    let shown: String = tok.chars().take(40).collect();
+    SensorError::parse(file, line, format!("{what} {shown:?} is not a valid number"))
 }
 
 /// Per-second rate of a monotonic counter. A counter that went backwards (wrapped, or the
