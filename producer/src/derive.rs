@@ -528,13 +528,7 @@ mod tests {
     #[tokio::test]
     async fn the_first_rule_derives_from_the_head_it_was_added_at() {
         let hub = Hub::new(1, 10_000);
-        hub.add_schemas(&[pb::EventSchema {
-            name: "t.x".into(),
-            version: 1,
-            fields: vec![dbl("v", "", "")],
-            description: String::new(),
-        }])
-        .unwrap();
+        hub.add_schemas(&[crate::hub::tests::schema()]).unwrap();
         let deriver = Arc::new(Deriver::default());
         let (_stop_tx, stop) = watch::channel(false);
         tokio::spawn(run(deriver.clone(), hub.clone(), stop));
